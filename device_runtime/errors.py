@@ -1,0 +1,56 @@
+"""One exception hierarchy for every part of splitedge.
+
+Lower-level errors (onnxruntime, socket, msgpack, torch.onnx) are converted where they
+enter the project with ``raise ... from exc`` so that callers catch one family.
+"""
+
+from __future__ import annotations
+
+
+class SplitEdgeError(Exception):
+    """Base of every error splitedge raises on purpose."""
+
+
+class BundleError(SplitEdgeError):
+    """A bundle is corrupt, incomplete or from an incompatible version; the message names the file or field."""
+
+
+class ProtocolError(SplitEdgeError):
+    """A frame broke the wire protocol. ``code`` is the typed error sent back to the peer."""
+
+    def __init__(self, message: str, code: str = "bad_request") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class RemoteError(SplitEdgeError):
+    """The host answered a request with a typed error reply."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class HostUnavailableError(SplitEdgeError):
+    """No host could be found, reached, or it went away with requests in flight."""
+
+
+class CameraError(SplitEdgeError):
+    """A frame source cannot be opened or stopped delivering frames."""
+
+
+class BackendError(SplitEdgeError):
+    """An inference backend could not load or run an artifact (wrong shape, missing runtime...)."""
+
+
+class ModelSpecError(SplitEdgeError):
+    """A model could not be loaded from its ``torchvision:NAME`` or ``module:factory`` spec."""
+
+
+class CutPointError(SplitEdgeError):
+    """A requested cut point does not exist or is not a valid cut of the graph."""
+
+
+class ValidationError(SplitEdgeError):
+    """An exported artifact does not reproduce its reference; the message lists every mismatch."""
