@@ -18,9 +18,10 @@ class BundleError(SplitEdgeError):
 class ProtocolError(SplitEdgeError):
     """A frame broke the wire protocol. ``code`` is the typed error sent back to the peer."""
 
-    def __init__(self, message: str, code: str = "bad_request") -> None:
+    def __init__(self, message: str, code: str = "bad_request", request_id: object = None) -> None:
         super().__init__(message)
         self.code = code
+        self.request_id = request_id  # set when the frame parsed far enough to have one
 
 
 class RemoteError(SplitEdgeError):

@@ -1,0 +1,85 @@
+"""``split-device``: run a bundle's head on the board's camera stream, the tail on a host."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Sequence
+
+from device_runtime.bundle import LOCAL_SPLIT, Bundle
+from device_runtime.camera import open_source
+from device_runtime.errors import SplitEdgeError
+from device_runtime.lifecycle import stop_on_signals
+from device_runtime.runner import DeviceRunner, connect_host, default_split
+
+EXAMPLES = """\
+examples:
+  split-device run bundle/ --camera 0                       # Pi camera via OpenCV, host found by zeroconf
+  split-device run bundle/ --camera photos/ --host 192.168.1.20:7767 --split features_14
+  split-device run bundle/ --camera clip.mp4 --split local  # full model on the board, no host
+  split-device run bundle/ --camera synthetic --frames 100 --interface 127.0.0.1
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="split-device", description="Run split networks on a board.", epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser(
+        "run", help="classify a camera stream, head here and tail on a host", epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("bundle", help="bundle directory written by split-export build")
+    run.add_argument(
+        "--camera", default="0", help="OpenCV camera index, video file, folder of images, or 'synthetic' (default 0)"
+    )
+    run.add_argument("--host", default="auto", help="IP:PORT of the host, or 'auto' for zeroconf (default)")
+    run.add_argument(
+        "--split", default=None,
+        help="split id, or 'local' for the full model on the board (default: the most compressive split)",
+    )
+    run.add_argument("--frames", type=int, default=None, help="stop after N frames (default: the whole source)")
+    run.add_argument("--loop", action="store_true", help="repeat a folder of images forever")
+    run.add_argument("--interface", action="append", help="interface address for zeroconf (repeatable)")
+    run.add_argument("--threads", type=int, default=None, help="onnxruntime threads on the board")
+    run.add_argument("--timeout", type=float, default=5.0, help="seconds to find and connect to a host")
+    return parser
+
+
+async def run(args: argparse.Namespace) -> None:
+    bundle = Bundle.load(args.bundle, roles=("head", "full"))
+    split_id = args.split or default_split(bundle)
+    runner = DeviceRunner(bundle, threads=args.threads)
+    stop = asyncio.Event()
+    stop_on_signals(stop)
+    client = None
+    if split_id != LOCAL_SPLIT:
+        bundle.manifest.split(split_id)  # refuse an unknown split before looking for a host
+        client = await connect_host(bundle, args.host, args.interface, timeout=args.timeout)
+        print(f"host {client.address}: bundle {bundle.id}, split {split_id}", flush=True)
+    else:
+        print(f"local: full model of bundle {bundle.id} on this board", flush=True)
+    try:
+        with open_source(args.camera, loop=args.loop) as source:
+            async for result in runner.stream(source, split_id, client, frames=args.frames, stop=stop):
+                print(result.line(), flush=True)
+    finally:
+        if client is not None:
+            await client.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        asyncio.run(run(args))
+    except SplitEdgeError as exc:
+        print(f"split-device: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""The device's connection to a host: many requests in flight, replies matched by id.
+
+Each request gets a future keyed by its id; the reader resolves whichever reply arrives,
+in any order. Every wait is bounded: a host that stops answering raises
+:class:`HostUnavailableError` after the timeout, and a host that goes away fails every
+pending request at once, so the caller can fall back without losing a frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from device_runtime.connection import FramedProtocol
+from device_runtime.errors import HostUnavailableError, ProtocolError, RemoteError
+from device_runtime.protocol import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION, Oversized, decode
+
+
+@dataclass(frozen=True)
+class InferResult:
+    output: np.ndarray
+    compute_ms: float  # the host's own time for the tail
+    round_trip_ms: float  # send → reply, as the device saw it
+
+    @property
+    def transfer_ms(self) -> float:
+        """Link time: the round trip less the host's compute (what the rate estimate needs)."""
+        return max(self.round_trip_ms - self.compute_ms, 0.0)
+
+
+class _ClientProtocol(FramedProtocol):
+    def __init__(self, max_frame_bytes: int) -> None:
+        super().__init__(max_frame_bytes)
+        self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.lost: Exception | None = None
+
+    def frame_received(self, body: memoryview) -> None:
+        try:
+            reply = decode(body)
+        except ProtocolError as exc:
+            self._fail_all(HostUnavailableError(f"host sent a malformed reply: {exc}"))
+            return
+        future = self.pending.pop(reply.get("id"), None)  # type: ignore[arg-type]
+        if future is not None and not future.done():
+            future.set_result(reply)
+
+    def oversized(self, event: Oversized) -> None:
+        self._fail_all(HostUnavailableError(f"host sent a reply too large: {event.message}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail_all(HostUnavailableError(f"connection to host lost{f': {exc}' if exc else ''}"))
+
+    def _fail_all(self, error: Exception) -> None:
+        self.lost = error
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self.pending.clear()
+        if self.transport is not None:
+            self.transport.close()
+
+
+class HostClient:
+    """One TCP connection to one host. Use :meth:`connect`; close with :meth:`close`."""
+
+    def __init__(self, address: str, protocol: _ClientProtocol) -> None:
+        self.address = address
+        self._protocol = protocol
+        self._ids = itertools.count(1)
+        self.server_info: dict[str, Any] = {}
+
+    @classmethod
+    async def connect(
+        cls, host: str, port: int, timeout: float = 5.0, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    ) -> "HostClient":
+        """Open the connection and exchange ``hello``; the host's answer is kept in ``server_info``."""
+        loop = asyncio.get_running_loop()
+        address = f"{host}:{port}"
+        try:
+            _, protocol = await asyncio.wait_for(
+                loop.create_connection(lambda: _ClientProtocol(max_frame_bytes), host, port), timeout
+            )
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise HostUnavailableError(f"cannot connect to host {address}: {exc or 'timed out'}") from exc
+        client = cls(address, protocol)
+        client.server_info = await client.request({"op": "hello", "protocol": PROTOCOL_VERSION}, timeout)
+        return client
+
+    @property
+    def closed(self) -> bool:
+        return self._protocol.lost is not None or self._protocol.transport is None or self._protocol.transport.is_closing()
+
+    def serves(self, bundle_id: str, split_id: str) -> bool:
+        return split_id in self.server_info.get("bundles", {}).get(bundle_id, [])
+
+    async def request(
+        self, message: dict[str, Any], timeout: float, tensor: np.ndarray | None = None, **tensor_fields: Any
+    ) -> dict[str, Any]:
+        """Send one request and wait for its reply; typed error replies raise :class:`RemoteError`."""
+        if self._protocol.lost is not None:
+            raise self._protocol.lost
+        request_id = next(self._ids)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._protocol.pending[request_id] = future
+        self._protocol.send({**message, "id": request_id}, tensor, **tensor_fields)
+        try:
+            reply = await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError as exc:
+            self._protocol.pending.pop(request_id, None)
+            raise HostUnavailableError(
+                f"host {self.address} did not answer {message.get('op')} #{request_id} within {timeout:g} s"
+            ) from exc
+        if not reply.get("ok"):
+            error = reply.get("error") or {}
+            raise RemoteError(str(error.get("code", "internal")), str(error.get("message", "")))
+        return reply
+
+    async def infer(
+        self, bundle_id: str, split_id: str, tensor: np.ndarray, timeout: float = 10.0, **tensor_fields: Any
+    ) -> InferResult:
+        """Run the tail of ``split_id`` on the host for a cut tensor (B, ...)."""
+        start = time.perf_counter()
+        reply = await self.request(
+            {"op": "infer", "bundle": bundle_id, "split": split_id, "deadline_ms": timeout * 1000.0},
+            timeout,
+            tensor,
+            **tensor_fields,
+        )
+        round_trip_ms = (time.perf_counter() - start) * 1000.0
+        output = reply.get("tensor")
+        if not isinstance(output, np.ndarray):
+            raise HostUnavailableError(f"host {self.address} answered infer without a tensor")
+        return InferResult(output, float(reply.get("compute_ms", 0.0)), round_trip_ms)
+
+    async def ping(self, payload_bytes: int = 0, timeout: float = 5.0) -> float:
+        """Round trip in ms; a payload makes it a link-rate probe (the host answers with a small reply)."""
+        payload = np.zeros(payload_bytes, dtype=np.uint8) if payload_bytes else None
+        start = time.perf_counter()
+        await self.request({"op": "ping"}, timeout, payload)
+        return (time.perf_counter() - start) * 1000.0
+
+    async def stats(self, timeout: float = 5.0) -> dict[str, Any]:
+        return await self.request({"op": "stats"}, timeout)
+
+    async def close(self) -> None:
+        transport = self._protocol.transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
+        await asyncio.sleep(0)  # let the transport run connection_lost

@@ -1,0 +1,22 @@
+"""Signals become a flag: SIGINT and SIGTERM set an event the main loop awaits (as uvicorn does).
+
+Shutdown is then ordinary code — withdraw the zeroconf record, close sockets, finish or fail
+what is in flight — bounded in time, instead of a KeyboardInterrupt landing anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+
+def stop_on_signals(stop: asyncio.Event) -> None:
+    """Set ``stop`` on SIGINT or SIGTERM; a second signal falls back to the default (hard) action."""
+    loop = asyncio.get_running_loop()
+
+    def handle(sig: signal.Signals) -> None:
+        stop.set()
+        loop.remove_signal_handler(sig)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, handle, sig)

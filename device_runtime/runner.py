@@ -1,0 +1,151 @@
+"""The board's main loop: capture → preprocess → head → host's tail → top-1, one frame at a time.
+
+Sessions, labels and the connection are created once; blocking work (the camera, the
+head) runs in a worker thread so the event loop keeps reading replies and signals. With
+``split == "local"`` the full model runs on the board and no host is needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Sequence
+
+import numpy as np
+
+from device_runtime.backend import Backend, load_backend
+from device_runtime.bundle import LOCAL_SPLIT, Bundle
+from device_runtime.camera import Frame, FrameSource
+from device_runtime.client import HostClient
+from device_runtime.discovery import discover
+from device_runtime.errors import HostUnavailableError
+from device_runtime.preprocess import preprocess
+
+
+@dataclass(frozen=True)
+class FrameResult:
+    index: int
+    name: str
+    label: str
+    probability: float
+    split: str
+    head_ms: float
+    transfer_ms: float
+    tail_ms: float
+    total_ms: float  # capture done → result known
+
+    def line(self) -> str:
+        return (
+            f"#{self.index:<4d} {self.name[:24]:24s} {self.label[:24]:24s} {self.probability:6.3f}  "
+            f"split={self.split:<20s} head {self.head_ms:7.2f} ms  transfer {self.transfer_ms:7.2f} ms  "
+            f"tail {self.tail_ms:7.2f} ms  total {self.total_ms:7.2f} ms"
+        )
+
+
+def top1(logits: np.ndarray, labels: Sequence[str]) -> tuple[str, float]:
+    """Label and softmax probability of the best class of one (classes,) logit vector."""
+    shifted = np.exp(logits - logits.max())
+    best = int(shifted.argmax())
+    label = labels[best] if best < len(labels) else f"class_{best}"
+    return label, float(shifted[best] / shifted.sum())
+
+
+def default_split(bundle: Bundle) -> str:
+    """The split whose cut tensor is smallest: the cheapest to send when nothing else is known."""
+    splits = bundle.manifest.splits
+    if not splits:
+        return LOCAL_SPLIT
+    return min(splits, key=lambda s: (s.tensor.bytes_per_sample, s.position)).id
+
+
+async def connect_host(
+    bundle: Bundle, host: str, interfaces: Sequence[str] | None = None, timeout: float = 5.0
+) -> HostClient:
+    """``host`` is ``IP:PORT`` or ``auto`` (zeroconf: the least loaded host serving the bundle)."""
+    if host == "auto":
+        adverts = await discover(bundle.id, interfaces, timeout=timeout)
+        if not adverts:
+            raise HostUnavailableError(
+                f"no splitedge host serving bundle {bundle.id} found by zeroconf within {timeout:g} s; "
+                "start one with 'split-host serve', pass --host IP:PORT, or run with --split local"
+            )
+        address, port = adverts[0].address, adverts[0].port
+    else:
+        address, sep, port_text = host.rpartition(":")
+        if not sep or not port_text.isdigit():
+            raise HostUnavailableError(f"--host {host!r}: expected IP:PORT or auto")
+        port = int(port_text)
+    client = await HostClient.connect(address, port, timeout=timeout)
+    if bundle.id not in client.server_info.get("bundles", {}):
+        await client.close()
+        raise HostUnavailableError(f"host {client.address} does not serve bundle {bundle.id}")
+    return client
+
+
+class DeviceRunner:
+    """Runs frames of one bundle, on the board alone or split with a host."""
+
+    def __init__(self, bundle: Bundle, threads: int | None = None) -> None:
+        self.bundle = bundle
+        self.threads = threads
+        self._sessions: dict[tuple[str, str], Backend] = {}
+        self.labels = bundle.manifest.model.labels
+
+    def session(self, split_id: str, role: str) -> Backend:
+        """Created on first use and kept: one session per artifact for the whole run."""
+        key = (split_id, role)
+        if key not in self._sessions:
+            self._sessions[key] = load_backend(self.bundle.artifact(split_id, role), threads=self.threads)
+        return self._sessions[key]
+
+    async def infer(self, frame: Frame, split_id: str, client: HostClient | None) -> FrameResult:
+        loop = asyncio.get_running_loop()
+        x = preprocess(frame.image, self.bundle.manifest.model.preprocess)
+        if split_id == LOCAL_SPLIT:
+            start = time.perf_counter()
+            logits = await loop.run_in_executor(None, self.session(LOCAL_SPLIT, "full").run, x)
+            head_ms, transfer_ms, tail_ms = (time.perf_counter() - start) * 1000.0, 0.0, 0.0
+        else:
+            if client is None:
+                raise HostUnavailableError(f"split {split_id} needs a host; none is connected")
+            start = time.perf_counter()
+            cut = await loop.run_in_executor(None, self.session(split_id, "head").run, x)
+            head_ms = (time.perf_counter() - start) * 1000.0
+            result = await client.infer(self.bundle.id, split_id, cut)
+            logits, transfer_ms, tail_ms = result.output, result.transfer_ms, result.compute_ms
+        label, probability = top1(logits[0], self.labels)
+        return FrameResult(
+            index=frame.index,
+            name=frame.name,
+            label=label,
+            probability=probability,
+            split=split_id,
+            head_ms=head_ms,
+            transfer_ms=transfer_ms,
+            tail_ms=tail_ms,
+            total_ms=(time.monotonic() - frame.captured) * 1000.0,
+        )
+
+    async def stream(
+        self,
+        source: FrameSource,
+        split_id: str,
+        client: HostClient | None,
+        frames: int | None = None,
+        stop: asyncio.Event | None = None,
+    ) -> AsyncIterator[FrameResult]:
+        """Results for up to ``frames`` frames (all, for a finite source), until ``stop`` is set."""
+        if split_id != LOCAL_SPLIT:
+            self.bundle.manifest.split(split_id)  # an unknown split fails before the camera starts
+        loop = asyncio.get_running_loop()
+        frames_iter = iter(source)
+        count = 0
+        while frames is None or count < frames:
+            if stop is not None and stop.is_set():
+                return
+            frame = await loop.run_in_executor(None, next, frames_iter, None)
+            if frame is None:
+                return
+            yield await self.infer(frame, split_id, client)
+            count += 1
