@@ -62,6 +62,7 @@ async def run(args: argparse.Namespace) -> None:
         print(f"host {client.address}: bundle {bundle.id}, split {split_id}", flush=True)
     else:
         print(f"local: full model of bundle {bundle.id} on this board", flush=True)
+    runner.warm_up(split_id)
     try:
         with open_source(args.camera, loop=args.loop) as source:
             async for result in runner.stream(source, split_id, client, frames=args.frames, stop=stop):

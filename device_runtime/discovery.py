@@ -105,7 +105,7 @@ async def discover(
             advert = parse_advert(info)
             if advert is not None and (bundle_id is None or advert.serves(bundle_id)):
                 found[name] = advert
-                deadline = min(deadline, loop.time() + 0.3)  # a moment for other hosts' answers
+                deadline = min(deadline, loop.time() + 0.5)  # a moment for other hosts to answer
     finally:
         await browser.async_cancel()
         await aiozc.async_close()

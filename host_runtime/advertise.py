@@ -26,6 +26,7 @@ class Advertiser:
         interfaces: Sequence[str] | None = None,
         name: str | None = None,
         auth: bool = False,
+        load: float = 0.0,
     ) -> None:
         self.name = name or f"splitedge-{socket.gethostname()}-{port}"
         self.interfaces = interfaces
@@ -34,7 +35,7 @@ class Advertiser:
             f"{self.name}.{SERVICE_TYPE}",
             addresses=[socket.inet_aton(address)],
             port=port,
-            properties=txt_record(bundles, load=0.0, auth=auth),
+            properties=txt_record(bundles, load=load, auth=auth),
             server=f"{self.name}.local.",
         )
         self._zeroconf = None

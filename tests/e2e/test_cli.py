@@ -1,0 +1,130 @@
+"""The console scripts as a user runs them: real processes, zeroconf on 127.0.0.1, signals."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from device_runtime import cli as device_cli
+from host_runtime import cli as host_cli
+from tests.conftest import TEST_SPLITS
+
+LINE = re.compile(
+    r"#(\d+)\s+(\S+)\s+(.+?)\s+([01]\.\d{3})\s+split=(\S+)\s+head\s+([\d.]+) ms\s+transfer\s+([\d.]+) ms\s+"
+    r"tail\s+([\d.]+) ms\s+total\s+([\d.]+) ms"
+)
+
+
+def script(name: str) -> list[str]:
+    """Run a console script with this interpreter, as installed (``split-host`` → ``host_runtime.cli``)."""
+    module = {"split-host": "host_runtime.cli", "split-device": "device_runtime.cli"}[name]
+    return [sys.executable, "-m", module]
+
+
+def wait_for_line(proc: subprocess.Popen, pattern: str, timeout: float = 30) -> list[str]:
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if re.search(pattern, line):
+            return lines
+    proc.kill()
+    raise AssertionError(f"no line matching {pattern!r} within {timeout} s; got: {lines}")
+
+
+@pytest.fixture
+def host_process(mobilenet_bundle: Path):
+    """``split-host serve`` on 127.0.0.1, advertised by zeroconf on loopback only."""
+    proc = subprocess.Popen(
+        [*script("split-host"), "serve", str(mobilenet_bundle), "--interface", "127.0.0.1", "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    lines = wait_for_line(proc, r"advertised as")
+    port = int(re.search(r"listening on 127\.0\.0\.1:(\d+)", "".join(lines)).group(1))
+    yield proc, port
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize("main", [device_cli.main, host_cli.main])
+def test_help_has_examples(main, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    assert "examples:" in capsys.readouterr().out
+
+
+def test_device_finds_host_by_zeroconf_and_prints_one_line_per_frame(host_process, mobilenet_bundle, photos_dir) -> None:
+    out = subprocess.run(
+        [*script("split-device"), "run", str(mobilenet_bundle), "--camera", str(photos_dir),
+         "--interface", "127.0.0.1", "--split", TEST_SPLITS[0]],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    rows = [LINE.search(line) for line in out.stdout.splitlines()]
+    rows = [r for r in rows if r]
+    assert len(rows) == 4
+    by_name = {r.group(2): r for r in rows}
+    assert by_name["coffee.png"].group(3) == "espresso"
+    assert all(r.group(5) == TEST_SPLITS[0] for r in rows)
+    assert all(float(r.group(8)) > 0 for r in rows)  # the host's tail time came back
+
+
+def test_host_withdraws_and_stops_on_sigterm(host_process) -> None:
+    proc, _ = host_process
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.communicate(timeout=20)[0]
+    assert proc.returncode == 0
+    assert "zeroconf record withdrawn" in rest and "host stopped" in rest
+    assert "Traceback" not in rest
+
+
+def test_host_stops_on_sigint(host_process) -> None:
+    proc, _ = host_process
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=20)[0]
+    assert proc.returncode == 0 and "zeroconf record withdrawn" in rest and "Traceback" not in rest
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_device_stops_cleanly_on_signal(host_process, mobilenet_bundle, sig) -> None:
+    _, port = host_process
+    proc = subprocess.Popen(
+        [*script("split-device"), "run", str(mobilenet_bundle), "--camera", "synthetic",
+         "--host", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    wait_for_line(proc, r"#2 ")
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+
+
+def test_errors_are_one_line_and_exit_2(mobilenet_bundle, capsys, tmp_path) -> None:
+    assert device_cli.main(["run", str(mobilenet_bundle), "--camera", "synthetic", "--split", "nope"]) == 2
+    assert "split-device: error: unknown split 'nope'" in capsys.readouterr().err
+    assert device_cli.main(["run", str(mobilenet_bundle), "--camera", "synthetic", "--host", "127.0.0.1:9",
+                            "--timeout", "2"]) == 2
+    assert "cannot connect to host 127.0.0.1:9" in capsys.readouterr().err
+    assert device_cli.main(["run", str(tmp_path), "--camera", "synthetic", "--split", "local"]) == 2
+    assert "no manifest" in capsys.readouterr().err
+    assert host_cli.main(["serve", str(tmp_path), "--no-zeroconf"]) == 2
+    assert "split-host: error:" in capsys.readouterr().err
+
+
+def test_local_split_needs_no_host(mobilenet_bundle, photos_dir, capsys) -> None:
+    assert device_cli.main(["run", str(mobilenet_bundle), "--camera", str(photos_dir / "coffee.png"),
+                            "--split", "local"]) == 0
+    (row,) = [LINE.search(line) for line in capsys.readouterr().out.splitlines() if LINE.search(line)]
+    assert row.group(3) == "espresso" and row.group(5) == "local"
