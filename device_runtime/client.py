@@ -105,20 +105,28 @@ class HostClient:
         if self._protocol.lost is not None:
             raise self._protocol.lost
         request_id = next(self._ids)
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._protocol.pending[request_id] = future
         self._protocol.send({**message, "id": request_id}, tensor, **tensor_fields)
+        # A bare timer rather than asyncio.wait_for: this is the per-frame hot path, and the
+        # timer is all wait_for would add here.
+        timer = loop.call_later(timeout, self._expire, request_id, message.get("op"), timeout)
         try:
-            reply = await asyncio.wait_for(future, timeout)
-        except asyncio.TimeoutError as exc:
-            self._protocol.pending.pop(request_id, None)
-            raise HostUnavailableError(
-                f"host {self.address} did not answer {message.get('op')} #{request_id} within {timeout:g} s"
-            ) from exc
+            reply = await future
+        finally:
+            timer.cancel()
         if not reply.get("ok"):
             error = reply.get("error") or {}
             raise RemoteError(str(error.get("code", "internal")), str(error.get("message", "")))
         return reply
+
+    def _expire(self, request_id: int, op: object, timeout: float) -> None:
+        future = self._protocol.pending.pop(request_id, None)
+        if future is not None and not future.done():
+            future.set_exception(
+                HostUnavailableError(f"host {self.address} did not answer {op} #{request_id} within {timeout:g} s")
+            )
 
     async def infer(
         self, bundle_id: str, split_id: str, tensor: np.ndarray, timeout: float = 10.0, **tensor_fields: Any

@@ -1,9 +1,9 @@
 """The asyncio side of the wire protocol, shared by device and host: feed the codec, write frames.
 
-Reading is event-driven (``asyncio.Protocol``) so that a frame arriving in many small TCP
-reads is reassembled by :class:`FrameDecoder` without one ``await`` per read. Writing hands
-the codec's buffers to the transport one by one — on Python 3.11 ``writelines`` would join
-them into one copy of the tensor.
+Reading uses ``asyncio.BufferedProtocol``: the event loop reads straight into the buffers
+:class:`FrameDecoder` hands out, so a tensor is copied once, by the kernel, into the buffer
+its decoded array will view. Writing hands the codec's buffers to the transport one by one
+— on Python 3.11 ``writelines`` would join them into one copy of the tensor.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 from device_runtime.protocol import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, Oversized, encode
 
 
-class FramedProtocol(asyncio.Protocol):
+class FramedProtocol(asyncio.BufferedProtocol):
     """Base protocol: subclasses implement :meth:`frame_received` and :meth:`oversized`."""
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
@@ -27,8 +27,11 @@ class FramedProtocol(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
 
-    def data_received(self, data: bytes) -> None:
-        for event in self.decoder.feed(data):
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        for event in self.decoder.buffer_updated(nbytes):
             if isinstance(event, Oversized):
                 self.oversized(event)
             else:

