@@ -91,13 +91,6 @@ class HostClient:
         client.server_info = await client.request({"op": "hello", "protocol": PROTOCOL_VERSION}, timeout)
         return client
 
-    @property
-    def closed(self) -> bool:
-        return self._protocol.lost is not None or self._protocol.transport is None or self._protocol.transport.is_closing()
-
-    def serves(self, bundle_id: str, split_id: str) -> bool:
-        return split_id in self.server_info.get("bundles", {}).get(bundle_id, [])
-
     async def request(
         self, message: dict[str, Any], timeout: float, tensor: np.ndarray | None = None, **tensor_fields: Any
     ) -> dict[str, Any]:

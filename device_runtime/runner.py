@@ -70,17 +70,24 @@ async def connect_host(
                 f"no splitedge host serving bundle {bundle.id} found by zeroconf within {timeout:g} s; "
                 "start one with 'split-host serve', pass --host IP:PORT, or run with --split local"
             )
-        address, port = adverts[0].address, adverts[0].port
+        candidates = [(a.address, a.port) for a in adverts]
     else:
         address, sep, port_text = host.rpartition(":")
         if not sep or not port_text.isdigit():
             raise HostUnavailableError(f"--host {host!r}: expected IP:PORT or auto")
-        port = int(port_text)
-    client = await HostClient.connect(address, port, timeout=timeout)
-    if bundle.id not in client.server_info.get("bundles", {}):
+        candidates = [(address, int(port_text))]
+    failures = []
+    for address, port in candidates:  # least loaded first; a stale record must not stop us
+        try:
+            client = await HostClient.connect(address, port, timeout=timeout)
+        except HostUnavailableError as exc:
+            failures.append(str(exc))
+            continue
+        if bundle.id in client.server_info.get("bundles", {}):
+            return client
         await client.close()
-        raise HostUnavailableError(f"host {client.address} does not serve bundle {bundle.id}")
-    return client
+        failures.append(f"host {client.address} does not serve bundle {bundle.id}")
+    raise HostUnavailableError("; ".join(failures))
 
 
 class DeviceRunner:

@@ -102,6 +102,12 @@ class _HostProtocol(FramedProtocol):
         if op == "infer":
             self.start_infer(request_id, message)
         elif op == "hello":
+            if message.get("protocol") != PROTOCOL_VERSION:
+                self.reply_error(
+                    request_id, "bad_request",
+                    f"protocol version {message.get('protocol')!r} is not spoken here; this host speaks {PROTOCOL_VERSION}",
+                )
+                return
             self.send({"id": request_id, "ok": True, **self.server.hello()})
         elif op == "ping":
             payload = message.get("tensor")

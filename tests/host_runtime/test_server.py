@@ -216,3 +216,29 @@ def test_client_raises_the_typed_error(host: RunningHost, bundle: Bundle) -> Non
     with pytest.raises(RemoteError, match="unknown_split") as info:
         asyncio.run(go())
     assert info.value.code == "unknown_split"
+
+
+def test_hello_refuses_another_protocol_version(host: RunningHost) -> None:
+    with raw_connection(host) as sock:
+        sock.sendall(encode_bytes({"op": "hello", "id": 1, "protocol": 99}))
+        reply = read_reply(sock)
+    assert reply["error"]["code"] == "bad_request"
+    assert "protocol version 99 is not spoken here; this host speaks 1" in reply["error"]["message"]
+
+
+def test_stats_count_requests_and_tail_times(host: RunningHost, bundle: Bundle) -> None:
+    cut, _ = cut_tensor(bundle, TEST_SPLITS[1], 1)
+
+    async def go():
+        client = await HostClient.connect(host.host, host.port)
+        try:
+            for _ in range(3):
+                await client.infer(bundle.id, TEST_SPLITS[1], cut)
+            return await client.stats()
+        finally:
+            await client.close()
+
+    stats = asyncio.run(go())["stats"]
+    assert stats["requests"]["infer"] == 3 and stats["requests"]["hello"] == 1
+    assert stats["connections"] == 1 and stats["in_flight"] == 0
+    assert stats["tail_ms_mean"][f"{bundle.id}/{TEST_SPLITS[1]}"] > 0
