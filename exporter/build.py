@@ -1,0 +1,150 @@
+"""Build a bundle: the full model and a head and tail per split, each validated, then the manifest.
+
+Nothing is written to the manifest that has not been checked: the full ONNX model must
+reproduce the torch model, every head must reproduce the torch head, and every head
+followed by its tail must reproduce the full torch model, at batch 1 and batch 3 from the
+same files (so the dynamic batch axis is exercised too). A failed validation leaves no
+``manifest.json``, and a directory without one is not a bundle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Literal, Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from device_runtime.bundle import Artifact, Manifest, ModelInfo, Split, TensorSpec, make_artifact, write_manifest
+from device_runtime.errors import CutPointError, ModelSpecError
+from exporter.graph import CutPoint, TracedModel, find_cut_points, get_cut_point, split_at, trace
+from exporter.models import LoadedModel, load_model, read_labels
+from exporter.onnx_export import IO_NAMES, export_onnx
+from exporter.validate import Case, Chain, OnnxRunner, torch_cases, validate
+
+__all__ = ["ATOL", "VALIDATION_BATCHES", "select_splits", "build_bundle"]
+
+ATOL = 1e-4
+VALIDATION_BATCHES = (1, 3)
+FORMAT, PRECISION = "onnx", "float32"
+FULL_PATH = "full/model.onnx"
+LAYOUTS = {1: "NC", 2: "NCW", 3: "NCHW", 4: "NCDHW"}
+
+
+def select_splits(cuts: Sequence[CutPoint], splits: Literal["auto"] | Sequence[str]) -> list[CutPoint]:
+    """The cut points to export, in graph order, without duplicates.
+
+    ``"auto"`` keeps the compressive natural bottlenecks, the only cuts DSC (Eq. 1-3)
+    shows can be optimal: a later cut with no smaller tensor only moves work to the board.
+    """
+    if splits == "auto":
+        chosen = [c for c in cuts if c.compressive]
+        if not chosen:
+            raise CutPointError(
+                "the model has no natural bottleneck (no cut tensor smaller than the input); "
+                "name the splits to export by id (see `split-export points`)"
+            )
+        return chosen
+    return sorted({get_cut_point(cuts, s) for s in splits}, key=lambda c: c.position)
+
+
+def build_bundle(
+    model_spec: str,
+    weights: str | Path | None = None,
+    splits: Literal["auto"] | Sequence[str] = "auto",
+    out_dir: str | Path = "bundle",
+    labels: str | Path | None = None,
+    input_shape: tuple[int, ...] | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> Manifest:
+    """Export, validate and describe ``model_spec`` cut at ``splits`` into the bundle ``out_dir``.
+
+    ``input_shape`` is per sample and defaults to the model's own (its weights' crop size).
+    Random validation inputs come from ``seed`` so that a failure can be reproduced.
+    """
+    loaded = load_model(model_spec, weights)
+    shape = tuple(input_shape or loaded.input_shape)
+    traced = trace(loaded.module, shape)
+    chosen = select_splits(find_cut_points(traced), splits)
+    root = Path(out_dir)
+    rng = np.random.default_rng(seed)
+    inputs = [rng.standard_normal((b, *shape), dtype=np.float32) for b in VALIDATION_BATCHES]
+
+    # The reference is the original module, not the traced one: this also proves the trace.
+    reference = torch_cases(loaded.module, IO_NAMES["full"], inputs)
+    validate(_export(traced.module, "full", root, FULL_PATH, inputs[0]), reference, ATOL, f"full model {FULL_PATH}")
+    full = make_artifact(root, FULL_PATH, "full", FORMAT, PRECISION)
+    split_entries = [
+        _export_split(traced, cut, root, inputs, reference)
+        for cut in tqdm(chosen, desc=f"exporting {loaded.name} splits", unit="split", disable=not progress)
+    ]
+    output_shape = tuple(next(iter(reference[0].expected.values())).shape[1:])
+    artifacts = [full, *(a for s in split_entries for a in s.artifacts)]
+    manifest = Manifest(
+        bundle_id=bundle_id(loaded.name, artifacts),
+        model=ModelInfo(
+            name=loaded.name,
+            input_shape=shape,
+            input_dtype="float32",
+            layout=LAYOUTS.get(len(shape), "N" + "?" * len(shape)),
+            output_shape=output_shape,
+            preprocess=loaded.preprocess,
+            labels=_labels(loaded, output_shape, labels),
+        ),
+        full=(full,),
+        splits=tuple(split_entries),
+    )
+    write_manifest(root, manifest)
+    return manifest
+
+
+def bundle_id(model_name: str, artifacts: Sequence[Artifact]) -> str:
+    """``<model>-<8 hex>``: a digest of the artifacts' digests, so equal files give equal ids."""
+    digest = hashlib.sha256("".join(a.sha256 for a in artifacts).encode()).hexdigest()
+    return f"{model_name}-{digest[:8]}"
+
+
+def _export_split(traced: TracedModel, cut: CutPoint, root: Path, inputs: list[np.ndarray], reference: list[Case]) -> Split:
+    head, tail = split_at(traced, cut.id)
+    head_path, tail_path = f"head/{cut.id}.onnx", f"tail/{cut.id}.onnx"
+    head_cases = torch_cases(head, IO_NAMES["head"], inputs)
+    head_runner = _export(head, "head", root, head_path, inputs[0])
+    validate(head_runner, head_cases, ATOL, f"head {head_path}")
+    # The tail is traced on the torch head's output; what it must reproduce is the full model.
+    cut_example = head_cases[0].expected[IO_NAMES["head"][1]]
+    tail_runner = _export(tail, "tail", root, tail_path, cut_example)
+    validate(Chain(head_runner, tail_runner), reference, ATOL, f"head {head_path} followed by tail {tail_path}")
+    return Split(
+        id=cut.id,
+        position=cut.position,
+        kind="layer",
+        tensor=TensorSpec(shape=cut.shape, dtype=cut.dtype, bytes_per_sample=cut.bytes_per_sample),
+        compression_ratio=cut.compression_ratio,
+        natural=cut.natural,
+        compressive=cut.compressive,
+        artifacts=(
+            make_artifact(root, head_path, "head", FORMAT, PRECISION),
+            make_artifact(root, tail_path, "tail", FORMAT, PRECISION),
+        ),
+    )
+
+
+def _export(module: torch.nn.Module, role: str, root: Path, relpath: str, example: np.ndarray) -> OnnxRunner:
+    export_onnx(module, role, torch.from_numpy(example), root / relpath)
+    return OnnxRunner(root / relpath)
+
+
+def _labels(loaded: LoadedModel, output_shape: tuple[int, ...], labels_file: str | Path | None) -> tuple[str, ...]:
+    """An explicit labels file wins; then the weights' categories when the class count fits; then ``class_i``."""
+    classes = output_shape[-1] if output_shape else 1
+    if labels_file is not None:
+        labels = read_labels(labels_file)
+        if len(labels) != classes:
+            raise ModelSpecError(f"labels file {labels_file} has {len(labels)} labels; the model outputs {classes} classes")
+        return labels
+    if loaded.categories is not None and len(loaded.categories) == classes:
+        return loaded.categories
+    return tuple(f"class_{i}" for i in range(classes))

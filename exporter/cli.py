@@ -1,0 +1,141 @@
+"""``split-export``: a thin command line over :mod:`exporter`'s library functions.
+
+Every :class:`SplitEdgeError` becomes ``split-export: error: <message>`` on stderr and
+exit status 2, as argparse does for usage errors; no traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from typing import Sequence
+
+from device_runtime.errors import SplitEdgeError
+from exporter.build import build_bundle
+from exporter.graph import CutPoint, find_cut_points, trace
+from exporter.models import load_model
+
+PROG = "split-export"
+
+EPILOG = """\
+examples:
+  split-export points torchvision:mobilenet_v2
+  split-export points torchvision:resnet18 --input-shape 3,160,160 --json
+  split-export build torchvision:mobilenet_v2 --weights mobilenet_v2-b0353104.pth --splits auto --out bundle/
+  split-export build mypkg.models:make_net --splits features_4,features_7 --out bundle/ --labels labels.txt
+
+A cut point is named by its torch.fx node; `points` lists them. Marks: N = natural
+bottleneck (cut tensor smaller than the input, DSC c_l < 1), C = compressive (smaller
+than every earlier cut, DSC Eq. 3); `--splits auto` exports the compressive ones.
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args))
+    except SplitEdgeError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Find the cut points of a network and export split bundles (head for the board, tail for the host).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    points = commands.add_parser(
+        "points", help="list every valid cut point", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    _model_arguments(points)
+    points.add_argument("--json", action="store_true", help="print the cut points as JSON instead of a table")
+    points.set_defaults(run=_points)
+
+    build = commands.add_parser(
+        "build", help="export a bundle", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    _model_arguments(build)
+    build.add_argument(
+        "--splits", required=True, type=_splits, metavar="auto|ID,ID", help="'auto' (compressive bottlenecks) or cut ids"
+    )
+    build.add_argument("--out", required=True, metavar="DIR", help="bundle directory to write")
+    build.add_argument("--labels", metavar="FILE", help="class names, one per line")
+    build.set_defaults(run=_build)
+    return parser
+
+
+def _model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL", help="torchvision:NAME or package.module:factory")
+    parser.add_argument("--weights", metavar="PATH", help="state dict to load (default: random weights)")
+    parser.add_argument(
+        "--input-shape", type=_shape, metavar="C,H,W", help="per-sample input shape (default: the model's own)"
+    )
+
+
+def _points(args: argparse.Namespace) -> int:
+    loaded = load_model(args.model, args.weights)
+    cuts = find_cut_points(trace(loaded.module, args.input_shape or loaded.input_shape))
+    print(json.dumps([asdict(c) for c in cuts], indent=2) if args.json else format_table(cuts))
+    return 0
+
+
+def _build(args: argparse.Namespace) -> int:
+    manifest = build_bundle(
+        args.model,
+        weights=args.weights,
+        splits=args.splits,
+        out_dir=args.out,
+        labels=args.labels,
+        input_shape=args.input_shape,
+    )
+    print(f"wrote bundle {manifest.bundle_id} to {args.out}: splits {', '.join(s.id for s in manifest.splits)}")
+    return 0
+
+
+def format_table(cuts: Sequence[CutPoint]) -> str:
+    """One row per cut point, widths fitted to the longest id and shape."""
+    rows = [("id", "pos", "op", "shape", "bytes/sample", "c_l", "marks")]
+    rows += [
+        (
+            c.id,
+            str(c.position),
+            c.op,
+            "x".join(map(str, c.shape)),
+            f"{c.bytes_per_sample:,}",
+            f"{c.compression_ratio:.4f}",
+            ("N" if c.natural else "") + ("C" if c.compressive else ""),
+        )
+        for c in cuts
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    right = {1, 4, 5}  # numbers line up on the right
+    return "\n".join(
+        "  ".join(cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+        for row in rows
+    )
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 3,224,224") from None
+    if not shape or any(d <= 0 for d in shape):
+        raise argparse.ArgumentTypeError(f"{text!r}: every dimension must be positive")
+    return shape
+
+
+def _splits(text: str) -> str | list[str]:
+    if text == "auto":
+        return text
+    ids = [part.strip() for part in text.split(",") if part.strip()]
+    if not ids:
+        raise argparse.ArgumentTypeError("expected 'auto' or a comma-separated list of cut ids")
+    return ids

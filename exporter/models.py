@@ -1,0 +1,181 @@
+"""Turn a MODEL spec from the command line into an ``nn.Module`` and what the bundle says about it.
+
+Two spec forms: ``torchvision:NAME`` (any classification model torchvision's registry
+knows; random weights unless a state dict is given) and ``package.module:factory`` (a
+user's function returning an ``nn.Module``). Nothing is imported by evaluating strings:
+the factory is looked up with ``importlib`` and ``getattr``.
+
+What differs between torchvision models is read from torchvision's own metadata (the
+weights enum's ``transforms()`` and ``meta["categories"]``) or, for constructor
+arguments, from the :data:`FACTORY_KWARGS` table, never from ``if name == ...`` code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torchvision
+
+from device_runtime.bundle import Preprocess
+from device_runtime.errors import ModelSpecError
+
+__all__ = ["LoadedModel", "FACTORY_KWARGS", "load_model", "load_state_dict", "read_labels"]
+
+TORCHVISION_PREFIX = "torchvision:"
+
+#: ImageNet normalisation, used when a model brings no transforms of its own.
+IMAGENET_PREPROCESS = Preprocess(resize=256, crop=224, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+
+#: Constructor arguments some torchvision models need to build a plain, traceable
+#: classifier from random weights: the auxiliary heads of GoogLeNet and Inception v3
+#: are training-only outputs and their legacy truncated-normal init is slow and warns.
+FACTORY_KWARGS: dict[str, dict[str, Any]] = {
+    "googlenet": {"aux_logits": False, "init_weights": False},
+    "inception_v3": {"aux_logits": False, "init_weights": False},
+}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to trace, with the facts the bundle manifest records about it."""
+
+    name: str  # short name, used in the bundle id: "mobilenet_v2", "my_factory"
+    module: torch.nn.Module
+    preprocess: Preprocess
+    input_shape: tuple[int, ...]  # default per-sample input, (3, crop, crop)
+    categories: tuple[str, ...] | None  # class names the weights were trained on, if known
+
+
+def load_model(spec: str, weights: str | Path | None = None) -> LoadedModel:
+    """Build the model a spec names, load ``weights`` (a state dict file) into it, set eval mode."""
+    if spec.startswith(TORCHVISION_PREFIX):
+        loaded = _torchvision_model(spec.removeprefix(TORCHVISION_PREFIX), weights)
+    else:
+        loaded = _factory_model(spec)
+    if weights is not None:
+        load_state_dict(loaded.module, weights)
+    loaded.module.eval()
+    return loaded
+
+
+def load_state_dict(module: torch.nn.Module, path: str | Path) -> None:
+    """Load a state dict strictly, naming the missing and unexpected keys when it does not fit.
+
+    ``weights_only=True`` refuses pickled code: a weights file must not be able to run
+    anything on the machine that builds bundles.
+    """
+    path = Path(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError as exc:
+        raise ModelSpecError(f"weights file {path} does not exist") from exc
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise ModelSpecError(f"cannot read weights file {path}: not a (safe) torch state dict ({exc})") from exc
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ModelSpecError(f"weights file {path} does not hold a state dict (a mapping of names to tensors)")
+    expected = set(module.state_dict())
+    missing = sorted(expected - set(state))
+    unexpected = sorted(set(state) - expected)
+    if missing or unexpected:
+        raise ModelSpecError(
+            f"weights file {path} does not fit {type(module).__name__}: "
+            f"missing keys {_preview(missing)}; unexpected keys {_preview(unexpected)}"
+        )
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as exc:  # same keys, different shapes
+        raise ModelSpecError(f"weights file {path} does not fit {type(module).__name__}: {exc}") from exc
+
+
+def read_labels(path: str | Path) -> tuple[str, ...]:
+    """One label per line; blank trailing lines are ignored."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ModelSpecError(f"cannot read labels file {path}: {exc}") from exc
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return tuple(line.strip() for line in lines)
+
+
+def _torchvision_model(name: str, weights: str | Path | None) -> LoadedModel:
+    try:
+        builder = torchvision.models.get_model_builder(name)
+    except ValueError as exc:
+        known = ", ".join(sorted(torchvision.models.list_models(module=torchvision.models)))
+        raise ModelSpecError(f"torchvision has no classification model {name!r}; known: {known}") from exc
+    module = builder(weights=None, **FACTORY_KWARGS.get(name, {}))
+    try:
+        entries = list(torchvision.models.get_model_weights(name))
+    except ValueError:  # an architecture without published weights: nothing to learn from
+        return LoadedModel(name, module, IMAGENET_PREPROCESS, (3, IMAGENET_PREPROCESS.crop, IMAGENET_PREPROCESS.crop), None)
+    entry = _matching_entry(entries, weights)
+    preprocess = _preprocess_from(entry.transforms())
+    categories = entry.meta.get("categories")
+    return LoadedModel(
+        name=name,
+        module=module,
+        preprocess=preprocess,
+        input_shape=(3, preprocess.crop, preprocess.crop),
+        categories=tuple(categories) if categories else None,
+    )
+
+
+def _matching_entry(entries: list[Any], weights: str | Path | None) -> Any:
+    """The weights enum entry a file came from, found by its published file name, else DEFAULT.
+
+    Releases of one architecture differ in preprocessing (MobileNetV2's V1 weights,
+    ``mobilenet_v2-b0353104.pth``, resize to 256; the V2 weights to 232), so a known
+    file must get its own transforms, not those of the newest release.
+    """
+    if weights is not None:
+        for entry in entries:
+            if entry.url.rsplit("/", 1)[-1] == Path(weights).name:
+                return entry
+    return type(entries[0]).DEFAULT
+
+
+def _preprocess_from(transforms: Any) -> Preprocess:
+    """Read torchvision's ``ImageClassification`` preset; other presets get ImageNet defaults."""
+    fields = ("resize_size", "crop_size", "mean", "std", "interpolation")
+    if not all(hasattr(transforms, f) for f in fields):
+        return IMAGENET_PREPROCESS
+    return Preprocess(
+        resize=int(transforms.resize_size[0]),
+        crop=int(transforms.crop_size[0]),
+        mean=tuple(float(m) for m in transforms.mean),
+        std=tuple(float(s) for s in transforms.std),
+        interpolation=transforms.interpolation.value,
+    )
+
+
+def _factory_model(spec: str) -> LoadedModel:
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ModelSpecError(
+            f"bad model spec {spec!r}: expected torchvision:NAME or package.module:factory"
+        )
+    try:
+        py_module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelSpecError(f"bad model spec {spec!r}: cannot import {module_name!r} ({exc})") from exc
+    factory: Callable[[], Any] | None = getattr(py_module, attr, None)
+    if not callable(factory):
+        raise ModelSpecError(f"bad model spec {spec!r}: {module_name} has no callable {attr!r}")
+    module = factory()
+    if not isinstance(module, torch.nn.Module):
+        raise ModelSpecError(f"{spec} returned {type(module).__name__}, not a torch.nn.Module")
+    crop = IMAGENET_PREPROCESS.crop
+    return LoadedModel(attr, module, IMAGENET_PREPROCESS, (3, crop, crop), None)
+
+
+def _preview(keys: list[str], limit: int = 5) -> str:
+    if not keys:
+        return "none"
+    shown = ", ".join(keys[:limit])
+    return f"{shown} (+{len(keys) - limit} more)" if len(keys) > limit else shown

@@ -1,0 +1,130 @@
+"""One validator for every exported artifact, whatever its format.
+
+As in HF optimum's exporters, validation is a step of its own: run the artifact, compare
+its input and output names, output shapes and values with what torch computed, collect
+every mismatch, and only then raise one :class:`ValidationError` that lists them all.
+The comparison only needs a :class:`Runner` (names in, arrays out), so an ONNX file, a
+head followed by a tail, and later a TFLite interpreter are all checked by the same code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Protocol, Sequence
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from device_runtime.errors import BundleError, ValidationError
+
+__all__ = ["Case", "Runner", "OnnxRunner", "Chain", "torch_cases", "compare", "validate"]
+
+
+class Runner(Protocol):
+    """Anything that maps named input arrays to named output arrays."""
+
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class Case:
+    """One input and the reference outputs the artifact must reproduce."""
+
+    label: str  # names the case in failure messages, e.g. "batch 3"
+    inputs: dict[str, np.ndarray]
+    expected: dict[str, np.ndarray]
+
+
+class OnnxRunner:
+    """An onnxruntime CPU session behind the :class:`Runner` interface."""
+
+    def __init__(self, model: str | Path | bytes) -> None:
+        try:
+            self.session = ort.InferenceSession(
+                model if isinstance(model, bytes) else str(model), providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
+            where = "in-memory model" if isinstance(model, bytes) else str(model)
+            raise BundleError(f"onnxruntime cannot load {where}: {exc}") from exc
+        self.input_names = tuple(i.name for i in self.session.get_inputs())
+        self.output_names = tuple(o.name for o in self.session.get_outputs())
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self.output_names, self.session.run(None, dict(feeds))))
+
+
+class Chain:
+    """A head followed by a tail: what the board and the host compute together."""
+
+    def __init__(self, first: Runner, second: Runner) -> None:
+        self.first = first
+        self.second = second
+        self.input_names = first.input_names
+        self.output_names = second.output_names
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        middle = self.first(feeds)
+        return self.second({name: middle[name] for name in self.second.input_names})
+
+
+def torch_cases(
+    module: Callable[[torch.Tensor], torch.Tensor],
+    names: tuple[str, str],
+    inputs: Sequence[np.ndarray],
+) -> list[Case]:
+    """Reference cases: ``module`` run by torch on each input, labelled by batch size."""
+    input_name, output_name = names
+    cases = []
+    with torch.no_grad():
+        for x in inputs:
+            y = module(torch.from_numpy(x)).numpy()
+            cases.append(Case(f"batch {x.shape[0]}", {input_name: x}, {output_name: y}))
+    return cases
+
+
+def compare(runner: Runner, cases: Sequence[Case], atol: float) -> list[str]:
+    """Every way ``runner`` fails to reproduce ``cases``: names, then per case shapes and values."""
+    failures: list[str] = []
+    want_in, want_out = (tuple(cases[0].inputs), tuple(cases[0].expected)) if cases else ((), ())
+    if runner.input_names != want_in:
+        failures.append(f"input names {list(runner.input_names)}, expected {list(want_in)}")
+    if runner.output_names != want_out:
+        failures.append(f"output names {list(runner.output_names)}, expected {list(want_out)}")
+    if failures:
+        return failures  # running with the wrong names would only repeat the same failure
+    for case in cases:
+        try:
+            outputs = runner(case.inputs)
+        except Exception as exc:  # any backend error is a finding, not a crash of the validator
+            failures.append(f"{case.label}: the artifact failed to run: {exc}")
+            continue
+        for name, want in case.expected.items():
+            failures.extend(f"{case.label}: output {name!r} {problem}" for problem in _differences(outputs[name], want, atol))
+    return failures
+
+
+def validate(runner: Runner, cases: Sequence[Case], atol: float, what: str) -> None:
+    """Raise one :class:`ValidationError` listing every failure of ``compare``."""
+    failures = compare(runner, cases, atol)
+    if failures:
+        raise ValidationError(f"{what} does not reproduce torch (atol {atol:g}):\n  " + "\n  ".join(failures))
+
+
+def _differences(got: np.ndarray, want: np.ndarray, atol: float) -> list[str]:
+    if got.shape != want.shape:
+        return [f"has shape {list(got.shape)}, expected {list(want.shape)}"]
+    problems = []
+    if got.dtype != want.dtype:
+        problems.append(f"has dtype {got.dtype}, expected {want.dtype}")
+    if not np.isfinite(got).all():
+        problems.append("contains NaN or infinity")
+    else:
+        error = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)), initial=0.0))
+        if error > atol:
+            problems.append(f"differs by up to {error:.3g}")
+    return problems
