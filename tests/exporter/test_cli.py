@@ -1,0 +1,126 @@
+"""``split-export`` called as a library function: bundles that load, errors that explain."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from device_runtime.bundle import Bundle  # noqa: E402
+from exporter import __all__ as public_api  # noqa: E402
+from exporter.cli import main  # noqa: E402
+
+
+def test_public_api_is_pinned() -> None:
+    assert sorted(public_api) == [
+        "Case", "Chain", "CutPoint", "LoadedModel", "OnnxRunner", "Runner", "TracedModel",
+        "build_bundle", "compare", "export_onnx", "find_cut_points", "get_cut_point",
+        "load_model", "select_splits", "split_at", "trace", "validate",
+    ]  # fmt: skip
+
+
+def test_build_writes_a_bundle_that_loads(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "bundle"
+    labels = tmp_path / "labels.txt"
+    labels.write_text("".join(f"thing {i}\n" for i in range(1000)))
+    assert main(["build", "torchvision:resnet18", "--splits", "add_6,maxpool", "--out", str(out), "--labels", str(labels)]) == 0
+    assert "wrote bundle resnet18-" in capsys.readouterr().out
+
+    bundle = Bundle.load(out)
+    manifest = bundle.manifest
+    assert [s.id for s in manifest.splits] == ["maxpool", "add_6"]  # graph order
+    assert manifest.bundle_id.startswith("resnet18-") and len(manifest.bundle_id) == len("resnet18-") + 8
+    assert manifest.model.input_shape == (3, 224, 224) and manifest.model.output_shape == (1000,)
+    assert manifest.model.labels[:2] == ("thing 0", "thing 1")
+    assert manifest.model.preprocess.crop == 224
+    maxpool = manifest.split("maxpool")
+    assert maxpool.tensor.shape == (64, 56, 56) and maxpool.tensor.bytes_per_sample == 64 * 56 * 56 * 4
+    assert maxpool.compression_ratio == pytest.approx(4 / 3) and not maxpool.natural and maxpool.kind == "layer"
+    assert {a.path for a in bundle.all_artifacts()} == {
+        "full/model.onnx", "head/maxpool.onnx", "tail/maxpool.onnx", "head/add_6.onnx", "tail/add_6.onnx",
+    }  # fmt: skip
+
+
+def test_points_prints_every_cut(capsys) -> None:
+    assert main(["points", "torchvision:resnet18", "--json"]) == 0
+    points = json.loads(capsys.readouterr().out)
+    assert len(points) == 22 and points[3]["id"] == "maxpool" and points[3]["shape"] == [64, 56, 56]
+    assert main(["points", "torchvision:mobilenet_v2"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["id", "pos", "op", "shape", "bytes/sample", "c_l", "marks"]
+    assert table[1 + 72 - 1].split()[0] == "classifier_0"
+    assert "features_14_conv_2  " in next(r for r in table if "NC" in r.split()[-1] and "features_14" in r)
+
+
+def _error(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    assert captured.err.startswith("split-export: error: ")
+    return captured.err
+
+
+def test_unknown_model(capsys) -> None:
+    err = _error(capsys, ["points", "torchvision:resnet19"])
+    assert "torchvision has no classification model 'resnet19'; known: alexnet" in err
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("resnet18", "bad model spec 'resnet18': expected torchvision:NAME or package.module:factory"),
+        ("no_such_pkg.models:make", "bad model spec 'no_such_pkg.models:make': cannot import 'no_such_pkg.models'"),
+        ("exporter.models:nothing_here", "exporter.models has no callable 'nothing_here'"),
+        ("exporter.models:IMAGENET_PREPROCESS", "exporter.models has no callable 'IMAGENET_PREPROCESS'"),
+    ],
+)
+def test_bad_specs(capsys, spec: str, message: str) -> None:
+    assert message in _error(capsys, ["points", spec])
+
+
+def test_unknown_cut_id(capsys, tmp_path: Path) -> None:
+    err = _error(capsys, ["build", "torchvision:resnet18", "--splits", "maxpool,layer1_0_relu_2", "--out", str(tmp_path)])
+    assert "'layer1_0_relu_2' is not a valid cut point; did you mean layer1_0_relu_1" in err
+    assert not (tmp_path / "manifest.json").exists()
+
+
+def test_corrupt_and_mismatched_weights(capsys, tmp_path: Path) -> None:
+    corrupt = tmp_path / "corrupt.pth"
+    corrupt.write_bytes(b"\x80\x04 not a checkpoint")
+    assert f"cannot read weights file {corrupt}" in _error(capsys, ["points", "torchvision:resnet18", "--weights", str(corrupt)])
+
+    missing = tmp_path / "missing.pth"
+    assert f"weights file {missing} does not exist" in _error(capsys, ["points", "torchvision:resnet18", "--weights", str(missing)])
+
+    other = tmp_path / "resnet18_renamed.pth"
+    state = torchvision_state("resnet18")
+    state["head.weight"] = state.pop("fc.weight")
+    torch.save(state, other)
+    err = _error(capsys, ["points", "torchvision:resnet18", "--weights", str(other)])
+    assert "does not fit ResNet: missing keys fc.weight; unexpected keys head.weight" in err
+
+    wrong_shape = tmp_path / "wrong_shape.pth"
+    state = torchvision_state("resnet18")
+    state["fc.weight"] = torch.zeros(10, 512)
+    torch.save(state, wrong_shape)
+    assert "size mismatch for fc.weight" in _error(capsys, ["points", "torchvision:resnet18", "--weights", str(wrong_shape)])
+
+    pickled_code = tmp_path / "code.pth"
+    torch.save({"fc.weight": torch.zeros(1), "hook": print}, pickled_code)
+    assert "not a (safe) torch state dict" in _error(capsys, ["points", "torchvision:resnet18", "--weights", str(pickled_code)])
+
+
+def torchvision_state(name: str) -> dict:
+    import torchvision
+
+    return torchvision.models.get_model(name).state_dict()
+
+
+def test_help_has_examples(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    assert "split-export build torchvision:mobilenet_v2" in capsys.readouterr().out
