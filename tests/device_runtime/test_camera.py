@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from device_runtime.camera import Synthetic, open_source
+from device_runtime.camera import IMAGE_SUFFIXES, Synthetic, open_source
 from device_runtime.errors import CameraError
 
 cv2 = pytest.importorskip("cv2", reason="camera sources need splitedge[camera]")
@@ -17,7 +17,8 @@ cv2 = pytest.importorskip("cv2", reason="camera sources need splitedge[camera]")
 def test_folder_yields_rgb_images_in_name_order(photos_dir: Path) -> None:
     with open_source(str(photos_dir)) as source:
         frames = list(source)
-    assert [f.name for f in frames] == sorted(p.name for p in photos_dir.iterdir())
+    assert [f.name for f in frames] == sorted(p.name for p in photos_dir.iterdir() if p.suffix in IMAGE_SUFFIXES)
+    assert len(frames) == 4
     data = pytest.importorskip("skimage.data")
     coffee = next(f for f in frames if f.name == "coffee.png")
     np.testing.assert_array_equal(coffee.image, data.coffee())  # RGB, not OpenCV's BGR
