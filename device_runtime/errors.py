@@ -53,5 +53,9 @@ class CutPointError(SplitEdgeError):
     """A requested cut point does not exist or is not a valid cut of the graph."""
 
 
+class ExportError(SplitEdgeError):
+    """A model could not be exported to an artifact format (the exporter failed, or the file could not be written)."""
+
+
 class ValidationError(SplitEdgeError):
     """An exported artifact does not reproduce its reference; the message lists every mismatch."""

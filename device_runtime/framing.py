@@ -57,6 +57,11 @@ class FrameDecoder:
         """True between frames: nothing partial is buffered."""
         return self._pending == 0 and self._body is None and self._skip == 0
 
+    @property
+    def body_remaining(self) -> int:
+        """Bytes still to come of the frame being read in place (0 between frames)."""
+        return 0 if self._body is None else len(self._body) - self._filled
+
     def get_buffer(self) -> memoryview:
         """Where the next bytes from the socket should go."""
         if self._body is not None:

@@ -46,9 +46,11 @@ def _slice(view: memoryview, pos: int, n: int) -> tuple[memoryview, int]:
 
 
 def _text(view: memoryview, pos: int, n: int) -> tuple[str, int]:
-    raw, pos = _slice(view, pos, n)
+    end = pos + n
+    if end > len(view):
+        raise _truncated(n, pos, view)
     try:
-        return str(raw, "utf-8"), pos
+        return str(view[pos:end], "utf-8"), end
     except UnicodeDecodeError as exc:
         raise ProtocolError(f"malformed msgpack: string is not UTF-8 ({exc})") from exc
 

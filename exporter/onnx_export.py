@@ -17,7 +17,7 @@ from typing import BinaryIO
 
 import torch
 
-from device_runtime.errors import BundleError
+from device_runtime.errors import ExportError
 
 __all__ = ["IO_NAMES", "OPSET", "export_onnx", "onnx_bytes"]
 
@@ -36,7 +36,7 @@ def export_onnx(module: torch.nn.Module, role: str, example: torch.Tensor, targe
     """Export ``module`` for ``role`` to a file path or a binary buffer (tests keep it in memory).
 
     ``example`` fixes every dimension except the batch. Failures of the exporter and of
-    the file system become :class:`BundleError`: either way the bundle cannot be written.
+    the file system become :class:`ExportError`: either way the bundle cannot be written.
     """
     input_name, output_name = IO_NAMES[role]
     if isinstance(target, (str, Path)):
@@ -60,9 +60,9 @@ def export_onnx(module: torch.nn.Module, role: str, example: torch.Tensor, targe
                 dynamo=False,
             )
     except OSError as exc:
-        raise BundleError(f"cannot write the {role} ONNX file {target}: {exc}") from exc
+        raise ExportError(f"cannot write the {role} ONNX file {target}: {exc}") from exc
     except Exception as exc:  # torch.onnx raises many unrelated types for unsupported operators
-        raise BundleError(f"cannot export the {role} {type(module).__name__} to ONNX: {exc}") from exc
+        raise ExportError(f"cannot export the {role} {type(module).__name__} to ONNX: {exc}") from exc
 
 
 def onnx_bytes(module: torch.nn.Module, role: str, example: torch.Tensor) -> bytes:
