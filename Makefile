@@ -47,10 +47,10 @@ demo: $(BUILD)/demo-bundle/manifest.json $(BUILD)/photos/.written
 	@$(VENV)/bin/split-host serve $(BUILD)/demo-bundle --interface 127.0.0.1 --port 0 > $(BUILD)/demo-host.log 2>&1 & \
 	host=$$!; trap 'kill -INT $$host 2>/dev/null; wait $$host; echo "--- host log"; cat $(BUILD)/demo-host.log' EXIT; \
 	for i in $$(seq 60); do grep -q "advertised as" $(BUILD)/demo-host.log && break; sleep 0.5; done; \
-	echo "--- split: the bundle's most compressive cut, host found by zeroconf on 127.0.0.1"; \
-	$(VENV)/bin/split-device run $(BUILD)/demo-bundle --camera $(BUILD)/photos --interface 127.0.0.1 && \
-	echo "--- local: the full model on the board, no host" && \
-	$(VENV)/bin/split-device run $(BUILD)/demo-bundle --camera $(BUILD)/photos --split local
+	for split in $$($(VENV)/bin/python -c "import json; print(' '.join(s['id'] for s in json.load(open('$(BUILD)/demo-bundle/manifest.json'))['splits']))") local; do \
+		echo "--- split $$split"; \
+		$(VENV)/bin/split-device run $(BUILD)/demo-bundle --camera $(BUILD)/photos --interface 127.0.0.1 --split $$split || exit 1; \
+	done
 
 test: test-workstation test-device
 

@@ -30,6 +30,7 @@ class FrameResult:
     label: str
     probability: float
     split: str
+    preprocess_ms: float
     head_ms: float
     transfer_ms: float
     tail_ms: float
@@ -38,7 +39,7 @@ class FrameResult:
     def line(self) -> str:
         return (
             f"#{self.index:<4d} {self.name[:24]:24s} {self.label[:24]:24s} {self.probability:6.3f}  "
-            f"split={self.split:<20s} head {self.head_ms:7.2f} ms  transfer {self.transfer_ms:7.2f} ms  "
+            f"split={self.split:<20s} pre {self.preprocess_ms:6.2f} ms  head {self.head_ms:7.2f} ms  transfer {self.transfer_ms:7.2f} ms  "
             f"tail {self.tail_ms:7.2f} ms  total {self.total_ms:7.2f} ms"
         )
 
@@ -115,7 +116,9 @@ class DeviceRunner:
 
     async def infer(self, frame: Frame, split_id: str, client: HostClient | None) -> FrameResult:
         loop = asyncio.get_running_loop()
+        start = time.perf_counter()
         x = preprocess(frame.image, self.bundle.manifest.model.preprocess)
+        preprocess_ms = (time.perf_counter() - start) * 1000.0
         if split_id == LOCAL_SPLIT:
             start = time.perf_counter()
             logits = await loop.run_in_executor(None, self.session(LOCAL_SPLIT, "full").run, x)
@@ -135,6 +138,7 @@ class DeviceRunner:
             label=label,
             probability=probability,
             split=split_id,
+            preprocess_ms=preprocess_ms,
             head_ms=head_ms,
             transfer_ms=transfer_ms,
             tail_ms=tail_ms,

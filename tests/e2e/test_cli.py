@@ -16,8 +16,9 @@ from host_runtime import cli as host_cli
 from tests.conftest import TEST_SPLITS
 
 LINE = re.compile(
-    r"#(\d+)\s+(\S+)\s+(.+?)\s+([01]\.\d{3})\s+split=(\S+)\s+head\s+([\d.]+) ms\s+transfer\s+([\d.]+) ms\s+"
-    r"tail\s+([\d.]+) ms\s+total\s+([\d.]+) ms"
+    r"#(?P<index>\d+)\s+(?P<name>\S+)\s+(?P<label>.+?)\s+(?P<prob>[01]\.\d{3})\s+split=(?P<split>\S+)\s+"
+    r"pre\s+(?P<pre>[\d.]+) ms\s+head\s+(?P<head>[\d.]+) ms\s+transfer\s+(?P<transfer>[\d.]+) ms\s+"
+    r"tail\s+(?P<tail>[\d.]+) ms\s+total\s+(?P<total>[\d.]+) ms"
 )
 
 
@@ -74,10 +75,10 @@ def test_device_finds_host_by_zeroconf_and_prints_one_line_per_frame(host_proces
     rows = [LINE.search(line) for line in out.stdout.splitlines()]
     rows = [r for r in rows if r]
     assert len(rows) == 4
-    by_name = {r.group(2): r for r in rows}
-    assert by_name["coffee.png"].group(3) == "espresso"
-    assert all(r.group(5) == TEST_SPLITS[0] for r in rows)
-    assert all(float(r.group(8)) > 0 for r in rows)  # the host's tail time came back
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["coffee.png"]["label"] == "espresso"
+    assert all(r["split"] == TEST_SPLITS[0] for r in rows)
+    assert all(float(r["tail"]) > 0 for r in rows)  # the host's tail time came back
 
 
 def test_host_withdraws_and_stops_on_sigterm(host_process) -> None:
@@ -127,4 +128,4 @@ def test_local_split_needs_no_host(mobilenet_bundle, photos_dir, capsys) -> None
     assert device_cli.main(["run", str(mobilenet_bundle), "--camera", str(photos_dir / "coffee.png"),
                             "--split", "local"]) == 0
     (row,) = [LINE.search(line) for line in capsys.readouterr().out.splitlines() if LINE.search(line)]
-    assert row.group(3) == "espresso" and row.group(5) == "local"
+    assert row["label"] == "espresso" and row["split"] == "local"
