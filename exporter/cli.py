@@ -13,6 +13,7 @@ from dataclasses import asdict
 from typing import Sequence
 
 from device_runtime.errors import SplitEdgeError
+from exporter.analysis import analyze, summary_text
 from exporter.build import build_bundle
 from exporter.graph import CutPoint, find_cut_points, trace
 from exporter.models import load_model
@@ -25,6 +26,8 @@ examples:
   split-export points torchvision:resnet18 --input-shape 3,160,160 --json
   split-export build torchvision:mobilenet_v2 --weights mobilenet_v2-b0353104.pth --splits auto --out bundle/
   split-export build mypkg.models:make_net --splits features_4,features_7 --out bundle/ --labels labels.txt
+  split-export analyze torchvision:mobilenet_v2 --weights mobilenet_v2-b0353104.pth --data photos/ --out report/
+  split-export analyze mypkg.models:fmnist_cnn --weights cnn.pt --data fashion-mnist --classes 5,7,9 --out report/
 
 A cut point is named by its torch.fx node; `points` lists them. Marks: N = natural
 bottleneck (cut tensor smaller than the input, DSC c_l < 1), C = compressive (smaller
@@ -68,6 +71,26 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--out", required=True, metavar="DIR", help="bundle directory to write")
     build.add_argument("--labels", metavar="FILE", help="class names, one per line")
     build.set_defaults(run=_build)
+
+    analyse = commands.add_parser(
+        "analyze", help="CUI curves and bottlenecks of every cut point, with plots",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _model_arguments(analyse)
+    analyse.add_argument(
+        "--data", required=True, metavar="SPEC",
+        help="fashion-mnist[:train|:test], a folder with one sub-folder per class, or an .npz with x and y",
+    )
+    analyse.add_argument("--classes", metavar="I,J|NAME,NAME", help="also analyse this class subset")
+    analyse.add_argument("--images", type=int, metavar="N", help="use at most N images (stratified, seeded)")
+    analyse.add_argument("--target", choices=("label", "predicted"), default="label",
+                         help="Grad-CAM class: the ground truth (default) or the model's prediction")
+    analyse.add_argument("--score", choices=("logit", "softmax"), default="logit",
+                         help="the class score differentiated (default: the logit, as Grad-CAM)")
+    analyse.add_argument("--batch-size", type=int, default=32)
+    analyse.add_argument("--seed", type=int, default=0)
+    analyse.add_argument("--out", required=True, metavar="DIR", help="report directory (points.json and PNGs)")
+    analyse.set_defaults(run=_analyze)
     return parser
 
 
@@ -96,6 +119,16 @@ def _build(args: argparse.Namespace) -> int:
         input_shape=args.input_shape,
     )
     print(f"wrote bundle {manifest.bundle_id} to {args.out}: splits {', '.join(s.id for s in manifest.splits)}")
+    return 0
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    report = analyze(
+        args.model, args.data, args.out, weights=args.weights, classes=args.classes, images=args.images,
+        target=args.target, score=args.score, input_shape=args.input_shape, batch_size=args.batch_size, seed=args.seed,
+    )
+    print(summary_text(report))
+    print(f"wrote {args.out}/points.json, cui_curve.png, cui_per_class.png, head_cost.png")
     return 0
 
 

@@ -1,0 +1,185 @@
+"""Where to cut a model: DSC's bottlenecks and I-SPLIT's CUI curves side by side, in one report.
+
+``analyze`` writes ``points.json`` (schema: :mod:`exporter.report_schema`) and the plots of
+:mod:`exporter.plots`, and returns the report. The two papers answer different questions —
+DSC: where is the tensor small (cheap to send)? I-SPLIT: where does the information the
+decision needs still flow? — and the report keeps both per cut point so that a user can
+weigh them against the head's cost.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import numpy as np
+import torch
+from torch.fx.passes.shape_prop import TensorMetadata
+
+from exporter.costs import cumulative_macs, total_parameters
+from exporter.cui import CuiChoices, cui_per_image, local_maxima
+from exporter.datasets import DataError, ImageSet, load_images
+from exporter.graph import CutPoint, TracedModel, find_cut_points, trace
+from exporter.models import load_model
+from exporter.plots import write_plots
+from exporter.report_schema import SCHEMA_ID, write_report
+
+__all__ = ["analyze", "build_report", "class_subset", "summary_text"]
+
+TOP_MAXIMA = 5  # the summary names this many candidates; points.json keeps them all
+
+
+def _outputs(traced: TracedModel) -> int:
+    (output,) = [n for n in traced.module.graph.nodes if n.op == "output"]
+    meta = output.args[0].meta.get("tensor_meta")
+    if not isinstance(meta, TensorMetadata) or len(meta.shape) != 2:
+        raise DataError("CUI needs a classifier: a model whose output is (batch, classes)")
+    return int(meta.shape[1])
+
+
+def class_subset(spec: str | None, classes: Sequence[str]) -> list[int] | None:
+    """``--classes 3,5,7`` or ``--classes Bag,Sandal``: indices into ``classes``."""
+    if spec is None:
+        return None
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if not parts:
+        raise DataError("--classes is empty; give class indices or names, e.g. --classes 3,5,7")
+    chosen = []
+    for part in parts:
+        if part.isdigit() and int(part) < len(classes):
+            chosen.append(int(part))
+        elif part in classes:
+            chosen.append(classes.index(part))
+        else:
+            raise DataError(f"--classes: unknown class {part!r}; classes are 0..{len(classes) - 1}: {', '.join(classes)}")
+    return sorted(set(chosen))
+
+
+def _check_labels(images: ImageSet, outputs: int) -> None:
+    bad = images.y[(images.y < 0) | (images.y >= outputs)]
+    if len(bad):
+        raise DataError(
+            f"{images.source}: labels {sorted(set(bad.tolist()))[:5]} are outside the model's {outputs} outputs (0..{outputs - 1})"
+        )
+
+
+def analyze(
+    model: str,
+    data: str,
+    out_dir: str | Path,
+    weights: str | Path | None = None,
+    classes: str | None = None,
+    images: int | None = None,
+    target: Literal["label", "predicted"] = "label",
+    score: Literal["logit", "softmax"] = "logit",
+    input_shape: tuple[int, ...] | None = None,
+    batch_size: int = 32,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Analyse every cut point of ``model`` on ``data``; write the report and plots to ``out_dir``."""
+    torch.manual_seed(seed)
+    loaded = load_model(model, weights)
+    traced = trace(loaded.module, input_shape or loaded.input_shape)
+    outputs = _outputs(traced)
+    image_set = load_images(data, traced.input_shape, loaded.preprocess, loaded.categories).subset(images, seed)
+    _check_labels(image_set, outputs)
+    subset = class_subset(classes, image_set.classes)
+    if subset is not None and not np.isin(image_set.y, subset).any():
+        raise DataError(f"--classes {classes}: none of the {len(image_set)} images belongs to these classes")
+    cuts = find_cut_points(traced)
+    choices = CuiChoices(score=score, target=target)
+    run = cui_per_image(traced, cuts, image_set.x, image_set.y, choices, batch_size, progress)
+    report = build_report(loaded.name, traced, cuts, image_set, run.cui, subset, choices, seed)
+    report["data"]["accuracy"] = float((run.predictions == image_set.y).mean())
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_report(out / "points.json", report)
+    write_plots(report, out)
+    return report
+
+
+def build_report(
+    name: str,
+    traced: TracedModel,
+    cuts: Sequence[CutPoint],
+    images: ImageSet,
+    cui: np.ndarray,
+    subset: list[int] | None,
+    choices: CuiChoices,
+    seed: int,
+) -> dict[str, Any]:
+    """The ``points.json`` dictionary: per-cut facts, CUI global / per class / subset, summary."""
+    present = [c for c in range(len(images.classes)) if (images.y == c).any()]
+    global_curve = cui.mean(axis=0)
+    per_class = {images.classes[c]: cui[images.y == c].mean(axis=0) for c in present}
+    subset_curve = cui[np.isin(images.y, subset)].mean(axis=0) if subset else None
+    macs = cumulative_macs(traced)
+    total_macs = max(macs.values())
+    params = total_parameters(traced)
+    points = []
+    for i, cut in enumerate(cuts):
+        elements = cut.bytes_per_sample // np.dtype(cut.dtype).itemsize
+        points.append({
+            "id": cut.id,
+            "position": cut.position,
+            "op": cut.op,
+            "shape": list(cut.shape),
+            "bytes_per_sample": {"float32": int(elements * 4), "uint8": int(elements)},
+            "compression_ratio": cut.compression_ratio,
+            "natural": cut.natural,
+            "compressive": cut.compressive,
+            "head": {"parameters": cut.head_parameters, "macs": macs[cut.id]},
+            "tail": {"parameters": params - cut.head_parameters, "macs": total_macs - macs[cut.id]},
+            "cui": {
+                "global": float(global_curve[i]),
+                "per_class": {k: float(v[i]) for k, v in per_class.items()},
+                "subset": None if subset_curve is None else float(subset_curve[i]),
+            },
+        })
+    ids = [c.id for c in cuts]
+    return {
+        "schema": SCHEMA_ID,
+        "model": {"name": name, "input_shape": list(traced.input_shape), "parameters": params, "macs": total_macs},
+        "data": {
+            "source": images.source,
+            "images": len(images),
+            "classes": list(images.classes),
+            "images_per_class": {images.classes[c]: int((images.y == c).sum()) for c in present},
+            "class_subset": None if subset is None else [images.classes[c] for c in subset],
+            "seed": seed,
+        },
+        "choices": choices.as_dict(),
+        "points": points,
+        "summary": {
+            "compressive": [c.id for c in cuts if c.compressive],
+            "cui_maxima": [ids[i] for i in local_maxima(global_curve)],
+            "recommended": ids[int(np.argmax(global_curve))],
+            "recommended_subset": None if subset_curve is None else ids[int(np.argmax(subset_curve))],
+        },
+    }
+
+
+def summary_text(report: dict[str, Any]) -> str:
+    """What ``split-export analyze`` prints: the bottlenecks, the CUI maxima, the recommendation."""
+    summary, data = report["summary"], report["data"]
+    by_id = {p["id"]: p for p in report["points"]}
+
+    top = sorted(summary["cui_maxima"], key=lambda c: -by_id[c]["cui"]["global"])[:TOP_MAXIMA]
+
+    def describe(cut_id: str) -> str:
+        p = by_id[cut_id]
+        return f"{cut_id} (CUI {p['cui']['global']:.4g}, c_l {p['compression_ratio']:.3f}, {p['bytes_per_sample']['float32']:,} B)"
+
+    lines = [
+        f"{report['model']['name']} on {data['source']}: {data['images']} images, top-1 accuracy {data['accuracy']:.3f}",
+        f"compressive bottlenecks (DSC Eq. 3): {', '.join(summary['compressive']) or 'none'}",
+        f"CUI local maxima (I-SPLIT candidates), the {min(TOP_MAXIMA, len(summary['cui_maxima']))} highest of "
+        f"{len(summary['cui_maxima'])}: " + ", ".join(describe(c) for c in top),
+        f"recommended cut (global CUI maximum): {describe(summary['recommended'])}",
+    ]
+    if summary["recommended_subset"]:
+        lines.append(
+            f"recommended cut for classes {', '.join(data['class_subset'])}: {summary['recommended_subset']}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,186 @@
+"""Labelled image sets for analysis and training, from a ``--data`` spec.
+
+Three forms, all offline:
+
+- ``fashion-mnist`` (or ``fashion-mnist:train``): Debian's ``dataset-fashion-mnist``, read
+  from its IDX files (test split by default: analysis belongs on held-out data);
+- a folder with one sub-folder per class (``data/cat/*.jpg``), each image preprocessed
+  exactly as the board will (the manifest's :class:`Preprocess`, in numpy);
+- an ``.npz`` with arrays ``x`` (N, C, H, W float, already model input; or N, H, W[, C]
+  uint8 images) and ``y`` (N integer labels), optionally ``classes`` (names).
+
+Every set is checked against the model's input before anything runs, so a wrong size or
+channel count is an error naming both shapes rather than a convolution failure.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from device_runtime.bundle import Preprocess
+from device_runtime.camera import IMAGE_SUFFIXES
+from device_runtime.errors import SplitEdgeError
+from device_runtime.preprocess import preprocess
+
+__all__ = ["DataError", "ImageSet", "FASHION_MNIST_CLASSES", "FASHION_MNIST_DIR", "load_images"]
+
+FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+)
+
+
+class DataError(SplitEdgeError):
+    """A data set cannot be read or does not fit the model."""
+
+
+@dataclass(frozen=True)
+class ImageSet:
+    """Model-ready images and their labels."""
+
+    x: np.ndarray  # (N, *input_shape) float32
+    y: np.ndarray  # (N,) int64
+    classes: tuple[str, ...]
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def subset(self, n: int | None, seed: int = 0) -> "ImageSet":
+        """At most ``n`` images, drawn without replacement and stratified by class, reproducibly."""
+        if n is None or n >= len(self):
+            return self
+        rng = np.random.default_rng(seed)
+        per_class = [rng.permutation(np.flatnonzero(self.y == c)) for c in np.unique(self.y)]
+        # Round-robin over classes keeps the subset balanced when the full set is.
+        order = [idx[i] for i in range(max(map(len, per_class))) for idx in per_class if i < len(idx)]
+        chosen = np.sort(np.asarray(order[:n]))
+        return ImageSet(self.x[chosen], self.y[chosen], self.classes, f"{self.source} ({n} of {len(self)})")
+
+
+def load_images(
+    spec: str,
+    input_shape: Sequence[int],
+    preprocess_spec: Preprocess | None = None,
+    model_classes: Sequence[str] | None = None,
+) -> ImageSet:
+    """Read ``spec`` and check it against a model taking ``input_shape`` (per sample).
+
+    ``model_classes`` are the class names the model was trained on (ImageNet's for
+    torchvision weights): class folders named after them get those labels, so a folder
+    ``espresso/`` means ImageNet class 967, not "the first folder".
+    """
+    if spec.startswith("fashion-mnist"):
+        _, _, split = spec.partition(":")
+        images = _fashion_mnist(split or "test")
+    else:
+        path = Path(spec)
+        if path.suffix == ".npz":
+            images = _npz(path, input_shape, preprocess_spec)
+        elif path.is_dir():
+            images = _folder(path, input_shape, preprocess_spec, model_classes)
+        else:
+            raise DataError(f"--data {spec!r}: not 'fashion-mnist', a folder of class folders, or an .npz file")
+    _check_fits(images, tuple(input_shape))
+    return images
+
+
+def _check_fits(images: ImageSet, input_shape: tuple[int, ...]) -> None:
+    shape = tuple(images.x.shape[1:])
+    if shape != input_shape:
+        channels = "channel count" if shape[:1] != input_shape[:1] else "size"
+        raise DataError(
+            f"{images.source}: images are {'x'.join(map(str, shape))} but the model takes "
+            f"{'x'.join(map(str, input_shape))} (wrong {channels})"
+        )
+    if len(images) == 0:
+        raise DataError(f"{images.source}: no images")
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    """IDX (the MNIST container): magic, dims, big-endian sizes, then uint8 data."""
+    try:
+        with gzip.open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise DataError(
+            f"cannot read {path}: {exc}; install Debian's dataset-fashion-mnist (apt install dataset-fashion-mnist)"
+        ) from exc
+    zero, dtype, ndim = struct.unpack(">HBB", data[:4])
+    if zero != 0 or dtype != 0x08:
+        raise DataError(f"{path}: not an IDX file of unsigned bytes")
+    dims = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def _fashion_mnist(split: str) -> ImageSet:
+    prefix = {"test": "t10k", "train": "train"}.get(split)
+    if prefix is None:
+        raise DataError(f"fashion-mnist split {split!r}: use fashion-mnist:train or fashion-mnist:test")
+    images = _read_idx(FASHION_MNIST_DIR / f"{prefix}-images-idx3-ubyte.gz")
+    labels = _read_idx(FASHION_MNIST_DIR / f"{prefix}-labels-idx1-ubyte.gz")
+    x = (images.astype(np.float32) / 255.0)[:, None]  # (N, 1, 28, 28) in [0, 1]
+    return ImageSet(x, labels.astype(np.int64), FASHION_MNIST_CLASSES, f"fashion-mnist:{split}")
+
+
+def _npz(path: Path, input_shape: Sequence[int], spec: Preprocess | None) -> ImageSet:
+    try:
+        with np.load(path) as data:
+            x, y = data["x"], data["y"]
+            classes = tuple(str(c) for c in data["classes"]) if "classes" in data else None
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot read {path}: {exc}") from exc
+    except KeyError as exc:
+        raise DataError(f"{path}: needs arrays 'x' and 'y' (has {exc})") from exc
+    if x.dtype == np.uint8:
+        x = _from_uint8(x, input_shape, spec, str(path))
+    y = np.asarray(y).astype(np.int64).reshape(-1)
+    if len(y) != len(x):
+        raise DataError(f"{path}: {len(x)} images but {len(y)} labels")
+    n_classes = int(y.max()) + 1 if len(y) else 0
+    return ImageSet(x.astype(np.float32), y, classes or tuple(f"class_{i}" for i in range(n_classes)), str(path))
+
+
+def _from_uint8(x: np.ndarray, input_shape: Sequence[int], spec: Preprocess | None, source: str) -> np.ndarray:
+    """uint8 images: RGB (N, H, W, 3) go through the board's preprocessing, grey (N, H, W) are scaled."""
+    if x.ndim == 4 and x.shape[-1] == 3 and spec is not None and tuple(input_shape)[0] == 3:
+        return np.concatenate([preprocess(img, spec) for img in x])
+    if x.ndim == 3:
+        return (x.astype(np.float32) / 255.0)[:, None]
+    raise DataError(f"{source}: uint8 images of shape {x.shape[1:]} cannot be fed to a model taking {tuple(input_shape)}")
+
+
+def _folder(
+    root: Path, input_shape: Sequence[int], spec: Preprocess | None, model_classes: Sequence[str] | None
+) -> ImageSet:
+    class_dirs = sorted(p for p in root.iterdir() if p.is_dir())
+    if not class_dirs:
+        raise DataError(f"{root}: no class sub-folders (expected {root}/<class>/<image>)")
+    names = [p.name for p in class_dirs]
+    if model_classes and all(name in model_classes for name in names):
+        classes = tuple(model_classes)
+        labels = [classes.index(name) for name in names]
+    else:
+        classes, labels = tuple(names), list(range(len(names)))
+    from torchvision.io import ImageReadMode, decode_image
+
+    xs, ys = [], []
+    for label, folder in zip(labels, class_dirs):
+        for path in sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES):
+            try:
+                image = decode_image(str(path), mode=ImageReadMode.RGB).permute(1, 2, 0).numpy()  # (H, W, 3)
+            except RuntimeError as exc:
+                raise DataError(f"{path}: not a readable image ({exc})") from exc
+            if spec is None or tuple(input_shape)[0] != 3:
+                raise DataError(f"{path}: RGB photos need a model taking 3 channels, this one takes {tuple(input_shape)}")
+            xs.append(preprocess(image, spec))
+            ys.append(label)
+    if not xs:
+        raise DataError(f"{root}: the class folders hold no images ({', '.join(IMAGE_SUFFIXES)})")
+    return ImageSet(np.concatenate(xs), np.asarray(ys, dtype=np.int64), classes, str(root))

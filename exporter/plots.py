@@ -1,0 +1,110 @@
+"""The pictures of a cut-point analysis, as PNG files beside ``points.json``.
+
+Each function takes the report dictionary (the same data the JSON holds) and writes one
+figure; nothing here computes anything the report does not already say.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on a build machine or in CI
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+__all__ = ["plot_cui_curve", "plot_per_class", "plot_head_cost", "write_plots"]
+
+
+def _ticks(ax: plt.Axes, ids: list[str], limit: int = 40) -> None:
+    step = max(1, len(ids) // limit)
+    ax.set_xticks(range(0, len(ids), step))
+    ax.set_xticklabels(ids[::step], rotation=90, fontsize=7)
+
+
+def plot_cui_curve(report: dict[str, Any], path: Path) -> None:
+    """I-SPLIT Fig. 3 style: the CUI curve, its local maxima, and the compression ratio c_l."""
+    points = report["points"]
+    ids = [p["id"] for p in points]
+    cui = np.array([p["cui"]["global"] for p in points])
+    ratio = np.array([p["compression_ratio"] for p in points])
+    maxima = [ids.index(i) for i in report["summary"]["cui_maxima"]]
+    best = ids.index(report["summary"]["recommended"])
+    fig, ax = plt.subplots(figsize=(max(8, len(ids) * 0.18), 5))
+    ax.plot(cui, color="goldenrod", lw=2, label="CUI (I-SPLIT Eq. 1-2)")
+    ax.scatter(maxima, cui[maxima], marker="^", color="firebrick", zorder=3, label="local maxima (candidates)")
+    ax.scatter([best], [cui[best]], marker="*", s=250, color="firebrick", zorder=4, label=f"recommended: {ids[best]}")
+    ax.set_ylabel("CUI (mean over images)")
+    ax.set_xlabel("cut point")
+    _ticks(ax, ids)
+    twin = ax.twinx()
+    twin.plot(ratio, color="steelblue", lw=1, ls="--", label="compression ratio $c_l$ (DSC)")
+    compressive = [i for i, p in enumerate(points) if p["compressive"]]
+    twin.scatter(compressive, ratio[compressive], color="steelblue", s=18, label="compressive (DSC Eq. 3)")
+    twin.axhline(1.0, color="steelblue", lw=0.5, alpha=0.5)
+    twin.set_yscale("log")
+    twin.set_ylabel("$c_l = |h_l| / |x|$")
+    handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.08, 1.0))
+    ax.set_title(f"{report['model']['name']}: where to cut ({report['data']['source']}, {report['data']['images']} images)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_per_class(report: dict[str, Any], path: Path) -> None:
+    """One CUI curve per class, the global curve, and the class subset's if one was given."""
+    points = report["points"]
+    ids = [p["id"] for p in points]
+    fig, ax = plt.subplots(figsize=(max(8, len(ids) * 0.18), 5))
+    colours = plt.get_cmap("tab20")
+    for k, name in enumerate(report["data"]["classes"]):
+        values = [p["cui"]["per_class"].get(name) for p in points]
+        if values[0] is not None:
+            ax.plot(values, lw=1, color=colours(k % 20), label=name)
+    ax.plot([p["cui"]["global"] for p in points], lw=3, color="black", label="all classes")
+    if report["data"]["class_subset"]:
+        ax.plot([p["cui"]["subset"] for p in points], lw=3, ls="--", color="firebrick",
+                label="subset: " + ", ".join(report["data"]["class_subset"]))
+    ax.set_ylabel("CUI")
+    _ticks(ax, ids)
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(f"{report['model']['name']}: CUI per class")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_head_cost(report: dict[str, Any], path: Path) -> None:
+    """What the board pays (head MACs) against what the link carries (bytes per sample)."""
+    points = report["points"]
+    nbytes = np.array([p["bytes_per_sample"]["float32"] for p in points])
+    macs = np.array([p["head"]["macs"] for p in points], dtype=float)
+    cui = np.array([p["cui"]["global"] for p in points])
+    fig, ax = plt.subplots(figsize=(8, 6))
+    sc = ax.scatter(nbytes, np.maximum(macs, 1), c=cui, cmap="viridis", s=25)
+    fig.colorbar(sc, label="CUI")
+    candidates = set(report["summary"]["cui_maxima"]) | set(report["summary"]["compressive"])
+    for p, b, m in zip(points, nbytes, macs):
+        if p["id"] in candidates:
+            marker = "*" if p["id"] == report["summary"]["recommended"] else "o"
+            ax.scatter([b], [max(m, 1)], facecolors="none", edgecolors="firebrick", s=120, marker=marker)
+            ax.annotate(p["id"], (b, max(m, 1)), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("bytes per sample at the cut (float32)")
+    ax.set_ylabel("head multiply-accumulates (board)")
+    ax.set_title(f"{report['model']['name']}: head cost vs link cost (circled: candidates)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
+    paths = [out_dir / "cui_curve.png", out_dir / "cui_per_class.png", out_dir / "head_cost.png"]
+    for plot, path in zip((plot_cui_curve, plot_per_class, plot_head_cost), paths):
+        plot(report, path)
+    return paths
