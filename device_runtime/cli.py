@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
+from dataclasses import asdict
 from typing import Sequence
 
+from device_runtime.board import DetectedBoard, InstalledBackend, detect_board, installed_backends
 from device_runtime.bundle import LOCAL_SPLIT, Bundle
 from device_runtime.camera import open_source
 from device_runtime.errors import SplitEdgeError
@@ -19,6 +22,12 @@ examples:
   split-device run bundle/ --camera photos/ --host 192.168.1.20:7767 --split features_14
   split-device run bundle/ --camera clip.mp4 --split local  # full model on the board, no host
   split-device run bundle/ --camera synthetic --frames 100 --interface 127.0.0.1
+"""
+
+INFO_EXAMPLES = """\
+examples:
+  split-device info                               # board, installed backends, recommended backend and threads
+  split-device info --json | jq .profile.threads  # the same, for scripts
 """
 
 
@@ -46,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--interface", action="append", help="interface address for zeroconf (repeatable)")
     run.add_argument("--threads", type=int, default=None, help="onnxruntime threads on the board")
     run.add_argument("--timeout", type=float, default=5.0, help="seconds to find and connect to a host")
+    info_parser = commands.add_parser(
+        "info", help="show the detected board, the installed backends and the profile in force",
+        epilog=INFO_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    info_parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return parser
 
 
@@ -72,8 +86,44 @@ async def run(args: argparse.Namespace) -> None:
             await client.close()
 
 
+NO_BACKEND = "none: pip install 'splitedge[device]'"
+
+
+def info(args: argparse.Namespace) -> None:
+    """Print what ``run`` would work with here: the board, its profile and the backends."""
+    board, backends = detect_board(), installed_backends()
+    if args.json:
+        report = {
+            "board": board.to_dict(),
+            "profile": board.profile.to_dict() if board.profile else None,
+            "backends": [asdict(b) for b in backends],
+        }
+        print(json.dumps(report, indent=2))
+        return
+    print(f"board     {board.describe()}")
+    print(f"machine   {board.machine()}")
+    print(f"backends  {', '.join(b.describe() for b in backends) or NO_BACKEND}")
+    print(f"profile   {_profile_line(board, backends)}")
+    for problem in board.problems():
+        print(f"warning   {problem}")
+
+
+def _profile_line(board: DetectedBoard, backends: Sequence[InstalledBackend]) -> str:
+    profile = board.profile
+    if profile is None:
+        return "none: the runtime's defaults (onnx, onnxruntime chooses the threads)"
+    missing = "" if any(b.format == profile.backend for b in backends) else " (not installed here)"
+    return (
+        f"{profile.backend} backend{missing}, {profile.threads} threads; {profile.available_mb} MB for artifacts "
+        f"({profile.memory_mb} MB less ~{profile.reserved_mb} MB for the OS and the runtime)"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "info":
+        info(args)
+        return 0
     try:
         asyncio.run(run(args))
     except SplitEdgeError as exc:
