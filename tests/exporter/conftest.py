@@ -12,8 +12,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from exporter.datasets import load_images  # noqa: E402
 from exporter.graph import CutPoint, TracedModel, find_cut_points, trace  # noqa: E402
 from exporter.models import LoadedModel, load_model  # noqa: E402
+from exporter.train import train_classifier  # noqa: E402
+from exporter.zoo import fmnist_vgg  # noqa: E402
 
 SEED = 0
 
@@ -31,3 +34,19 @@ def _random_model(name: str) -> tuple[LoadedModel, TracedModel, tuple[CutPoint, 
 def random_model():
     """``random_model(name) -> (LoadedModel, TracedModel, cut points)``, cached per name."""
     return _random_model
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory: pytest.TempPathFactory):
+    """fmnist_vgg trained one epoch on 10k Fashion-MNIST images: (model, state dict path).
+
+    Trained once per session and kept as a state dict in the session's temporary directory.
+    """
+    cache = tmp_path_factory.getbasetemp() / "fmnist_vgg.pt"
+    model = fmnist_vgg()
+    if cache.is_file():
+        model.load_state_dict(torch.load(cache, weights_only=True))
+    else:
+        train_classifier(model, load_images("fashion-mnist:train", (1, 28, 28)).subset(10_000), epochs=1, progress=False)
+        torch.save(model.state_dict(), cache)
+    return model.eval(), cache

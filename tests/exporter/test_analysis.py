@@ -81,8 +81,8 @@ def test_vgg16_bottlenecks_from_the_layer_shapes(imagenet_folder, tmp_path) -> N
 
 
 @needs_fmnist
-def test_class_subset_curve_is_the_mean_of_its_classes(fmnist_weights, tmp_path) -> None:
-    report = analyze("exporter.zoo:fmnist_vgg", "fashion-mnist", tmp_path, weights=fmnist_weights,
+def test_class_subset_curve_is_the_mean_of_its_classes(trained, tmp_path) -> None:
+    report = analyze("exporter.zoo:fmnist_vgg", "fashion-mnist", tmp_path, weights=trained[1],
                      classes="5,7,9", images=300, input_shape=(1, 28, 28), progress=False)
     assert report["data"]["class_subset"] == ["Sandal", "Sneaker", "Ankle boot"]
     assert set(report["data"]["images_per_class"].values()) == {30}
@@ -91,7 +91,9 @@ def test_class_subset_curve_is_the_mean_of_its_classes(fmnist_weights, tmp_path)
         expected = np.mean([per_class[c] for c in ("Sandal", "Sneaker", "Ankle boot")])
         assert point["cui"]["subset"] == pytest.approx(expected, rel=1e-9)
         assert point["cui"]["global"] == pytest.approx(np.mean(list(per_class.values())), rel=1e-9)
-    assert any(p["cui"]["subset"] != pytest.approx(p["cui"]["global"], rel=1e-3) for p in report["points"])
+    assert report["data"]["accuracy"] > 0.7  # a trained model, so the classes' curves mean something
+    # Footwear is not the average garment: the subset's curve departs from the global one.
+    assert any(p["cui"]["subset"] != pytest.approx(p["cui"]["global"], rel=0.05) for p in report["points"])
 
 
 @needs_fmnist

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -12,27 +10,13 @@ torch = pytest.importorskip("torch")
 from exporter.cui import CuiChoices, cui_per_image, local_maxima  # noqa: E402
 from exporter.datasets import FASHION_MNIST_DIR, ImageSet, load_images  # noqa: E402
 from exporter.graph import find_cut_points, trace  # noqa: E402
-from exporter.train import accuracy, train_classifier  # noqa: E402
-from exporter.zoo import fmnist_vgg  # noqa: E402
+from exporter.train import accuracy  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not (FASHION_MNIST_DIR / "t10k-images-idx3-ubyte.gz").is_file(),
     reason="Fashion-MNIST is not installed (apt install dataset-fashion-mnist; make test does it)",
 )
-SHAPE = (1, 28, 28)
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory):
-    """fmnist_vgg trained one epoch on 10k images, cached as a state dict in the session's temp dir."""
-    cache = tmp_path_factory.getbasetemp() / "fmnist_vgg.pt"
-    model = fmnist_vgg()
-    if cache.is_file():
-        model.load_state_dict(torch.load(cache, weights_only=True))
-    else:
-        train_classifier(model, load_images("fashion-mnist:train", SHAPE).subset(10_000), epochs=1, progress=False)
-        torch.save(model.state_dict(), cache)
-    return model.eval(), cache
+SHAPE = (1, 28, 28)  # Fashion-MNIST
 
 
 @pytest.fixture(scope="module")
