@@ -57,5 +57,9 @@ class ExportError(SplitEdgeError):
     """A model could not be exported to an artifact format (the exporter failed, or the file could not be written)."""
 
 
+class BoardFitError(SplitEdgeError):
+    """A bundle's artifacts would not fit the memory of the board it is built for."""
+
+
 class ValidationError(SplitEdgeError):
     """An exported artifact does not reproduce its reference; the message lists every mismatch."""

@@ -17,14 +17,16 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from boards import BOARDS, check_fits
+from boards import BoardFitError as BoardProfileFitError
 from device_runtime.bundle import Artifact, Manifest, ModelInfo, Split, TensorSpec, make_artifact, write_manifest
-from device_runtime.errors import CutPointError, ModelSpecError
+from device_runtime.errors import BoardFitError, CutPointError, ModelSpecError
 from exporter.graph import CutPoint, TracedModel, find_cut_points, get_cut_point, split_at, trace
 from exporter.models import LoadedModel, load_model, read_labels
 from exporter.onnx_export import IO_NAMES, export_onnx
 from exporter.validate import Case, Chain, OnnxRunner, torch_cases, validate
 
-__all__ = ["ATOL", "VALIDATION_BATCHES", "select_splits", "build_bundle"]
+__all__ = ["ATOL", "VALIDATION_BATCHES", "build_bundle", "check_board", "select_splits"]
 
 ATOL = 1e-4
 VALIDATION_BATCHES = (1, 3)
@@ -59,11 +61,15 @@ def build_bundle(
     input_shape: tuple[int, ...] | None = None,
     seed: int = 0,
     progress: bool = True,
+    board: str | None = None,
 ) -> Manifest:
     """Export, validate and describe ``model_spec`` cut at ``splits`` into the bundle ``out_dir``.
 
     ``input_shape`` is per sample and defaults to the model's own (its weights' crop size).
     Random validation inputs come from ``seed`` so that a failure can be reproduced.
+    With ``board`` (a :data:`boards.BOARDS` id), every split's head together with the full
+    model (a device keeps both loaded, to fall back) must fit that board's memory, or no
+    manifest is written.
     """
     loaded = load_model(model_spec, weights)
     shape = tuple(input_shape or loaded.input_shape)
@@ -97,8 +103,23 @@ def build_bundle(
         full=(full,),
         splits=tuple(split_entries),
     )
+    if board is not None:
+        check_board(board, manifest)
     write_manifest(root, manifest)
     return manifest
+
+
+def check_board(board_id: str, manifest: Manifest) -> None:
+    """Refuse a bundle whose head and full model, loaded together, would not fit the board."""
+    if board_id not in BOARDS:
+        raise BoardFitError(f"unknown board {board_id!r}; boards: {', '.join(sorted(BOARDS))}")
+    full = {a.path: a.bytes for a in manifest.full if a.role == "full"}
+    for split in manifest.splits:
+        heads = {a.path: a.bytes for a in split.artifacts if a.role == "head"}
+        try:
+            check_fits(BOARDS[board_id], {**heads, **full})
+        except BoardProfileFitError as exc:
+            raise BoardFitError(str(exc)) from exc
 
 
 def bundle_id(model_name: str, artifacts: Sequence[Artifact]) -> str:

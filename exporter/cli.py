@@ -12,6 +12,7 @@ import sys
 from dataclasses import asdict
 from typing import Sequence
 
+from boards import BOARDS
 from device_runtime.errors import SplitEdgeError
 from exporter.analysis import analyze, summary_text
 from exporter.build import build_bundle
@@ -26,6 +27,7 @@ examples:
   split-export points torchvision:resnet18 --input-shape 3,160,160 --json
   split-export build torchvision:mobilenet_v2 --weights mobilenet_v2-b0353104.pth --splits auto --out bundle/
   split-export build mypkg.models:make_net --splits features_4,features_7 --out bundle/ --labels labels.txt
+  split-export build torchvision:mobilenet_v2 --splits auto --board rpi-zero2w --out bundle/
   split-export analyze torchvision:mobilenet_v2 --weights mobilenet_v2-b0353104.pth --data photos/ --out report/
   split-export analyze mypkg.models:fmnist_cnn --weights cnn.pt --data fashion-mnist --classes 5,7,9 --out report/
 
@@ -70,6 +72,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--out", required=True, metavar="DIR", help="bundle directory to write")
     build.add_argument("--labels", metavar="FILE", help="class names, one per line")
+    build.add_argument(
+        "--board", choices=sorted(BOARDS), metavar="ID",
+        help=f"refuse the bundle unless each head and the full model fit this board's memory ({', '.join(sorted(BOARDS))})",
+    )
     build.set_defaults(run=_build)
 
     analyse = commands.add_parser(
@@ -117,6 +123,7 @@ def _build(args: argparse.Namespace) -> int:
         out_dir=args.out,
         labels=args.labels,
         input_shape=args.input_shape,
+        board=args.board,
     )
     print(f"wrote bundle {manifest.bundle_id} to {args.out}: splits {', '.join(s.id for s in manifest.splits)}")
     return 0

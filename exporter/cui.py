@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from exporter.graph import CutPoint, TracedModel
 
-__all__ = ["CuiChoices", "CuiRun", "cui_per_image", "local_maxima", "probe_module"]
+__all__ = ["CuiChoices", "CuiProbe", "CuiRun", "cui_per_image", "local_maxima", "probe_module"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,25 @@ def _batch_cui(features: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) 
     return torch.stack(columns, dim=1)
 
 
+class CuiProbe:
+    """The traced model with every cut point as an extra output: CUI of a batch in one pass."""
+
+    def __init__(self, traced: TracedModel, cuts: Sequence[CutPoint], choices: CuiChoices = CuiChoices()) -> None:
+        self.module = probe_module(traced, [c.id for c in cuts])
+        self.choices = choices
+
+    def __call__(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, cut points) CUI, the target classes and the predictions of one batch."""
+        logits, features = self.module(x.requires_grad_(True))
+        predicted = logits.argmax(dim=1)
+        target = predicted if self.choices.target == "predicted" else labels
+        scores = logits.softmax(dim=1) if self.choices.score == "softmax" else logits
+        score = scores.gather(1, target[:, None]).sum()
+        grads = torch.autograd.grad(score, features)  # the one backward pass for every cut point
+        with torch.no_grad():
+            return _batch_cui(features, grads), target, predicted
+
+
 def cui_per_image(
     traced: TracedModel,
     cuts: Sequence[CutPoint],
@@ -107,25 +126,17 @@ def cui_per_image(
     progress: bool = True,
 ) -> CuiRun:
     """CUI of every image at every cut point, for the label or the prediction (``choices.target``)."""
-    probe = probe_module(traced, [c.id for c in cuts])
+    probe = CuiProbe(traced, cuts, choices)
     cui = np.empty((len(x), len(cuts)), dtype=np.float64)
     targets = np.empty(len(x), dtype=np.int64)
     predictions = np.empty(len(x), dtype=np.int64)
     for start in tqdm(range(0, len(x), batch_size), desc="CUI", unit="batch", disable=not progress):
-        xb = torch.from_numpy(np.ascontiguousarray(x[start : start + batch_size])).requires_grad_(True)
-        logits, features = probe(xb)
-        predicted = logits.argmax(dim=1)
-        if choices.target == "predicted":
-            target = predicted
-        else:
-            target = torch.from_numpy(labels[start : start + batch_size]).long()
-        scores = logits.softmax(dim=1) if choices.score == "softmax" else logits
-        score = scores.gather(1, target[:, None]).sum()
-        grads = torch.autograd.grad(score, features)  # the one backward pass for every cut point
-        with torch.no_grad():
-            cui[start : start + len(xb)] = _batch_cui(features, grads).double().numpy()
-        targets[start : start + len(xb)] = target.numpy()
-        predictions[start : start + len(xb)] = predicted.numpy()
+        end = min(start + batch_size, len(x))
+        xb = torch.from_numpy(np.ascontiguousarray(x[start:end]))
+        batch_cui, target, predicted = probe(xb, torch.from_numpy(labels[start:end]).long())
+        cui[start:end] = batch_cui.double().numpy()
+        targets[start:end] = target.numpy()
+        predictions[start:end] = predicted.numpy()
     return CuiRun(cui, targets, predictions)
 
 
