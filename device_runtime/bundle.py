@@ -102,6 +102,7 @@ class ModelInfo:
     output_shape: tuple[int, ...]
     preprocess: Preprocess
     labels: tuple[str, ...]
+    accuracy: float | None = None  # top-1 of the full model on the test data, where measured
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,7 @@ def parse_manifest(data: Any, source: str = MANIFEST_NAME) -> Manifest:
                 color=r.get(pre, "color", "model.preprocess", str),
             ),
             labels=tuple(r.get(model, "labels", "model", list)),
+            accuracy=r.get(model, "accuracy", "model", (int, float), optional=True),
         ),
         full=tuple(_artifact(r, a, f"full[{i}]") for i, a in enumerate(r.get(data, "full", "", list))),
         splits=tuple(_split(r, s, f"splits[{i}]") for i, s in enumerate(splits)),

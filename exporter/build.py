@@ -9,7 +9,9 @@ same files (so the dynamic batch axis is exercised too). A failed validation lea
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import math
 from pathlib import Path
 from typing import Literal, Sequence
 
@@ -21,9 +23,12 @@ from boards import BOARDS, check_fits
 from boards import BoardFitError as BoardProfileFitError
 from device_runtime.bundle import Artifact, Manifest, ModelInfo, Split, TensorSpec, make_artifact, write_manifest
 from device_runtime.errors import BoardFitError, CutPointError, ModelSpecError
+from exporter.bottleneck import BottleneckOptions, SplitModel, make_autoencoder, train_bottleneck
+from exporter.datasets import TrainTest, train_test
 from exporter.graph import CutPoint, TracedModel, find_cut_points, get_cut_point, split_at, trace
 from exporter.models import LoadedModel, load_model, read_labels
 from exporter.onnx_export import IO_NAMES, export_onnx
+from exporter.train import accuracy
 from exporter.validate import Case, Chain, OnnxRunner, torch_cases, validate
 
 __all__ = ["ATOL", "VALIDATION_BATCHES", "build_bundle", "check_board", "select_splits"]
@@ -32,6 +37,7 @@ ATOL = 1e-4
 VALIDATION_BATCHES = (1, 3)
 FORMAT, PRECISION = "onnx", "float32"
 FULL_PATH = "full/model.onnx"
+BOTTLENECK_SUFFIX = "_ae"  # a bottleneck split's id: the cut's id and this
 LAYOUTS = {1: "NC", 2: "NCW", 3: "NCHW", 4: "NCDHW"}
 
 
@@ -62,12 +68,15 @@ def build_bundle(
     seed: int = 0,
     progress: bool = True,
     board: str | None = None,
+    bottleneck: BottleneckOptions | None = None,
 ) -> Manifest:
     """Export, validate and describe ``model_spec`` cut at ``splits`` into the bundle ``out_dir``.
 
     ``input_shape`` is per sample and defaults to the model's own (its weights' crop size).
     Random validation inputs come from ``seed`` so that a failure can be reproduced.
-    With ``board`` (a :data:`boards.BOARDS` id), every split's head together with the full
+    With ``bottleneck``, each split is an I-SPLIT autoencoder injected after the cut and
+    trained (see :mod:`exporter.bottleneck`); the manifest records the full model's and each
+    split model's measured test accuracy. With ``board`` (a :data:`boards.BOARDS` id), every split's head together with the full
     model (a device keeps both loaded, to fall back) must fit that board's memory, or no
     manifest is written.
     """
@@ -83,10 +92,17 @@ def build_bundle(
     reference = torch_cases(loaded.module, IO_NAMES["full"], inputs)
     validate(_export(traced.module, "full", root, FULL_PATH, inputs[0]), reference, ATOL, f"full model {FULL_PATH}")
     full = make_artifact(root, FULL_PATH, "full", FORMAT, PRECISION)
-    split_entries = [
-        _export_split(traced, cut, root, inputs, reference)
-        for cut in tqdm(chosen, desc=f"exporting {loaded.name} splits", unit="split", disable=not progress)
-    ]
+    cuts = tqdm(chosen, desc=f"exporting {loaded.name} splits", unit="split", disable=not progress)
+    model_accuracy = None
+    if bottleneck is None:
+        split_entries = [_export_split(traced, cut, root, inputs, reference) for cut in cuts]
+    else:
+        data = train_test(bottleneck.train_data, bottleneck.test_data, shape, loaded.preprocess, loaded.categories, seed=seed)
+        data = TrainTest(data.train.subset(bottleneck.train_images, seed), data.test)
+        model_accuracy = accuracy(loaded.module, data.test)
+        split_entries = [
+            _export_bottleneck_split(loaded, traced, cut, bottleneck, data, root, inputs, progress) for cut in cuts
+        ]
     output_shape = tuple(next(iter(reference[0].expected.values())).shape[1:])
     artifacts = [full, *(a for s in split_entries for a in s.artifacts)]
     manifest = Manifest(
@@ -99,6 +115,7 @@ def build_bundle(
             output_shape=output_shape,
             preprocess=loaded.preprocess,
             labels=_labels(loaded, output_shape, labels),
+            accuracy=model_accuracy,
         ),
         full=(full,),
         splits=tuple(split_entries),
@@ -128,16 +145,26 @@ def bundle_id(model_name: str, artifacts: Sequence[Artifact]) -> str:
     return f"{model_name}-{digest[:8]}"
 
 
-def _export_split(traced: TracedModel, cut: CutPoint, root: Path, inputs: list[np.ndarray], reference: list[Case]) -> Split:
-    head, tail = split_at(traced, cut.id)
-    head_path, tail_path = f"head/{cut.id}.onnx", f"tail/{cut.id}.onnx"
+def _export_halves(
+    head: torch.nn.Module, tail: torch.nn.Module, name: str, root: Path, inputs: list[np.ndarray], reference: list[Case]
+) -> tuple[Artifact, Artifact]:
+    """Export and validate a head and its tail; together they must reproduce ``reference``."""
+    head_path, tail_path = f"head/{name}.onnx", f"tail/{name}.onnx"
     head_cases = torch_cases(head, IO_NAMES["head"], inputs)
     head_runner = _export(head, "head", root, head_path, inputs[0])
     validate(head_runner, head_cases, ATOL, f"head {head_path}")
-    # The tail is traced on the torch head's output; what it must reproduce is the full model.
+    # The tail is traced on the torch head's output; what it must reproduce is the whole model.
     cut_example = head_cases[0].expected[IO_NAMES["head"][1]]
     tail_runner = _export(tail, "tail", root, tail_path, cut_example)
     validate(Chain(head_runner, tail_runner), reference, ATOL, f"head {head_path} followed by tail {tail_path}")
+    return (
+        make_artifact(root, head_path, "head", FORMAT, PRECISION),
+        make_artifact(root, tail_path, "tail", FORMAT, PRECISION),
+    )
+
+
+def _export_split(traced: TracedModel, cut: CutPoint, root: Path, inputs: list[np.ndarray], reference: list[Case]) -> Split:
+    head, tail = split_at(traced, cut.id)
     return Split(
         id=cut.id,
         position=cut.position,
@@ -146,10 +173,34 @@ def _export_split(traced: TracedModel, cut: CutPoint, root: Path, inputs: list[n
         compression_ratio=cut.compression_ratio,
         natural=cut.natural,
         compressive=cut.compressive,
-        artifacts=(
-            make_artifact(root, head_path, "head", FORMAT, PRECISION),
-            make_artifact(root, tail_path, "tail", FORMAT, PRECISION),
-        ),
+        artifacts=_export_halves(head, tail, cut.id, root, inputs, reference),
+    )
+
+
+def _export_bottleneck_split(
+    loaded: LoadedModel, traced: TracedModel, cut: CutPoint, options: BottleneckOptions, data: TrainTest,
+    root: Path, inputs: list[np.ndarray], progress: bool,
+) -> Split:
+    """I-SPLIT: inject an autoencoder after ``cut``, train it (Eq. 3, then end to end), export
+    head + encoder for the board and decoder + tail for the host, and measure the accuracy."""
+    # A fresh copy per cut: fine-tuning end to end changes the weights of head and tail.
+    head, tail = split_at(trace(copy.deepcopy(loaded.module), traced.input_shape), cut.id)
+    model = SplitModel(head, make_autoencoder(cut.shape, options.latent_ratio), tail)
+    train_bottleneck(model, data.train, options.training, progress)
+    latent = model.autoencoder.latent_shape
+    latent_bytes = math.prod(latent) * 4
+    split_id = f"{cut.id}{BOTTLENECK_SUFFIX}"
+    reference = torch_cases(model, IO_NAMES["full"], inputs)
+    return Split(
+        id=split_id,
+        position=cut.position,
+        kind="bottleneck",
+        tensor=TensorSpec(shape=latent, dtype="float32", bytes_per_sample=latent_bytes),
+        compression_ratio=latent_bytes / traced.input_bytes,
+        natural=latent_bytes < traced.input_bytes,
+        compressive=cut.compressive,
+        artifacts=_export_halves(model.board, model.host, split_id, root, inputs, reference),
+        accuracy=accuracy(model, data.test),
     )
 
 

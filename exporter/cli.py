@@ -15,6 +15,7 @@ from typing import Sequence
 from boards import BOARDS
 from device_runtime.errors import SplitEdgeError
 from exporter.analysis import analyze, summary_text
+from exporter.bottleneck import BottleneckOptions, BottleneckTraining
 from exporter.build import build_bundle
 from exporter.graph import CutPoint, find_cut_points, trace
 from exporter.models import load_model
@@ -28,6 +29,8 @@ examples:
   split-export build torchvision:mobilenet_v2 --weights mobilenet_v2-b0353104.pth --splits auto --out bundle/
   split-export build mypkg.models:make_net --splits features_4,features_7 --out bundle/ --labels labels.txt
   split-export build torchvision:mobilenet_v2 --splits auto --board rpi-zero2w --out bundle/
+  split-export build exporter.zoo:fmnist_vgg --weights cnn.pt --input-shape 1,28,28 --splits auto \
+      --bottleneck ae --latent-ratio 0.1 --train-data fashion-mnist --out bundle/
   split-export analyze torchvision:mobilenet_v2 --weights mobilenet_v2-b0353104.pth --data photos/ --out report/
   split-export analyze mypkg.models:fmnist_cnn --weights cnn.pt --data fashion-mnist --classes 5,7,9 --out report/
 
@@ -72,6 +75,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--out", required=True, metavar="DIR", help="bundle directory to write")
     build.add_argument("--labels", metavar="FILE", help="class names, one per line")
+    build.add_argument("--bottleneck", choices=("ae",), help="inject and train an I-SPLIT autoencoder at each split")
+    build.add_argument("--latent-ratio", type=float, default=0.1, help="latent size / cut tensor size (default 0.1)")
+    build.add_argument("--train-data", metavar="SPEC", help="data the bottleneck is trained on (as --data of analyze)")
+    build.add_argument("--test-data", metavar="SPEC", help="data accuracy is measured on (default: the test split "
+                       "of fashion-mnist, else 20%% of --train-data held out)")
+    build.add_argument("--train-images", type=int, metavar="N", help="train on at most N images")
+    build.add_argument("--epochs", type=int, default=BottleneckTraining.ae_epochs,
+                       help="autoencoder epochs (I-SPLIT Eq. 3); one end-to-end fine-tuning epoch follows")
     build.add_argument(
         "--board", choices=sorted(BOARDS), metavar="ID",
         help=f"refuse the bundle unless each head and the full model fit this board's memory ({', '.join(sorted(BOARDS))})",
@@ -116,6 +127,14 @@ def _points(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
+    bottleneck = None
+    if args.bottleneck:
+        if not args.train_data:
+            raise SplitEdgeError("--bottleneck ae needs --train-data to train the autoencoder on")
+        bottleneck = BottleneckOptions(
+            train_data=args.train_data, test_data=args.test_data, latent_ratio=args.latent_ratio,
+            train_images=args.train_images, training=BottleneckTraining(ae_epochs=args.epochs),
+        )
     manifest = build_bundle(
         args.model,
         weights=args.weights,
@@ -124,8 +143,14 @@ def _build(args: argparse.Namespace) -> int:
         labels=args.labels,
         input_shape=args.input_shape,
         board=args.board,
+        bottleneck=bottleneck,
     )
     print(f"wrote bundle {manifest.bundle_id} to {args.out}: splits {', '.join(s.id for s in manifest.splits)}")
+    if manifest.model.accuracy is not None:
+        print(f"test accuracy: full model {manifest.model.accuracy:.4f}")
+        for split in manifest.splits:
+            print(f"  {split.id}: {split.accuracy:.4f}, sends {'x'.join(map(str, split.tensor.shape))} "
+                  f"({split.tensor.bytes_per_sample:,} B per sample)")
     return 0
 
 

@@ -28,7 +28,7 @@ from device_runtime.camera import IMAGE_SUFFIXES
 from device_runtime.errors import SplitEdgeError
 from device_runtime.preprocess import preprocess
 
-__all__ = ["DataError", "ImageSet", "FASHION_MNIST_CLASSES", "FASHION_MNIST_DIR", "load_images"]
+__all__ = ["DataError", "ImageSet", "FASHION_MNIST_CLASSES", "FASHION_MNIST_DIR", "TrainTest", "load_images", "train_test"]
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = (
@@ -89,6 +89,44 @@ def load_images(
             raise DataError(f"--data {spec!r}: not 'fashion-mnist', a folder of class folders, or an .npz file")
     _check_fits(images, tuple(input_shape))
     return images
+
+
+@dataclass(frozen=True)
+class TrainTest:
+    train: ImageSet
+    test: ImageSet
+
+
+def train_test(
+    train_spec: str,
+    test_spec: str | None,
+    input_shape: Sequence[int],
+    preprocess_spec: Preprocess | None = None,
+    model_classes: Sequence[str] | None = None,
+    holdout: float = 0.2,
+    seed: int = 0,
+) -> TrainTest:
+    """Training data and the data accuracy is measured on, never the same images.
+
+    Fashion-MNIST has its own test split; any other set without ``test_spec`` gives a
+    seeded ``holdout`` fraction of its images to the test side.
+    """
+    if train_spec == "fashion-mnist":
+        train_spec = "fashion-mnist:train"  # for training, the bare name means the training split
+    train = load_images(train_spec, input_shape, preprocess_spec, model_classes)
+    if test_spec is None and train_spec.startswith("fashion-mnist"):
+        test_spec = "fashion-mnist:test"
+    if test_spec is not None:
+        return TrainTest(train, load_images(test_spec, input_shape, preprocess_spec, model_classes))
+    order = np.random.default_rng(seed).permutation(len(train))
+    n_test = max(1, int(round(holdout * len(train))))
+    if n_test >= len(train):
+        raise DataError(f"{train.source}: {len(train)} images are too few to hold {holdout:.0%} out for testing")
+    test_idx, train_idx = np.sort(order[:n_test]), np.sort(order[n_test:])
+    return TrainTest(
+        ImageSet(train.x[train_idx], train.y[train_idx], train.classes, f"{train.source} (train part)"),
+        ImageSet(train.x[test_idx], train.y[test_idx], train.classes, f"{train.source} (held out)"),
+    )
 
 
 def _check_fits(images: ImageSet, input_shape: tuple[int, ...]) -> None:
