@@ -78,4 +78,8 @@ def load_backend(path: str | Path, fmt: str = "onnx", threads: int | None = None
     """Open an artifact with the backend its format needs."""
     if fmt == "onnx":
         return OnnxBackend(path, threads=threads)
-    raise BackendError(f"{path}: no backend for format {fmt!r}; this build runs: onnx")
+    if fmt == "tflite":
+        from device_runtime.litert_backend import LiteRTBackend  # imports the interpreter only when asked
+
+        return LiteRTBackend(path, threads=threads)
+    raise BackendError(f"{path}: no backend for format {fmt!r}; this build runs: onnx, tflite")

@@ -4,7 +4,9 @@ As in HF optimum's exporters, validation is a step of its own: run the artifact,
 its input and output names, output shapes and values with what torch computed, collect
 every mismatch, and only then raise one :class:`ValidationError` that lists them all.
 The comparison only needs a :class:`Runner` (names in, arrays out), so an ONNX file, a
-head followed by a tail, and later a TFLite interpreter are all checked by the same code.
+head followed by a tail, and a TFLite file are all checked by the same code. The TFLite
+runner is the board's own :class:`~device_runtime.litert_backend.LiteRTBackend`, so what is
+validated is what the board will run, batch resizing included.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 
 from device_runtime.errors import BundleError, ValidationError
 
-__all__ = ["Case", "Runner", "OnnxRunner", "Chain", "torch_cases", "compare", "validate"]
+__all__ = ["Case", "Runner", "OnnxRunner", "TfliteRunner", "Chain", "torch_cases", "compare", "validate"]
 
 
 class Runner(Protocol):
@@ -56,6 +58,20 @@ class OnnxRunner:
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(zip(self.output_names, self.session.run(None, dict(feeds))))
+
+
+class TfliteRunner:
+    """A TFLite file in the board's LiteRT backend behind the :class:`Runner` interface."""
+
+    def __init__(self, model: str | Path, threads: int | None = None) -> None:
+        from device_runtime.litert_backend import LiteRTBackend  # the interpreter is an optional dependency
+
+        self.backend = LiteRTBackend(model, threads=threads)
+        self.input_names = (self.backend.input_name,)
+        self.output_names = (self.backend.output_name,)
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {self.output_names[0]: self.backend.run(feeds[self.input_names[0]])}
 
 
 class Chain:

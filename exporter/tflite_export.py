@@ -1,0 +1,214 @@
+"""Write heads, tails and full models as TFLite flatbuffers with litert-torch, float32 or int8.
+
+The artifact keeps the bundle's contract of :mod:`exporter.onnx_export`: one signature
+(``serving_default``) whose input and output carry the names of ``IO_NAMES[role]``, NCHW
+layout as in torch, and a dynamic batch axis (``shape_signature`` ``[-1, ...]``), so that
+one file serves any batch size once the interpreter resizes its input.
+
+Two things litert-torch (0.10) does not do by itself are done here:
+
+* Names. litert-torch names signature inputs after the keyword arguments of the sample
+  and outputs after the keys of a returned dict, so the module is wrapped to take
+  ``input=`` (or ``cut=``) and return ``{"cut": ...}`` (or ``{"logits": ...}``).
+* Flattening a dynamic batch. ``torch.flatten(x, 1)`` (every torchvision classifier)
+  exports as a reshape to ``[batch, C]`` with a symbolic ``batch``, which litert-torch's
+  lowering rejects ("Shapes must be 1D sequences of concrete values"). Such reshapes are
+  rewritten to ``[-1, C]``: the same tensor, with the batch inferred at run time.
+
+int8 is static post-training quantization through PT2E (torchao ``prepare_pt2e`` /
+``convert_pt2e`` with litert-torch's ``PT2EQuantizer``: symmetric per-channel int8 weights,
+int8 activations ranged by histogram observers over the calibration samples). The
+artifact keeps float32 input and output tensors with quantize/dequantize inside, so a
+board feeds it the same preprocessed frame as the float model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+import numpy as np
+import torch
+
+from device_runtime.errors import ExportError
+from exporter.onnx_export import IO_NAMES
+
+__all__ = ["PRECISIONS", "MIN_CALIBRATION_SAMPLES", "MAX_BATCH", "export_tflite", "tflite_bytes"]
+
+PRECISIONS = ("float32", "int8")
+#: Fewer samples leave activation ranges to chance (and a histogram observer needs a spread).
+MIN_CALIBRATION_SAMPLES = 32
+#: Upper bound torch.export needs for the symbolic batch; the interpreter accepts any size up to it.
+MAX_BATCH = 1024
+CALIBRATION_CHUNK = 8  # samples per forward pass while calibrating: bounded memory, same statistics
+
+#: The ops a flatten or reshape of the batch exports to (before litert-torch's own decompositions).
+_RESHAPES = frozenset(
+    {torch.ops.aten.flatten.using_ints, torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default}
+)
+
+
+def export_tflite(
+    module: torch.nn.Module,
+    role: str,
+    example: torch.Tensor,
+    target: str | Path | BinaryIO,
+    precision: str = "float32",
+    calibration: np.ndarray | None = None,
+) -> None:
+    """Convert ``module`` for ``role`` (``head``, ``tail``, ``full``) to a ``.tflite`` file or buffer.
+
+    ``example`` fixes every dimension except the batch. ``calibration`` (int8 only, at
+    least :data:`MIN_CALIBRATION_SAMPLES` samples shaped like ``example``) is what the
+    activation ranges are measured on: real inputs of this artifact (for a tail, the
+    head's outputs on real images), not random noise. Every failure of torch.export,
+    the quantizer, litert-torch or the file system becomes :class:`ExportError`.
+    """
+    content = tflite_bytes(module, role, example, precision, calibration)
+    where = target if isinstance(target, (str, Path)) else getattr(target, "name", "buffer")
+    try:
+        if isinstance(target, (str, Path)):
+            Path(target).parent.mkdir(parents=True, exist_ok=True)
+            Path(target).write_bytes(content)
+        else:
+            target.write(content)
+    except OSError as exc:
+        raise ExportError(f"cannot write the {role} TFLite file {where}: {exc}") from exc
+
+
+def tflite_bytes(
+    module: torch.nn.Module,
+    role: str,
+    example: torch.Tensor,
+    precision: str = "float32",
+    calibration: np.ndarray | None = None,
+) -> bytes:
+    """The serialized TFLite model, for checks that do not need a file on disk (see :func:`export_tflite`)."""
+    if role not in IO_NAMES:
+        raise ExportError(f"unknown artifact role {role!r}; expected one of {', '.join(IO_NAMES)}")
+    if precision not in PRECISIONS:
+        raise ExportError(f"unknown TFLite precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+    samples = _check_calibration(calibration, example, precision, role)
+    try:
+        import litert_torch
+    except ImportError as exc:
+        raise ExportError("litert-torch is not installed: pip install 'splitedge[export]'") from exc
+
+    input_name, output_name = IO_NAMES[role]
+    # torch.export specializes a dimension seen as 1, so trace with a batch of 2.
+    example = example.detach().float()
+    if example.shape[0] == 1:
+        example = torch.cat([example, example])
+    batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
+    what = f"the {role} {type(module).__name__}"
+    try:
+        with torch.no_grad(), _quiet():
+            program = torch.export.export(
+                _Named(module.eval(), output_name),
+                (),
+                {input_name: example},
+                dynamic_shapes={"feeds": {input_name: {0: batch}}},
+            )
+            graph = _batch_free_reshapes(program.module())
+            quant_config = None
+            if samples is not None:
+                graph, quant_config = _quantize_pt2e(graph, input_name, samples)
+            # Exported from an eval() module, so the ops are inference ops already; torch.export
+            # refuses .eval() on its modules, so clear the flag litert-torch warns about directly.
+            graph.training = False
+            edge = litert_torch.convert(
+                graph,
+                sample_kwargs={input_name: example},
+                dynamic_shapes={input_name: {0: batch}},
+                quant_config=quant_config,
+            )
+            return edge.model_content()
+    except ExportError:
+        raise
+    except Exception as exc:  # torch.export, torchao and litert-torch raise many unrelated types
+        raise ExportError(f"cannot convert {what} to TFLite ({precision}): {type(exc).__name__}: {exc}") from exc
+
+
+class _Named(torch.nn.Module):
+    """``module`` taking its input by keyword and returning ``{output_name: y}``: litert-torch names the signature after both."""
+
+    def __init__(self, module: torch.nn.Module, output_name: str) -> None:
+        super().__init__()
+        self.module = module
+        self.output_name = output_name
+
+    def forward(self, **feeds: torch.Tensor) -> dict[str, torch.Tensor]:
+        (x,) = feeds.values()
+        return {self.output_name: self.module(x)}
+
+
+def _batch_free_reshapes(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Rewrite reshapes to ``[batch, d1, ...]`` (symbolic batch, static rest) as ``[-1, d1, ...]``.
+
+    Same result on every batch size; it is what litert-torch's lowering can express.
+    """
+    changed = False
+    for node in list(graph.graph.nodes):
+        if node.op != "call_function" or node.target not in _RESHAPES:
+            continue
+        value = node.meta.get("val")
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else ()
+        if not shape or not isinstance(shape[0], torch.SymInt) or not all(isinstance(d, int) for d in shape[1:]):
+            continue
+        with graph.graph.inserting_before(node):
+            reshape = graph.graph.call_function(torch.ops.aten.view.default, (node.args[0], [-1, *shape[1:]]))
+        reshape.meta = dict(node.meta)
+        node.replace_all_uses_with(reshape)
+        graph.graph.erase_node(node)
+        changed = True
+    if changed:
+        graph.graph.lint()
+        graph.recompile()
+    return graph
+
+
+def _quantize_pt2e(graph: torch.fx.GraphModule, input_name: str, samples: np.ndarray) -> tuple[torch.fx.GraphModule, object]:
+    """Static int8 PTQ: observe ``samples``, then fold the ranges into quantize/dequantize pairs."""
+    from litert_torch.quantize.pt2e_quantizer import PT2EQuantizer, get_symmetric_quantization_config
+    from litert_torch.quantize.quant_config import QuantConfig
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    quantizer = PT2EQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True, is_dynamic=False))
+    prepared = prepare_pt2e(graph, quantizer)
+    for start in range(0, len(samples), CALIBRATION_CHUNK):
+        prepared(**{input_name: torch.from_numpy(samples[start : start + CALIBRATION_CHUNK])})
+    # fold_quantize=False keeps weights as float + quantize ops, which litert-torch folds itself.
+    return convert_pt2e(prepared, fold_quantize=False), QuantConfig(pt2e_quantizer=quantizer)
+
+
+def _check_calibration(calibration: np.ndarray | None, example: torch.Tensor, precision: str, role: str) -> np.ndarray | None:
+    if precision == "float32":
+        return None
+    if calibration is None:
+        raise ExportError(f"int8 {role}: calibration samples are required (at least {MIN_CALIBRATION_SAMPLES} real inputs)")
+    samples = np.ascontiguousarray(calibration, dtype=np.float32)
+    if samples.shape[1:] != tuple(example.shape[1:]):
+        raise ExportError(
+            f"int8 {role}: calibration samples have shape {list(samples.shape)}, "
+            f"expected [N, {', '.join(map(str, example.shape[1:]))}]"
+        )
+    if len(samples) < MIN_CALIBRATION_SAMPLES:
+        raise ExportError(f"int8 {role}: {len(samples)} calibration samples, at least {MIN_CALIBRATION_SAMPLES} needed")
+    return samples
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence litert-torch's progress lines for this conversion only (it reads an environment variable)."""
+    key = "LITERT_TORCH_SHOW_PROGRESS"
+    before = os.environ.get(key)
+    os.environ[key] = "n"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
