@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from boards import BoardProfile, identify
+from device_runtime.bundle import LOCAL_SPLIT, Bundle
 
 _GB = 2**30
 
@@ -155,3 +156,16 @@ def _version(distributions: tuple[str, ...]) -> str | None:
             continue
     return None
 
+
+
+def resolve_backend(requested: str, bundle: Bundle, split_id: str, board: DetectedBoard) -> str:
+    """The artifact format to run: as asked, or with ``auto`` the board profile's preference
+    when the bundle has that artifact for this split and its runtime is installed, else ONNX."""
+    if requested != "auto":
+        return requested
+    preferred = board.profile.backend if board.profile is not None else "onnx"
+    role = "full" if split_id == LOCAL_SPLIT else "head"
+    installed = {b.format for b in installed_backends()}
+    if preferred in installed and bundle.has(split_id, role, fmt=preferred):
+        return preferred
+    return "onnx"

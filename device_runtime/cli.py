@@ -9,7 +9,7 @@ import sys
 from dataclasses import asdict
 from typing import Sequence
 
-from device_runtime.board import DetectedBoard, InstalledBackend, detect_board, installed_backends
+from device_runtime.board import DetectedBoard, InstalledBackend, detect_board, installed_backends, resolve_backend
 from device_runtime.bundle import LOCAL_SPLIT, Bundle
 from device_runtime.camera import open_source
 from device_runtime.errors import SplitEdgeError
@@ -53,7 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--frames", type=int, default=None, help="stop after N frames (default: the whole source)")
     run.add_argument("--loop", action="store_true", help="repeat a folder of images forever")
     run.add_argument("--interface", action="append", help="interface address for zeroconf (repeatable)")
-    run.add_argument("--threads", type=int, default=None, help="onnxruntime threads on the board")
+    run.add_argument("--threads", type=int, default=None,
+                     help="inference threads (default: the board profile's, else the runtime's)")
+    run.add_argument("--backend", choices=("auto", "onnx", "tflite"), default="auto",
+                     help="artifact format to run here (default auto: the board profile's, if the bundle has it)")
     run.add_argument("--timeout", type=float, default=5.0, help="seconds to find and connect to a host")
     info_parser = commands.add_parser(
         "info", help="show the detected board, the installed backends and the profile in force",
@@ -66,7 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
 async def run(args: argparse.Namespace) -> None:
     bundle = Bundle.load(args.bundle, roles=("head", "full"))
     split_id = args.split or default_split(bundle)
-    runner = DeviceRunner(bundle, threads=args.threads)
+    board = detect_board()
+    backend = resolve_backend(args.backend, bundle, split_id, board)
+    threads = args.threads or (board.profile.threads if board.profile else None)
+    runner = DeviceRunner(bundle, threads=threads, backend=backend)
+    print(f"{board.describe()}: {backend} backend, {threads or 'default'} threads", flush=True)
     stop = asyncio.Event()
     stop_on_signals(stop)
     client = None

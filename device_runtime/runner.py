@@ -94,9 +94,10 @@ async def connect_host(
 class DeviceRunner:
     """Runs frames of one bundle, on the board alone or split with a host."""
 
-    def __init__(self, bundle: Bundle, threads: int | None = None) -> None:
+    def __init__(self, bundle: Bundle, threads: int | None = None, backend: str = "onnx") -> None:
         self.bundle = bundle
         self.threads = threads
+        self.backend = backend  # artifact format the board runs: onnx or tflite
         self._sessions: dict[tuple[str, str], Backend] = {}
         self.labels = bundle.manifest.model.labels
 
@@ -104,7 +105,8 @@ class DeviceRunner:
         """Created on first use and kept: one session per artifact for the whole run."""
         key = (split_id, role)
         if key not in self._sessions:
-            self._sessions[key] = load_backend(self.bundle.artifact(split_id, role), threads=self.threads)
+            path = self.bundle.artifact(split_id, role, fmt=self.backend)
+            self._sessions[key] = load_backend(path, fmt=self.backend, threads=self.threads)
         return self._sessions[key]
 
     def warm_up(self, split_id: str) -> None:

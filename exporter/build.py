@@ -22,14 +22,15 @@ from tqdm import tqdm
 from boards import BOARDS, check_fits
 from boards import BoardFitError as BoardProfileFitError
 from device_runtime.bundle import Artifact, Manifest, ModelInfo, Split, TensorSpec, make_artifact, write_manifest
-from device_runtime.errors import BoardFitError, CutPointError, ModelSpecError
+from device_runtime.errors import BoardFitError, CutPointError, ExportError, ModelSpecError
 from exporter.bottleneck import BottleneckOptions, SplitModel, make_autoencoder, train_bottleneck
 from exporter.datasets import TrainTest, train_test
 from exporter.graph import CutPoint, TracedModel, find_cut_points, get_cut_point, split_at, trace
 from exporter.models import LoadedModel, load_model, read_labels
 from exporter.onnx_export import IO_NAMES, export_onnx
 from exporter.train import accuracy
-from exporter.validate import Case, Chain, OnnxRunner, torch_cases, validate
+from exporter.tflite_export import export_tflite
+from exporter.validate import Case, Chain, OnnxRunner, TfliteRunner, torch_cases, validate
 
 __all__ = ["ATOL", "VALIDATION_BATCHES", "build_bundle", "check_board", "select_splits"]
 
@@ -37,6 +38,8 @@ ATOL = 1e-4
 VALIDATION_BATCHES = (1, 3)
 FORMAT, PRECISION = "onnx", "float32"
 FULL_PATH = "full/model.onnx"
+FULL_TFLITE_PATH = "full/model.tflite"
+FORMATS = ("onnx", "tflite")
 BOTTLENECK_SUFFIX = "_ae"  # a bottleneck split's id: the cut's id and this
 LAYOUTS = {1: "NC", 2: "NCW", 3: "NCHW", 4: "NCDHW"}
 
@@ -69,6 +72,7 @@ def build_bundle(
     progress: bool = True,
     board: str | None = None,
     bottleneck: BottleneckOptions | None = None,
+    formats: Sequence[str] = ("onnx",),
 ) -> Manifest:
     """Export, validate and describe ``model_spec`` cut at ``splits`` into the bundle ``out_dir``.
 
@@ -78,8 +82,13 @@ def build_bundle(
     trained (see :mod:`exporter.bottleneck`); the manifest records the full model's and each
     split model's measured test accuracy. With ``board`` (a :data:`boards.BOARDS` id), every split's head together with the full
     model (a device keeps both loaded, to fall back) must fit that board's memory, or no
-    manifest is written.
+    manifest is written. ``formats`` adds ``tflite`` heads and full model beside the ONNX
+    ones (tails stay ONNX: they run on the host); each is validated like the ONNX files.
     """
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown or "onnx" not in formats:
+        raise ExportError(f"formats {list(formats)}: ONNX is always written, and the others are {FORMATS[1:]}")
+    tflite = "tflite" in formats
     loaded = load_model(model_spec, weights)
     shape = tuple(input_shape or loaded.input_shape)
     traced = trace(loaded.module, shape)
@@ -91,20 +100,22 @@ def build_bundle(
     # The reference is the original module, not the traced one: this also proves the trace.
     reference = torch_cases(loaded.module, IO_NAMES["full"], inputs)
     validate(_export(traced.module, "full", root, FULL_PATH, inputs[0]), reference, ATOL, f"full model {FULL_PATH}")
-    full = make_artifact(root, FULL_PATH, "full", FORMAT, PRECISION)
+    full = (make_artifact(root, FULL_PATH, "full", FORMAT, PRECISION),)
+    if tflite:
+        full += (_export_tflite(traced.module, "full", root, FULL_TFLITE_PATH, inputs, reference),)
     cuts = tqdm(chosen, desc=f"exporting {loaded.name} splits", unit="split", disable=not progress)
     model_accuracy = None
     if bottleneck is None:
-        split_entries = [_export_split(traced, cut, root, inputs, reference) for cut in cuts]
+        split_entries = [_export_split(traced, cut, root, inputs, reference, tflite) for cut in cuts]
     else:
         data = train_test(bottleneck.train_data, bottleneck.test_data, shape, loaded.preprocess, loaded.categories, seed=seed)
         data = TrainTest(data.train.subset(bottleneck.train_images, seed), data.test)
         model_accuracy = accuracy(loaded.module, data.test)
         split_entries = [
-            _export_bottleneck_split(loaded, traced, cut, bottleneck, data, root, inputs, progress) for cut in cuts
+            _export_bottleneck_split(loaded, traced, cut, bottleneck, data, root, inputs, progress, tflite) for cut in cuts
         ]
     output_shape = tuple(next(iter(reference[0].expected.values())).shape[1:])
-    artifacts = [full, *(a for s in split_entries for a in s.artifacts)]
+    artifacts = [*full, *(a for s in split_entries for a in s.artifacts)]
     manifest = Manifest(
         bundle_id=bundle_id(loaded.name, artifacts),
         model=ModelInfo(
@@ -117,7 +128,7 @@ def build_bundle(
             labels=_labels(loaded, output_shape, labels),
             accuracy=model_accuracy,
         ),
-        full=(full,),
+        full=full,
         splits=tuple(split_entries),
     )
     if board is not None:
@@ -146,8 +157,9 @@ def bundle_id(model_name: str, artifacts: Sequence[Artifact]) -> str:
 
 
 def _export_halves(
-    head: torch.nn.Module, tail: torch.nn.Module, name: str, root: Path, inputs: list[np.ndarray], reference: list[Case]
-) -> tuple[Artifact, Artifact]:
+    head: torch.nn.Module, tail: torch.nn.Module, name: str, root: Path, inputs: list[np.ndarray], reference: list[Case],
+    tflite: bool,
+) -> tuple[Artifact, ...]:
     """Export and validate a head and its tail; together they must reproduce ``reference``."""
     head_path, tail_path = f"head/{name}.onnx", f"tail/{name}.onnx"
     head_cases = torch_cases(head, IO_NAMES["head"], inputs)
@@ -157,13 +169,30 @@ def _export_halves(
     cut_example = head_cases[0].expected[IO_NAMES["head"][1]]
     tail_runner = _export(tail, "tail", root, tail_path, cut_example)
     validate(Chain(head_runner, tail_runner), reference, ATOL, f"head {head_path} followed by tail {tail_path}")
-    return (
+    artifacts = (
         make_artifact(root, head_path, "head", FORMAT, PRECISION),
         make_artifact(root, tail_path, "tail", FORMAT, PRECISION),
     )
+    if not tflite:
+        return artifacts
+    tflite_path = f"head/{name}.tflite"
+    head_tflite = _export_tflite(head, "head", root, tflite_path, inputs, head_cases)
+    validate(Chain(TfliteRunner(root / tflite_path), tail_runner), reference, ATOL, f"head {tflite_path} followed by tail {tail_path}")
+    return (*artifacts, head_tflite)
 
 
-def _export_split(traced: TracedModel, cut: CutPoint, root: Path, inputs: list[np.ndarray], reference: list[Case]) -> Split:
+def _export_tflite(
+    module: torch.nn.Module, role: str, root: Path, relpath: str, inputs: list[np.ndarray], cases: list[Case]
+) -> Artifact:
+    """A float32 TFLite twin of an ONNX artifact, held to the same tolerance against torch."""
+    export_tflite(module, role, torch.from_numpy(inputs[0]), root / relpath)
+    validate(TfliteRunner(root / relpath), cases, ATOL, f"{role} {relpath}")
+    return make_artifact(root, relpath, role, "tflite", PRECISION)
+
+
+def _export_split(
+    traced: TracedModel, cut: CutPoint, root: Path, inputs: list[np.ndarray], reference: list[Case], tflite: bool
+) -> Split:
     head, tail = split_at(traced, cut.id)
     return Split(
         id=cut.id,
@@ -173,13 +202,13 @@ def _export_split(traced: TracedModel, cut: CutPoint, root: Path, inputs: list[n
         compression_ratio=cut.compression_ratio,
         natural=cut.natural,
         compressive=cut.compressive,
-        artifacts=_export_halves(head, tail, cut.id, root, inputs, reference),
+        artifacts=_export_halves(head, tail, cut.id, root, inputs, reference, tflite),
     )
 
 
 def _export_bottleneck_split(
     loaded: LoadedModel, traced: TracedModel, cut: CutPoint, options: BottleneckOptions, data: TrainTest,
-    root: Path, inputs: list[np.ndarray], progress: bool,
+    root: Path, inputs: list[np.ndarray], progress: bool, tflite: bool,
 ) -> Split:
     """I-SPLIT: inject an autoencoder after ``cut``, train it (Eq. 3, then end to end), export
     head + encoder for the board and decoder + tail for the host, and measure the accuracy."""
@@ -199,7 +228,7 @@ def _export_bottleneck_split(
         compression_ratio=latent_bytes / traced.input_bytes,
         natural=latent_bytes < traced.input_bytes,
         compressive=cut.compressive,
-        artifacts=_export_halves(model.board, model.host, split_id, root, inputs, reference),
+        artifacts=_export_halves(model.board, model.host, split_id, root, inputs, reference, tflite),
         accuracy=accuracy(model, data.test),
     )
 

@@ -16,7 +16,7 @@ from boards import BOARDS
 from device_runtime.errors import SplitEdgeError
 from exporter.analysis import analyze, summary_text
 from exporter.bottleneck import BottleneckOptions, BottleneckTraining
-from exporter.build import build_bundle
+from exporter.build import FORMATS, build_bundle
 from exporter.graph import CutPoint, find_cut_points, trace
 from exporter.models import load_model
 
@@ -28,7 +28,7 @@ examples:
   split-export points torchvision:resnet18 --input-shape 3,160,160 --json
   split-export build torchvision:mobilenet_v2 --weights mobilenet_v2-b0353104.pth --splits auto --out bundle/
   split-export build mypkg.models:make_net --splits features_4,features_7 --out bundle/ --labels labels.txt
-  split-export build torchvision:mobilenet_v2 --splits auto --board rpi-zero2w --out bundle/
+  split-export build torchvision:mobilenet_v2 --splits auto --board rpi-zero2w --formats onnx,tflite --out bundle/
   split-export build exporter.zoo:fmnist_vgg --weights cnn.pt --input-shape 1,28,28 --splits auto \
       --bottleneck ae --latent-ratio 0.1 --train-data fashion-mnist --out bundle/
   split-export analyze torchvision:mobilenet_v2 --weights mobilenet_v2-b0353104.pth --data photos/ --out report/
@@ -75,6 +75,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--out", required=True, metavar="DIR", help="bundle directory to write")
     build.add_argument("--labels", metavar="FILE", help="class names, one per line")
+    build.add_argument(
+        "--formats", type=_formats, default=("onnx",), metavar="onnx[,tflite]",
+        help="artifact formats; tflite adds LiteRT heads and full model for the board (tails stay ONNX)",
+    )
     build.add_argument("--bottleneck", choices=("ae",), help="inject and train an I-SPLIT autoencoder at each split")
     build.add_argument("--latent-ratio", type=float, default=0.1, help="latent size / cut tensor size (default 0.1)")
     build.add_argument("--train-data", metavar="SPEC", help="data the bottleneck is trained on (as --data of analyze)")
@@ -144,6 +148,7 @@ def _build(args: argparse.Namespace) -> int:
         input_shape=args.input_shape,
         board=args.board,
         bottleneck=bottleneck,
+        formats=args.formats,
     )
     print(f"wrote bundle {manifest.bundle_id} to {args.out}: splits {', '.join(s.id for s in manifest.splits)}")
     if manifest.model.accuracy is not None:
@@ -195,6 +200,14 @@ def _shape(text: str) -> tuple[int, ...]:
     if not shape or any(d <= 0 for d in shape):
         raise argparse.ArgumentTypeError(f"{text!r}: every dimension must be positive")
     return shape
+
+
+def _formats(text: str) -> tuple[str, ...]:
+    formats = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown format(s) {', '.join(unknown)}; formats: {', '.join(FORMATS)}")
+    return formats if "onnx" in formats else ("onnx", *formats)
 
 
 def _splits(text: str) -> str | list[str]:
