@@ -12,8 +12,7 @@ from typing import Sequence
 from device_runtime.board import DetectedBoard, InstalledBackend, detect_board, installed_backends, resolve_backend
 from device_runtime.bundle import LOCAL_SPLIT, Bundle
 from device_runtime.camera import open_source
-from device_runtime.errors import SplitEdgeError
-from device_runtime.lifecycle import stop_on_signals
+from device_runtime.lifecycle import run_command, stop_on_signals
 from device_runtime.runner import DeviceRunner, connect_host, default_split
 
 EXAMPLES = """\
@@ -131,12 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "info":
         info(args)
         return 0
-    try:
-        asyncio.run(run(args))
-    except SplitEdgeError as exc:
-        print(f"split-device: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_command("split-device", run(args))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
+from typing import Coroutine
+
+from device_runtime.errors import SplitEdgeError
 
 
 def stop_on_signals(stop: asyncio.Event) -> None:
@@ -20,3 +24,13 @@ def stop_on_signals(stop: asyncio.Event) -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, handle, sig)
+
+
+def run_command(prog: str, main: Coroutine[object, object, object]) -> int:
+    """Run a CLI's coroutine; a :class:`SplitEdgeError` is one line on stderr and exit status 2."""
+    try:
+        asyncio.run(main)
+    except SplitEdgeError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -25,6 +25,12 @@ def _ticks(ax: plt.Axes, ids: list[str], limit: int = 40) -> None:
     ax.set_xticklabels(ids[::step], rotation=90, fontsize=7)
 
 
+def _save(fig: plt.Figure, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot_cui_curve(report: dict[str, Any], path: Path) -> None:
     """I-SPLIT Fig. 3 style: the CUI curve, its local maxima, and the compression ratio c_l."""
     points = report["points"]
@@ -50,9 +56,7 @@ def plot_cui_curve(report: dict[str, Any], path: Path) -> None:
     handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
     ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.08, 1.0))
     ax.set_title(f"{report['model']['name']}: where to cut ({report['data']['source']}, {report['data']['images']} images)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_per_class(report: dict[str, Any], path: Path) -> None:
@@ -73,9 +77,7 @@ def plot_per_class(report: dict[str, Any], path: Path) -> None:
     _ticks(ax, ids)
     ax.legend(fontsize=7, ncol=2)
     ax.set_title(f"{report['model']['name']}: CUI per class")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_head_cost(report: dict[str, Any], path: Path) -> None:
@@ -98,9 +100,7 @@ def plot_head_cost(report: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("bytes per sample at the cut (float32)")
     ax.set_ylabel("head multiply-accumulates (board)")
     ax.set_title(f"{report['model']['name']}: head cost vs link cost (circled: candidates)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def write_plots(report: dict[str, Any], out_dir: Path) -> list[Path]:

@@ -9,8 +9,7 @@ import sys
 from typing import Sequence
 
 from device_runtime.discovery import local_address_for
-from device_runtime.errors import SplitEdgeError
-from device_runtime.lifecycle import stop_on_signals
+from device_runtime.lifecycle import run_command, stop_on_signals
 from device_runtime.protocol import DEFAULT_MAX_FRAME_BYTES
 from host_runtime.advertise import Advertiser
 from host_runtime.server import HostServer, ServerConfig
@@ -77,12 +76,7 @@ async def serve(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
-    try:
-        asyncio.run(serve(args))
-    except SplitEdgeError as exc:
-        print(f"split-host: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_command("split-host", serve(args))
 
 
 if __name__ == "__main__":

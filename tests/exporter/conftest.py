@@ -6,7 +6,6 @@ Exposed as fixtures. The real MobileNetV2 weights and the photos come from ``tes
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import pytest
 
