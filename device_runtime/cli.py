@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--interface", action="append", help="interface address for zeroconf (repeatable)")
     run.add_argument("--threads", type=int, default=None,
                      help="inference threads (default: the board profile's, else the runtime's)")
+    run.add_argument("--transmit", choices=("auto", "float32", "uint8"), default="auto",
+                     help="cut tensor on the link (default auto: uint8 where the bundle has its quantization)")
     run.add_argument("--backend", choices=("auto", "onnx", "tflite"), default="auto",
                      help="artifact format to run here (default auto: the board profile's, if the bundle has it)")
     run.add_argument("--timeout", type=float, default=5.0, help="seconds to find and connect to a host")
@@ -71,7 +73,7 @@ async def run(args: argparse.Namespace) -> None:
     board = detect_board()
     backend = resolve_backend(args.backend, bundle, split_id, board)
     threads = args.threads or (board.profile.threads if board.profile else None)
-    runner = DeviceRunner(bundle, threads=threads, backend=backend)
+    runner = DeviceRunner(bundle, threads=threads, backend=backend, transmit=args.transmit)
     print(f"{board.describe()}: {backend} backend, {threads or 'default'} threads", flush=True)
     stop = asyncio.Event()
     stop_on_signals(stop)

@@ -19,8 +19,9 @@ from device_runtime.bundle import LOCAL_SPLIT, Bundle
 from device_runtime.camera import Frame, FrameSource
 from device_runtime.client import HostClient
 from device_runtime.discovery import discover
-from device_runtime.errors import HostUnavailableError
+from device_runtime.errors import BundleError, HostUnavailableError
 from device_runtime.preprocess import preprocess
+from device_runtime.quantization import quantize
 
 
 @dataclass(frozen=True)
@@ -94,10 +95,11 @@ async def connect_host(
 class DeviceRunner:
     """Runs frames of one bundle, on the board alone or split with a host."""
 
-    def __init__(self, bundle: Bundle, threads: int | None = None, backend: str = "onnx") -> None:
+    def __init__(self, bundle: Bundle, threads: int | None = None, backend: str = "onnx", transmit: str = "auto") -> None:
         self.bundle = bundle
         self.threads = threads
         self.backend = backend  # artifact format the board runs: onnx or tflite
+        self.transmit = transmit  # auto: uint8 where the split has quantization parameters, else float32
         self._sessions: dict[tuple[str, str], Backend] = {}
         self.labels = bundle.manifest.model.labels
 
@@ -131,7 +133,16 @@ class DeviceRunner:
             start = time.perf_counter()
             cut = await loop.run_in_executor(None, self.session(split_id, "head").run, x)
             head_ms = (time.perf_counter() - start) * 1000.0
-            result = await client.infer(self.bundle.id, split_id, cut)
+            quantization = self.bundle.manifest.split(split_id).quantization
+            if quantization is None and self.transmit == "uint8":
+                raise BundleError(f"split {split_id} has no uint8 quantization; rebuild the bundle with --quantize int8")
+            if quantization is not None and self.transmit != "float32":
+                q = quantize(cut, quantization.scale, quantization.zero_point)
+                result = await client.infer(
+                    self.bundle.id, split_id, q, scale=quantization.scale, zero_point=quantization.zero_point
+                )
+            else:
+                result = await client.infer(self.bundle.id, split_id, cut)
             logits, transfer_ms, tail_ms = result.output, result.transfer_ms, result.compute_ms
         label, probability = top1(logits[0], self.labels)
         return FrameResult(

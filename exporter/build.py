@@ -10,6 +10,7 @@ same files (so the dynamic batch axis is exercised too). A failed validation lea
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import math
 from pathlib import Path
@@ -24,11 +25,12 @@ from boards import BoardFitError as BoardProfileFitError
 from device_runtime.bundle import Artifact, Manifest, ModelInfo, Split, TensorSpec, make_artifact, write_manifest
 from device_runtime.errors import BoardFitError, CutPointError, ExportError, ModelSpecError
 from exporter.bottleneck import BottleneckOptions, SplitModel, make_autoencoder, train_bottleneck
-from exporter.datasets import TrainTest, train_test
+from exporter.datasets import TrainTest, load_images, train_test
 from exporter.graph import CutPoint, TracedModel, find_cut_points, get_cut_point, split_at, trace
 from exporter.models import LoadedModel, load_model, read_labels
 from exporter.onnx_export import IO_NAMES, export_onnx
 from exporter.train import accuracy
+from exporter.quantize import cut_quantization, quantize_head
 from exporter.tflite_export import export_tflite
 from exporter.validate import Case, Chain, OnnxRunner, TfliteRunner, torch_cases, validate
 
@@ -73,6 +75,8 @@ def build_bundle(
     board: str | None = None,
     bottleneck: BottleneckOptions | None = None,
     formats: Sequence[str] = ("onnx",),
+    quantize_from: str | None = None,
+    calibration_samples: int = 64,
 ) -> Manifest:
     """Export, validate and describe ``model_spec`` cut at ``splits`` into the bundle ``out_dir``.
 
@@ -84,6 +88,8 @@ def build_bundle(
     model (a device keeps both loaded, to fall back) must fit that board's memory, or no
     manifest is written. ``formats`` adds ``tflite`` heads and full model beside the ONNX
     ones (tails stay ONNX: they run on the host); each is validated like the ONNX files.
+    With ``quantize_from`` (a data spec), each split also gets an int8 ONNX head and uint8
+    parameters for its cut tensor, calibrated on ``calibration_samples`` of those images.
     """
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown or "onnx" not in formats:
@@ -114,6 +120,10 @@ def build_bundle(
         split_entries = [
             _export_bottleneck_split(loaded, traced, cut, bottleneck, data, root, inputs, progress, tflite) for cut in cuts
         ]
+    if quantize_from is not None:
+        images = load_images(quantize_from, shape, loaded.preprocess, loaded.categories)
+        samples = images.subset(calibration_samples, seed).x
+        split_entries = [_quantize_split(split, root, samples) for split in split_entries]
     output_shape = tuple(next(iter(reference[0].expected.values())).shape[1:])
     artifacts = [*full, *(a for s in split_entries for a in s.artifacts)]
     manifest = Manifest(
@@ -230,6 +240,18 @@ def _export_bottleneck_split(
         compressive=cut.compressive,
         artifacts=_export_halves(model.board, model.host, split_id, root, inputs, reference, tflite),
         accuracy=accuracy(model, data.test),
+    )
+
+
+def _quantize_split(split: Split, root: Path, samples: np.ndarray) -> Split:
+    """Add an int8 head and the cut tensor's uint8 parameters (see :mod:`exporter.quantize`)."""
+    head = root / f"head/{split.id}.onnx"
+    int8_path = f"head/{split.id}.int8.onnx"
+    quantize_head(head, root / int8_path, samples)
+    return dataclasses.replace(
+        split,
+        quantization=cut_quantization(head, samples),
+        artifacts=(*split.artifacts, make_artifact(root, int8_path, "head", FORMAT, "int8")),
     )
 
 

@@ -79,6 +79,10 @@ def _parser() -> argparse.ArgumentParser:
         "--formats", type=_formats, default=("onnx",), metavar="onnx[,tflite]",
         help="artifact formats; tflite adds LiteRT heads and full model for the board (tails stay ONNX)",
     )
+    build.add_argument("--quantize", choices=("int8",),
+                       help="add int8 heads and send the cut as uint8 (calibrated on --calib-data)")
+    build.add_argument("--calib-data", metavar="SPEC", help="calibration images for --quantize (default: --train-data)")
+    build.add_argument("--calib-samples", type=int, default=64, metavar="N", help="calibration images used (default 64)")
     build.add_argument("--bottleneck", choices=("ae",), help="inject and train an I-SPLIT autoencoder at each split")
     build.add_argument("--latent-ratio", type=float, default=0.1, help="latent size / cut tensor size (default 0.1)")
     build.add_argument("--train-data", metavar="SPEC", help="data the bottleneck is trained on (as --data of analyze)")
@@ -139,6 +143,11 @@ def _build(args: argparse.Namespace) -> int:
             train_data=args.train_data, test_data=args.test_data, latent_ratio=args.latent_ratio,
             train_images=args.train_images, training=BottleneckTraining(ae_epochs=args.epochs),
         )
+    quantize_from = None
+    if args.quantize:
+        quantize_from = args.calib_data or args.train_data
+        if quantize_from is None:
+            raise SplitEdgeError("--quantize int8 needs --calib-data (or --train-data) to calibrate on")
     manifest = build_bundle(
         args.model,
         weights=args.weights,
@@ -149,6 +158,8 @@ def _build(args: argparse.Namespace) -> int:
         board=args.board,
         bottleneck=bottleneck,
         formats=args.formats,
+        quantize_from=quantize_from,
+        calibration_samples=args.calib_samples,
     )
     print(f"wrote bundle {manifest.bundle_id} to {args.out}: splits {', '.join(s.id for s in manifest.splits)}")
     if manifest.model.accuracy is not None:

@@ -30,6 +30,7 @@ from device_runtime.protocol import (
     decode,
     error_reply,
 )
+from device_runtime.quantization import dequantize
 from host_runtime.tails import TailRegistry, timed_run
 
 log = logging.getLogger("splitedge.host")
@@ -122,6 +123,13 @@ class _HostProtocol(FramedProtocol):
         if not isinstance(tensor, np.ndarray):
             self.reply_error(request_id, "bad_request", "infer needs a tensor")
             return
+        quantization = message.get("quantization")
+        if quantization is not None:
+            if tensor.dtype != np.uint8:
+                self.reply_error(request_id, "bad_request", f"a quantized tensor must be uint8, got {tensor.dtype.name}")
+                return
+            # The tail takes float32: the board sent uint8 to save the link three quarters of the bytes.
+            tensor = dequantize(tensor, quantization["scale"], quantization["zero_point"])
         try:
             tail = self.server.registry.lookup_for(message.get("bundle"), message.get("split"), tensor)
         except ProtocolError as exc:

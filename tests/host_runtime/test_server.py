@@ -261,3 +261,36 @@ def test_frame_in_small_segments_costs_few_reads(host: RunningHost, monkeypatch)
         assert read_reply(sock) == {"id": 1, "ok": True, "bytes": 250_000}
     assert sum(reads) == len(frame)
     assert len(reads) <= 10
+
+
+def test_uint8_transmission_is_dequantized_before_the_tail(host: RunningHost, bundle: Bundle) -> None:
+    """The board sends the cut as uint8 with scale and zero point; the host's answer matches
+    the float32 one within what 8 bits can say, and top-1 is unchanged."""
+    from device_runtime.quantization import affine_params, quantize
+
+    cut, expected = cut_tensor(bundle, TEST_SPLITS[1], 3)
+    scale, zero_point = affine_params(cut.min(), cut.max())
+    q = quantize(cut, scale, zero_point)
+    assert q.nbytes * 4 == cut.nbytes
+
+    async def go():
+        client = await HostClient.connect(host.host, host.port)
+        try:
+            return await client.infer(bundle.id, TEST_SPLITS[1], q, scale=scale, zero_point=zero_point)
+        finally:
+            await client.close()
+
+    result = asyncio.run(go())
+    assert result.output.dtype == np.float32 and result.output.shape == expected.shape
+    assert (result.output.argmax(1) == expected.argmax(1)).all()
+    cosine = (result.output * expected).sum(1) / np.linalg.norm(result.output, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cosine.min() > 0.99
+
+
+def test_quantized_tensor_must_be_uint8(host: RunningHost, bundle: Bundle) -> None:
+    cut, _ = cut_tensor(bundle, TEST_SPLITS[1], 1)
+    with raw_connection(host) as sock:
+        sock.sendall(encode_bytes({"op": "infer", "id": 5, "bundle": bundle.id, "split": TEST_SPLITS[1]},
+                                  cut, scale=0.1, zero_point=3))
+        reply = read_reply(sock)
+    assert reply["error"]["code"] == "bad_request" and "must be uint8, got float32" in reply["error"]["message"]

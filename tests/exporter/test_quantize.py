@@ -1,0 +1,76 @@
+"""``--quantize int8``: int8 heads and uint8 cut tensors, calibrated on real images."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from device_runtime.backend import OnnxBackend  # noqa: E402
+from device_runtime.bundle import Bundle  # noqa: E402
+from device_runtime.client import HostClient  # noqa: E402
+from device_runtime.quantization import quantize  # noqa: E402
+from exporter.cli import main  # noqa: E402
+from exporter.datasets import FASHION_MNIST_DIR, load_images  # noqa: E402
+from tests.conftest import start_host  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not (FASHION_MNIST_DIR / "t10k-images-idx3-ubyte.gz").is_file(), reason="Fashion-MNIST missing"
+)
+SPLIT = "_13"
+
+
+@pytest.fixture(scope="module")
+def int8_bundle(trained, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("int8")
+    assert main(["build", "exporter.zoo:fmnist_vgg", "--weights", str(trained[1]), "--input-shape", "1,28,28",
+                 "--splits", SPLIT, "--quantize", "int8", "--calib-data", "fashion-mnist:train",
+                 "--out", str(out)]) == 0
+    return out
+
+
+def test_manifest_has_int8_head_and_uint8_parameters(int8_bundle: Path) -> None:
+    bundle = Bundle.load(int8_bundle)
+    split = bundle.manifest.split(SPLIT)
+    assert split.quantization is not None and split.quantization.dtype == "uint8"
+    assert 0 <= split.quantization.zero_point <= 255 and split.quantization.scale > 0
+    assert bundle.has(SPLIT, "head", precision="int8") and bundle.has(SPLIT, "head", precision="float32")
+
+
+def test_int8_head_and_uint8_link_keep_the_answers(int8_bundle: Path) -> None:
+    bundle = Bundle.load(int8_bundle)
+    split = bundle.manifest.split(SPLIT)
+    test = load_images("fashion-mnist", (1, 28, 28)).subset(500, seed=3)
+    float_head = OnnxBackend(bundle.artifact(SPLIT, "head"))
+    int8_head = OnnxBackend(bundle.artifact(SPLIT, "head", precision="int8"))
+    tail = OnnxBackend(bundle.artifact(SPLIT, "tail"))
+    reference = tail.run(float_head.run(test.x)).argmax(1)
+    cut = int8_head.run(test.x)
+    q = quantize(cut, split.quantization.scale, split.quantization.zero_point)
+    assert q.nbytes * 4 == cut.nbytes  # the link carries a quarter of the bytes
+
+    async def over_the_link():
+        client = await HostClient.connect(host.host, host.port)
+        try:
+            return await client.infer(bundle.id, SPLIT, q, scale=split.quantization.scale,
+                                      zero_point=split.quantization.zero_point)
+        finally:
+            await client.close()
+
+    for host in start_host([int8_bundle]):
+        result = asyncio.run(over_the_link())
+    agreement = (result.output.argmax(1) == reference).mean()
+    assert agreement >= 0.97, agreement
+    float_accuracy = (reference == test.y).mean()
+    int8_accuracy = (result.output.argmax(1) == test.y).mean()
+    assert int8_accuracy >= float_accuracy - 0.02, (int8_accuracy, float_accuracy)
+
+
+def test_quantize_needs_calibration_data(tmp_path: Path, capsys) -> None:
+    assert main(["build", "exporter.zoo:fmnist_vgg", "--input-shape", "1,28,28", "--splits", SPLIT,
+                 "--quantize", "int8", "--out", str(tmp_path)]) == 2
+    assert "--quantize int8 needs --calib-data" in capsys.readouterr().err
