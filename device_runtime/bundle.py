@@ -44,6 +44,7 @@ class Artifact:
     path: str  # relative to the bundle directory, POSIX separators
     sha256: str
     bytes: int
+    accuracy: float | None = None  # heads: top-1 of the split model with this head, where measured
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,7 @@ def _artifact(r: _Reader, obj: Any, path: str) -> Artifact:
         path=r.get(obj, "path", path, str),
         sha256=r.get(obj, "sha256", path, str),
         bytes=r.get(obj, "bytes", path, int),
+        accuracy=r.get(obj, "accuracy", path, (int, float), optional=True),
     )
 
 

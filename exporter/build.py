@@ -10,9 +10,9 @@ same files (so the dynamic batch axis is exercised too). A failed validation lea
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Sequence
 
@@ -22,17 +22,27 @@ from tqdm import tqdm
 
 from boards import BOARDS, check_fits
 from boards import BoardFitError as BoardProfileFitError
-from device_runtime.bundle import Artifact, Manifest, ModelInfo, Split, TensorSpec, make_artifact, write_manifest
+from device_runtime.bundle import (
+    Artifact,
+    Manifest,
+    ModelInfo,
+    Quantization,
+    Split,
+    TensorSpec,
+    make_artifact,
+    write_manifest,
+)
 from device_runtime.errors import BoardFitError, CutPointError, ExportError, ModelSpecError
 from exporter.bottleneck import BottleneckOptions, SplitModel, make_autoencoder, train_bottleneck
-from exporter.datasets import TrainTest, load_images, train_test
+from device_runtime.quantization import dequantize, quantize
+from exporter.datasets import ImageSet, TrainTest, load_images, train_test
 from exporter.graph import CutPoint, TracedModel, find_cut_points, get_cut_point, split_at, trace
 from exporter.models import LoadedModel, load_model, read_labels
 from exporter.onnx_export import IO_NAMES, export_onnx
 from exporter.train import accuracy
 from exporter.quantize import cut_quantization, quantize_head
 from exporter.tflite_export import export_tflite
-from exporter.validate import Case, Chain, OnnxRunner, TfliteRunner, torch_cases, validate
+from exporter.validate import Case, Chain, OnnxRunner, Runner, TfliteRunner, torch_cases, validate
 
 __all__ = ["ATOL", "VALIDATION_BATCHES", "build_bundle", "check_board", "select_splits"]
 
@@ -77,6 +87,7 @@ def build_bundle(
     formats: Sequence[str] = ("onnx",),
     quantize_from: str | None = None,
     calibration_samples: int = 64,
+    test_data: str | None = None,
 ) -> Manifest:
     """Export, validate and describe ``model_spec`` cut at ``splits`` into the bundle ``out_dir``.
 
@@ -90,6 +101,8 @@ def build_bundle(
     ones (tails stay ONNX: they run on the host); each is validated like the ONNX files.
     With ``quantize_from`` (a data spec), each split also gets an int8 ONNX head and uint8
     parameters for its cut tensor, calibrated on ``calibration_samples`` of those images.
+    With ``test_data`` (or a bottleneck's test data) the top-1 accuracy of the full model and
+    of every head variant (with its link: uint8 for int8 heads) is measured and recorded.
     """
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown or "onnx" not in formats:
@@ -109,21 +122,29 @@ def build_bundle(
     full = (make_artifact(root, FULL_PATH, "full", FORMAT, PRECISION),)
     if tflite:
         full += (_export_tflite(traced.module, "full", root, FULL_TFLITE_PATH, inputs, reference),)
+    calibration = None
+    if quantize_from is not None:
+        images = load_images(quantize_from, shape, loaded.preprocess, loaded.categories)
+        calibration = images.subset(calibration_samples, seed).x
+    variants = Variants(tflite=tflite, calibration=calibration)
     cuts = tqdm(chosen, desc=f"exporting {loaded.name} splits", unit="split", disable=not progress)
     model_accuracy = None
     if bottleneck is None:
-        split_entries = [_export_split(traced, cut, root, inputs, reference, tflite) for cut in cuts]
+        split_entries = [_export_split(traced, cut, root, inputs, reference, variants) for cut in cuts]
     else:
         data = train_test(bottleneck.train_data, bottleneck.test_data, shape, loaded.preprocess, loaded.categories, seed=seed)
         data = TrainTest(data.train.subset(bottleneck.train_images, seed), data.test)
         model_accuracy = accuracy(loaded.module, data.test)
         split_entries = [
-            _export_bottleneck_split(loaded, traced, cut, bottleneck, data, root, inputs, progress, tflite) for cut in cuts
+            _export_bottleneck_split(loaded, traced, cut, bottleneck, data, root, inputs, progress, variants)
+            for cut in cuts
         ]
-    if quantize_from is not None:
-        images = load_images(quantize_from, shape, loaded.preprocess, loaded.categories)
-        samples = images.subset(calibration_samples, seed).x
-        split_entries = [_quantize_split(split, root, samples) for split in split_entries]
+    test = data.test if bottleneck is not None else (
+        load_images(test_data, shape, loaded.preprocess, loaded.categories) if test_data else None
+    )
+    if test is not None:
+        model_accuracy = _accuracy(OnnxRunner(root / FULL_PATH), test) if model_accuracy is None else model_accuracy
+        split_entries = [_measure_variants(split, root, test) for split in split_entries]
     output_shape = tuple(next(iter(reference[0].expected.values())).shape[1:])
     artifacts = [*full, *(a for s in split_entries for a in s.artifacts)]
     manifest = Manifest(
@@ -166,11 +187,20 @@ def bundle_id(model_name: str, artifacts: Sequence[Artifact]) -> str:
     return f"{model_name}-{digest[:8]}"
 
 
+@dataclass(frozen=True)
+class Variants:
+    """Which variants of each head to write beside the float32 ONNX one."""
+
+    tflite: bool = False
+    calibration: np.ndarray | None = None  # images for int8 heads and the uint8 link; None: float only
+
+
 def _export_halves(
     head: torch.nn.Module, tail: torch.nn.Module, name: str, root: Path, inputs: list[np.ndarray], reference: list[Case],
-    tflite: bool,
-) -> tuple[Artifact, ...]:
-    """Export and validate a head and its tail; together they must reproduce ``reference``."""
+    variants: Variants,
+) -> tuple[tuple[Artifact, ...], Quantization | None]:
+    """Export and validate a head (in every variant asked for) and its tail; head and tail
+    together must reproduce ``reference``. Returns the artifacts and the uint8 link's parameters."""
     head_path, tail_path = f"head/{name}.onnx", f"tail/{name}.onnx"
     head_cases = torch_cases(head, IO_NAMES["head"], inputs)
     head_runner = _export(head, "head", root, head_path, inputs[0])
@@ -183,12 +213,23 @@ def _export_halves(
         make_artifact(root, head_path, "head", FORMAT, PRECISION),
         make_artifact(root, tail_path, "tail", FORMAT, PRECISION),
     )
-    if not tflite:
-        return artifacts
-    tflite_path = f"head/{name}.tflite"
-    head_tflite = _export_tflite(head, "head", root, tflite_path, inputs, head_cases)
-    validate(Chain(TfliteRunner(root / tflite_path), tail_runner), reference, ATOL, f"head {tflite_path} followed by tail {tail_path}")
-    return (*artifacts, head_tflite)
+    if variants.tflite:
+        tflite_path = f"head/{name}.tflite"
+        artifacts += (_export_tflite(head, "head", root, tflite_path, inputs, head_cases),)
+        validate(Chain(TfliteRunner(root / tflite_path), tail_runner), reference, ATOL,
+                 f"head {tflite_path} followed by tail {tail_path}")
+    if variants.calibration is None:
+        return artifacts, None
+    # int8 heads are not held to ATOL: their accuracy is measured instead (tests, --test-data).
+    samples = variants.calibration
+    int8_path = f"head/{name}.int8.onnx"
+    quantize_head(root / head_path, root / int8_path, samples)
+    artifacts += (make_artifact(root, int8_path, "head", FORMAT, "int8"),)
+    if variants.tflite:
+        int8_tflite = f"head/{name}.int8.tflite"
+        export_tflite(head, "head", torch.from_numpy(inputs[0]), root / int8_tflite, "int8", calibration=samples)
+        artifacts += (make_artifact(root, int8_tflite, "head", "tflite", "int8"),)
+    return artifacts, cut_quantization(root / head_path, samples)
 
 
 def _export_tflite(
@@ -201,9 +242,10 @@ def _export_tflite(
 
 
 def _export_split(
-    traced: TracedModel, cut: CutPoint, root: Path, inputs: list[np.ndarray], reference: list[Case], tflite: bool
+    traced: TracedModel, cut: CutPoint, root: Path, inputs: list[np.ndarray], reference: list[Case], variants: Variants
 ) -> Split:
     head, tail = split_at(traced, cut.id)
+    artifacts, quantization = _export_halves(head, tail, cut.id, root, inputs, reference, variants)
     return Split(
         id=cut.id,
         position=cut.position,
@@ -212,13 +254,14 @@ def _export_split(
         compression_ratio=cut.compression_ratio,
         natural=cut.natural,
         compressive=cut.compressive,
-        artifacts=_export_halves(head, tail, cut.id, root, inputs, reference, tflite),
+        artifacts=artifacts,
+        quantization=quantization,
     )
 
 
 def _export_bottleneck_split(
     loaded: LoadedModel, traced: TracedModel, cut: CutPoint, options: BottleneckOptions, data: TrainTest,
-    root: Path, inputs: list[np.ndarray], progress: bool, tflite: bool,
+    root: Path, inputs: list[np.ndarray], progress: bool, variants: Variants,
 ) -> Split:
     """I-SPLIT: inject an autoencoder after ``cut``, train it (Eq. 3, then end to end), export
     head + encoder for the board and decoder + tail for the host, and measure the accuracy."""
@@ -230,6 +273,7 @@ def _export_bottleneck_split(
     latent_bytes = math.prod(latent) * 4
     split_id = f"{cut.id}{BOTTLENECK_SUFFIX}"
     reference = torch_cases(model, IO_NAMES["full"], inputs)
+    artifacts, quantization = _export_halves(model.board, model.host, split_id, root, inputs, reference, variants)
     return Split(
         id=split_id,
         position=cut.position,
@@ -238,21 +282,48 @@ def _export_bottleneck_split(
         compression_ratio=latent_bytes / traced.input_bytes,
         natural=latent_bytes < traced.input_bytes,
         compressive=cut.compressive,
-        artifacts=_export_halves(model.board, model.host, split_id, root, inputs, reference, tflite),
+        artifacts=artifacts,
+        quantization=quantization,
         accuracy=accuracy(model, data.test),
     )
 
 
-def _quantize_split(split: Split, root: Path, samples: np.ndarray) -> Split:
-    """Add an int8 head and the cut tensor's uint8 parameters (see :mod:`exporter.quantize`)."""
-    head = root / f"head/{split.id}.onnx"
-    int8_path = f"head/{split.id}.int8.onnx"
-    quantize_head(head, root / int8_path, samples)
-    return dataclasses.replace(
-        split,
-        quantization=cut_quantization(head, samples),
-        artifacts=(*split.artifacts, make_artifact(root, int8_path, "head", FORMAT, "int8")),
+def _accuracy(runner: Runner, images: ImageSet, batch: int = 256) -> float:
+    (input_name,), (output_name,) = runner.input_names, runner.output_names
+    hits = sum(
+        int((runner({input_name: images.x[i : i + batch]})[output_name].argmax(1) == images.y[i : i + batch]).sum())
+        for i in range(0, len(images), batch)
     )
+    return hits / len(images)
+
+
+class _Link:
+    """A head followed by the uint8 link: what an int8 head's board actually sends."""
+
+    def __init__(self, head: Runner, quantization: Quantization) -> None:
+        self.head, self.quantization = head, quantization
+        self.input_names, self.output_names = head.input_names, head.output_names
+
+    def __call__(self, feeds):
+        q = self.quantization
+        return {k: dequantize(quantize(v, q.scale, q.zero_point), q.scale, q.zero_point) for k, v in self.head(feeds).items()}
+
+
+def _measure_variants(split: Split, root: Path, test: ImageSet) -> Split:
+    """Top-1 of the split model through each head variant (int8 heads with the uint8 link)."""
+    (tail,) = [a for a in split.artifacts if a.role == "tail"]
+    tail_runner = OnnxRunner(root / tail.path)
+    measured = []
+    for artifact in split.artifacts:
+        if artifact.role != "head":
+            measured.append(artifact)
+            continue
+        head: Runner = OnnxRunner(root / artifact.path) if artifact.format == "onnx" else TfliteRunner(root / artifact.path)
+        if artifact.precision == "int8" and split.quantization is not None:
+            head = _Link(head, split.quantization)
+        measured.append(replace(artifact, accuracy=_accuracy(Chain(head, tail_runner), test)))
+    float_head = next(a for a in measured if a.role == "head" and a.format == FORMAT and a.precision == PRECISION)
+    return replace(split, artifacts=tuple(measured), accuracy=split.accuracy if split.accuracy is not None else float_head.accuracy)
 
 
 def _export(module: torch.nn.Module, role: str, root: Path, relpath: str, example: np.ndarray) -> OnnxRunner:

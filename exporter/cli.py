@@ -86,8 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--bottleneck", choices=("ae",), help="inject and train an I-SPLIT autoencoder at each split")
     build.add_argument("--latent-ratio", type=float, default=0.1, help="latent size / cut tensor size (default 0.1)")
     build.add_argument("--train-data", metavar="SPEC", help="data the bottleneck is trained on (as --data of analyze)")
-    build.add_argument("--test-data", metavar="SPEC", help="data accuracy is measured on (default: the test split "
-                       "of fashion-mnist, else 20%% of --train-data held out)")
+    build.add_argument("--test-data", metavar="SPEC", help="measure every variant's accuracy on this data (with "
+                       "--bottleneck, default: fashion-mnist's test split, else 20%% of --train-data held out)")
     build.add_argument("--train-images", type=int, metavar="N", help="train on at most N images")
     build.add_argument("--epochs", type=int, default=BottleneckTraining.ae_epochs,
                        help="autoencoder epochs (I-SPLIT Eq. 3); one end-to-end fine-tuning epoch follows")
@@ -160,6 +160,7 @@ def _build(args: argparse.Namespace) -> int:
         formats=args.formats,
         quantize_from=quantize_from,
         calibration_samples=args.calib_samples,
+        test_data=args.test_data,
     )
     print(f"wrote bundle {manifest.bundle_id} to {args.out}: splits {', '.join(s.id for s in manifest.splits)}")
     if manifest.model.accuracy is not None:
@@ -167,6 +168,9 @@ def _build(args: argparse.Namespace) -> int:
         for split in manifest.splits:
             print(f"  {split.id}: {split.accuracy:.4f}, sends {'x'.join(map(str, split.tensor.shape))} "
                   f"({split.tensor.bytes_per_sample:,} B per sample)")
+            for a in split.artifacts:
+                if a.role == "head" and a.accuracy is not None:
+                    print(f"    head {a.format} {a.precision}: {a.accuracy:.4f}, {a.bytes:,} B")
     return 0
 
 

@@ -29,7 +29,7 @@ def int8_bundle(trained, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("int8")
     assert main(["build", "exporter.zoo:fmnist_vgg", "--weights", str(trained[1]), "--input-shape", "1,28,28",
                  "--splits", SPLIT, "--quantize", "int8", "--calib-data", "fashion-mnist:train",
-                 "--out", str(out)]) == 0
+                 "--test-data", "fashion-mnist", "--out", str(out)]) == 0
     return out
 
 
@@ -39,6 +39,12 @@ def test_manifest_has_int8_head_and_uint8_parameters(int8_bundle: Path) -> None:
     assert split.quantization is not None and split.quantization.dtype == "uint8"
     assert 0 <= split.quantization.zero_point <= 255 and split.quantization.scale > 0
     assert bundle.has(SPLIT, "head", precision="int8") and bundle.has(SPLIT, "head", precision="float32")
+    # Every variant's accuracy, measured on the 10,000 test images and recorded with its size.
+    heads = {a.precision: a for a in split.artifacts if a.role == "head"}
+    assert bundle.manifest.model.accuracy > 0.7
+    assert split.accuracy == heads["float32"].accuracy == pytest.approx(bundle.manifest.model.accuracy, abs=1e-9)
+    assert heads["int8"].accuracy >= heads["float32"].accuracy - 0.02
+    assert heads["int8"].bytes < heads["float32"].bytes
 
 
 def test_int8_head_and_uint8_link_keep_the_answers(int8_bundle: Path) -> None:
