@@ -106,14 +106,10 @@ def test_resnet18_head_matches_torch_and_onnx(tmp_path: Path) -> None:
     assert runner.backend.input_shape == ("batch", 3, 224, 224)
 
 
-def test_full_mobilenet_matches_torch_onnx_and_top1(mobilenet, photos: np.ndarray, tmp_path: Path) -> None:
-    model, traced = mobilenet
-    runner = _check_float(traced.module, "full", tmp_path / "full.tflite")
-    logits = runner({"input": photos})["logits"]
-    assert (logits.argmax(1) == model(torch.from_numpy(photos)).argmax(1).numpy()).all()
-
-
-@pytest.mark.parametrize("role", ["head", "full"])
+# The float32 full model is exported and checked against torch and ONNX (atol 1e-4, and top-1
+# through the board's runner) by tests/exporter/test_tflite_bundle.py; int8 is checked on the
+# head, the variant a board runs split. Each conversion costs 20-50 s of CI.
+@pytest.mark.parametrize("role", ["head"])
 def test_int8_keeps_top1_on_photos(mobilenet, photos: np.ndarray, calibration: np.ndarray, role: str, tmp_path: Path) -> None:
     model, traced = mobilenet
     head, tail = split_at(traced, TEST_SPLITS[-1])
