@@ -11,8 +11,8 @@ Training, as the paper does it: first the autoencoder alone on the frozen networ
 features with the reconstruction loss (Eq. 3), then everything end to end with
 cross-entropy (the role of Eq. 4), at a lower learning rate.
 
-A cut tensor without spatial dimensions (after pooling and flattening: (C,)) gets the same
-shape of autoencoder with linear layers.
+A cut tensor without spatial extent (after flattening: (C,); after global pooling:
+(C, 1, 1)) gets the same shape of autoencoder with linear layers.
 """
 
 from __future__ import annotations
@@ -61,6 +61,16 @@ def make_autoencoder(cut_shape: tuple[int, ...], latent_ratio: float = 0.1) -> A
     if not 0 < latent_ratio < 1:
         raise ValueError(f"latent ratio must be in (0, 1), got {latent_ratio}")
     size = math.prod(cut_shape)
+    if len(cut_shape) == 3 and cut_shape[1:] == (1, 1):
+        # A pooled (C, 1, 1) map has nothing for a 3x3 kernel to slide over: a stride-2 conv AE
+        # there trained to 0.24 accuracy on fmnist_resnet where the linear one reached 0.85.
+        flat = make_autoencoder((size,), latent_ratio)
+        return Autoencoder(
+            nn.Sequential(nn.Flatten(), flat.encoder),
+            nn.Sequential(flat.decoder, nn.Unflatten(1, cut_shape)),
+            cut_shape,
+            flat.latent_shape,
+        )
     if len(cut_shape) == 3:
         c, h, w = cut_shape
         h1, w1 = _down(h), _down(w)
