@@ -34,7 +34,7 @@ from device_runtime.preprocess import preprocess
 from exporter.build import build_bundle
 from exporter.graph import split_at, trace
 from exporter.models import load_model
-from exporter.quantize import quantize_head
+from exporter.quantize import quantize_onnx
 from exporter.tflite_export import export_tflite
 
 PHOTOS = ("coffee", "chelsea", "astronaut", "rocket")
@@ -86,7 +86,7 @@ def main() -> None:
             head, _ = split_at(traced, split.id)
             paths = {("onnx", "float32"): root / f"head/{split.id}.onnx"}
             paths[("onnx", "int8")] = root / f"head/{split.id}.int8.onnx"
-            quantize_head(paths[("onnx", "float32")], paths[("onnx", "int8")], samples)
+            quantize_onnx(paths[("onnx", "float32")], paths[("onnx", "int8")], samples)
             for precision in ("float32", "int8"):
                 path = root / f"head/{split.id}.{precision}.tflite"
                 export_tflite(head, "head", torch.from_numpy(samples[:2]), path, precision=precision,

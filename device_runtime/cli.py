@@ -13,7 +13,7 @@ from device_runtime.board import DetectedBoard, InstalledBackend, detect_board, 
 from device_runtime.bundle import LOCAL_SPLIT, Bundle
 from device_runtime.camera import open_source
 from device_runtime.lifecycle import run_command, stop_on_signals
-from device_runtime.runner import DeviceRunner, connect_host, default_split
+from device_runtime.runner import PRECISIONS, DeviceRunner, connect_host, default_split
 
 EXAMPLES = """\
 examples:
@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="inference threads (default: the board profile's, else the runtime's)")
     run.add_argument("--transmit", choices=("auto", "float32", "uint8"), default="auto",
                      help="cut tensor on the link (default auto: uint8 where the bundle has its quantization)")
+    run.add_argument("--precision", choices=PRECISIONS, default="auto",
+                     help="head and full-model precision (default auto: int8 where the bundle has it)")
     run.add_argument("--backend", choices=("auto", "onnx", "tflite"), default="auto",
                      help="artifact format to run here (default auto: the board profile's, if the bundle has it)")
     run.add_argument("--timeout", type=float, default=5.0, help="seconds to find and connect to a host")
@@ -73,8 +75,10 @@ async def run(args: argparse.Namespace) -> None:
     board = detect_board()
     backend = resolve_backend(args.backend, bundle, split_id, board)
     threads = args.threads or (board.profile.threads if board.profile else None)
-    runner = DeviceRunner(bundle, threads=threads, backend=backend, transmit=args.transmit)
-    print(f"{board.describe()}: {backend} backend, {threads or 'default'} threads", flush=True)
+    runner = DeviceRunner(bundle, threads=threads, backend=backend, transmit=args.transmit, precision=args.precision)
+    role = "full" if split_id == LOCAL_SPLIT else "head"
+    print(f"{board.describe()}: {backend} backend, {runner.artifact_precision(split_id, role)}, "
+          f"{threads or 'default'} threads", flush=True)
     stop = asyncio.Event()
     stop_on_signals(stop)
     client = None

@@ -23,6 +23,8 @@ from device_runtime.errors import BundleError, HostUnavailableError
 from device_runtime.preprocess import preprocess
 from device_runtime.quantization import quantize
 
+PRECISIONS = ("auto", "float32", "int8")
+
 
 @dataclass(frozen=True)
 class FrameResult:
@@ -95,19 +97,32 @@ async def connect_host(
 class DeviceRunner:
     """Runs frames of one bundle, on the board alone or split with a host."""
 
-    def __init__(self, bundle: Bundle, threads: int | None = None, backend: str = "onnx", transmit: str = "auto") -> None:
+    def __init__(
+        self, bundle: Bundle, threads: int | None = None, backend: str = "onnx", transmit: str = "auto",
+        precision: str = "auto",
+    ) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
         self.bundle = bundle
         self.threads = threads
         self.backend = backend  # artifact format the board runs: onnx or tflite
         self.transmit = transmit  # auto: uint8 where the split has quantization parameters, else float32
+        self.precision = precision  # auto: int8 where the bundle has it (its accuracy is in the manifest)
         self._sessions: dict[tuple[str, str], Backend] = {}
         self.labels = bundle.manifest.model.labels
+
+    def artifact_precision(self, split_id: str, role: str) -> str:
+        """The precision of the artifact this runner runs for ``split_id``'s ``role``."""
+        if self.precision != "auto":
+            return self.precision
+        return "int8" if self.bundle.has(split_id, role, fmt=self.backend, precision="int8") else "float32"
 
     def session(self, split_id: str, role: str) -> Backend:
         """Created on first use and kept: one session per artifact for the whole run."""
         key = (split_id, role)
         if key not in self._sessions:
-            path = self.bundle.artifact(split_id, role, fmt=self.backend)
+            precision = self.artifact_precision(split_id, role)
+            path = self.bundle.artifact(split_id, role, fmt=self.backend, precision=precision)
             self._sessions[key] = load_backend(path, fmt=self.backend, threads=self.threads)
         return self._sessions[key]
 

@@ -40,7 +40,7 @@ from exporter.graph import CutPoint, TracedModel, find_cut_points, get_cut_point
 from exporter.models import LoadedModel, load_model, read_labels
 from exporter.onnx_export import IO_NAMES, export_onnx
 from exporter.train import accuracy
-from exporter.quantize import cut_quantization, quantize_head
+from exporter.quantize import cut_quantization, quantize_onnx
 from exporter.tflite_export import export_tflite
 from exporter.validate import Case, Chain, OnnxRunner, Runner, TfliteRunner, torch_cases, validate
 
@@ -99,10 +99,11 @@ def build_bundle(
     model (a device keeps both loaded, to fall back) must fit that board's memory, or no
     manifest is written. ``formats`` adds ``tflite`` heads and full model beside the ONNX
     ones (tails stay ONNX: they run on the host); each is validated like the ONNX files.
-    With ``quantize_from`` (a data spec), each split also gets an int8 ONNX head and uint8
-    parameters for its cut tensor, calibrated on ``calibration_samples`` of those images.
-    With ``test_data`` (or a bottleneck's test data) the top-1 accuracy of the full model and
-    of every head variant (with its link: uint8 for int8 heads) is measured and recorded.
+    With ``quantize_from`` (a data spec), each split also gets int8 heads (and the full model
+    an int8 twin), in every format, and uint8 parameters for its cut tensor, calibrated on
+    ``calibration_samples`` of those images. With ``test_data`` (or a bottleneck's test data)
+    the top-1 accuracy of every full-model variant and of every head variant (with its
+    link: uint8 for int8 heads) is measured and recorded.
     """
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown or "onnx" not in formats:
@@ -126,6 +127,7 @@ def build_bundle(
     if quantize_from is not None:
         images = load_images(quantize_from, shape, loaded.preprocess, loaded.categories)
         calibration = images.subset(calibration_samples, seed).x
+        full += _int8_full(traced.module, root, inputs[0], calibration, tflite)
     variants = Variants(tflite=tflite, calibration=calibration)
     cuts = tqdm(chosen, desc=f"exporting {loaded.name} splits", unit="split", disable=not progress)
     model_accuracy = None
@@ -145,6 +147,7 @@ def build_bundle(
     if test is not None:
         model_accuracy = _accuracy(OnnxRunner(root / FULL_PATH), test) if model_accuracy is None else model_accuracy
         split_entries = [_measure_variants(split, root, test) for split in split_entries]
+        full = tuple(replace(a, accuracy=_accuracy(_runner(root, a), test)) for a in full)
     output_shape = tuple(next(iter(reference[0].expected.values())).shape[1:])
     artifacts = [*full, *(a for s in split_entries for a in s.artifacts)]
     manifest = Manifest(
@@ -223,13 +226,27 @@ def _export_halves(
     # int8 heads are not held to ATOL: their accuracy is measured instead (tests, --test-data).
     samples = variants.calibration
     int8_path = f"head/{name}.int8.onnx"
-    quantize_head(root / head_path, root / int8_path, samples)
+    quantize_onnx(root / head_path, root / int8_path, samples)
     artifacts += (make_artifact(root, int8_path, "head", FORMAT, "int8"),)
     if variants.tflite:
         int8_tflite = f"head/{name}.int8.tflite"
         export_tflite(head, "head", torch.from_numpy(inputs[0]), root / int8_tflite, "int8", calibration=samples)
         artifacts += (make_artifact(root, int8_tflite, "head", "tflite", "int8"),)
     return artifacts, cut_quantization(root / head_path, samples)
+
+
+def _int8_full(
+    module: torch.nn.Module, root: Path, example: np.ndarray, calibration: np.ndarray, tflite: bool
+) -> tuple[Artifact, ...]:
+    """int8 twins of the full model, for a board that runs locally (fallback, slow links)."""
+    int8_path = FULL_PATH.replace(".onnx", ".int8.onnx")
+    quantize_onnx(root / FULL_PATH, root / int8_path, calibration)
+    artifacts = (make_artifact(root, int8_path, "full", FORMAT, "int8"),)
+    if tflite:
+        int8_tflite = FULL_TFLITE_PATH.replace(".tflite", ".int8.tflite")
+        export_tflite(module, "full", torch.from_numpy(example), root / int8_tflite, "int8", calibration=calibration)
+        artifacts += (make_artifact(root, int8_tflite, "full", "tflite", "int8"),)
+    return artifacts
 
 
 def _export_tflite(
@@ -318,12 +335,16 @@ def _measure_variants(split: Split, root: Path, test: ImageSet) -> Split:
         if artifact.role != "head":
             measured.append(artifact)
             continue
-        head: Runner = OnnxRunner(root / artifact.path) if artifact.format == "onnx" else TfliteRunner(root / artifact.path)
+        head = _runner(root, artifact)
         if artifact.precision == "int8" and split.quantization is not None:
             head = _Link(head, split.quantization)
         measured.append(replace(artifact, accuracy=_accuracy(Chain(head, tail_runner), test)))
     float_head = next(a for a in measured if a.role == "head" and a.format == FORMAT and a.precision == PRECISION)
     return replace(split, artifacts=tuple(measured), accuracy=split.accuracy if split.accuracy is not None else float_head.accuracy)
+
+
+def _runner(root: Path, artifact: Artifact) -> Runner:
+    return OnnxRunner(root / artifact.path) if artifact.format == "onnx" else TfliteRunner(root / artifact.path)
 
 
 def _export(module: torch.nn.Module, role: str, root: Path, relpath: str, example: np.ndarray) -> OnnxRunner:

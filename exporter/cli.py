@@ -76,8 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--out", required=True, metavar="DIR", help="bundle directory to write")
     build.add_argument("--labels", metavar="FILE", help="class names, one per line")
     build.add_argument(
-        "--formats", type=_formats, default=("onnx",), metavar="onnx[,tflite]",
-        help="artifact formats; tflite adds LiteRT heads and full model for the board (tails stay ONNX)",
+        "--formats", type=_formats, default=None, metavar="onnx[,tflite]",
+        help="artifact formats; tflite adds LiteRT heads and full model for the board (tails stay ONNX); "
+        "default: onnx, plus the --board profile's backend",
     )
     build.add_argument("--quantize", choices=("int8",),
                        help="add int8 heads and send the cut as uint8 (calibrated on --calib-data)")
@@ -93,7 +94,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="autoencoder epochs (I-SPLIT Eq. 3); one end-to-end fine-tuning epoch follows")
     build.add_argument(
         "--board", choices=sorted(BOARDS), metavar="ID",
-        help=f"refuse the bundle unless each head and the full model fit this board's memory ({', '.join(sorted(BOARDS))})",
+        help="write the formats this board runs best and refuse the bundle unless each head and the full model "
+        f"fit its memory ({', '.join(sorted(BOARDS))})",
     )
     build.set_defaults(run=_build)
 
@@ -157,7 +159,7 @@ def _build(args: argparse.Namespace) -> int:
         input_shape=args.input_shape,
         board=args.board,
         bottleneck=bottleneck,
-        formats=args.formats,
+        formats=args.formats or board_formats(args.board),
         quantize_from=quantize_from,
         calibration_samples=args.calib_samples,
         test_data=args.test_data,
@@ -171,6 +173,9 @@ def _build(args: argparse.Namespace) -> int:
             for a in split.artifacts:
                 if a.role == "head" and a.accuracy is not None:
                     print(f"    head {a.format} {a.precision}: {a.accuracy:.4f}, {a.bytes:,} B")
+        for a in manifest.full:
+            if a.accuracy is not None:
+                print(f"  full {a.format} {a.precision}: {a.accuracy:.4f}, {a.bytes:,} B")
     return 0
 
 
@@ -215,6 +220,13 @@ def _shape(text: str) -> tuple[int, ...]:
     if not shape or any(d <= 0 for d in shape):
         raise argparse.ArgumentTypeError(f"{text!r}: every dimension must be positive")
     return shape
+
+
+def board_formats(board_id: str | None) -> tuple[str, ...]:
+    """ONNX always (the host's tails, and every board can run it), plus the board's recommended backend."""
+    if board_id is None:
+        return ("onnx",)
+    return tuple(dict.fromkeys(("onnx", BOARDS[board_id].backend)))
 
 
 def _formats(text: str) -> tuple[str, ...]:

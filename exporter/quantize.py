@@ -22,7 +22,7 @@ from device_runtime.errors import ExportError
 from device_runtime.quantization import affine_params
 from exporter.validate import OnnxRunner
 
-__all__ = ["MIN_CALIBRATION_SAMPLES", "cut_quantization", "quantize_head"]
+__all__ = ["MIN_CALIBRATION_SAMPLES", "cut_quantization", "quantize_onnx"]
 
 MIN_CALIBRATION_SAMPLES = 32
 _BATCH = 16
@@ -51,8 +51,8 @@ def cut_quantization(head: Path, samples: np.ndarray) -> Quantization:
     return Quantization(scale=scale, zero_point=zero_point, dtype="uint8")
 
 
-def quantize_head(source: Path, target: Path, samples: np.ndarray) -> None:
-    """Static int8 quantization of an ONNX head, calibrated on ``samples`` (N, *input)."""
+def quantize_onnx(source: Path, target: Path, samples: np.ndarray) -> None:
+    """Static int8 quantization of an ONNX head or full model, calibrated on ``samples`` (N, *input)."""
     _check(samples)
     try:
         quantize_static(

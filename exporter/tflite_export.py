@@ -5,7 +5,7 @@ The artifact keeps the bundle's contract of :mod:`exporter.onnx_export`: one sig
 layout as in torch, and a dynamic batch axis (``shape_signature`` ``[-1, ...]``), so that
 one file serves any batch size once the interpreter resizes its input.
 
-Two things litert-torch (0.10) does not do by itself are done here:
+Three things litert-torch (0.10) does not do by itself are done here:
 
 * Names. litert-torch names signature inputs after the keyword arguments of the sample
   and outputs after the keys of a returned dict, so the module is wrapped to take
@@ -14,6 +14,10 @@ Two things litert-torch (0.10) does not do by itself are done here:
   exports as a reshape to ``[batch, C]`` with a symbolic ``batch``, which litert-torch's
   lowering rejects ("Shapes must be 1D sequences of concrete values"). Such reshapes are
   rewritten to ``[-1, C]``: the same tensor, with the batch inferred at run time.
+* Global pooling with a dynamic batch. ``adaptive_avg_pool2d(x, 1)`` (MobileNetV2's cut
+  before the classifier, every squeeze-and-excitation block) lowers to a MEAN and a
+  RESHAPE whose shape holds the traced batch size, so the interpreter fails to allocate at
+  any other batch. Such reshapes get ``-1`` for the batch in the flatbuffer afterwards.
 
 int8 is static post-training quantization through PT2E (torchao ``prepare_pt2e`` /
 ``convert_pt2e`` with litert-torch's ``PT2EQuantizer``: symmetric per-channel int8 weights,
@@ -124,7 +128,7 @@ def tflite_bytes(
                 dynamic_shapes={input_name: {0: batch}},
                 quant_config=quant_config,
             )
-            return edge.model_content()
+            return _free_batch_in_reshapes(edge.model_content(), int(example.shape[0]))
     except ExportError:
         raise
     except Exception as exc:  # torch.export, torchao and litert-torch raise many unrelated types
@@ -158,7 +162,7 @@ def _batch_free_reshapes(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
         if not shape or not isinstance(shape[0], torch.SymInt) or not all(isinstance(d, int) for d in shape[1:]):
             continue
         with graph.graph.inserting_before(node):
-            reshape = graph.graph.call_function(torch.ops.aten.view.default, (node.args[0], [-1, *shape[1:]]))
+            reshape = graph.graph.call_function(torch.ops.aten.reshape.default, (node.args[0], [-1, *shape[1:]]))
         reshape.meta = dict(node.meta)
         node.replace_all_uses_with(reshape)
         graph.graph.erase_node(node)
@@ -167,6 +171,47 @@ def _batch_free_reshapes(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
         graph.graph.lint()
         graph.recompile()
     return graph
+
+
+def _free_batch_in_reshapes(content: bytes, batch: int) -> bytes:
+    """Give every RESHAPE whose target shape starts with the traced ``batch`` a ``-1`` there instead.
+
+    litert-torch lowers ``mean(..., keepdim=True)`` (global average pooling, squeeze-and-
+    excitation) and the NHWC↔NCHW transposes of 1×1 maps to RESHAPEs with the sample's
+    concrete shape, so the interpreter fails to allocate at any other batch size. Only
+    reshapes whose input also starts with ``batch`` are changed: those carry the batch
+    through, and ``-1`` makes the interpreter infer it. Edited with LiteRT's own
+    flatbuffer tools; the content comes back unchanged when nothing needs it.
+    """
+    from ai_edge_litert import schema_py_generated as schema
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.read_model_from_bytearray(bytearray(content))
+    reshape_codes = {
+        index
+        for index, code in enumerate(model.operatorCodes)
+        if flatbuffer_utils.get_builtin_code_from_operator_code(code) == schema.BuiltinOperator.RESHAPE
+    }
+    changed = False
+    for subgraph in model.subgraphs:
+        for op in subgraph.operators:
+            if op.opcodeIndex not in reshape_codes or len(op.inputs) < 2:
+                continue
+            data, target = subgraph.tensors[op.inputs[0]], subgraph.tensors[op.inputs[1]]
+            buffer = model.buffers[target.buffer]
+            if buffer.data is None or len(data.shape) == 0 or data.shape[0] != batch:
+                continue
+            shape = np.frombuffer(bytes(buffer.data), dtype=np.int32).copy()
+            if len(shape) == 0 or shape[0] != batch:
+                continue
+            shape[0] = -1
+            buffer.data = np.frombuffer(shape.tobytes(), dtype=np.uint8)
+            if isinstance(op.builtinOptions, schema.ReshapeOptionsT) and op.builtinOptions.newShape:
+                op.builtinOptions.newShape = [int(d) for d in shape]
+            output = subgraph.tensors[op.outputs[0]]
+            output.shapeSignature = [-1, *list(output.shape)[1:]]
+            changed = True
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model)) if changed else content
 
 
 def _quantize_pt2e(graph: torch.fx.GraphModule, input_name: str, samples: np.ndarray) -> tuple[torch.fx.GraphModule, object]:

@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 from device_runtime.bundle import Bundle  # noqa: E402
 from device_runtime.errors import BoardFitError  # noqa: E402
 from exporter.build import check_board  # noqa: E402
-from exporter.cli import main  # noqa: E402
+from exporter.cli import board_formats, main  # noqa: E402
 
 VGG16_CLASSIFIER_HEAD = 528 * 2**20  # bytes of a VGG16 head that keeps its fully connected layers
 
@@ -43,3 +43,9 @@ def test_cli_refuses_and_writes_no_manifest(tmp_path: Path, capsys, monkeypatch)
                  "--out", str(tmp_path)]) == 2
     assert "does not fit a Raspberry Pi Zero 2 W" in capsys.readouterr().err
     assert not (tmp_path / "manifest.json").exists()
+    assert (tmp_path / "full" / "model.tflite").is_file()  # the Zero 2 W's backend, picked by --board
+
+
+def test_board_picks_its_backend_beside_onnx() -> None:
+    assert board_formats("rpi-zero2w") == board_formats("rpi3b+") == ("onnx", "tflite")
+    assert board_formats("rpi5-8gb") == board_formats(None) == ("onnx",)

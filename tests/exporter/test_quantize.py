@@ -10,9 +10,10 @@ import pytest
 pytest.importorskip("torch")
 
 from device_runtime.backend import OnnxBackend  # noqa: E402
-from device_runtime.bundle import Bundle  # noqa: E402
+from device_runtime.bundle import LOCAL_SPLIT, Bundle  # noqa: E402
 from device_runtime.client import HostClient  # noqa: E402
 from device_runtime.quantization import quantize  # noqa: E402
+from device_runtime.runner import DeviceRunner  # noqa: E402
 from exporter.cli import main  # noqa: E402
 from exporter.datasets import FASHION_MNIST_DIR, load_images  # noqa: E402
 from tests.conftest import start_host  # noqa: E402
@@ -27,7 +28,7 @@ SPLIT = "_13"
 def int8_bundle(trained, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("int8")
     assert main(["build", "exporter.zoo:fmnist_vgg", "--weights", str(trained[1]), "--input-shape", "1,28,28",
-                 "--splits", SPLIT, "--quantize", "int8", "--calib-data", "fashion-mnist:train",
+                 "--splits", SPLIT, "--formats", "onnx,tflite", "--quantize", "int8", "--calib-data", "fashion-mnist:train",
                  "--test-data", "fashion-mnist", "--out", str(out)]) == 0
     return out
 
@@ -39,11 +40,29 @@ def test_manifest_has_int8_head_and_uint8_parameters(int8_bundle: Path) -> None:
     assert 0 <= split.quantization.zero_point <= 255 and split.quantization.scale > 0
     assert bundle.has(SPLIT, "head", precision="int8") and bundle.has(SPLIT, "head", precision="float32")
     # Every variant's accuracy, measured on the 10,000 test images and recorded with its size.
-    heads = {a.precision: a for a in split.artifacts if a.role == "head"}
+    heads = {(a.format, a.precision): a for a in split.artifacts if a.role == "head"}
+    full = {(a.format, a.precision): a for a in bundle.manifest.full}
+    assert set(heads) == set(full) == {(f, p) for f in ("onnx", "tflite") for p in ("float32", "int8")}
+    float_accuracy = heads["onnx", "float32"].accuracy
     assert bundle.manifest.model.accuracy > 0.7
-    assert split.accuracy == heads["float32"].accuracy == pytest.approx(bundle.manifest.model.accuracy, abs=1e-9)
-    assert heads["int8"].accuracy >= heads["float32"].accuracy - 0.02
-    assert heads["int8"].bytes < heads["float32"].bytes
+    assert split.accuracy == float_accuracy == pytest.approx(bundle.manifest.model.accuracy, abs=1e-9)
+    # float32 TFLite matches ONNX within 1e-4, so at most a borderline image or two differ.
+    assert heads["tflite", "float32"].accuracy == pytest.approx(float_accuracy, abs=2e-4)
+    assert full["tflite", "float32"].accuracy == pytest.approx(full["onnx", "float32"].accuracy, abs=2e-4)
+    for variants in (heads, full):
+        for fmt in ("onnx", "tflite"):
+            assert variants[fmt, "int8"].accuracy >= float_accuracy - 0.02, (fmt, variants[fmt, "int8"].accuracy)
+            assert variants[fmt, "int8"].bytes < variants[fmt, "float32"].bytes
+
+
+@pytest.mark.parametrize("backend", ["onnx", "tflite"])
+def test_device_runs_int8_where_the_bundle_has_it(int8_bundle: Path, backend: str) -> None:
+    bundle = Bundle.load(int8_bundle)
+    auto = DeviceRunner(bundle, threads=1, backend=backend)
+    assert auto.session(SPLIT, "head").name == bundle.artifact(SPLIT, "head", backend, "int8").name
+    assert auto.session(LOCAL_SPLIT, "full").name == bundle.artifact(LOCAL_SPLIT, "full", backend, "int8").name
+    float_runner = DeviceRunner(bundle, threads=1, backend=backend, precision="float32")
+    assert float_runner.session(SPLIT, "head").name == bundle.artifact(SPLIT, "head", backend).name
 
 
 def test_int8_head_and_uint8_link_keep_the_answers(int8_bundle: Path) -> None:

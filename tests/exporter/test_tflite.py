@@ -106,6 +106,20 @@ def test_resnet18_head_matches_torch_and_onnx(tmp_path: Path) -> None:
     assert runner.backend.input_shape == ("batch", 3, 224, 224)
 
 
+def test_global_pooling_runs_at_every_batch(mobilenet, tmp_path: Path) -> None:
+    """litert-torch bakes the traced batch into the RESHAPE after a global average pool; the
+    exporter frees it, or the interpreter cannot allocate batch 1 (MobileNetV2's smallest cut)."""
+    _, traced = mobilenet
+    head, _ = split_at(traced, "adaptive_avg_pool2d")
+    _check_float(head, "head", tmp_path / "pooled_head.tflite")
+
+
+def test_squeeze_and_excitation_runs_at_every_batch(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    head, _ = split_at(trace(torchvision.models.efficientnet_b0(), (3, 224, 224)), "features_2_0_block_0_2")
+    _check_float(head, "head", tmp_path / "se_head.tflite")
+
+
 # The float32 full model is exported and checked against torch and ONNX (atol 1e-4, and top-1
 # through the board's runner) by tests/exporter/test_tflite_bundle.py; int8 is checked on the
 # head, the variant a board runs split. Each conversion costs 20-50 s of CI.
