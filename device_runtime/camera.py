@@ -41,6 +41,9 @@ class FrameSource:
     """Base: iterate frames; ``close()`` releases the device."""
 
     description = "source"
+    #: A live source (a camera) keeps producing whether or not frames are read: a pipeline
+    #: that falls behind drops old frames. A recorded one (files, video) waits for the reader.
+    live = False
 
     def __iter__(self) -> Iterator[Frame]:
         raise NotImplementedError
@@ -99,6 +102,7 @@ class VideoCapture(FrameSource):
             kind = "camera" if self.is_camera else "video file"
             raise CameraError(f"cannot open {kind} {target!r}")
         self.description = f"camera {target}" if self.is_camera else f"video {target}"
+        self.live = self.is_camera
 
     def __iter__(self) -> Iterator[Frame]:
         cv2 = _cv2()
@@ -118,7 +122,13 @@ class VideoCapture(FrameSource):
 
 
 class Synthetic(FrameSource):
-    """Moving colour gradients at a fixed frame rate; endless, deterministic, no hardware."""
+    """Moving colour gradients at a fixed frame rate; endless, deterministic, no hardware.
+
+    Paced like a camera: a frame read late does not make the next one come early (a sensor
+    does not catch up), so a slow reader sees the same gaps it would on a Pi camera.
+    """
+
+    live = True
 
     def __init__(self, height: int = 480, width: int = 640, fps: float = 30.0, seed: int = 0) -> None:
         self.height, self.width, self.fps = height, width, fps
@@ -146,7 +156,7 @@ class Synthetic(FrameSource):
             noise = self.rng.integers(0, 8, size=image.shape)
             yield Frame(index, f"synthetic#{index}", np.clip(image + noise, 0, 255).astype(np.uint8), time.monotonic())
             index += 1
-            next_due += period
+            next_due = max(next_due + period, time.monotonic())
 
 
 def open_source(spec: str, loop: bool = False) -> FrameSource:

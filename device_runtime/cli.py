@@ -1,4 +1,9 @@
-"""``split-device``: run a bundle's head on the board's camera stream, the tail on a host."""
+"""``split-device``: run a bundle's head on the board's camera stream, the tail on a host.
+
+``calibrate`` measures the board, the host and the link into ``calibration.json``; ``plan``
+shows the table it produced; ``run`` streams frames with the split chosen from that table
+(``--split auto``) or fixed; ``report`` turns a ``--trace`` into plots and a summary.
+"""
 
 from __future__ import annotations
 
@@ -7,20 +12,38 @@ import asyncio
 import json
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Sequence
 
+from calibration import FILENAME, LOCAL, OFFLOAD, Calibration, CalibrationError, save
 from device_runtime.board import DetectedBoard, InstalledBackend, detect_board, installed_backends, resolve_backend
-from device_runtime.bundle import LOCAL_SPLIT, Bundle
+from device_runtime.bundle import Bundle
+from device_runtime.calibrate import DEFAULT_BATCHES, calibrate, calibration_for
 from device_runtime.camera import open_source
+from device_runtime.errors import BundleError, SplitEdgeError
+from device_runtime.host_link import HostLink
 from device_runtime.lifecycle import run_command, stop_on_signals
+from device_runtime.link_meter import LinkMeter
+from device_runtime.pipeline import Pipeline, PipelineConfig
+from device_runtime.policy import AutoPolicy, SplitPolicy, StaticPolicy
 from device_runtime.runner import PRECISIONS, DeviceRunner, connect_host, default_split
+from device_runtime.trace import TraceWriter
 
 EXAMPLES = """\
 examples:
-  split-device run bundle/ --camera 0                       # Pi camera via OpenCV, host found by zeroconf
-  split-device run bundle/ --camera photos/ --host 192.168.1.20:7767 --split features_14
+  split-device calibrate bundle/ --host auto                # once per board and bundle: writes bundle/calibration.json
+  split-device run bundle/ --camera 0                       # Pi camera, split chosen from the table as the link changes
+  split-device run bundle/ --camera 0 --batch 4 --trace run.jsonl
+  split-device run bundle/ --camera photos/ --host 192.168.1.20:7767 --split features_14_conv_2
   split-device run bundle/ --camera clip.mp4 --split local  # full model on the board, no host
-  split-device run bundle/ --camera synthetic --frames 100 --interface 127.0.0.1
+  split-device report run.jsonl --out report/               # latency over time, CDFs, drops, gain over static splits
+"""
+
+CALIBRATE_EXAMPLES = """\
+examples:
+  split-device calibrate bundle/                            # host by zeroconf, batches 1,2,4,8,16
+  split-device calibrate bundle/ --host 192.168.1.20:7767 --batch 1,4 --repeats 50
+  split-device plan bundle/ --out plan/                     # the table it wrote, as text and a plot
 """
 
 INFO_EXAMPLES = """\
@@ -44,23 +67,52 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--camera", default="0", help="OpenCV camera index, video file, folder of images, or 'synthetic' (default 0)"
     )
-    run.add_argument("--host", default="auto", help="IP:PORT of the host, or 'auto' for zeroconf (default)")
+    _host_arguments(run)
     run.add_argument(
-        "--split", default=None,
-        help="split id, or 'local' for the full model on the board (default: the most compressive split)",
+        "--split", default="auto",
+        help="'auto' (default: from calibration.json, moving with the link), a split id, 'local' (the full "
+        "model here) or 'offload' (the full model on the host)",
     )
+    run.add_argument("--batch", type=int, default=1, help="frames per head run (default 1)")
+    run.add_argument("--queue", type=int, default=4, help="frames waiting before the drop policy applies (default 4)")
+    run.add_argument("--drop", choices=("newest", "none"), default=None,
+                     help="when the pipeline is full: newest wins (drop the oldest; default for a camera) or none "
+                     "(wait; default for files and videos)")
     run.add_argument("--frames", type=int, default=None, help="stop after N frames (default: the whole source)")
     run.add_argument("--loop", action="store_true", help="repeat a folder of images forever")
-    run.add_argument("--interface", action="append", help="interface address for zeroconf (repeatable)")
-    run.add_argument("--threads", type=int, default=None,
-                     help="inference threads (default: the board profile's, else the runtime's)")
+    run.add_argument("--trace", metavar="FILE.jsonl", help="write one record per frame (see split-device report)")
+    _runtime_arguments(run)
     run.add_argument("--transmit", choices=("auto", "float32", "uint8"), default="auto",
                      help="cut tensor on the link (default auto: uint8 where the bundle has its quantization)")
-    run.add_argument("--precision", choices=PRECISIONS, default="auto",
-                     help="head and full-model precision (default auto: int8 where the bundle has it)")
-    run.add_argument("--backend", choices=("auto", "onnx", "tflite"), default="auto",
-                     help="artifact format to run here (default auto: the board profile's, if the bundle has it)")
-    run.add_argument("--timeout", type=float, default=5.0, help="seconds to find and connect to a host")
+
+    cal = commands.add_parser(
+        "calibrate", help="measure board, host and link; write calibration.json", epilog=CALIBRATE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cal.add_argument("bundle", help="bundle directory")
+    _host_arguments(cal)
+    cal.add_argument("--batch", type=_batches, default=DEFAULT_BATCHES, metavar="1,2,4",
+                     help="batch sizes to measure (default 1,2,4,8,16)")
+    cal.add_argument("--repeats", type=int, default=20, help="timed runs per measurement, after warm-up (default 20)")
+    cal.add_argument("--no-host", action="store_true", help="calibrate the board alone (every choice is local)")
+    _runtime_arguments(cal)
+
+    plan = commands.add_parser(
+        "plan", help="print and plot the split table of calibration.json", epilog=CALIBRATE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    plan.add_argument("bundle", help="bundle directory with calibration.json")
+    plan.add_argument("--out", metavar="DIR", help="also write plan.png (DSC Fig. 2 style) and plan.json here")
+
+    report = commands.add_parser(
+        "report", help="plots and a summary from a --trace file", epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    report.add_argument("trace", help="JSONL trace written by split-device run --trace")
+    report.add_argument("--out", required=True, metavar="DIR", help="directory for the PNGs and summary.json")
+    report.add_argument("--calibration", metavar="FILE",
+                        help="calibration.json for the gain over static splits (default: the one the run used)")
+
     info_parser = commands.add_parser(
         "info", help="show the detected board, the installed backends and the profile in force",
         epilog=INFO_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -69,33 +121,170 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def run(args: argparse.Namespace) -> None:
-    bundle = Bundle.load(args.bundle, roles=("head", "full"))
-    split_id = args.split or default_split(bundle)
-    board = detect_board()
+def _host_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="auto", help="IP:PORT of the host, or 'auto' for zeroconf (default)")
+    parser.add_argument("--interface", action="append", help="interface address for zeroconf (repeatable)")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to find a host and for each reply")
+
+
+def _runtime_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=None,
+                        help="inference threads (default: the board profile's, else the runtime's)")
+    parser.add_argument("--backend", choices=("auto", "onnx", "tflite"), default="auto",
+                        help="artifact format to run here (default auto: the board profile's, if the bundle has it)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="auto",
+                        help="head and full-model precision (default auto: int8 where the bundle has it)")
+
+
+def _batches(text: str) -> tuple[int, ...]:
+    try:
+        batches = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"batch sizes {text!r}: expected integers like 1,2,4") from None
+    if not batches or batches[0] < 1:
+        raise argparse.ArgumentTypeError(f"batch sizes {text!r}: at least one, each at least 1")
+    return batches
+
+
+def _runner(args: argparse.Namespace, bundle: Bundle, split_id: str, board: DetectedBoard) -> DeviceRunner:
     backend = resolve_backend(args.backend, bundle, split_id, board)
     threads = args.threads or (board.profile.threads if board.profile else None)
-    runner = DeviceRunner(bundle, threads=threads, backend=backend, transmit=args.transmit, precision=args.precision)
-    role = "full" if split_id == LOCAL_SPLIT else "head"
-    print(f"{board.describe()}: {backend} backend, {runner.artifact_precision(split_id, role)}, "
-          f"{threads or 'default'} threads", flush=True)
+    return DeviceRunner(
+        bundle, threads=threads, backend=backend, transmit=getattr(args, "transmit", "auto"), precision=args.precision
+    )
+
+
+async def run(args: argparse.Namespace) -> None:
+    bundle = Bundle.load(args.bundle, roles=("head", "full"))
+    board = detect_board()
+    policy, calibration = _policy(args.split, bundle)
+    first = default_split(bundle) if args.split == "auto" else args.split
+    if calibration is not None and args.backend == "auto":
+        args.backend = calibration.backend  # the table's timings are this backend's
+    runner = _runner(args, bundle, LOCAL if first == OFFLOAD else first, board)
+    warm = list(calibration.table.splits) if calibration is not None else [first]
+    for split_id in {*warm, LOCAL}:
+        runner.warm_up(split_id)
+    print(f"{board.describe()}: {runner.backend} backend, {runner.threads or 'default'} threads, "
+          f"split {args.split}", flush=True)
     stop = asyncio.Event()
     stop_on_signals(stop)
-    client = None
-    if split_id != LOCAL_SPLIT:
-        bundle.manifest.split(split_id)  # refuse an unknown split before looking for a host
-        client = await connect_host(bundle, args.host, args.interface, timeout=args.timeout)
-        print(f"host {client.address}: bundle {bundle.id}, split {split_id}", flush=True)
-    else:
-        print(f"local: full model of bundle {bundle.id} on this board", flush=True)
-    runner.warm_up(split_id)
+    hosts = None
+    if args.split != LOCAL:
+        hosts = HostLink(bundle, args.host, args.interface, timeout=args.timeout)
+        if await hosts.connect():
+            print(f"host {hosts.address}: bundle {bundle.id}", flush=True)
+        elif args.split != "auto":
+            await hosts.close()
+            raise SplitEdgeError(f"{hosts.last_error} (or run with --split auto to start locally and offload when "
+                                 "a host appears)")
+        else:
+            print(f"no host yet ({hosts.last_error}); running locally, looking for one every "
+                  f"{hosts.retry_s:g} s", flush=True)
+    config = PipelineConfig(batch=args.batch, queue=args.queue, drop=args.drop, request_timeout_s=args.timeout)
+    meter = LinkMeter()
+    if calibration is not None and calibration.link is not None:
+        meter.estimator.observe_rtt(calibration.link["rtt_ms"] / 1000.0)
+    pipeline = Pipeline(runner, policy, hosts, config, meter)
+    trace = TraceWriter(args.trace, _run_record(args, bundle, calibration)) if args.trace else None
     try:
         with open_source(args.camera, loop=args.loop) as source:
-            async for result in runner.stream(source, split_id, client, frames=args.frames, stop=stop):
+            async for result in pipeline.run(source, frames=args.frames, stop=stop):
                 print(result.line(), flush=True)
+                if trace is not None:
+                    trace.frame(result)
+    finally:
+        if trace is not None:
+            trace.close()
+        if hosts is not None:
+            await hosts.close()
+    stats = pipeline.stats
+    per_split = ", ".join(f"{k} {v}" for k, v in stats.per_split.most_common())
+    switches = f", {policy.switches} split switches" if isinstance(policy, AutoPolicy) else ""
+    print(f"{stats.frames} frames: {stats.dropped} dropped ({stats.drop_rate:.1%}), {stats.fallbacks} answered "
+          f"locally after a host failure{switches}; by split: {per_split}", flush=True)
+
+
+def _policy(split: str, bundle: Bundle) -> tuple[SplitPolicy, Calibration | None]:
+    if split != "auto":
+        return StaticPolicy(split, bundle), None
+    try:
+        calibration = calibration_for(bundle)
+    except BundleError as exc:
+        fallback = default_split(bundle)
+        print(f"warning: {exc}; using split {fallback} (the smallest cut) until then", file=sys.stderr, flush=True)
+        return StaticPolicy(fallback, bundle), None
+    return AutoPolicy(calibration), calibration
+
+
+def _run_record(args: argparse.Namespace, bundle: Bundle, calibration: Calibration | None) -> dict[str, object]:
+    return {
+        "bundle_id": bundle.id, "policy": args.split, "batch": args.batch, "source": args.camera,
+        "calibration": str(Path(args.bundle) / FILENAME) if calibration is not None else None,
+        "host": args.host, "queue": args.queue, "drop": args.drop,
+    }
+
+
+async def calibrate_command(args: argparse.Namespace) -> None:
+    bundle = Bundle.load(args.bundle, roles=("head", "full"))
+    board = detect_board()
+    runner = _runner(args, bundle, bundle.manifest.splits[0].id if bundle.manifest.splits else LOCAL, board)
+    print(f"{board.describe()}: {runner.backend} backend, {runner.threads or 'default'} threads; "
+          f"batches {', '.join(map(str, args.batch))}, {args.repeats} repeats", flush=True)
+    client = None if args.no_host else await connect_host(bundle, args.host, args.interface, timeout=args.timeout)
+    try:
+        result = await calibrate(runner, client, args.batch, args.repeats, board.to_dict(), lambda line: print(line, flush=True))
     finally:
         if client is not None:
             await client.close()
+    path = bundle.root / FILENAME
+    save(result, path)
+    print(f"wrote {path}")
+    print(_table_text(result))
+
+
+def plan(args: argparse.Namespace) -> None:
+    bundle = Bundle.load(args.bundle, roles=())
+    calibration = calibration_for(bundle)
+    print(_table_text(calibration))
+    if args.out:
+        from device_runtime.plots import plot_table
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        plot_table(calibration, out / "plan.png")
+        (out / "plan.json").write_text(json.dumps(calibration.table.to_dict(), indent=2))
+        print(f"wrote {out / 'plan.png'} and {out / 'plan.json'}")
+
+
+def _table_text(calibration: Calibration) -> str:
+    """For each batch size, the rate ranges over which each split is best (DSC Eq. 6)."""
+    table = calibration.table
+    lines = [f"best split by batch size and link rate (bundle {calibration.bundle_id}):"]
+    for batch in table.batches:
+        edges = table.boundaries(batch)
+        first = table.lookup(batch, table.rates_bps[0])
+        spans, low, current = [], table.rates_bps[0], first
+        for rate, _, above in edges:
+            spans.append(f"{current} {_mbit(low)}–{_mbit(rate)}")
+            low, current = rate, above
+        spans.append(f"{current} ≥{_mbit(low)}")
+        lines.append(f"  B={batch:<3d} " + ";  ".join(spans))
+    return "\n".join(lines)
+
+
+def _mbit(rate_bps: float) -> str:
+    return f"{rate_bps / 1e6:.3g} Mbit/s"
+
+
+def report_command(args: argparse.Namespace) -> None:
+    from calibration import load
+    from device_runtime.report import format_summary, write_report
+
+    calibration = load(args.calibration) if args.calibration else None
+    summary = write_report(args.trace, args.out, calibration)
+    print(format_summary(summary))
+    print(f"wrote {args.out}")
 
 
 NO_BACKEND = "none: pip install 'splitedge[device]'"
@@ -133,10 +322,15 @@ def _profile_line(board: DetectedBoard, backends: Sequence[InstalledBackend]) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "info":
-        info(args)
+    if args.command in ("info", "plan", "report"):
+        try:
+            {"info": info, "plan": plan, "report": report_command}[args.command](args)
+        except (SplitEdgeError, CalibrationError) as exc:
+            print(f"split-device: error: {exc}", file=sys.stderr)
+            return 2
         return 0
-    return run_command("split-device", run(args))
+    command = run(args) if args.command == "run" else calibrate_command(args)
+    return run_command("split-device", command)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -26,11 +26,14 @@ class InferResult:
     output: np.ndarray
     compute_ms: float  # the host's own time for the tail
     round_trip_ms: float  # send → reply, as the device saw it
+    queue_ms: float = 0.0  # the host's wait for a worker before the tail ran
+    sent: float = 0.0  # perf_counter when the request was handed to the socket
+    received: float = 0.0  # perf_counter when the reply was read
 
     @property
     def transfer_ms(self) -> float:
-        """Link time: the round trip less the host's compute (what the rate estimate needs)."""
-        return max(self.round_trip_ms - self.compute_ms, 0.0)
+        """Link time: the round trip less the host's queueing and compute (what the rate estimate needs)."""
+        return max(self.round_trip_ms - self.compute_ms - self.queue_ms, 0.0)
 
 
 class _ClientProtocol(FramedProtocol):
@@ -132,11 +135,25 @@ class HostClient:
             tensor,
             **tensor_fields,
         )
-        round_trip_ms = (time.perf_counter() - start) * 1000.0
+        end = time.perf_counter()
         output = reply.get("tensor")
         if not isinstance(output, np.ndarray):
             raise HostUnavailableError(f"host {self.address} answered infer without a tensor")
-        return InferResult(output, float(reply.get("compute_ms", 0.0)), round_trip_ms)
+        return InferResult(
+            output, float(reply.get("compute_ms", 0.0)), (end - start) * 1000.0, float(reply.get("queue_ms", 0.0)),
+            sent=start, received=end,
+        )
+
+    async def profile(
+        self, bundle_id: str, batches: Sequence[int], repeats: int = 10, splits: Sequence[str] | None = None,
+        timeout: float = 300.0,
+    ) -> dict[str, dict[int, float]]:
+        """The host's own median tail ms per split and batch size (its compute, measured there)."""
+        message = {"op": "profile", "bundle": bundle_id, "batches": list(batches), "repeats": repeats}
+        if splits is not None:
+            message["splits"] = list(splits)
+        reply = await self.request(message, timeout)
+        return {split: {int(b): float(ms) for b, ms in times.items()} for split, times in reply["tail_ms"].items()}
 
     async def ping(self, payload_bytes: int = 0, timeout: float = 5.0) -> float:
         """Round trip in ms; a payload makes it a link-rate probe (the host answers with a small reply)."""

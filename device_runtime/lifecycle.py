@@ -11,6 +11,7 @@ import signal
 import sys
 from typing import Coroutine
 
+from calibration import CalibrationError
 from device_runtime.errors import SplitEdgeError
 
 
@@ -27,10 +28,11 @@ def stop_on_signals(stop: asyncio.Event) -> None:
 
 
 def run_command(prog: str, main: Coroutine[object, object, object]) -> int:
-    """Run a CLI's coroutine; a :class:`SplitEdgeError` is one line on stderr and exit status 2."""
+    """Run a CLI's coroutine; a :class:`SplitEdgeError` (or a bad calibration) is one line on stderr
+    and exit status 2."""
     try:
         asyncio.run(main)
-    except SplitEdgeError as exc:
+    except (SplitEdgeError, CalibrationError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     return 0

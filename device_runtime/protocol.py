@@ -26,7 +26,7 @@ from device_runtime.msgpack_view import unpack
 
 PROTOCOL_VERSION = 1
 
-OPS = ("hello", "infer", "ping", "stats")
+OPS = ("hello", "infer", "ping", "stats", "profile")
 ERROR_CODES = (
     "bad_request",
     "unknown_bundle",

@@ -1,22 +1,21 @@
-"""The board's main loop: capture → preprocess → head → host's tail → top-1, one frame at a time.
+"""What the board runs: its sessions (heads, the full model), the link payload, and finding a host.
 
-Sessions, labels and the connection are created once; blocking work (the camera, the
-head) runs in a worker thread so the event loop keeps reading replies and signals. With
+Sessions are created once per artifact and kept for the run. The stream that drives them
+(capture, batching, overlap, fallback) is :mod:`device_runtime.pipeline`. With
 ``split == "local"`` the full model runs on the board and no host is needed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from device_runtime.backend import Backend, load_backend
+from calibration import OFFLOAD
 from device_runtime.bundle import LOCAL_SPLIT, Bundle
-from device_runtime.camera import Frame, FrameSource
 from device_runtime.client import HostClient
 from device_runtime.discovery import discover
 from device_runtime.errors import BundleError, HostUnavailableError
@@ -28,22 +27,36 @@ PRECISIONS = ("auto", "float32", "int8")
 
 @dataclass(frozen=True)
 class FrameResult:
+    """One frame's outcome: its answer and where the time went (one trace record)."""
+
     index: int
     name: str
-    label: str
-    probability: float
-    split: str
-    preprocess_ms: float
-    head_ms: float
-    transfer_ms: float
-    tail_ms: float
-    total_ms: float  # capture done → result known
+    label: str | None  # None for a dropped frame
+    probability: float | None
+    split: str  # the split that ran ("local": the full model here; "offload": the full model on the host)
+    preprocess_ms: float = 0.0
+    head_ms: float = 0.0
+    transfer_ms: float = 0.0
+    tail_ms: float = 0.0
+    total_ms: float = 0.0  # capture done → result known
+    captured: float = 0.0  # time.monotonic() at capture
+    batch: int = 1
+    bytes: int = 0  # this frame's share of what crossed the link
+    rate_bps: float | None = None  # the link estimate when the split was chosen
+    where: str = "local"  # local | remote
+    host: str | None = None
+    dropped: bool = False  # dropped from the queue by policy: never classified
+    error: str | None = None  # why a remote batch fell back to local
 
     def line(self) -> str:
+        if self.dropped:
+            return f"#{self.index:<4d} {self.name[:24]:24s} dropped (the pipeline was full; newest frames win)"
+        rate = f"  rate {self.rate_bps / 1e6:7.2f} Mbit/s" if self.rate_bps else ""
+        fallback = "  (fell back to local)" if self.error else ""
         return (
-            f"#{self.index:<4d} {self.name[:24]:24s} {self.label[:24]:24s} {self.probability:6.3f}  "
+            f"#{self.index:<4d} {self.name[:24]:24s} {str(self.label)[:24]:24s} {self.probability:6.3f}  "
             f"split={self.split:<20s} pre {self.preprocess_ms:6.2f} ms  head {self.head_ms:7.2f} ms  transfer {self.transfer_ms:7.2f} ms  "
-            f"tail {self.tail_ms:7.2f} ms  total {self.total_ms:7.2f} ms"
+            f"tail {self.tail_ms:7.2f} ms  total {self.total_ms:7.2f} ms{rate}{fallback}"
         )
 
 
@@ -129,69 +142,37 @@ class DeviceRunner:
     def warm_up(self, split_id: str) -> None:
         """Run one input through the board's part first: the first real frame would otherwise pay for
         onnxruntime's lazy allocations (about 10x a normal frame on this machine)."""
+        if split_id == OFFLOAD:
+            return
         role = "full" if split_id == LOCAL_SPLIT else "head"
         shape = (1, *self.bundle.manifest.model.input_shape)
         self.session(split_id, role).run(np.zeros(shape, dtype=np.float32))
 
-    async def infer(self, frame: Frame, split_id: str, client: HostClient | None) -> FrameResult:
-        loop = asyncio.get_running_loop()
-        start = time.perf_counter()
-        x = preprocess(frame.image, self.bundle.manifest.model.preprocess)
-        preprocess_ms = (time.perf_counter() - start) * 1000.0
-        if split_id == LOCAL_SPLIT:
-            start = time.perf_counter()
-            logits = await loop.run_in_executor(None, self.session(LOCAL_SPLIT, "full").run, x)
-            head_ms, transfer_ms, tail_ms = (time.perf_counter() - start) * 1000.0, 0.0, 0.0
-        else:
-            if client is None:
-                raise HostUnavailableError(f"split {split_id} needs a host; none is connected")
-            start = time.perf_counter()
-            cut = await loop.run_in_executor(None, self.session(split_id, "head").run, x)
-            head_ms = (time.perf_counter() - start) * 1000.0
-            quantization = self.bundle.manifest.split(split_id).quantization
-            if quantization is None and self.transmit == "uint8":
-                raise BundleError(f"split {split_id} has no uint8 quantization; rebuild the bundle with --quantize int8")
-            if quantization is not None and self.transmit != "float32":
-                q = quantize(cut, quantization.scale, quantization.zero_point)
-                result = await client.infer(
-                    self.bundle.id, split_id, q, scale=quantization.scale, zero_point=quantization.zero_point
-                )
-            else:
-                result = await client.infer(self.bundle.id, split_id, cut)
-            logits, transfer_ms, tail_ms = result.output, result.transfer_ms, result.compute_ms
-        label, probability = top1(logits[0], self.labels)
-        return FrameResult(
-            index=frame.index,
-            name=frame.name,
-            label=label,
-            probability=probability,
-            split=split_id,
-            preprocess_ms=preprocess_ms,
-            head_ms=head_ms,
-            transfer_ms=transfer_ms,
-            tail_ms=tail_ms,
-            total_ms=(time.monotonic() - frame.captured) * 1000.0,
-        )
+    def preprocess(self, image: np.ndarray) -> np.ndarray:
+        """A camera frame as the model's input, (1, *input_shape) float32."""
+        return preprocess(image, self.bundle.manifest.model.preprocess)
 
-    async def stream(
-        self,
-        source: FrameSource,
-        split_id: str,
-        client: HostClient | None,
-        frames: int | None = None,
-        stop: asyncio.Event | None = None,
-    ) -> AsyncIterator[FrameResult]:
-        """Results for up to ``frames`` frames (all, for a finite source), until ``stop`` is set."""
-        if split_id != LOCAL_SPLIT:
-            self.bundle.manifest.split(split_id)  # an unknown split fails before the camera starts
-        loop = asyncio.get_running_loop()
-        frames_iter = iter(source)
-        count = 0
-        while frames is None or count < frames:
-            if stop is not None and stop.is_set():
-                return
-            frame = await loop.run_in_executor(None, next, frames_iter, None)
-            if frame is None:
-                return
-            yield await self.infer(frame, split_id, client)
-            count += 1
+    def run_full(self, x: np.ndarray) -> tuple[np.ndarray, float]:
+        """The full model here: logits and ms."""
+        start = time.perf_counter()
+        logits = self.session(LOCAL_SPLIT, "full").run(x)
+        return logits, (time.perf_counter() - start) * 1000.0
+
+    def run_head(self, split_id: str, x: np.ndarray) -> tuple[np.ndarray, float]:
+        """The head of ``split_id``: the cut tensor and ms."""
+        start = time.perf_counter()
+        cut = self.session(split_id, "head").run(x)
+        return cut, (time.perf_counter() - start) * 1000.0
+
+    def payload(self, split_id: str, cut: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
+        """What goes on the link for ``cut``: uint8 with its scale and zero point where the
+        split has quantization parameters (unless ``transmit`` is float32), else the float tensor."""
+        quantization = None if split_id == OFFLOAD else self.bundle.manifest.split(split_id).quantization
+        if quantization is None:
+            if self.transmit == "uint8" and split_id != OFFLOAD:
+                raise BundleError(f"split {split_id} has no uint8 quantization; rebuild the bundle with --quantize int8")
+            return cut, {}
+        if self.transmit == "float32":
+            return cut, {}
+        q = quantize(cut, quantization.scale, quantization.zero_point)
+        return q, {"scale": quantization.scale, "zero_point": quantization.zero_point}

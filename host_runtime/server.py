@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from device_runtime.protocol import (
     error_reply,
 )
 from device_runtime.quantization import dequantize
-from host_runtime.tails import TailRegistry, timed_run
+from host_runtime.tails import TailRegistry, profile_tails, timed_run
 
 log = logging.getLogger("splitedge.host")
 
@@ -115,6 +116,10 @@ class _HostProtocol(FramedProtocol):
             self.send({"id": request_id, "ok": True, "bytes": 0 if payload is None else int(payload.nbytes)})
         elif op == "stats":
             self.send({"id": request_id, "ok": True, "stats": self.server.stats.as_dict()})
+        elif op == "profile":
+            task = asyncio.ensure_future(self.profile(request_id, message))
+            self.server.tasks.add(task)
+            task.add_done_callback(self.server.tasks.discard)
         else:
             self.reply_error(request_id, "bad_request", f"unknown op {op!r}; ops: {', '.join(OPS)}")
 
@@ -140,21 +145,46 @@ class _HostProtocol(FramedProtocol):
         if self.in_flight >= self.server.config.max_in_flight and not self.paused and self.transport:
             self.transport.pause_reading()
             self.paused = True
-        task = asyncio.ensure_future(self.finish_infer(request_id, f"{message['bundle']}/{message['split']}", tail, tensor))
+        received = time.perf_counter()
+        key = f"{message['bundle']}/{message['split']}"
+        task = asyncio.ensure_future(self.finish_infer(request_id, key, tail, tensor, received))
         self.server.tasks.add(task)
         task.add_done_callback(self.server.tasks.discard)
 
-    async def finish_infer(self, request_id: Any, key: str, tail: Any, tensor: np.ndarray) -> None:
+    async def profile(self, request_id: Any, message: dict[str, Any]) -> None:
+        """Time tails here for a board's calibration; bounded by :func:`profile_tails`."""
+        loop = asyncio.get_running_loop()
+        splits, batches = message.get("splits"), message.get("batches")
+        try:
+            if splits is not None and not (isinstance(splits, list) and all(isinstance(s, str) for s in splits)):
+                raise ProtocolError(f"profile splits must be a list of split ids, got {splits!r}", code="bad_request")
+            if not isinstance(batches, list):
+                raise ProtocolError(f"profile batches must be a list of batch sizes, got {batches!r}", code="bad_request")
+            times = await loop.run_in_executor(
+                self.server.executor, profile_tails, self.server.registry, message.get("bundle"), splits, batches,
+                message.get("repeats", 10),
+            )
+        except ProtocolError as exc:
+            self.reply_error(request_id, exc.code, str(exc))
+        except Exception as exc:
+            log.exception("profile failed")
+            self.reply_error(request_id, "internal", f"profile failed: {exc}")
+        else:
+            self.send({"id": request_id, "ok": True, "tail_ms": times})
+
+    async def finish_infer(self, request_id: Any, key: str, tail: Any, tensor: np.ndarray, received: float) -> None:
         loop = asyncio.get_running_loop()
         try:
-            output, compute_ms = await loop.run_in_executor(self.server.executor, timed_run, tail, tensor)
+            output, queue_ms, compute_ms = await loop.run_in_executor(
+                self.server.executor, timed_run, tail, tensor, received
+            )
         except Exception as exc:  # a tail that fails must not take the connection with it
             log.exception("tail %s failed", key)
             self.reply_error(request_id, "internal", f"tail {key} failed: {exc}")
         else:
             self.server.stats.served[key] += 1
             self.server.stats.compute_ms[key] += compute_ms
-            self.send({"id": request_id, "ok": True, "compute_ms": compute_ms}, output)
+            self.send({"id": request_id, "ok": True, "compute_ms": compute_ms, "queue_ms": queue_ms}, output)
         finally:
             self.in_flight -= 1
             self.server.stats.in_flight -= 1

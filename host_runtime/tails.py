@@ -3,19 +3,29 @@
 Loading everything up front makes a broken bundle fail at start, not on the first request
 from a board in the field. Lookups that fail raise :class:`ProtocolError` with the typed
 code the device receives (``unknown_bundle``, ``unknown_split``, ``bad_request``).
+
+A bundle with its full model is also served as the split ``offload`` (DSC Eq. 5: the
+input crosses the link and the whole network runs here), the other corner of the table a
+board calibrates. The host times its own tails for that table (:func:`profile_tails`): a
+board cannot measure the host's compute.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 
+from calibration import OFFLOAD, measure_ms
 from device_runtime.backend import Backend, check_input, load_backend
-from device_runtime.bundle import Bundle
+from device_runtime.bundle import LOCAL_SPLIT, Bundle
 from device_runtime.errors import BackendError, BundleError, ProtocolError
+
+#: Bounds of one ``profile`` request: it blocks a worker, so a board cannot make it run for long.
+MAX_PROFILE_BATCH = 64
+MAX_PROFILE_REPEATS = 50
 
 
 class TailRegistry:
@@ -31,10 +41,12 @@ class TailRegistry:
             for split in bundle.manifest.splits:
                 if bundle.has(split.id, "tail"):
                     self.tails[(bundle.id, split.id)] = load_backend(bundle.artifact(split.id, "tail"), threads=threads)
+            if bundle.has(LOCAL_SPLIT, "full"):
+                self.tails[(bundle.id, OFFLOAD)] = load_backend(bundle.artifact(LOCAL_SPLIT, "full"), threads=threads)
 
     @classmethod
     def from_paths(cls, paths: Iterable[str | Path], threads: int | None = None) -> "TailRegistry":
-        return cls((Bundle.load(p, roles=("tail",)) for p in paths), threads=threads)
+        return cls((Bundle.load(p, roles=("tail", "full")) for p in paths), threads=threads)
 
     def served(self) -> dict[str, list[str]]:
         """bundle id → split ids with a tail here (what ``hello`` and zeroconf announce)."""
@@ -65,8 +77,41 @@ class TailRegistry:
         return tail
 
 
-def timed_run(tail: Backend, tensor: np.ndarray) -> tuple[np.ndarray, float]:
-    """Run a tail in a worker thread; the compute time (ms) goes back to the device in the reply."""
+def timed_run(tail: Backend, tensor: np.ndarray, received: float) -> tuple[np.ndarray, float, float]:
+    """Run a tail in a worker thread: the output, the ms the request waited for a worker since
+    ``received`` (perf_counter), and the ms of compute. Both go back to the device, which
+    subtracts them from its round trip to see the link alone."""
     start = time.perf_counter()
     output = tail.run(tensor)
-    return output, (time.perf_counter() - start) * 1000.0
+    return output, (start - received) * 1000.0, (time.perf_counter() - start) * 1000.0
+
+
+def profile_tails(
+    registry: TailRegistry, bundle_id: object, splits: Sequence[str] | None, batches: Sequence[int], repeats: int
+) -> dict[str, dict[str, float]]:
+    """Median ms of each tail at each batch size, measured here (the ``profile`` request).
+
+    Inputs are seeded noise of the tail's shape: convolution and matmul time do not depend
+    on the values. Requests outside the bounds are ``bad_request``, never a long stall.
+    """
+    served = registry.served()
+    if bundle_id not in served:
+        registry.lookup(bundle_id, None)  # raises unknown_bundle with the list
+    chosen = list(served[bundle_id]) if splits is None else list(splits)
+    bad_batches = [b for b in batches if not isinstance(b, int) or not 1 <= b <= MAX_PROFILE_BATCH]
+    if not batches or bad_batches:
+        raise ProtocolError(f"profile batches must be integers in 1..{MAX_PROFILE_BATCH}, got {list(batches)}", code="bad_request")
+    if not isinstance(repeats, int) or not 1 <= repeats <= MAX_PROFILE_REPEATS:
+        raise ProtocolError(f"profile repeats must be an integer in 1..{MAX_PROFILE_REPEATS}, got {repeats!r}", code="bad_request")
+    rng = np.random.default_rng(0)
+    times: dict[str, dict[str, float]] = {}
+    for split_id in chosen:
+        tail = registry.lookup(bundle_id, split_id)
+        sample = tuple(d for d in tail.input_shape[1:])
+        if not all(isinstance(d, int) for d in sample):
+            raise ProtocolError(f"tail of split {split_id} has a dynamic shape {list(sample)}: cannot profile it", code="internal")
+        times[split_id] = {}
+        for batch in batches:
+            x = rng.standard_normal((batch, *sample)).astype(tail.input_dtype)
+            times[split_id][str(batch)] = measure_ms(lambda: tail.run(x), repeats)
+    return times

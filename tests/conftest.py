@@ -102,3 +102,26 @@ def start_host(bundles: list[Path], **config) -> Iterator[RunningHost]:
 @pytest.fixture
 def host(mobilenet_bundle: Path) -> Iterator[RunningHost]:
     yield from start_host([mobilenet_bundle])
+
+
+def run_stream(runner, source: str, split: str, host: RunningHost | None = None, frames: int | None = None, **config) -> list:
+    """Every result of a pipeline with a fixed split over ``source``, against ``host`` if given."""
+    from device_runtime.camera import open_source
+    from device_runtime.host_link import HostLink
+    from device_runtime.pipeline import Pipeline, PipelineConfig
+    from device_runtime.policy import StaticPolicy
+
+    async def go():
+        hosts = None
+        if host is not None:
+            hosts = HostLink(runner.bundle, f"{host.host}:{host.port}")
+            assert await hosts.connect(), hosts.last_error
+        try:
+            pipeline = Pipeline(runner, StaticPolicy(split, runner.bundle), hosts, PipelineConfig(**config))
+            with open_source(source) as frames_source:
+                return [r async for r in pipeline.run(frames_source, frames=frames)]
+        finally:
+            if hosts is not None:
+                await hosts.close()
+
+    return asyncio.run(go())

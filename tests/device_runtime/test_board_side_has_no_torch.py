@@ -20,11 +20,13 @@ import device_runtime, device_runtime.cli, host_runtime.cli
 from device_runtime.bundle import Bundle
 from device_runtime.camera import open_source
 from device_runtime.runner import DeviceRunner
+from device_runtime.pipeline import Pipeline
+from device_runtime.policy import StaticPolicy
 bundle = Bundle.load(sys.argv[1], roles=("head", "full"))
 runner = DeviceRunner(bundle, threads=1)
 async def go():
     with open_source(sys.argv[2]) as source:
-        return [r async for r in runner.stream(source, "local", None, frames=2)]
+        return [r async for r in Pipeline(runner, StaticPolicy("local", bundle)).run(source, frames=2)]
 results = asyncio.run(go())
 split = bundle.manifest.splits[0].id
 runner.session(split, "head").run(np.zeros((1, *bundle.manifest.model.input_shape), np.float32))

@@ -11,22 +11,11 @@ from device_runtime.bundle import LOCAL_SPLIT, Bundle
 from device_runtime.camera import open_source
 from device_runtime.errors import BundleError, HostUnavailableError
 from device_runtime.runner import DeviceRunner, connect_host, default_split
-from tests.conftest import TEST_SPLITS, RunningHost
+from tests.conftest import TEST_SPLITS, RunningHost, run_stream
 
 
 def classify(bundle: Bundle, photos: Path, split_id: str, host: RunningHost | None) -> list:
-    runner = DeviceRunner(bundle, threads=1)
-
-    async def go():
-        client = await connect_host(bundle, f"{host.host}:{host.port}") if host else None
-        try:
-            with open_source(str(photos)) as source:
-                return [r async for r in runner.stream(source, split_id, client)]
-        finally:
-            if client:
-                await client.close()
-
-    return asyncio.run(go())
+    return run_stream(DeviceRunner(bundle, threads=1), str(photos), split_id, host)
 
 
 def test_every_split_gives_the_full_models_top1(mobilenet_bundle: Path, photos_dir: Path, host: RunningHost) -> None:
@@ -41,7 +30,7 @@ def test_every_split_gives_the_full_models_top1(mobilenet_bundle: Path, photos_d
         for r, l in zip(remote, local):
             assert r.probability == pytest.approx(l.probability, abs=1e-4)
             assert r.split == split_id and r.head_ms > 0 and r.tail_ms > 0 and r.transfer_ms >= 0
-            assert r.total_ms >= r.head_ms + r.tail_ms
+            assert r.total_ms >= r.head_ms + r.tail_ms and r.where == "remote" and r.error is None
 
 
 def test_default_split_is_the_smallest_cut(mobilenet_bundle: Path) -> None:
@@ -52,14 +41,10 @@ def test_default_split_is_the_smallest_cut(mobilenet_bundle: Path) -> None:
 def test_frames_limit_and_unknown_split(mobilenet_bundle: Path) -> None:
     bundle = Bundle.load(mobilenet_bundle, roles=("full",))
     runner = DeviceRunner(bundle, threads=1)
-
-    async def go(split_id: str):
-        with open_source("synthetic") as source:
-            return [r async for r in runner.stream(source, split_id, None, frames=3)]
-
-    assert [r.index for r in asyncio.run(go(LOCAL_SPLIT))] == [0, 1, 2]
+    results = run_stream(runner, "synthetic", LOCAL_SPLIT, frames=3, drop="none")
+    assert [r.index for r in results] == [0, 1, 2]
     with pytest.raises(BundleError, match="unknown split 'features_99'"):
-        asyncio.run(go("features_99"))
+        run_stream(runner, "synthetic", "features_99", frames=3)
 
 
 def test_missing_host_is_a_clear_error(mobilenet_bundle: Path) -> None:
@@ -84,15 +69,16 @@ def test_host_going_away_fails_the_request_at_once(mobilenet_bundle: Path) -> No
     async def go():
         client = await connect_host(bundle, f"{host.host}:{host.port}")
         with open_source("synthetic") as source:
-            frame = next(iter(source))
-        await runner.infer(frame, TEST_SPLITS[1], client)  # works
+            x = runner.preprocess(next(iter(source)).image)
+        cut, _ = runner.run_head(TEST_SPLITS[1], x)
+        await client.infer(bundle.id, TEST_SPLITS[1], cut)  # works
         for connection in list(host.server.connections):
             host.loop.call_soon_threadsafe(connection.transport.abort)
         await asyncio.sleep(0.2)
         loop = asyncio.get_running_loop()
         start = loop.time()
         with pytest.raises(HostUnavailableError, match="connection to host lost"):
-            await runner.infer(frame, TEST_SPLITS[1], client)
+            await client.infer(bundle.id, TEST_SPLITS[1], cut)
         return loop.time() - start
 
     assert asyncio.run(go()) < 1.0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -12,10 +11,9 @@ pytest.importorskip("litert_torch")
 pytest.importorskip("ai_edge_litert")
 
 from device_runtime.bundle import LOCAL_SPLIT, Bundle  # noqa: E402
-from device_runtime.camera import open_source  # noqa: E402
-from device_runtime.runner import DeviceRunner, connect_host  # noqa: E402
+from device_runtime.runner import DeviceRunner  # noqa: E402
 from exporter.build import build_bundle  # noqa: E402
-from tests.conftest import start_host  # noqa: E402
+from tests.conftest import run_stream, start_host  # noqa: E402
 
 SPLIT = "features_14_conv_2"
 
@@ -28,18 +26,8 @@ def tflite_bundle(mobilenet_weights: Path, tmp_path_factory: pytest.TempPathFact
 
 
 def classify(bundle: Bundle, photos: Path, split: str, backend: str, host=None) -> list[tuple[str, float]]:
-    runner = DeviceRunner(bundle, threads=2, backend=backend)
-
-    async def go():
-        client = await connect_host(bundle, f"{host.host}:{host.port}") if host else None
-        try:
-            with open_source(str(photos)) as source:
-                return [(r.label, r.probability) async for r in runner.stream(source, split, client)]
-        finally:
-            if client:
-                await client.close()
-
-    return asyncio.run(go())
+    results = run_stream(DeviceRunner(bundle, threads=2, backend=backend), str(photos), split, host)
+    return [(r.label, r.probability) for r in results]
 
 
 def test_manifest_lists_tflite_heads_and_full_model(tflite_bundle: Path) -> None:

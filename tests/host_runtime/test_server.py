@@ -60,7 +60,7 @@ def test_hello_lists_bundles_and_splits(host: RunningHost, bundle: Bundle) -> No
 
     info = asyncio.run(go())
     assert info["protocol"] == 1 and info["auth"] is False
-    assert sorted(info["bundles"][bundle.id]) == sorted(TEST_SPLITS)
+    assert sorted(info["bundles"][bundle.id]) == sorted([*TEST_SPLITS, "offload"])  # offload: the full model
 
 
 @pytest.mark.parametrize("split_id", TEST_SPLITS)

@@ -1,0 +1,95 @@
+"""The device's running estimate of the link rate r of DSC Eq. 4-6, from its own requests.
+
+The device sees each request's round trip and the host's compute time (reported in the
+reply); what remains, ``transfer_s``, is the payload's time on the wire plus the fixed
+latency of any request. Subtracting that latency (the smallest recent ping) leaves the time
+the payload itself took, and payload bits over it is one sample of r.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+
+from calibration import _fields
+from calibration.errors import CalibrationError
+
+#: Below this a payload crosses in about the time of a ping: its "rate" is mostly jitter.
+MIN_SAMPLE_BYTES = 4096
+#: Pings kept for the base round trip: recent enough to follow a route change, enough to find a quiet one.
+RTT_WINDOW = 32
+
+
+class RateEstimator:
+    """EWMA of the link rate in the log domain.
+
+    Rates span four decades (0.1 Mbit/s to 1 Gbit/s): a linear average of 1 and 100 Mbit/s
+    samples sits at 50, near the high one, while the log average sits at 10, which is what
+    the table lookup (itself log-spaced) needs.
+    """
+
+    def __init__(self, alpha: float = 0.3, initial_bps: float | None = None) -> None:
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < alpha <= 1.0:
+            raise CalibrationError(f"alpha: expected a number in (0, 1], got {alpha!r}")
+        self._alpha = float(alpha)
+        self._log_rate = None
+        if initial_bps is not None:
+            self._log_rate = math.log(_fields.number(initial_bps, "initial_bps", minimum=1.0))
+        self._rtts: deque[float] = deque(maxlen=RTT_WINDOW)
+        self._base_rtt_s = 0.0
+        self._samples = 0
+        self._last_sample_at: float | None = None
+
+    @property
+    def rate_bps(self) -> float | None:
+        """The current estimate in bit/s; None before the first sample (and without ``initial_bps``)."""
+        return None if self._log_rate is None else math.exp(self._log_rate)
+
+    @property
+    def base_rtt_s(self) -> float:
+        """The smallest of the recent pings: the latency every request pays; 0 before any ping."""
+        return self._base_rtt_s
+
+    @property
+    def samples(self) -> int:
+        """Rate samples taken into the estimate (ignored ones not counted)."""
+        return self._samples
+
+    def observe_rtt(self, rtt_s: float) -> None:
+        """Record a ping's round trip (no payload). A non-finite or negative time is a clock
+        glitch, not a measurement, and is dropped rather than allowed to stop the caller's loop."""
+        if not (math.isfinite(rtt_s) and rtt_s >= 0.0):
+            return
+        self._rtts.append(rtt_s)
+        self._base_rtt_s = min(self._rtts)
+
+    def observe_transfer(self, payload_bytes: int, transfer_s: float) -> float | None:
+        """Fold one request into the estimate; return the new estimate, or None if ignored.
+
+        ``transfer_s`` is the round trip minus the host's compute time. The sample is
+        8 * payload_bytes / (transfer_s - base_rtt_s). Ignored: payloads under
+        MIN_SAMPLE_BYTES, and transfers no longer than the base round trip (nothing left to
+        divide by: the payload's own time is lost in the jitter).
+        """
+        wire_s = transfer_s - self._base_rtt_s
+        if payload_bytes < MIN_SAMPLE_BYTES or not wire_s > 0.0:  # `not >` also drops NaN
+            return None
+        log_sample = math.log(8.0 * payload_bytes / wire_s)
+        if self._log_rate is None:
+            self._log_rate = log_sample
+        else:
+            self._log_rate += self._alpha * (log_sample - self._log_rate)
+        self._samples += 1
+        self._last_sample_at = time.monotonic()
+        return math.exp(self._log_rate)
+
+    def age_s(self, now: float | None = None) -> float:
+        """Seconds since the last rate sample (on time.monotonic()); inf if none yet.
+
+        The runtime sends a probe when the estimate is stale: a device running LOCAL sends
+        nothing, so nothing would otherwise tell it the link got faster.
+        """
+        if self._last_sample_at is None:
+            return math.inf
+        return (time.monotonic() if now is None else now) - self._last_sample_at

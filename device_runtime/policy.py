@@ -1,0 +1,80 @@
+"""Which split the next batch takes: fixed, or chosen from the calibration table as the link changes.
+
+``available`` is what can run right now: ``local`` always, the host's splits only while a
+host is connected. A split that is not available falls back to ``local`` at once, so a lost
+host never costs a frame (the pipeline re-runs in-flight batches locally too).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Collection, Protocol
+
+from calibration import LOCAL, OFFLOAD, Calibration, RunningTimes, SplitSelector, SplitTable
+from device_runtime.bundle import Bundle
+
+__all__ = ["AutoPolicy", "SplitPolicy", "StaticPolicy"]
+
+
+class SplitPolicy(Protocol):
+    def choose(self, batch: int, rate_bps: float | None, available: Collection[str]) -> str: ...
+
+    def observe_head(self, split: str, batch: int, head_ms: float) -> None: ...
+
+
+class StaticPolicy:
+    """One split for the whole run (``--split ID``), ``local`` while no host can take it."""
+
+    def __init__(self, split: str, bundle: Bundle) -> None:
+        if split not in (LOCAL, OFFLOAD):
+            bundle.manifest.split(split)  # an unknown split fails before the camera starts
+        self.split = split
+
+    def choose(self, batch: int, rate_bps: float | None, available: Collection[str]) -> str:
+        return self.split if self.split in available else LOCAL
+
+    def observe_head(self, split: str, batch: int, head_ms: float) -> None:
+        """A fixed split learns nothing from its timings."""
+
+
+class AutoPolicy:
+    """DSC's dynamic split computing: the table's best split for (batch, rate), with hysteresis.
+
+    The head times measured at calibration are refined by the ones measured as the stream
+    runs (a board warms up, throttles, shares its CPU): every ``refine_every`` batches the
+    model takes the running medians and the table is rebuilt (a few ms, off the per-frame
+    path's O(1) lookup).
+    """
+
+    def __init__(self, calibration: Calibration, margin: float = 0.1, min_hold: int = 3, refine_every: int = 32) -> None:
+        self.calibration = calibration
+        self.base_model = calibration.model
+        self.running = RunningTimes()
+        self.selector = SplitSelector(calibration.table, calibration.model, margin=margin, min_hold=min_hold)
+        self.refine_every = refine_every
+        self._observed = 0
+
+    @property
+    def switches(self) -> int:
+        return self.selector.switches
+
+    def choose(self, batch: int, rate_bps: float | None, available: Collection[str]) -> str:
+        return self.selector.choose(batch, rate_bps, available)
+
+    def observe_head(self, split: str, batch: int, head_ms: float) -> None:
+        self.running.observe(split, batch, head_ms)
+        self._observed += 1
+        if self._observed % self.refine_every == 0:
+            model = self.running.apply(self.base_model)
+            table = self.calibration.table
+            self.selector.retune(
+                SplitTable.build(model, table.batches, table.rates_bps[0], table.rates_bps[-1], _points_per_decade(table)),
+                model,
+            )
+
+
+def _points_per_decade(table: SplitTable) -> int:
+    rates = table.rates_bps
+    if len(rates) < 2:
+        return 1
+    return round((len(rates) - 1) / math.log10(rates[-1] / rates[0]))
