@@ -82,6 +82,7 @@ class Calibration:
             raise CalibrationError(f"table.splits: {', '.join(unknown)} not in the model's splits ({known})")
 
     def to_dict(self) -> dict[str, Any]:
+        """The file's content, led by the schema it is written in."""
         return {
             "schema": SCHEMA,
             "bundle_id": self.bundle_id,

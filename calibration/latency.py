@@ -59,6 +59,7 @@ class SplitTimings:
         return _at(self.tail_ms, self._tail_batches, batch)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: batch sizes become string keys, as JSON objects require."""
         return {
             "split": self.split,
             "bytes_per_sample": self.bytes_per_sample,
@@ -127,6 +128,7 @@ class LatencyModel:
 
     @property
     def names(self) -> tuple[str, ...]:
+        """Split names in listing order, the order that breaks ties in :meth:`best`."""
         return tuple(self._by_name)
 
     def timings(self, split: str) -> SplitTimings:
@@ -173,6 +175,7 @@ class LatencyModel:
         return best_name
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, for calibration.json's ``model``."""
         return {"rtt_ms": self.rtt_ms, "splits": [t.to_dict() for t in self.splits]}
 
     @classmethod

@@ -38,6 +38,7 @@ class SplitSelector:
 
     @property
     def current(self) -> str | None:
+        """The split the last call chose; None before the first call."""
         return self._current
 
     @property
@@ -77,16 +78,16 @@ class SplitSelector:
         else:
             self._streak_split, self._streak = candidate, 1
         current = self._current
-        if available is not None and (candidate not in available or (current is not None and current not in available)):
+        if available is not None and (candidate not in available or (current and current not in available)):
             return self._force(self._model.best(batch, rate_bps, self._restricted(available)))
         if current is None:
             return self._force(candidate)
         if candidate != current and self._streak >= self._min_hold:
             candidate_ms = self._model.predict_ms(candidate, batch, rate_bps)
             if candidate_ms < (1.0 - self._margin) * self._model.predict_ms(current, batch, rate_bps):
-                self._current = candidate
+                self._current = current = candidate
                 self._switches += 1
-        return self._current
+        return current
 
     def _restricted(self, available: Collection[str]) -> list[str]:
         """The table's splits (it may exclude some, e.g. OFFLOAD under a privacy rule) that can run now."""

@@ -137,6 +137,7 @@ class SplitTable:
         ]
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, for calibration.json's ``table`` (every grid rate stored: JSON floats round-trip exactly)."""
         return {
             "batches": list(self.batches),
             "rates_bps": list(self.rates_bps),

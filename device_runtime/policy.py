@@ -68,7 +68,10 @@ class AutoPolicy:
             model = self.running.apply(self.base_model)
             table = self.calibration.table
             self.selector.retune(
-                SplitTable.build(model, table.batches, table.rates_bps[0], table.rates_bps[-1], _points_per_decade(table)),
+                SplitTable.build(
+                    model, table.batches, table.rates_bps[0], table.rates_bps[-1], _points_per_decade(table),
+                    allowed=table.splits,
+                ),
                 model,
             )
 

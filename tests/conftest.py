@@ -88,7 +88,7 @@ def start_host(bundles: list[Path], **config) -> Iterator[RunningHost]:
     thread = threading.Thread(target=loop.run_forever, name="test-host", daemon=True)
     thread.start()
     registry = TailRegistry.from_paths(bundles, threads=1)
-    server = HostServer(registry, ServerConfig(host="127.0.0.1", port=0, workers=2, **config))
+    server = HostServer(registry, ServerConfig(**{"host": "127.0.0.1", "port": 0, "workers": 2, **config}))
     host, port = asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
     try:
         yield RunningHost(host, port, server, loop)

@@ -1,0 +1,50 @@
+"""DSC Eq. 7, the relative gain of dynamic over static split computing, against a hand computation."""
+
+from __future__ import annotations
+
+import pytest
+
+from calibration import LOCAL, OFFLOAD, CalibrationError, SplitTable, gains_over_static, relative_gain
+from tests.calibration.models import corners
+
+# Two states of the CORNERS model (times from its docstring):
+#   (1, 1e5): LOCAL 50,  mid 1618, OFFLOAD 12049.24    -> dynamic picks LOCAL (50)
+#   (1, 2e7): LOCAL 50,  mid 26,   OFFLOAD 67.2112     -> dynamic picks mid (26)
+SCENARIO = [(1, 1e5), (1, 2e7)]
+
+
+def test_gain_over_static_mid_by_hand() -> None:
+    # (|50 - 1618| / 1618 + |26 - 26| / 26) / 2
+    assert relative_gain(corners(), SCENARIO, "mid") == pytest.approx((1568 / 1618 + 0.0) / 2)
+
+
+def test_gains_over_every_static_split_by_hand() -> None:
+    gains = gains_over_static(corners(), SCENARIO)
+    assert gains == pytest.approx(
+        {
+            LOCAL: (0.0 + 24 / 50) / 2,
+            "mid": (1568 / 1618 + 0.0) / 2,
+            OFFLOAD: ((12049.24 - 50) / 12049.24 + (67.2112 - 26) / 67.2112) / 2,
+        }
+    )
+
+
+def test_a_policy_that_is_the_static_split_gains_nothing() -> None:
+    assert relative_gain(corners(), SCENARIO, "mid", dynamic=lambda batch, rate: "mid") == 0.0
+
+
+def test_table_lookup_as_the_dynamic_policy() -> None:
+    model = corners()
+    table = SplitTable.build(model, [1])
+    assert relative_gain(model, SCENARIO, "mid", dynamic=table.lookup) == pytest.approx(relative_gain(model, SCENARIO, "mid"))
+
+
+def test_a_stateful_policy_sees_each_state_once() -> None:
+    calls = []
+    gains_over_static(corners(), SCENARIO, dynamic=lambda batch, rate: calls.append(rate) or LOCAL)
+    assert calls == [1e5, 2e7]
+
+
+def test_empty_scenario_is_refused() -> None:
+    with pytest.raises(CalibrationError, match="scenario: expected at least one"):
+        relative_gain(corners(), [], "mid")

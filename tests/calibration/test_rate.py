@@ -1,0 +1,89 @@
+"""The device's link-rate estimate: log-domain EWMA with the base round trip subtracted."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import pytest
+
+from calibration import MIN_SAMPLE_BYTES, CalibrationError, RateEstimator
+
+TRUE_BPS = 2e7  # 20 Mbit/s
+BASE_RTT_S = 0.004
+
+
+def test_converges_within_5_percent_with_noise_from_a_far_start() -> None:
+    rng = random.Random(1234)
+    estimator = RateEstimator(initial_bps=1e5)  # 2.3 decades off
+    for _ in range(40):
+        estimator.observe_rtt(BASE_RTT_S + rng.uniform(0.0, 0.001))
+    for _ in range(40):
+        payload = rng.randint(50_000, 200_000)
+        wire_s = 8 * payload / TRUE_BPS * rng.uniform(0.95, 1.05)  # ±5 % noise on the wire time
+        estimator.observe_transfer(payload, BASE_RTT_S + wire_s)
+    # The start's error decays as 0.7 ** 40 ≈ 6e-7 of its log: only the noise is left.
+    assert estimator.rate_bps == pytest.approx(TRUE_BPS, rel=0.05)
+    assert estimator.samples == 40
+
+
+def test_first_sample_subtracts_the_smallest_ping() -> None:
+    estimator = RateEstimator()
+    for rtt in (0.010, 0.005, 0.020):
+        estimator.observe_rtt(rtt)
+    assert estimator.base_rtt_s == 0.005
+    # 1 MB in 0.8 s once the 5 ms base is taken off: 8e6 bit / 0.8 s = 1e7 bit/s
+    assert estimator.observe_transfer(1_000_000, 0.005 + 0.8) == pytest.approx(1e7)
+
+
+def test_base_rtt_follows_the_last_32_pings() -> None:
+    estimator = RateEstimator()
+    estimator.observe_rtt(0.001)
+    for _ in range(31):
+        estimator.observe_rtt(0.004)
+    assert estimator.base_rtt_s == 0.001
+    estimator.observe_rtt(0.004)  # the 0.001 ping leaves the window
+    assert estimator.base_rtt_s == 0.004
+
+
+@pytest.mark.parametrize(("payload", "transfer_s"), [(MIN_SAMPLE_BYTES - 1, 0.5), (100_000, 0.004), (100_000, 0.003)])
+def test_uninformative_samples_are_ignored(payload: int, transfer_s: float) -> None:
+    estimator = RateEstimator()
+    estimator.observe_rtt(0.004)
+    assert estimator.observe_transfer(payload, transfer_s) is None
+    assert (estimator.rate_bps, estimator.samples, estimator.age_s()) == (None, 0, math.inf)
+
+
+def test_averages_in_the_log_domain() -> None:
+    # Alternating 1 and 100 Mbit/s: the log average is 10 Mbit/s; a linear one would sit near 50.
+    # With alpha 0.3 the estimate swings by a factor 10 ** (0.3 / 1.7) ≈ 1.5 around 10 Mbit/s.
+    estimator = RateEstimator()
+    for i in range(40):
+        estimator.observe_transfer(1_000_000, 8.0 if i % 2 else 0.08)
+    assert 1e7 / 1.6 < estimator.rate_bps < 1e7 * 1.6
+
+
+def test_alpha_weighs_the_new_sample() -> None:
+    estimator = RateEstimator(alpha=0.5, initial_bps=1e6)
+    # log average of 1e6 and 1e8 with weight 0.5: 1e7
+    assert estimator.observe_transfer(1_000_000, 0.08) == pytest.approx(1e7)
+
+
+def test_age_counts_from_the_last_sample() -> None:
+    estimator = RateEstimator()
+    estimator.observe_transfer(100_000, 0.1)
+    assert 5.0 <= estimator.age_s(now=time.monotonic() + 5.0) < 6.0
+
+
+def test_glitched_pings_are_dropped() -> None:
+    estimator = RateEstimator()
+    estimator.observe_rtt(-1.0)
+    estimator.observe_rtt(math.nan)
+    assert estimator.base_rtt_s == 0.0
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.5, math.nan])
+def test_alpha_must_be_a_fraction(alpha: float) -> None:
+    with pytest.raises(CalibrationError, match=r"alpha: expected a number in \(0, 1\]"):
+        RateEstimator(alpha=alpha)
