@@ -93,6 +93,14 @@ async def measure_link(client: HostClient, progress: Progress) -> dict[str, floa
     return {"rtt_ms": rtt_ms, "probe_bytes": float(PROBE_BYTES[1]), "probe_ms": medians[1], "rate_bps": rate_bps}
 
 
+def _precision(runner: DeviceRunner) -> str:
+    """The precision the heads were timed at (``auto`` resolves per artifact; heads decide the table)."""
+    splits = runner.bundle.manifest.splits
+    if not splits:
+        return runner.artifact_precision(LOCAL_SPLIT, "full")
+    return runner.artifact_precision(splits[0].id, "head")
+
+
 def latency_model(
     runner: DeviceRunner, heads: dict[str, dict[int, float]], tails: dict[str, dict[int, float]], rtt_ms: float
 ) -> LatencyModel:
@@ -137,7 +145,7 @@ async def calibrate(
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         board=board or {},
         backend=runner.backend,
-        precision=runner.precision,
+        precision=_precision(runner),
         threads=runner.threads,
         repeats=repeats,
         batches=tuple(batches),
