@@ -164,9 +164,18 @@ class Synthetic(FrameSource):
 
 
 def open_source(spec: str, loop: bool = False) -> FrameSource:
-    """``synthetic``, a camera index (``0``), a video file, or a folder of images."""
+    """``synthetic[:FPS]`` (FPS 0: as fast as it can), a camera index (``0``), a video file, or a folder of images."""
     if spec == "synthetic":
         return Synthetic()
+    if spec.startswith("synthetic:"):
+        rate = spec.partition(":")[2]
+        try:
+            fps = float(rate)
+        except ValueError:
+            raise CameraError(f"camera source {spec!r}: expected synthetic:FPS, e.g. synthetic:15") from None
+        if fps < 0:
+            raise CameraError(f"camera source {spec!r}: the frame rate cannot be negative")
+        return Synthetic(fps=fps)
     if spec.isdigit():
         return VideoCapture(int(spec))
     path = Path(spec)

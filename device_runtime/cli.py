@@ -18,8 +18,10 @@ from typing import Sequence
 from calibration import FILENAME, LOCAL, OFFLOAD, Calibration, CalibrationError, save
 from device_runtime.board import DetectedBoard, InstalledBackend, detect_board, installed_backends, resolve_backend
 from device_runtime.bundle import Bundle
+from device_runtime.auth import load_key
 from device_runtime.calibrate import DEFAULT_BATCHES, calibrate, calibration_for
 from device_runtime.camera import open_source
+from device_runtime.client import Credentials
 from device_runtime.errors import BundleError, SplitEdgeError
 from device_runtime.host_link import HostLink
 from device_runtime.lifecycle import run_command, stop_on_signals
@@ -27,6 +29,7 @@ from device_runtime.link_meter import LinkMeter
 from device_runtime.pipeline import Pipeline, PipelineConfig
 from device_runtime.policy import AutoPolicy, SplitPolicy, StaticPolicy
 from device_runtime.runner import PRECISIONS, DeviceRunner, connect_host, default_split
+from device_runtime.tls import client_context
 from device_runtime.trace import TraceWriter
 
 EXAMPLES = """\
@@ -37,12 +40,15 @@ examples:
   split-device run bundle/ --camera photos/ --host 192.168.1.20:7767 --split features_14_conv_2
   split-device run bundle/ --camera clip.mp4 --split local  # full model on the board, no host
   split-device report run.jsonl --out report/               # latency over time, CDFs, drops, gain over static splits
+  split-device run bundle/ --camera 0 --key-file host.key   # the host's key: every frame authenticated
+  split-device run bundle/ --camera 0 --host 192.168.1.20:7767 --key-file host.key --tls-ca host.pem  # and TLS
 """
 
 CALIBRATE_EXAMPLES = """\
 examples:
   split-device calibrate bundle/                            # host by zeroconf, batches 1,2,4,8,16
   split-device calibrate bundle/ --host 192.168.1.20:7767 --batch 1,4 --repeats 50
+  split-device calibrate bundle/ --key-file host.key        # a host started with --key-file
   split-device plan bundle/ --out plan/                     # the table it wrote, as text and a plot
 """
 
@@ -65,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("bundle", help="bundle directory written by split-export build")
     run.add_argument(
-        "--camera", default="0", help="OpenCV camera index, video file, folder of images, or 'synthetic' (default 0)"
+        "--camera", default="0", help="OpenCV camera index, video file, folder of images, or 'synthetic[:FPS]' (default 0)"
     )
     _host_arguments(run)
     run.add_argument(
@@ -125,6 +131,20 @@ def _host_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="auto", help="IP:PORT of the host, or 'auto' for zeroconf (default)")
     parser.add_argument("--interface", action="append", help="interface address for zeroconf (repeatable)")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to find a host and for each reply")
+    parser.add_argument("--key-file", metavar="FILE",
+                        help="the host's pre-shared key (split-host serve --key-file): every frame authenticated; "
+                        "with a key, only hosts that authenticate frames are used")
+    parser.add_argument("--tls-ca", metavar="FILE",
+                        help="connect with TLS, trusting this CA or the host's self-signed certificate (PEM); the "
+                        "certificate must name the host's address")
+
+
+def _credentials(args: argparse.Namespace) -> Credentials:
+    """The key and TLS context of --key-file and --tls-ca, checked before anything starts."""
+    return Credentials(
+        key=load_key(args.key_file) if args.key_file else None,
+        tls=client_context(args.tls_ca) if args.tls_ca else None,
+    )
 
 
 def _runtime_arguments(parser: argparse.ArgumentParser) -> None:
@@ -155,6 +175,7 @@ def _runner(args: argparse.Namespace, bundle: Bundle, split_id: str, board: Dete
 
 
 async def run(args: argparse.Namespace) -> None:
+    credentials = _credentials(args)
     bundle = Bundle.load(args.bundle, roles=("head", "full"))
     board = detect_board()
     policy, calibration = _policy(args.split, bundle)
@@ -171,7 +192,7 @@ async def run(args: argparse.Namespace) -> None:
     stop_on_signals(stop)
     hosts = None
     if args.split != LOCAL:
-        hosts = HostLink(bundle, args.host, args.interface, timeout=args.timeout)
+        hosts = HostLink(bundle, args.host, args.interface, timeout=args.timeout, credentials=credentials)
         if await hosts.connect():
             print(f"host {hosts.address}: bundle {bundle.id}", flush=True)
         elif args.split != "auto":
@@ -231,7 +252,9 @@ async def calibrate_command(args: argparse.Namespace) -> None:
     runner = _runner(args, bundle, bundle.manifest.splits[0].id if bundle.manifest.splits else LOCAL, board)
     print(f"{board.describe()}: {runner.backend} backend, {runner.threads or 'default'} threads; "
           f"batches {', '.join(map(str, args.batch))}, {args.repeats} repeats", flush=True)
-    client = None if args.no_host else await connect_host(bundle, args.host, args.interface, timeout=args.timeout)
+    client = None if args.no_host else await connect_host(
+        bundle, args.host, args.interface, timeout=args.timeout, credentials=_credentials(args)
+    )
     try:
         result = await calibrate(runner, client, args.batch, args.repeats, board.to_dict(), lambda line: print(line, flush=True))
     finally:

@@ -104,7 +104,9 @@ def host(mobilenet_bundle: Path) -> Iterator[RunningHost]:
     yield from start_host([mobilenet_bundle])
 
 
-def run_stream(runner, source: str, split: str, host: RunningHost | None = None, frames: int | None = None, **config) -> list:
+def run_stream(
+    runner, source: str, split: str, host: RunningHost | None = None, frames: int | None = None, meter=None, **config
+) -> list:
     """Every result of a pipeline with a fixed split over ``source``, against ``host`` if given."""
     from device_runtime.camera import open_source
     from device_runtime.host_link import HostLink
@@ -117,7 +119,7 @@ def run_stream(runner, source: str, split: str, host: RunningHost | None = None,
             hosts = HostLink(runner.bundle, f"{host.host}:{host.port}")
             assert await hosts.connect(), hosts.last_error
         try:
-            pipeline = Pipeline(runner, StaticPolicy(split, runner.bundle), hosts, PipelineConfig(**config))
+            pipeline = Pipeline(runner, StaticPolicy(split, runner.bundle), hosts, PipelineConfig(**config), meter)
             with open_source(source) as frames_source:
                 return [r async for r in pipeline.run(frames_source, frames=frames)]
         finally:

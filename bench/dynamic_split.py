@@ -1,0 +1,312 @@
+"""Dynamic split computing on an emulated link: ``--split auto`` against every static split and the oracle.
+
+For each model (MobileNetV2 with its ImageNet weights, and ResNet-18), on one machine:
+
+* the **host** (``split-host serve``) runs in a network namespace behind a veth pair shaped
+  by the kernel's ``tbf`` (:class:`device_runtime.link_emulator.EmulatedLink`);
+* the **board** is ``split-device`` in the root namespace, in a CPU cgroup capped at
+  ``--board-cpu`` of one core (default 0.25: a Raspberry-Pi-class board is several times
+  slower than this machine's cores; without the cap board and host would be equally fast
+  and nothing would ever be worth offloading);
+* ``split-device calibrate`` measures the board, the host (``profile``) and the link, and
+  writes the table (DSC Eq. 4-6);
+* **prediction**: every option (local, offload, each split) runs 12 frames at 2 frames/s
+  (no queueing) at two fixed rates; the measured median of head + transfer + tail is
+  compared with the model's prediction for that rate;
+* **schedule**: a live 30 fps synthetic camera (newest frames win) runs ``--split auto`` and
+  every static option while ``--schedule`` drives the link's rate; each run's trace gives
+  median and p95 latency, frames per second and the drop rate. The **oracle** is the best
+  option in hindsight for each 0.5 s of the schedule: per bin, the static run with the
+  lowest median latency there;
+* **decision cost**: the selector's mean time per choice on the calibrated table;
+* **throughput**: the best split at the schedule's highest rate, fed as fast as the camera
+  can go with no drops, against 1 / (slowest stage) measured in the same run.
+
+Needs root (network namespaces, tbf, cgroups). Results: JSON (``--out``) and a table.
+
+    python bench/dynamic_split.py --weights mobilenet_v2-b0353104.pth --out build/bench/dynamic_split.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from calibration import LOCAL, OFFLOAD, SplitSelector, decision_cost_us, load
+from device_runtime.link_emulator import EmulatedLink, RateSchedule, unavailable_reason
+from device_runtime.namespace_host import serve_in
+from device_runtime.trace import read_trace
+
+PORT = 7767
+CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")
+BIN_S = 0.5
+PREDICTION_FRAMES = 12
+PREDICTION_RATES_MBIT = (5.0, 40.0)
+
+
+@contextmanager
+def board_cgroup(cpu: float) -> Iterator[Path | None]:
+    """A cgroup-v1 CPU cap standing in for a slower board (None where cgroups cannot be made)."""
+    path = CGROUP_ROOT / f"splitedge-board-{os.getpid()}"
+    try:
+        path.mkdir()
+        (path / "cpu.cfs_period_us").write_text("100000")
+        (path / "cpu.cfs_quota_us").write_text(str(int(cpu * 100000)))
+    except OSError as exc:
+        print(f"no CPU cgroup ({exc}): the board runs at this machine's full speed", file=sys.stderr)
+        yield None
+        return
+    try:
+        yield path
+    finally:
+        for _ in range(50):  # the tasks must have exited before the group can go
+            try:
+                path.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def device(args: Sequence[str], cgroup: Path | None, **kwargs) -> subprocess.Popen:
+    """``split-device ARGS`` as the board: in the cgroup, one inference thread."""
+    tasks = None if cgroup is None else str(cgroup / "tasks")
+
+    def enter() -> None:
+        if tasks is not None:
+            Path(tasks).write_text(str(os.getpid()))
+
+    return subprocess.Popen([sys.executable, "-m", "device_runtime.cli", *args], preexec_fn=enter, **kwargs)
+
+
+def build_bundles(weights: str, root: Path) -> dict[str, Path]:
+    """MobileNetV2 (real weights) and ResNet-18, each cut at its compressive bottlenecks; cached."""
+    from exporter.build import build_bundle
+
+    bundles = {"mobilenet_v2": ("torchvision:mobilenet_v2", weights), "resnet18": ("torchvision:resnet18", None)}
+    out = {}
+    for name, (spec, w) in bundles.items():
+        path = root / name
+        if not (path / "manifest.json").is_file():
+            build_bundle(spec, w, "auto", path, progress=True)
+        out[name] = path
+    return out
+
+
+def run_device(bundle: Path, host: str, split: str, camera: str, trace: Path, cgroup: Path | None,
+               frames: int | None = None, seconds: float | None = None, extra: Sequence[str] = (),
+               link: EmulatedLink | None = None, schedule: RateSchedule | None = None) -> float | None:
+    """One ``split-device run``; with ``schedule``, the link follows it from the first traced frame.
+    Returns the wall-clock start of the schedule (for aligning the trace with it)."""
+    argv = ["run", str(bundle), "--host", host, "--split", split, "--camera", camera, "--trace", str(trace),
+            "--threads", "1", *extra]
+    if frames is not None:
+        argv += ["--frames", str(frames)]
+    proc = device(argv, cgroup, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    started = None
+    try:
+        if seconds is not None:
+            deadline = time.monotonic() + 120  # import, warm-up, connect: then the first frame
+            while proc.poll() is None and time.monotonic() < deadline and _lines(trace) < 2:
+                time.sleep(0.05)
+            started = time.time()
+            if schedule is not None:
+                asyncio.run(asyncio.wait_for(schedule.drive(link), seconds + 10))
+            else:
+                time.sleep(seconds)
+            proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if proc.returncode != 0:
+        raise RuntimeError(f"split-device run --split {split} failed ({proc.returncode}): {err[-2000:]}")
+    return started
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def frames_in_window(trace: Path, start_unix: float, duration: float) -> tuple[list[dict], float]:
+    """The trace's frames captured during the schedule, each with ``s`` = seconds into it."""
+    run, frames = read_trace(trace)
+    offset = run["started_unix"] - start_unix
+    kept = []
+    for f in frames:
+        s = f["t"] + offset
+        if 0 <= s < duration:
+            kept.append({**f, "s": s})
+    return kept, duration
+
+
+def metrics(frames: list[dict], duration: float) -> dict[str, float]:
+    answered = [f["total_ms"] for f in frames if not f["dropped"]]
+    dropped = sum(1 for f in frames if f["dropped"])
+    return {
+        "frames": len(frames),
+        "p50_ms": float(np.percentile(answered, 50)) if answered else float("nan"),
+        "p95_ms": float(np.percentile(answered, 95)) if answered else float("nan"),
+        "fps": len(answered) / duration,
+        "drop_rate": dropped / len(frames) if frames else float("nan"),
+    }
+
+
+def oracle(static: dict[str, list[dict]], duration: float) -> tuple[dict[str, float], list[str]]:
+    """Best static option per bin in hindsight (lowest median answered latency there)."""
+    bins = int(np.ceil(duration / BIN_S))
+    chosen, frames = [], []
+    for b in range(bins):
+        lo, hi = b * BIN_S, (b + 1) * BIN_S
+        best, best_ms = None, float("inf")
+        for name, fs in static.items():
+            lat = [f["total_ms"] for f in fs if lo <= f["s"] < hi and not f["dropped"]]
+            if lat and statistics.median(lat) < best_ms:
+                best, best_ms = name, statistics.median(lat)
+        if best is not None:
+            chosen.append(best)
+            frames += [f for f in static[best] if lo <= f["s"] < hi]
+    return metrics(frames, duration), chosen
+
+
+def predicted_vs_measured(bundle: Path, host: str, calibration, link: EmulatedLink, cgroup: Path | None,
+                          tmp: Path) -> list[dict]:
+    rows = []
+    for rate in PREDICTION_RATES_MBIT:
+        link.set_rate(rate)
+        for option in calibration.table.splits:
+            trace = tmp / f"predict-{option}-{rate}.jsonl"
+            run_device(bundle, host, option, "synthetic:2", trace, cgroup, frames=PREDICTION_FRAMES,
+                       extra=["--drop", "none"])
+            _, frames = read_trace(trace)
+            measured = [f["head_ms"] + f["transfer_ms"] + f["tail_ms"] for f in frames[2:] if not f["error"]]
+            predicted = calibration.model.predict_ms(option, 1, rate * 1e6)
+            m = statistics.median(measured)
+            rows.append({"option": option, "rate_mbit": rate, "measured_ms": m, "predicted_ms": predicted,
+                         "ratio": m / predicted})
+    link.set_rate(None)
+    return rows
+
+
+def throughput(bundle: Path, host: str, split: str, link: EmulatedLink, rate: float, cgroup: Path | None,
+               tmp: Path) -> dict[str, float]:
+    """Frames per second of a saturated pipeline against 1 / its slowest stage, same run."""
+    link.set_rate(rate)
+    trace = tmp / "throughput.jsonl"
+    run_device(bundle, host, split, "synthetic:0", trace, cgroup, frames=120, extra=["--drop", "none"])
+    link.set_rate(None)
+    _, frames = read_trace(trace)
+    frames = frames[20:]  # past warm-up
+    span = frames[-1]["t"] - frames[0]["t"]
+    fps = (len(frames) - 1) / span
+    stages = {k: statistics.median(f[k] for f in frames) for k in ("preprocess_ms", "head_ms", "transfer_ms", "tail_ms")}
+    slowest = max(stages.values())
+    return {"split": split, "rate_mbit": rate, "fps": fps, "stage_ms": stages, "bound_fps": 1000.0 / slowest,
+            "ratio": fps / (1000.0 / slowest)}
+
+
+def bench_model(name: str, bundle: Path, link: EmulatedLink, schedule: RateSchedule, cgroup: Path | None,
+                tmp: Path) -> dict:
+    host = f"{link.namespace_address}:{PORT}"
+    link.set_rate(None)
+    cal = device(["calibrate", str(bundle), "--host", host, "--batch", "1,2,4", "--repeats", "20", "--threads", "1"],
+                 cgroup, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = cal.communicate(timeout=900)
+    if cal.returncode != 0:
+        raise RuntimeError(f"calibrate failed: {out[-2000:]}")
+    calibration = load(bundle / "calibration.json")
+    print(f"\n== {name}: calibrated ({len(calibration.table.splits)} options)")
+    predictions = predicted_vs_measured(bundle, host, calibration, link, cgroup, tmp)
+    runs: dict[str, list[dict]] = {}
+    results: dict[str, dict] = {}
+    for option in ("auto", *calibration.table.splits):
+        trace = tmp / f"{name}-{option}.jsonl"
+        link.set_rate(schedule.rate_at(0))
+        start = run_device(bundle, host, option, "synthetic:30", trace, cgroup, seconds=schedule.duration_s,
+                           link=link, schedule=schedule)
+        runs[option], _ = frames_in_window(trace, start, schedule.duration_s)
+        results[option] = metrics(runs[option], schedule.duration_s)
+        if option == "auto":
+            results[option]["splits"] = sorted({f["split"] for f in runs[option] if not f["dropped"]})
+        print(f"  {option:24s} p50 {results[option]['p50_ms']:8.1f} ms  p95 {results[option]['p95_ms']:8.1f} ms  "
+              f"{results[option]['fps']:5.1f} fps  drops {results[option]['drop_rate']:6.1%}")
+    static = {k: v for k, v in runs.items() if k != "auto"}
+    results["oracle"], oracle_choice = oracle(static, schedule.duration_s)
+    best_static = min(static, key=lambda k: results[k]["p50_ms"])
+    selector = SplitSelector(calibration.table, calibration.model)
+    high = max(step.rate_mbit for step in schedule.steps)
+    best_at_high = calibration.table.lookup(1, high * 1e6)
+    split_for_throughput = best_at_high if best_at_high not in (LOCAL, OFFLOAD) else next(
+        s for s in calibration.table.splits if s not in (LOCAL, OFFLOAD))
+    return {
+        "calibration": {"link": calibration.link, "options": list(calibration.table.splits)},
+        "prediction": predictions,
+        "schedule": results,
+        "oracle_bins": oracle_choice,
+        "best_static": best_static,
+        "auto_vs_best_static_p50": results["auto"]["p50_ms"] / results[best_static]["p50_ms"],
+        "auto_vs_oracle_p50": results["auto"]["p50_ms"] / results["oracle"]["p50_ms"],
+        "decision_us": decision_cost_us(selector),
+        "throughput": throughput(bundle, host, split_for_throughput, link, high, cgroup, tmp),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--weights", required=True, help="MobileNetV2 ImageNet state dict")
+    parser.add_argument("--schedule", default="40:8,2:8,40:8", help="RATE_MBIT:SECONDS,... (default 40:8,2:8,40:8)")
+    parser.add_argument("--board-cpu", type=float, default=0.25, help="the board's CPU, in cores (default 0.25)")
+    parser.add_argument("--bundles", type=Path, default=Path("build/bench/dynamic-bundles"))
+    parser.add_argument("--models", default="mobilenet_v2,resnet18")
+    parser.add_argument("--out", type=Path, default=Path("build/bench/dynamic_split.json"))
+    args = parser.parse_args()
+    reason = unavailable_reason()
+    if reason is not None:
+        raise SystemExit(f"cannot emulate a link here: {reason}")
+    schedule = RateSchedule.parse(args.schedule)
+    bundles = build_bundles(args.weights, args.bundles)
+    chosen = [m for m in args.models.split(",") if m]
+    report = {"benchmark": "dynamic_split", "machine": platform.machine(), "python": platform.python_version(),
+              "schedule": args.schedule, "board_cpu": args.board_cpu, "models": {}}
+    with tempfile.TemporaryDirectory() as tmp, EmulatedLink() as link, board_cgroup(args.board_cpu) as cgroup:
+        with serve_in(link, [bundles[m] for m in chosen], PORT):
+            for name in chosen:
+                report["models"][name] = bench_model(name, bundles[name], link, schedule, cgroup, Path(tmp))
+    print_tables(report)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+
+
+def print_tables(report: dict) -> None:
+    for name, r in report["models"].items():
+        print(f"\n{name}: schedule {report['schedule']} Mbit/s:s, board = {report['board_cpu']} core")
+        print(f"{'policy':24s} {'p50 ms':>8s} {'p95 ms':>8s} {'fps':>6s} {'drops':>7s}")
+        for policy, m in r["schedule"].items():
+            print(f"{policy:24s} {m['p50_ms']:8.1f} {m['p95_ms']:8.1f} {m['fps']:6.1f} {m['drop_rate']:7.1%}")
+        print(f"auto / best static ({r['best_static']}) p50: {r['auto_vs_best_static_p50']:.2f}; "
+              f"auto / oracle p50: {r['auto_vs_oracle_p50']:.2f}; decision {r['decision_us']:.1f} µs")
+        print(f"{'option':24s} {'Mbit/s':>7s} {'measured':>9s} {'predicted':>9s} {'ratio':>6s}")
+        for p in r["prediction"]:
+            print(f"{p['option']:24s} {p['rate_mbit']:7.0f} {p['measured_ms']:9.1f} {p['predicted_ms']:9.1f} {p['ratio']:6.2f}")
+        t = r["throughput"]
+        print(f"throughput {t['split']} at {t['rate_mbit']:g} Mbit/s: {t['fps']:.1f} fps, "
+              f"bound 1/slowest stage {t['bound_fps']:.1f} fps, ratio {t['ratio']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
