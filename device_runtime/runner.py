@@ -16,7 +16,7 @@ import numpy as np
 from device_runtime.backend import Backend, load_backend
 from calibration import OFFLOAD
 from device_runtime.bundle import LOCAL_SPLIT, Bundle
-from device_runtime.client import HostClient
+from device_runtime.client import Credentials, HostClient
 from device_runtime.discovery import discover
 from device_runtime.errors import BundleError, HostUnavailableError
 from device_runtime.preprocess import preprocess
@@ -77,9 +77,16 @@ def default_split(bundle: Bundle) -> str:
 
 
 async def connect_host(
-    bundle: Bundle, host: str, interfaces: Sequence[str] | None = None, timeout: float = 5.0
+    bundle: Bundle, host: str, interfaces: Sequence[str] | None = None, timeout: float = 5.0,
+    credentials: Credentials = Credentials(),
 ) -> HostClient:
-    """``host`` is ``IP:PORT`` or ``auto`` (zeroconf: the least loaded host serving the bundle)."""
+    """``host`` is ``IP:PORT`` or ``auto`` (zeroconf: the least loaded host serving the bundle).
+
+    By zeroconf, only hosts whose record matches the device's key are tried: a device with a key
+    talks only to hosts that authenticate frames (``auth`` in the TXT record), one without a key
+    only to hosts that do not require one.
+    """
+    failures = []
     if host == "auto":
         adverts = await discover(bundle.id, interfaces, timeout=timeout)
         if not adverts:
@@ -87,16 +94,22 @@ async def connect_host(
                 f"no splitedge host serving bundle {bundle.id} found by zeroconf within {timeout:g} s; "
                 "start one with 'split-host serve', pass --host IP:PORT, or run with --split local"
             )
-        candidates = [(a.address, a.port) for a in adverts]
+        keyed = credentials.key is not None
+        for advert in adverts:
+            if advert.auth != keyed:
+                failures.append(
+                    f"host {advert.address}:{advert.port} does not authenticate frames and this device has a key"
+                    if keyed else f"host {advert.address}:{advert.port} requires a key (split-device --key-file)"
+                )
+        candidates = [(a.address, a.port) for a in adverts if a.auth == keyed]
     else:
         address, sep, port_text = host.rpartition(":")
         if not sep or not port_text.isdigit():
             raise HostUnavailableError(f"--host {host!r}: expected IP:PORT or auto")
         candidates = [(address, int(port_text))]
-    failures = []
     for address, port in candidates:  # least loaded first; a stale record must not stop us
         try:
-            client = await HostClient.connect(address, port, timeout=timeout)
+            client = await HostClient.connect(address, port, timeout=timeout, credentials=credentials)
         except HostUnavailableError as exc:
             failures.append(str(exc))
             continue

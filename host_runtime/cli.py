@@ -6,21 +6,48 @@ import argparse
 import asyncio
 import logging
 import sys
-from typing import Sequence
+from typing import Callable, Sequence
 
+from device_runtime.auth import load_key
 from device_runtime.discovery import local_address_for
 from device_runtime.lifecycle import run_command, stop_on_signals
 from device_runtime.protocol import DEFAULT_MAX_FRAME_BYTES
+from device_runtime.tls import server_context
 from host_runtime.advertise import Advertiser
+from host_runtime.batcher import BatchConfig
 from host_runtime.server import HostServer, ServerConfig
-from host_runtime.tails import TailRegistry
+from host_runtime.tails import DEVICES, TailRegistry
 
 EXAMPLES = """\
 examples:
   split-host serve bundle/                         # all interfaces, port 7767, advertised by zeroconf
   split-host serve bundle/ --interface 127.0.0.1   # this machine only
   split-host serve a/ b/ --port 9000 --no-zeroconf # two bundles, no discovery
+  split-host serve bundle/ --metrics-port 9100     # Prometheus text at http://HOST:9100/metrics
+  split-host serve bundle/ --max-batch 32 --max-wait-ms 5   # bigger batches for a busy fleet
+  split-host serve bundle/ --max-batch 1 --max-queue 64     # no batching, refuse sooner
+  split-host serve bundle/ --device cpu            # keep the tails off the GPU
+  openssl rand -hex 32 > host.key && chmod 600 host.key   # a pre-shared key; copy it to the boards
+  split-host serve bundle/ --key-file host.key     # every frame authenticated (HMAC-SHA256), replays refused
+  split-host serve bundle/ --key-file host.key --tls-cert host.pem --tls-key host-key.pem   # and encrypted (TLS)
 """
+
+NO_KEY_WARNING = "warning: no --key-file: frames are not authenticated; anyone on this network can use this host"
+
+
+def _at_least(minimum: float, kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    """An argparse type: a number of ``kind`` no smaller than ``minimum`` (a usage error otherwise)."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from exc
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, got {text}")
+        return value
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,14 +70,46 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-frame-mb", type=float, default=DEFAULT_MAX_FRAME_BYTES / 2**20,
         help="refuse frames larger than this (MiB)",
     )
+    serve.add_argument(
+        "--device", choices=DEVICES, default="auto",
+        help="where tails run: auto takes onnxruntime's CUDA provider when available (default: auto)",
+    )
+    defaults = BatchConfig()
+    serve.add_argument(
+        "--max-batch", type=_at_least(1, int), default=defaults.max_batch,
+        help=f"samples per tail run; requests for the same split are batched up to this (1: off; default {defaults.max_batch})",
+    )
+    serve.add_argument(
+        "--max-wait-ms", type=_at_least(0, float), default=defaults.max_wait_ms,
+        help=f"how long a request waits for others to batch with (default {defaults.max_wait_ms:g})",
+    )
+    serve.add_argument(
+        "--max-queue", type=_at_least(1, int), default=defaults.max_queue,
+        help=f"samples waiting across the host before requests are answered 'overloaded' (default {defaults.max_queue})",
+    )
+    serve.add_argument(
+        "--metrics-port", type=int, default=None,
+        help="serve Prometheus text metrics on this port, on the --interface address (default: off)",
+    )
+    serve.add_argument(
+        "--key-file", metavar="FILE",
+        help="pre-shared key (at least 16 bytes, not readable by other users): every frame must carry its "
+        "HMAC; boards use the same file with split-device --key-file (default: no authentication)",
+    )
+    serve.add_argument("--tls-cert", metavar="FILE", help="serve TLS (1.2+) with this certificate chain (PEM)")
+    serve.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
     serve.add_argument("-v", "--verbose", action="store_true", help="log every error reply")
     return parser
 
 
 async def serve(args: argparse.Namespace) -> None:
-    registry = TailRegistry.from_paths(args.bundles, threads=args.threads)
+    key = load_key(args.key_file) if args.key_file else None  # checked before the bundles load
+    tls = server_context(args.tls_cert, args.tls_key) if args.tls_cert or args.tls_key else None
+    registry = TailRegistry.from_paths(args.bundles, threads=args.threads, device=args.device)
     config = ServerConfig(
-        host=args.interface, port=args.port, workers=args.workers, max_frame_bytes=int(args.max_frame_mb * 2**20)
+        host=args.interface, port=args.port, workers=args.workers, max_frame_bytes=int(args.max_frame_mb * 2**20),
+        batching=BatchConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue),
+        metrics_port=args.metrics_port, key=key, tls=tls,
     )
     server = HostServer(registry, config)
     stop = asyncio.Event()
@@ -58,13 +117,23 @@ async def serve(args: argparse.Namespace) -> None:
     host, port = await server.start()
     for bundle_id, splits in registry.served().items():
         print(f"bundle {bundle_id}: {len(splits)} tails ({', '.join(splits)})", flush=True)
-    print(f"listening on {host}:{port}; authentication off (frames are not authenticated)", flush=True)
+    if key is None:
+        print(NO_KEY_WARNING, file=sys.stderr, flush=True)
+    frames = "frames authenticated (HMAC-SHA256)" if key is not None else "frames not authenticated"
+    print(f"listening on {host}:{port}; {frames}, {'TLS' if tls is not None else 'no TLS'}", flush=True)
+    print(f"tails run on {registry.device}; batches of up to {args.max_batch} samples, waiting at most "
+          f"{args.max_wait_ms:g} ms; queue of {args.max_queue} samples", flush=True)
+    if server.metrics is not None:
+        print(f"metrics on http://{host}:{server.metrics.port}/metrics", flush=True)
     try:
         if args.no_zeroconf:
             await stop.wait()
         else:
             interfaces = None if args.interface == "0.0.0.0" else [args.interface]
-            async with Advertiser(local_address_for(args.interface), port, list(registry.served()), interfaces) as ad:
+            async with Advertiser(
+                local_address_for(args.interface), port, list(registry.served()), interfaces, load=server.load,
+                auth=key is not None,
+            ) as ad:
                 print(f"advertised as {ad.info.name}", flush=True)
                 await stop.wait()
             print("zeroconf record withdrawn", flush=True)
@@ -74,7 +143,10 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve" and bool(args.tls_cert) != bool(args.tls_key):
+        parser.error("--tls-cert and --tls-key go together")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     return run_command("split-host", serve(args))
 

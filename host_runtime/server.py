@@ -5,7 +5,9 @@ order and carry the request id. Malformed input never kills anything: a frame th
 decode gets a typed error reply and the connection goes on (framing is intact); an oversized
 frame is refused from its length prefix and its body skipped unread. Each connection's
 in-flight requests are bounded: past the limit the host stops reading from that socket
-(backpressure) until replies drain.
+(backpressure) until replies drain. Across connections, :class:`~host_runtime.batcher.Batcher`
+batches requests per tail and bounds the host's queue; :class:`~host_runtime.metrics.HostStats`
+counts everything once, for ``stats`` and for Prometheus.
 """
 
 from __future__ import annotations
@@ -13,16 +15,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import ssl
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
+from prometheus_client import Counter as PromCounter
 
+from device_runtime.auth import REFUSAL_KINDS, HostAuth
 from device_runtime.connection import FramedProtocol
-from device_runtime.errors import ProtocolError
+from device_runtime.errors import FrameRefused, ProtocolError
 from device_runtime.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     OPS,
@@ -32,7 +37,9 @@ from device_runtime.protocol import (
     error_reply,
 )
 from device_runtime.quantization import dequantize
-from host_runtime.tails import TailRegistry, profile_tails, timed_run
+from host_runtime.batcher import BatchConfig, Batcher, BatchResult, TailKey, absolute_deadline
+from host_runtime.metrics import PREFIX, HostStats, MetricsEndpoint
+from host_runtime.tails import TailRegistry, profile_tails
 
 log = logging.getLogger("splitedge.host")
 
@@ -45,32 +52,16 @@ class ServerConfig:
     max_in_flight: int = 32  # per connection, before the host stops reading from it
     workers: int = max(os.cpu_count() or 1, 1)
     shutdown_timeout: float = 5.0
-
-
-class HostStats:
-    """Counters every connection updates; ``stats`` returns them."""
-
-    def __init__(self) -> None:
-        self.connections = 0
-        self.requests: Counter[str] = Counter()
-        self.errors: Counter[str] = Counter()
-        self.in_flight = 0
-        self.compute_ms: Counter[str] = Counter()  # total per split, for the mean
-        self.served: Counter[str] = Counter()
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "connections": self.connections,
-            "requests": dict(self.requests),
-            "errors": dict(self.errors),
-            "in_flight": self.in_flight,
-            "tail_ms_mean": {k: self.compute_ms[k] / n for k, n in self.served.items()},
-        }
+    batching: BatchConfig = field(default_factory=BatchConfig)  # --max-batch, --max-wait-ms, --max-queue
+    metrics_port: int | None = None  # Prometheus text on host:metrics_port (0: a free port); None: off
+    key: bytes | None = field(default=None, repr=False)  # --key-file: every frame authenticated (device_runtime.auth)
+    tls: ssl.SSLContext | None = None  # --tls-cert/--tls-key (device_runtime.tls.server_context)
 
 
 class _HostProtocol(FramedProtocol):
     def __init__(self, server: "HostServer") -> None:
-        super().__init__(server.config.max_frame_bytes)
+        key = server.config.key
+        super().__init__(server.config.max_frame_bytes, HostAuth(key) if key is not None else None)
         self.server = server
         self.in_flight = 0
         self.paused = False
@@ -78,21 +69,29 @@ class _HostProtocol(FramedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.server.connections.add(self)
-        self.server.stats.connections += 1
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
-        self.server.stats.connections -= 1
 
     def reply_error(self, request_id: Any, code: str, message: str) -> None:
-        self.server.stats.errors[code] += 1
+        self.server.stats.error(code)
         log.debug("error reply %s: %s", code, message)
         self.send(error_reply(request_id, code, message))
 
     def oversized(self, event: Oversized) -> None:
         self.reply_error(None, "bad_request", event.message)
 
+    def refused(self, exc: FrameRefused) -> None:
+        """A frame failed authentication: nothing of it is trusted, not even its id. The peer gets
+        one ``unauthorized`` reply, the same whatever went wrong, and the connection closes."""
+        self.server.frames_refused.labels(exc.kind).inc()
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        log.warning("refused a frame from %s (%s); closing the connection", peer, exc.reason)
+        self.reply_error(None, "unauthorized", str(exc))
+        super().refused(exc)
+
     def frame_received(self, body: memoryview) -> None:
+        received = time.perf_counter()  # the frame is all here: queue_ms and deadlines count from now
         try:
             message = decode(body)
         except ProtocolError as exc:
@@ -100,9 +99,9 @@ class _HostProtocol(FramedProtocol):
             return
         request_id = message.get("id")
         op = message.get("op")
-        self.server.stats.requests[str(op)] += 1
+        self.server.stats.request(op)
         if op == "infer":
-            self.start_infer(request_id, message)
+            self.start_infer(request_id, message, received)
         elif op == "hello":
             if message.get("protocol") != PROTOCOL_VERSION:
                 self.reply_error(
@@ -123,7 +122,7 @@ class _HostProtocol(FramedProtocol):
         else:
             self.reply_error(request_id, "bad_request", f"unknown op {op!r}; ops: {', '.join(OPS)}")
 
-    def start_infer(self, request_id: Any, message: dict[str, Any]) -> None:
+    def start_infer(self, request_id: Any, message: dict[str, Any], received: float) -> None:
         tensor = message.get("tensor")
         if not isinstance(tensor, np.ndarray):
             self.reply_error(request_id, "bad_request", "infer needs a tensor")
@@ -137,19 +136,17 @@ class _HostProtocol(FramedProtocol):
             tensor = dequantize(tensor, quantization["scale"], quantization["zero_point"])
         try:
             tail = self.server.registry.lookup_for(message.get("bundle"), message.get("split"), tensor)
-        except ProtocolError as exc:
+            key: TailKey = (message["bundle"], message["split"])
+            deadline = absolute_deadline(message.get("deadline_ms"), received)
+            result = self.server.batcher.submit(key, tail, tensor, received, deadline)
+        except ProtocolError as exc:  # refused at once: bad, overloaded, or too late already
             self.reply_error(request_id, exc.code, str(exc))
             return
         self.in_flight += 1
-        self.server.stats.in_flight += 1
         if self.in_flight >= self.server.config.max_in_flight and not self.paused and self.transport:
             self.transport.pause_reading()
             self.paused = True
-        received = time.perf_counter()
-        key = f"{message['bundle']}/{message['split']}"
-        task = asyncio.ensure_future(self.finish_infer(request_id, key, tail, tensor, received))
-        self.server.tasks.add(task)
-        task.add_done_callback(self.server.tasks.discard)
+        result.add_done_callback(partial(self.finish_infer, request_id, key, received))
 
     async def profile(self, request_id: Any, message: dict[str, Any]) -> None:
         """Time tails here for a board's calibration; bounded by :func:`profile_tails`."""
@@ -172,25 +169,25 @@ class _HostProtocol(FramedProtocol):
         else:
             self.send({"id": request_id, "ok": True, "tail_ms": times})
 
-    async def finish_infer(self, request_id: Any, key: str, tail: Any, tensor: np.ndarray, received: float) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            output, queue_ms, compute_ms = await loop.run_in_executor(
-                self.server.executor, timed_run, tail, tensor, received
-            )
-        except Exception as exc:  # a tail that fails must not take the connection with it
-            log.exception("tail %s failed", key)
-            self.reply_error(request_id, "internal", f"tail {key} failed: {exc}")
-        else:
-            self.server.stats.served[key] += 1
-            self.server.stats.compute_ms[key] += compute_ms
-            self.send({"id": request_id, "ok": True, "compute_ms": compute_ms, "queue_ms": queue_ms}, output)
-        finally:
-            self.in_flight -= 1
-            self.server.stats.in_flight -= 1
-            if self.paused and self.in_flight < self.server.config.max_in_flight // 2 and self.transport:
-                self.transport.resume_reading()
-                self.paused = False
+    def finish_infer(self, request_id: Any, key: TailKey, received: float, result: asyncio.Future[BatchResult]) -> None:
+        """Reply with this request's slice of its batch, or the typed error it ended with."""
+        self.in_flight -= 1
+        if self.paused and self.in_flight < self.server.config.max_in_flight // 2 and self.transport:
+            self.transport.resume_reading()
+            self.paused = False
+        if result.cancelled():  # the host is shutting down; the connection goes with it
+            return
+        error = result.exception()
+        if isinstance(error, ProtocolError):  # deadline passed in the queue, or the tail failed
+            self.reply_error(request_id, error.code, str(error))
+            return
+        assert error is None, f"the batcher fails requests with ProtocolError only, got {error!r}"
+        done = result.result()
+        self.send(
+            {"id": request_id, "ok": True, "compute_ms": done.compute_ms, "queue_ms": done.queue_ms, "batch": done.batch},
+            done.output,
+        )
+        self.server.stats.served(key, done.queue_ms / 1000.0, done.compute_ms / 1000.0, time.perf_counter() - received)
 
 
 class HostServer:
@@ -199,35 +196,57 @@ class HostServer:
     def __init__(self, registry: TailRegistry, config: ServerConfig = ServerConfig()) -> None:
         self.registry = registry
         self.config = config
-        self.stats = HostStats()
         self.connections: set[_HostProtocol] = set()
         self.tasks: set[asyncio.Future[None]] = set()
         self.executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="tail")
+        self.stats = HostStats(  # the gauges read the batcher when collected
+            connections=lambda: len(self.connections),
+            in_flight=lambda: self.batcher.pending,
+            queue_depth=lambda: self.batcher.queued,
+        )
+        self.batcher = Batcher(config.batching, self.executor, config.workers, on_batch=self.stats.batch_size.observe)
+        self.frames_refused = PromCounter(
+            PREFIX + "frames_refused", "Frames refused by authentication (each closes its connection), by reason.",
+            ["reason"], registry=self.stats.registry,
+        )
+        for kind in REFUSAL_KINDS:
+            self.frames_refused.labels(kind)
+        self.metrics: MetricsEndpoint | None = None
         self._server: asyncio.AbstractServer | None = None
 
     def hello(self) -> dict[str, Any]:
         return {
             "protocol": PROTOCOL_VERSION,
             "bundles": self.registry.served(),
-            "auth": False,
+            "auth": self.config.key is not None,
             "max_frame_bytes": self.config.max_frame_bytes,
+            "device": self.registry.device,
         }
+
+    def load(self) -> float:
+        """Mean samples queued or running per worker since the previous call (the TXT record's ``load``)."""
+        return self.batcher.load()
 
     async def start(self) -> tuple[str, int]:
         """Bind and listen; returns the bound address (port 0 picks a free port)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _HostProtocol(self), self.config.host, self.config.port, reuse_address=True
+            lambda: _HostProtocol(self), self.config.host, self.config.port, reuse_address=True, ssl=self.config.tls
         )
         host, port = self._server.sockets[0].getsockname()[:2]
+        if self.config.metrics_port is not None:
+            self.metrics = self.stats.serve_http(self.config.host, self.config.metrics_port)
         return host, port
 
     async def close(self) -> None:
         """Stop accepting, let requests in flight finish (bounded), then drop connections."""
         if self._server is not None:
             self._server.close()
+        await self.batcher.close(self.config.shutdown_timeout)
         if self.tasks:
             await asyncio.wait(set(self.tasks), timeout=self.config.shutdown_timeout)
+        if self.metrics is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.metrics.close)
         for connection in list(self.connections):
             if connection.transport is not None:
                 connection.transport.close()

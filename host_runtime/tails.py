@@ -8,6 +8,10 @@ A bundle with its full model is also served as the split ``offload`` (DSC Eq. 5:
 input crosses the link and the whole network runs here), the other corner of the table a
 board calibrates. The host times its own tails for that table (:func:`profile_tails`): a
 board cannot measure the host's compute.
+
+Tails run on onnxruntime's CUDA provider when the host has one (``--device auto``, the
+default) and on the CPU otherwise; the device actually used is read back from the sessions,
+since onnxruntime quietly falls back to the CPU when CUDA's libraries cannot be loaded.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from calibration import OFFLOAD, measure_ms
-from device_runtime.backend import Backend, check_input, load_backend
+from device_runtime.backend import Backend, OnnxBackend, check_input
 from device_runtime.bundle import LOCAL_SPLIT, Bundle
 from device_runtime.errors import BackendError, BundleError, ProtocolError
 
@@ -27,26 +31,57 @@ from device_runtime.errors import BackendError, BundleError, ProtocolError
 MAX_PROFILE_BATCH = 64
 MAX_PROFILE_REPEATS = 50
 
+DEVICES = ("auto", "cpu", "cuda")
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+def providers_for(device: str) -> list[str]:
+    """onnxruntime providers for ``--device``: ``auto`` takes CUDA when this onnxruntime has it.
+
+    CUDA keeps the CPU provider behind it for the few operators CUDA lacks.
+    """
+    import onnxruntime as ort
+
+    if device not in DEVICES:
+        raise BackendError(f"device {device!r} is not one of {', '.join(DEVICES)}")
+    available = ort.get_available_providers()
+    if device == "cpu" or (device == "auto" and CUDA not in available):
+        return [CPU]
+    if CUDA not in available:
+        raise BackendError(
+            f"--device cuda: this onnxruntime has no {CUDA} (it has {', '.join(available)}); "
+            "install onnxruntime-gpu or use --device cpu"
+        )
+    return [CUDA, CPU]
+
 
 class TailRegistry:
     """Every tail of every bundle given, ready to run."""
 
-    def __init__(self, bundles: Iterable[Bundle], threads: int | None = None) -> None:
+    def __init__(self, bundles: Iterable[Bundle], threads: int | None = None, device: str = "auto") -> None:
         self.bundles: dict[str, Bundle] = {}
-        self.tails: dict[tuple[str, str], Backend] = {}
+        self.tails: dict[tuple[str, str], OnnxBackend] = {}
+        providers = providers_for(device)
         for bundle in bundles:
             if bundle.id in self.bundles:
                 raise BundleError(f"{bundle.root}: bundle {bundle.id} is already served from {self.bundles[bundle.id].root}")
             self.bundles[bundle.id] = bundle
             for split in bundle.manifest.splits:
                 if bundle.has(split.id, "tail"):
-                    self.tails[(bundle.id, split.id)] = load_backend(bundle.artifact(split.id, "tail"), threads=threads)
+                    self.tails[(bundle.id, split.id)] = OnnxBackend(bundle.artifact(split.id, "tail"), threads, providers)
             if bundle.has(LOCAL_SPLIT, "full"):
-                self.tails[(bundle.id, OFFLOAD)] = load_backend(bundle.artifact(LOCAL_SPLIT, "full"), threads=threads)
+                self.tails[(bundle.id, OFFLOAD)] = OnnxBackend(bundle.artifact(LOCAL_SPLIT, "full"), threads, providers)
+        on_cuda = [CUDA in tail.session.get_providers() for tail in self.tails.values()]
+        if device == "cuda" and not all(on_cuda):
+            raise BackendError(f"--device cuda: onnxruntime fell back to the CPU for {on_cuda.count(False)} tails "
+                               "(CUDA libraries missing?); see onnxruntime's log")
+        #: Where the tails run, as hello and the start-up line report it.
+        self.device = "cuda" if on_cuda and all(on_cuda) else "cpu"
 
     @classmethod
-    def from_paths(cls, paths: Iterable[str | Path], threads: int | None = None) -> "TailRegistry":
-        return cls((Bundle.load(p, roles=("tail", "full")) for p in paths), threads=threads)
+    def from_paths(cls, paths: Iterable[str | Path], threads: int | None = None, device: str = "auto") -> "TailRegistry":
+        return cls((Bundle.load(p, roles=("tail", "full")) for p in paths), threads=threads, device=device)
 
     def served(self) -> dict[str, list[str]]:
         """bundle id → split ids with a tail here (what ``hello`` and zeroconf announce)."""
@@ -77,13 +112,17 @@ class TailRegistry:
         return tail
 
 
-def timed_run(tail: Backend, tensor: np.ndarray, received: float) -> tuple[np.ndarray, float, float]:
-    """Run a tail in a worker thread: the output, the ms the request waited for a worker since
-    ``received`` (perf_counter), and the ms of compute. Both go back to the device, which
-    subtracts them from its round trip to see the link alone."""
+def run_batch(tail: Backend, tensors: Sequence[np.ndarray]) -> tuple[np.ndarray, float, float]:
+    """Run requests as one batch in a worker thread: concatenated along the batch axis (a lone
+    request is not copied). Returns the output (sum of B, ...), the perf_counter time the tail
+    started (each request's queue time ends there) and the ms of compute."""
+    x = tensors[0] if len(tensors) == 1 else np.concatenate(tensors)
     start = time.perf_counter()
-    output = tail.run(tensor)
-    return output, (start - received) * 1000.0, (time.perf_counter() - start) * 1000.0
+    output = tail.run(x)
+    compute_ms = (time.perf_counter() - start) * 1000.0
+    if output.shape[:1] != x.shape[:1]:
+        raise BackendError(f"{tail.name} returned {output.shape[:1]} samples for a batch of {x.shape[0]}")
+    return output, start, compute_ms
 
 
 def profile_tails(

@@ -46,15 +46,15 @@ def test_calibration_has_every_option_at_every_batch(calibrated: Path, capsys) -
     for batch in table.batches:
         for rate in table.rates_bps[::10]:
             assert table.lookup(batch, rate) == calibration.model.best(batch, rate, table.splits)
-    # 0.1 Mbit/s: nothing is worth sending; 1 Gbit/s on loopback: something is.
+    # 0.1 Mbit/s: nothing is worth sending (the smallest cut alone would take 2.5 s). Which
+    # option wins at 1 Gbit/s depends on this machine's timings: board and host are the same CPU.
     assert table.lookup(1, 1e5) == LOCAL
-    assert table.lookup(1, 1e9) != LOCAL
 
 
 def test_plan_prints_and_plots_the_table(calibrated: Path, tmp_path: Path, capsys) -> None:
     assert main(["plan", str(calibrated), "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "B=1" in out and "B=2" in out and "local 0.1 Mbit/s" in out
+    assert "B=1" in out and "B=2" in out and "local" in out and "0.1 Mbit/s" in out
     assert (tmp_path / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((tmp_path / "plan.json").read_text())["batches"] == [1, 2]
 

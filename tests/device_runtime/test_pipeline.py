@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
+
+import numpy as np
 
 import pytest
 
 from device_runtime.bundle import LOCAL_SPLIT, Bundle
-from device_runtime.camera import Synthetic
+from device_runtime.camera import Frame, FrameSource, Synthetic
 from device_runtime.frame_queue import FrameQueue
 from device_runtime.host_link import HostLink
 from device_runtime.pipeline import Pipeline, PipelineConfig
@@ -46,14 +50,14 @@ def test_queue_without_drops_makes_the_reader_wait() -> None:
 
 
 def test_a_live_camera_faster_than_the_board_drops_frames_and_counts_them(mobilenet_bundle: Path) -> None:
-    """A camera as fast as it can go into the full model: frames are dropped, never lost silently."""
+    """A camera faster than the full model: frames are dropped, never lost silently."""
     bundle = Bundle.load(mobilenet_bundle, roles=("full",))
     runner = DeviceRunner(bundle, threads=1)
     runner.warm_up(LOCAL_SPLIT)
 
     async def go():
         pipeline = Pipeline(runner, StaticPolicy(LOCAL_SPLIT, bundle), config=PipelineConfig(queue=2))
-        with Synthetic(fps=500) as source:
+        with _InstantCamera() as source:
             results = [r async for r in pipeline.run(source, frames=60)]
         return results, pipeline.stats
 
@@ -65,6 +69,18 @@ def test_a_live_camera_faster_than_the_board_drops_frames_and_counts_them(mobile
     # Newest wins: what is classified comes out in capture order, with the dropped ones between.
     answered = [r.index for r in results if not r.dropped]
     assert answered == sorted(answered)
+
+
+class _InstantCamera(FrameSource):
+    """A live camera whose next frame is always ready: capture costs only preprocessing a
+    small image, far less than the full model, whatever else the machine is doing."""
+
+    live = True
+
+    def __iter__(self) -> Iterator[Frame]:
+        image = np.random.default_rng(0).integers(0, 255, (60, 80, 3), dtype=np.uint8)
+        for index in itertools.count():
+            yield Frame(index, f"instant#{index}", image, time.monotonic())
 
 
 def test_batches_group_frames(mobilenet_bundle: Path, host) -> None:

@@ -116,8 +116,13 @@ def test_errors_are_one_line_and_exit_2(mobilenet_bundle, capsys, tmp_path) -> N
     assert device_cli.main(["run", str(mobilenet_bundle), "--camera", "synthetic", "--split", "nope"]) == 2
     assert "split-device: error: unknown split 'nope'" in capsys.readouterr().err
     assert device_cli.main(["run", str(mobilenet_bundle), "--camera", "synthetic", "--host", "127.0.0.1:9",
-                            "--timeout", "2"]) == 2
+                            "--split", "features_14_conv_2", "--timeout", "2"]) == 2
     assert "cannot connect to host 127.0.0.1:9" in capsys.readouterr().err
+    # --split auto (the default) starts locally instead, says why, and keeps looking for the host.
+    assert device_cli.main(["run", str(mobilenet_bundle), "--camera", "synthetic", "--host", "127.0.0.1:9",
+                            "--timeout", "1", "--frames", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "no host yet (cannot connect to host 127.0.0.1:9" in out and out.count("split=local") == 2
     assert device_cli.main(["run", str(tmp_path), "--camera", "synthetic", "--split", "local"]) == 2
     assert "no manifest" in capsys.readouterr().err
     assert host_cli.main(["serve", str(tmp_path), "--no-zeroconf"]) == 2

@@ -1,0 +1,335 @@
+"""Dynamic batching per tail, a bounded host-wide queue, and deadlines.
+
+A tail's time per sample falls as its batch grows (onnxruntime keeps more of the machine
+busy with one larger call), so requests for the same tail — same bundle, same split — that
+arrive close together run as one batch: concatenated along the batch axis, run once, and
+each request gets its own slice of the output back. The oldest waiting request waits at
+most ``max_wait_ms`` for company; a batch of ``max_batch`` samples goes at once; while every
+worker is busy, requests gather anyway and the next free worker takes up to ``max_batch``
+of them. ``max_batch = 1`` turns batching off.
+
+Admission is decided at once, on the event loop, so a refusal costs the device one round
+trip rather than a timeout:
+
+- more than ``max_queue`` samples would be waiting across the host → ``overloaded``. The
+  queue is bounded so latency cannot grow without bound; the host recovers by itself as
+  soon as the queue drains.
+- the deadline cannot be met given the samples already queued for the tail, at the tail's
+  measured time per sample (an EWMA of ``compute / batch`` over its past runs) →
+  ``deadline_exceeded``. Before a tail's first run there is no estimate and the request
+  is admitted.
+
+A request whose deadline passes while still queued is answered ``deadline_exceeded`` at
+that moment and never runs. One whose deadline passes while its batch runs is answered
+normally: the work is done, and the device can still use the answer or drop it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable
+
+import numpy as np
+
+from device_runtime.backend import Backend
+from device_runtime.errors import ProtocolError
+from host_runtime.tails import run_batch
+
+log = logging.getLogger("splitedge.host")
+
+TailKey = tuple[str, str]  # (bundle id, split id)
+
+#: Weight of the newest run in a tail's time-per-sample estimate.
+EWMA_ALPHA = 0.2
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    max_batch: int = 8  # samples per tail run; 1 turns batching off
+    max_wait_ms: float = 2.0  # how long the oldest request waits for company
+    max_queue: int = 256  # samples waiting across the host before requests are refused
+
+    def __post_init__(self) -> None:
+        assert self.max_batch >= 1, f"max_batch must be at least 1, got {self.max_batch}"
+        assert self.max_wait_ms >= 0, f"max_wait_ms must not be negative, got {self.max_wait_ms}"
+        assert self.max_queue >= 1, f"max_queue must be at least 1, got {self.max_queue}"
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """One request's share of a batch run: what its reply carries."""
+
+    output: np.ndarray  # this request's slice of the batch output, (B, ...)
+    queue_ms: float  # request fully received → its batch started
+    compute_ms: float  # the whole batch's tail time
+    batch: int  # samples in the batch that ran
+
+
+def absolute_deadline(budget_ms: object, received: float) -> float:
+    """A request's ``deadline_ms`` (its budget, relative to its arrival) as a perf_counter time.
+
+    No budget means no deadline; a budget of zero or less is already spent, and the
+    admission check answers it ``deadline_exceeded``.
+    """
+    if budget_ms is None:
+        return math.inf
+    if isinstance(budget_ms, bool) or not isinstance(budget_ms, (int, float)) or math.isnan(budget_ms):
+        raise ProtocolError(f"deadline_ms must be a number of milliseconds, got {budget_ms!r}", code="bad_request")
+    return received + budget_ms / 1000.0
+
+
+@dataclass(eq=False)  # identity equality: deque.remove must find this request, not compare arrays
+class _Request:
+    tensor: np.ndarray  # (B, ...)
+    received: float  # perf_counter when the frame was fully read
+    deadline: float  # perf_counter; inf for none
+    future: asyncio.Future[BatchResult]
+    timer: asyncio.TimerHandle | None = None
+
+    @property
+    def samples(self) -> int:
+        return int(self.tensor.shape[0])
+
+
+@dataclass(eq=False)
+class _Tail:
+    key: TailKey
+    backend: Backend
+    queue: deque[_Request] = field(default_factory=deque)
+    queued: int = 0  # samples in ``queue``
+    ms_per_sample: float | None = None
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    dispatcher: asyncio.Task[None] | None = None
+
+    def work_ahead_ms(self, samples: int) -> float:
+        """Estimated ms until ``samples`` more would be done, behind what is queued."""
+        return 0.0 if self.ms_per_sample is None else (self.queued + samples) * self.ms_per_sample
+
+
+class LoadMeter:
+    """Time-weighted mean of a level (samples queued or running) between two reads.
+
+    A mean over the interval rather than the level at the instant of reading: a host that
+    is busy 90% of a second must not advertise itself as idle because it happened to be
+    between bursts when its record was refreshed.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.level = 0
+        self._since = self._window = clock()
+        self._area = 0.0
+
+    def set(self, level: int) -> None:
+        now = self.clock()
+        self._area += self.level * (now - self._since)
+        self.level, self._since = level, now
+
+    def read(self) -> float:
+        """The mean level since the previous read (the level itself if no time has passed)."""
+        self.set(self.level)
+        elapsed = self._since - self._window
+        mean = self._area / elapsed if elapsed > 0 else float(self.level)
+        self._area, self._window = 0.0, self._since
+        return mean
+
+
+class Batcher:
+    """Queues and batches infer requests per tail and runs them on ``workers`` threads."""
+
+    def __init__(self, config: BatchConfig, executor: Executor, workers: int, on_batch: Callable[[int], Any]) -> None:
+        self.config = config
+        self.executor = executor
+        self.workers = workers
+        self.on_batch = on_batch  # called with each batch's sample count (the batch-size histogram)
+        self.tails: dict[TailKey, _Tail] = {}
+        self.queued = 0  # samples waiting, all tails
+        self.running = 0  # samples in batches on a worker
+        self.pending = 0  # requests admitted and not yet answered
+        self._slots = asyncio.Semaphore(workers)
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._load = LoadMeter()
+
+    def submit(self, key: TailKey, backend: Backend, tensor: np.ndarray, received: float, deadline: float) -> asyncio.Future[BatchResult]:
+        """Admit a request or refuse it at once (:class:`ProtocolError` with the reply's code).
+
+        ``tensor`` is (B, ...) and already fits ``backend``; the future resolves with the
+        request's :class:`BatchResult`, or fails with ``deadline_exceeded`` or ``internal``.
+        """
+        samples = int(tensor.shape[0])
+        if samples < 1:
+            raise ProtocolError("infer needs at least one sample in the batch axis", code="bad_request")
+        if samples > self.config.max_queue:  # no retry can help: say so rather than "later"
+            raise ProtocolError(
+                f"a request of {samples} samples can never fit this host's queue of {self.config.max_queue}; "
+                "send fewer samples per request",
+                code="overloaded",
+            )
+        if self.queued + samples > self.config.max_queue:
+            raise ProtocolError(
+                f"host queue is full: {self.queued} samples waiting, {samples} more would pass the limit of "
+                f"{self.config.max_queue}; retry later or use another host",
+                code="overloaded",
+            )
+        tail = self._tail(key, backend)
+        now = time.perf_counter()
+        ahead_ms = tail.work_ahead_ms(samples)
+        if now + ahead_ms / 1000.0 > deadline:
+            raise ProtocolError(
+                f"deadline cannot be met: {max(deadline - now, 0.0) * 1000:.1f} ms left, about {ahead_ms:.1f} ms of "
+                f"work on tail {'/'.join(key)} ahead of it and in it",
+                code="deadline_exceeded",
+            )
+        loop = asyncio.get_running_loop()
+        request = _Request(tensor, received, deadline, loop.create_future())
+        if deadline != math.inf:
+            request.timer = loop.call_later(deadline - now, self._expire, tail, request)
+        tail.queue.append(request)
+        self._count(tail, queued=samples, pending=1)
+        tail.arrived.set()
+        return request.future
+
+    def load(self) -> float:
+        """Mean samples queued or running per worker since the previous call (what zeroconf announces)."""
+        return self._load.read() / self.workers
+
+    async def close(self, timeout: float) -> None:
+        """Let admitted requests finish (at most ``timeout`` s), then stop; what is left is cancelled."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            log.warning("%d requests still pending after %g s; cancelling them", self.pending, timeout)
+        for tail in self.tails.values():
+            if tail.dispatcher is not None:
+                tail.dispatcher.cancel()
+            for request in tail.queue:
+                if request.timer is not None:
+                    request.timer.cancel()
+                request.future.cancel()
+
+    def _tail(self, key: TailKey, backend: Backend) -> _Tail:
+        tail = self.tails.get(key)
+        if tail is None:
+            tail = self.tails[key] = _Tail(key, backend)
+            tail.dispatcher = asyncio.ensure_future(self._dispatch(tail))
+        return tail
+
+    def _count(self, tail: _Tail, queued: int = 0, running: int = 0, pending: int = 0) -> None:
+        """Move the counters that the queue bound, the gauges and the load read."""
+        tail.queued += queued
+        self.queued += queued
+        self.running += running
+        self.pending += pending
+        self._load.set(self.queued + self.running)
+        if self.pending:
+            self._idle.clear()
+        else:
+            self._idle.set()
+
+    async def _dispatch(self, tail: _Tail) -> None:
+        """Form and launch this tail's batches; runs until :meth:`close` cancels it."""
+        while True:
+            while not tail.queue:
+                tail.arrived.clear()
+                await tail.arrived.wait()
+            await self._gather(tail)
+            await self._slots.acquire()  # requests keep arriving while every worker is busy
+            batch = self._take(tail)
+            if batch:
+                self._launch(tail, batch)
+            else:  # everything waiting expired meanwhile
+                self._slots.release()
+
+    async def _gather(self, tail: _Tail) -> None:
+        """Let the oldest request wait up to ``max_wait_ms`` for company, unless the batch is full."""
+        while tail.queue and tail.queued < self.config.max_batch:
+            remaining = tail.queue[0].received + self.config.max_wait_ms / 1000.0 - time.perf_counter()
+            if remaining <= 0:
+                return
+            tail.arrived.clear()
+            try:
+                await asyncio.wait_for(tail.arrived.wait(), remaining)
+            except asyncio.TimeoutError:
+                return
+
+    def _take(self, tail: _Tail) -> list[_Request]:
+        """Pop the next batch: whole requests, oldest first, up to ``max_batch`` samples (at
+        least one request however large), all with the same sample shape."""
+        batch: list[_Request] = []
+        samples = 0
+        now = time.perf_counter()
+        while tail.queue:
+            request = tail.queue[0]
+            if batch and (
+                samples + request.samples > self.config.max_batch or request.tensor.shape[1:] != batch[0].tensor.shape[1:]
+            ):
+                break
+            tail.queue.popleft()
+            if request.deadline <= now:  # due, and its timer has not had its turn yet
+                self._refuse_late(tail, request)
+                continue
+            if request.timer is not None:
+                request.timer.cancel()
+            batch.append(request)
+            samples += request.samples
+        self._count(tail, queued=-samples, running=samples)
+        return batch
+
+    def _expire(self, tail: _Tail, request: _Request) -> None:
+        tail.queue.remove(request)
+        self._refuse_late(tail, request)
+
+    def _refuse_late(self, tail: _Tail, request: _Request) -> None:
+        """Answer a request whose deadline passed in the queue, without running it."""
+        waited_ms = (time.perf_counter() - request.received) * 1000.0
+        self._count(tail, queued=-request.samples, pending=-1)
+        request.future.set_exception(
+            ProtocolError(f"deadline passed after {waited_ms:.1f} ms in the queue of tail {'/'.join(tail.key)}",
+                          code="deadline_exceeded")
+        )
+
+    def _launch(self, tail: _Tail, batch: list[_Request]) -> None:
+        loop = asyncio.get_running_loop()
+        run = loop.run_in_executor(self.executor, run_batch, tail.backend, [r.tensor for r in batch])
+        run.add_done_callback(partial(self._finished, tail, batch))
+
+    def _finished(self, tail: _Tail, batch: list[_Request], run: asyncio.Future[tuple[np.ndarray, float, float]]) -> None:
+        """Give each request its slice of the batch output (or the batch's failure)."""
+        self._slots.release()
+        samples = sum(r.samples for r in batch)
+        self._count(tail, running=-samples, pending=-len(batch))
+        if run.cancelled():  # the host is shutting down
+            for request in batch:
+                request.future.cancel()
+            return
+        error = run.exception()
+        if error is not None:
+            log.error("tail %s failed on a batch of %d samples", "/".join(tail.key), samples, exc_info=error)
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_exception(
+                        ProtocolError(f"tail {'/'.join(tail.key)} failed: {error}", code="internal")
+                    )
+            return
+        output, started, compute_ms = run.result()
+        self.on_batch(samples)
+        per_sample = compute_ms / samples
+        tail.ms_per_sample = per_sample if tail.ms_per_sample is None else (
+            (1 - EWMA_ALPHA) * tail.ms_per_sample + EWMA_ALPHA * per_sample
+        )
+        offset = 0
+        for request in batch:
+            if not request.future.done():
+                queue_ms = (started - request.received) * 1000.0
+                request.future.set_result(
+                    BatchResult(output[offset : offset + request.samples], queue_ms, compute_ms, samples)
+                )
+            offset += request.samples

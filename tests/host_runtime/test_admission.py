@@ -1,0 +1,129 @@
+"""What the host refuses, and when: a full queue is ``overloaded`` at once and the host
+recovers; a deadline that cannot be met is refused at once, one that passes in the queue is
+answered without running; a connection past its in-flight limit is not read."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from device_runtime.bundle import Bundle
+from device_runtime.protocol import encode_bytes
+from host_runtime.batcher import BatchConfig
+from tests.conftest import TEST_SPLITS, start_host
+from tests.host_runtime.helpers import cut, infer, run_with_client, unbatched
+from tests.host_runtime.test_server import raw_connection, read_reply
+
+EARLY, LATE = TEST_SPLITS
+
+
+@pytest.fixture(scope="module")
+def bundle(mobilenet_bundle) -> Bundle:
+    return Bundle.load(mobilenet_bundle)
+
+
+def infer_frame(bundle: Bundle, request_id: int, split_id: str, tensor: np.ndarray, **fields) -> bytes:
+    return encode_bytes({"op": "infer", "id": request_id, "bundle": bundle.id, "split": split_id, **fields}, tensor)
+
+
+def test_flood_is_answered_overloaded_at_once_and_the_host_recovers(mobilenet_bundle, bundle) -> None:
+    """64 requests in one write to a host that holds 2 samples in its queue: most are refused
+    with ``overloaded``, every one is answered, those that ran are right, and afterwards the
+    same host serves every request again."""
+    tensor = cut(bundle, LATE, 1)
+    (expected,) = unbatched(bundle, LATE, [tensor])
+    for host in start_host([mobilenet_bundle], workers=1, batching=BatchConfig(max_batch=1, max_queue=2)):
+        with raw_connection(host) as sock:
+            sock.sendall(b"".join(infer_frame(bundle, i, LATE, tensor) for i in range(64)))
+            replies = [read_reply(sock) for _ in range(64)]
+            overloaded = [r for r in replies if not r["ok"]]
+            assert {r["error"]["code"] for r in overloaded} == {"overloaded"}
+            assert len(overloaded) >= 32 and "host queue is full" in overloaded[0]["error"]["message"]
+            ran = [r for r in replies if r["ok"]]
+            assert ran, "the queue's own requests still run"
+            for reply in ran:
+                np.testing.assert_allclose(reply["tensor"], expected, atol=1e-5, rtol=0)
+            assert sorted(r["id"] for r in replies) == list(range(64))
+            # Load gone: requests one after another all succeed, on the same connection.
+            for i in range(100, 105):
+                sock.sendall(infer_frame(bundle, i, LATE, tensor))
+                assert read_reply(sock)["ok"] is True
+        stats = host.server.stats.as_dict()
+        assert stats["errors"]["overloaded"] == len(overloaded)
+        assert stats["queue_depth"] == 0 and stats["in_flight"] == 0
+
+
+def test_requests_that_could_never_run_are_refused(mobilenet_bundle, bundle) -> None:
+    for host in start_host([mobilenet_bundle], batching=BatchConfig(max_queue=4)):
+        with raw_connection(host) as sock:
+            sock.sendall(infer_frame(bundle, 1, LATE, cut(bundle, LATE, 0)))
+            reply = read_reply(sock)
+            assert reply["error"]["code"] == "bad_request" and "at least one sample" in reply["error"]["message"]
+            sock.sendall(infer_frame(bundle, 2, LATE, cut(bundle, LATE, 5)))
+            reply = read_reply(sock)
+            assert reply["error"]["code"] == "overloaded" and "can never fit" in reply["error"]["message"]
+            sock.sendall(infer_frame(bundle, 3, LATE, cut(bundle, LATE, 4)))  # exactly the queue: it runs
+            assert read_reply(sock)["batch"] == 4
+
+
+def test_deadline_that_cannot_be_met_is_refused_at_once(mobilenet_bundle, bundle) -> None:
+    """Twenty requests queued on one worker, then one with 5 ms to live: the tail's measured
+    time per sample says it cannot finish, so it is answered before the queue ahead of it."""
+    tensor = cut(bundle, LATE, 1)
+    for host in start_host([mobilenet_bundle], workers=1, batching=BatchConfig(max_batch=1)):
+        with raw_connection(host) as sock:
+            sock.sendall(infer_frame(bundle, 0, LATE, tensor))
+            assert read_reply(sock)["ok"]  # the tail has run once: it has a time per sample now
+            backlog = b"".join(infer_frame(bundle, i, LATE, tensor) for i in range(1, 21))
+            sock.sendall(backlog + infer_frame(bundle, 99, LATE, tensor, deadline_ms=5))
+            order = [read_reply(sock) for _ in range(21)]
+            late = next(i for i, r in enumerate(order) if r["id"] == 99)
+            assert order[late]["error"]["code"] == "deadline_exceeded"
+            assert "deadline cannot be met" in order[late]["error"]["message"]
+            assert late < 10, f"refused only after {late} of the 20 requests ahead of it had run"
+            assert all(r["ok"] for r in order if r["id"] != 99)
+            # A budget already spent, and one that is not a number.
+            sock.sendall(infer_frame(bundle, 100, LATE, tensor, deadline_ms=0))
+            assert read_reply(sock)["error"]["code"] == "deadline_exceeded"
+            sock.sendall(infer_frame(bundle, 101, LATE, tensor, deadline_ms="soon"))
+            reply = read_reply(sock)
+            assert reply["error"]["code"] == "bad_request" and "deadline_ms must be a number" in reply["error"]["message"]
+
+
+def test_deadline_passing_in_the_queue_is_answered_then_without_running(mobilenet_bundle, bundle) -> None:
+    """A 64-sample batch holds the only worker; a request for another tail (no time estimate
+    yet, so admitted) has 40 ms: it is answered ``deadline_exceeded`` while the big batch still
+    runs, and its tail never runs."""
+    big = cut(bundle, LATE, 64)
+    for host in start_host([mobilenet_bundle], workers=1):
+        with raw_connection(host) as sock:
+            sock.sendall(infer_frame(bundle, 1, LATE, big))
+            time.sleep(0.01)  # let the big batch take the worker
+            sent = time.perf_counter()
+            sock.sendall(infer_frame(bundle, 2, EARLY, cut(bundle, EARLY, 1), deadline_ms=40))
+            first = read_reply(sock)
+            waited_ms = (time.perf_counter() - sent) * 1000
+            second = read_reply(sock)
+        assert first["id"] == 2 and first["error"]["code"] == "deadline_exceeded"
+        assert "deadline passed after" in first["error"]["message"]
+        assert waited_ms >= 39  # its 40 ms, less a timer's hair
+        assert second["id"] == 1 and second["ok"] and second["batch"] == 64
+        stats = host.server.stats.as_dict()
+        assert f"{bundle.id}/{EARLY}" not in stats["compute_seconds"]  # never ran
+        assert stats["errors"]["deadline_exceeded"] == 1
+
+
+def test_connection_past_max_in_flight_is_not_read(mobilenet_bundle, bundle) -> None:
+    """Per-connection backpressure under batching: with 2 requests in flight allowed, six sent
+    at once cannot all be read into one batch, however long the batcher waits for company.
+    (The early cut's 100 KB frames each complete in a read of their own; small frames that
+    arrive together in one read are all taken before the pause applies.)"""
+    tensors = [cut(bundle, EARLY, 1, seed=i) for i in range(6)]
+    for host in start_host([mobilenet_bundle], max_in_flight=2, batching=BatchConfig(max_batch=8, max_wait_ms=100)):
+        replies = run_with_client(host, lambda c: asyncio.gather(*(infer(c, bundle.id, EARLY, t) for t in tensors)))
+    assert [r["batch"] for r in replies] == [2] * 6
+    for reply, alone in zip(replies, unbatched(bundle, EARLY, tensors)):
+        np.testing.assert_allclose(reply["tensor"], alone, atol=1e-5, rtol=0)

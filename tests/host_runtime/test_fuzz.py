@@ -1,0 +1,762 @@
+"""Fuzzing a live host: random and mutated frames over real sockets never crash it or hang it.
+
+A real host (``split-host serve`` on 127.0.0.1, in a subprocess so that its memory is its
+own to measure) serves the test bundle. Hypothesis sends it random bytes, valid requests
+with one field mutated (wrong types, huge or negative shapes, unknown dtypes, truncated
+data, extra keys, nested junk, ids of every msgpack type), length prefixes that lie,
+msgpack values that are not maps, and all of these interleaved with valid requests on one
+connection, in chunks cut at random offsets. What docs/protocol.md promises, checked reply
+by reply:
+
+- a frame whose map can be read gets one reply carrying its id: the answer, or a typed
+  error (``bad_request`` for a bad field, ``unknown_bundle``, ``unknown_split``,
+  ``deadline_exceeded`` for a spent budget); one whose map cannot be read, or one longer
+  than the limit, gets ``bad_request`` with id null; the connection then keeps serving;
+- a well-formed infer gets the tail's answer: the tail run directly in onnxruntime here,
+  within 1e-5 (the host may batch it with others);
+- after every example: every reply came within REPLY_TIMEOUT_S, the host process is alive
+  and logged no traceback (asyncio logs one when a protocol callback raises, and drops the
+  connection without a reply), its RSS is within RSS_BOUND_BYTES of what it was after the
+  warm-up, and a fresh connection gets a correct infer answer.
+
+Bounded: ``max_examples`` and a per-example ``deadline`` on every test (about 20 s for
+the file, host start-up included, on a 2-core machine), a timeout on every socket read,
+and every socket closed. ``derandomize``: the same examples on every run, so a failure
+reproduces; hypothesis prints the failing example's draws and a ``@reproduce_failure``
+blob.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
+
+from device_runtime.backend import OnnxBackend
+from device_runtime.bundle import Bundle
+from device_runtime.protocol import DTYPES, ERROR_CODES, MAX_NDIM, OPS, PROTOCOL_VERSION
+from device_runtime.quantization import dequantize
+from tests.conftest import TEST_SPLITS
+
+EARLY, LATE = TEST_SPLITS
+SPLITS = (LATE, EARLY)  # LATE first: hypothesis shrinks towards it, the smaller cut (31 KB a sample)
+EXACT = 1e-5  # the host's answer against the same tail run here, possibly batched with others
+MAX_FRAME_BYTES = 1 << 20  # the host's --max-frame-mb 1: an oversized frame costs 1 MiB to send, not 64
+REPLY_TIMEOUT_S = 10.0  # any one reply; they take milliseconds, this allows for a loaded 2-core machine
+START_TIMEOUT_S = 60.0
+#: How much the host's RSS may grow after its warm-up, across every example of the file
+#: (several thousand frames, about 100 MB received). What may legitimately grow is bounded
+#: and small: onnxruntime's arena for batch sizes the warm-up did not reach (a batch is at
+#: most 8 samples of a 100 KB cut), and freed frame buffers (at most 1 MiB each) that glibc
+#: keeps in the free lists of the event loop's and the 2 workers' arenas instead of
+#: returning them. Measured: 1-3 MiB. A leak that keeps anything per frame is far above
+#: it: one cut tensor (31-300 KB) per infer is 30-300 MB over the file, one reply (4-12 KB)
+#: is tens of MB.
+RSS_BOUND_BYTES = 24 << 20
+
+FUZZ = settings(
+    deadline=timedelta(seconds=10),  # per example; a normal one takes 5-50 ms
+    derandomize=True,  # a fixed seed: every run tests the same examples, a failure reproduces
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+# -- the host ------------------------------------------------------------------------------------
+
+
+class FuzzHost:
+    """The host under test, its bundle, and the tails run directly (the reference). Not a
+    dataclass: hypothesis prints a failing example's arguments field by field."""
+
+    def __init__(self, process: subprocess.Popen, port: int, log: Path, bundle: Bundle,
+                 tails: dict[str, OnnxBackend]) -> None:
+        self.process, self.port, self.log, self.bundle, self.tails = process, port, log, bundle, tails
+        self.rss_start = self.rss_peak = 0
+        self.log_seen = 0  # bytes of the log already checked for tracebacks
+        self._references: dict[tuple[Any, ...], np.ndarray] = {}
+
+    def reference(self, split: str, shape: tuple[int, ...], seed: int, quantized: Any, x: np.ndarray) -> np.ndarray:
+        """The tail's output for ``x``, run here (cached: examples reuse a few seeds)."""
+        key = (split, shape, seed, quantized)
+        if key not in self._references:
+            self._references[key] = self.tails[split].run(x)
+        return self._references[key]
+
+    def __repr__(self) -> str:  # hypothesis prints the arguments of a failing example
+        return f"FuzzHost(pid={self.process.pid}, port={self.port})"
+
+    @property
+    def bundle_id(self) -> str:
+        return self.bundle.id
+
+    def sample_shape(self, split: str) -> tuple[int, ...]:
+        return tuple(self.bundle.manifest.split(split).tensor.shape)
+
+    def rss(self) -> int:
+        """The host process's resident set, bytes (Linux /proc)."""
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS in /proc/PID/status")
+
+    def check(self) -> None:
+        """Alive, no traceback logged, memory within its bound, and still answering correctly."""
+        assert self.process.poll() is None, f"the host exited ({self.process.returncode}):\n{self.log.read_text()}"
+        text = self.log.read_text(errors="replace")
+        new, self.log_seen = text[self.log_seen :], len(text)
+        assert "Traceback" not in new and "Fatal error" not in new, f"the host logged an exception:\n{new}"
+        rss = self.rss()
+        self.rss_peak = max(self.rss_peak, rss)
+        assert rss - self.rss_start <= RSS_BOUND_BYTES, (
+            f"host RSS grew by {(rss - self.rss_start) / 2**20:.1f} MiB since the warm-up "
+            f"(bound {RSS_BOUND_BYTES / 2**20:.0f} MiB)"
+        )
+        request, expect = valid_infer_request(self, LATE, 1, 0, "check")
+        with Connection(self.port) as conn:
+            conn.send(frame(pack(request)))
+            expect.verify(conn.reply())
+
+
+def _start_host(bundle_dir: Path, log: Path) -> subprocess.Popen:
+    command = [
+        sys.executable, "-m", "host_runtime.cli", "serve", str(bundle_dir), "--interface", "127.0.0.1", "--port", "0",
+        "--no-zeroconf", "--workers", "2", "--threads", "1", "--max-frame-mb", str(MAX_FRAME_BYTES / 2**20),
+    ]
+    # Output to a file, not a pipe: a pipe nobody reads would block the host once it fills.
+    with log.open("wb") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def _port_from_log(process: subprocess.Popen, log: Path) -> int:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("listening on "):  # listening on 127.0.0.1:PORT; ...
+                return int(line.split()[2].rstrip(";").rsplit(":", 1)[1])
+        assert process.poll() is None, f"split-host serve exited ({process.returncode}):\n{log.read_text()}"
+        time.sleep(0.05)
+    raise AssertionError(f"split-host serve did not listen within {START_TIMEOUT_S:g} s:\n{log.read_text()}")
+
+
+@pytest.fixture(scope="module")
+def host(mobilenet_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzHost]:
+    if not Path("/proc/self/status").exists():
+        pytest.skip("the host's memory is read from /proc (Linux)")
+    log = tmp_path_factory.mktemp("fuzz-host") / "host.log"
+    bundle = Bundle.load(mobilenet_bundle)
+    process = _start_host(mobilenet_bundle, log)
+    try:
+        port = _port_from_log(process, log)
+        tails = {split: OnnxBackend(bundle.artifact(split, "tail"), threads=1) for split in SPLITS}
+        fuzz_host = FuzzHost(process, port, log, bundle, tails)
+        _warm_up(fuzz_host)
+        fuzz_host.rss_start = fuzz_host.rss_peak = fuzz_host.rss()
+        fuzz_host.check()
+        yield fuzz_host
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)  # the CLI's clean, bounded shutdown
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+                raise AssertionError(f"the host did not stop within 15 s of SIGINT:\n{log.read_text()}") from None
+    assert process.returncode == 0, f"the host exited with {process.returncode}:\n{log.read_text()}"
+
+
+def _warm_up(host: FuzzHost) -> None:
+    """Reach the steady state the memory bound is measured from: every tail run at the largest
+    batch the fuzzing can form (8 samples), a maximum-size frame received, a few of each error."""
+    with Connection(host.port) as conn:
+        for split in SPLITS:
+            for batch in (1, 3, 8):
+                request, expect = valid_infer_request(host, split, batch, 0, f"warm-{split}-{batch}")
+                conn.send(frame(pack(request)))
+                expect.verify(conn.reply())
+        conn.send(frame(b"\x00" * MAX_FRAME_BYTES))  # the largest body read in place, then refused
+        Expect(codes={"bad_request"}).verify(conn.reply())
+        conn.send(frame(b"", claimed=MAX_FRAME_BYTES + 1) + b"\x00" * (MAX_FRAME_BYTES + 1))
+        Expect(codes={"bad_request"}).verify(conn.reply())
+
+
+# -- frames, replies and what they must be --------------------------------------------------------
+
+
+def pack(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def frame(body: bytes, claimed: int | None = None) -> bytes:
+    """A length prefix (``claimed``: one that lies) and the body."""
+    return struct.pack(">I", len(body) if claimed is None else claimed) + body
+
+
+def same(a: Any, b: Any) -> bool:
+    """msgpack equality: bins as bytes, NaN equal to NaN, map order ignored, bool distinct from int."""
+    if isinstance(a, (bytes, bytearray, memoryview)) or isinstance(b, (bytes, bytearray, memoryview)):
+        return isinstance(a, (bytes, bytearray, memoryview)) and isinstance(b, (bytes, bytearray, memoryview)) \
+            and bytes(a) == bytes(b)
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+@dataclass
+class Expect:
+    """What the reply to one frame must be: its id, and the error codes or the answer allowed."""
+
+    id: Any = None
+    codes: set[str] = field(default_factory=set)  # error codes allowed
+    ok: Callable[[dict[str, Any]], None] | None = None  # checks an ok reply; None: no ok reply allowed
+
+    def verify(self, reply: dict[str, Any]) -> None:
+        assert same(reply.get("id"), self.id), f"reply id {reply.get('id')!r}, expected {self.id!r}"
+        if reply.get("ok") is True:
+            assert self.ok is not None, f"an ok reply where {sorted(self.codes)} was due: {_short(reply)}"
+            self.ok(reply)
+        else:
+            assert reply.get("ok") is False, f"a reply without ok: {_short(reply)}"
+            assert_typed_error(reply)
+            assert reply["error"]["code"] in self.codes, (
+                f"error {reply['error']} where {sorted(self.codes) or 'an ok reply'} was due"
+            )
+
+
+def assert_typed_error(reply: dict[str, Any]) -> None:
+    error = reply.get("error")
+    assert reply.get("ok") is False and isinstance(error, dict), f"not an error reply: {_short(reply)}"
+    assert error.get("code") in ERROR_CODES and isinstance(error.get("message"), str), f"untyped error: {error}"
+
+
+def _short(reply: dict[str, Any]) -> str:
+    return repr({k: (v if k != "tensor" else "<tensor>") for k, v in reply.items()})[:300]
+
+
+def reply_tensor(reply: dict[str, Any]) -> np.ndarray:
+    t = reply["tensor"]
+    return np.frombuffer(t["data"], dtype=t["dtype"]).reshape(t["shape"])
+
+
+class Connection:
+    """A blocking client socket; every read bounded by REPLY_TIMEOUT_S, always closed."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=REPLY_TIMEOUT_S)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buffer = bytearray()
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _fill(self, n: int, deadline: float) -> bool:
+        """At least ``n`` bytes buffered (True), or the host closed the connection (False)."""
+        while len(self.buffer) < n:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no complete reply within {REPLY_TIMEOUT_S:g} s: the host hangs"
+            self.sock.settimeout(left)
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except socket.timeout:
+                raise AssertionError(f"no complete reply within {REPLY_TIMEOUT_S:g} s: the host hangs") from None
+            except ConnectionResetError:
+                return False
+            if not chunk:
+                return False
+            self.buffer += chunk
+        return True
+
+    def next_reply(self) -> dict[str, Any] | None:
+        """The next reply, or None if the host closed the connection (at a frame boundary)."""
+        deadline = time.monotonic() + REPLY_TIMEOUT_S
+        if not self._fill(4, deadline):
+            assert not self.buffer, f"the host closed the connection within a reply ({len(self.buffer)} bytes)"
+            return None
+        (length,) = struct.unpack_from(">I", self.buffer)
+        assert length <= MAX_FRAME_BYTES, f"a reply of {length} bytes"
+        assert self._fill(4 + length, deadline), "the host closed the connection within a reply"
+        body, self.buffer = bytes(self.buffer[4 : 4 + length]), self.buffer[4 + length :]
+        reply = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        assert isinstance(reply, dict), f"a reply that is not a map: {reply!r}"
+        return reply
+
+    def reply(self) -> dict[str, Any]:
+        reply = self.next_reply()
+        assert reply is not None, "the host closed the connection instead of replying"
+        return reply
+
+    def replies_until_closed(self, limit: int = 64) -> list[dict[str, Any]]:
+        """After our end is shut for writing, the host answers what it read and closes."""
+        self.sock.shutdown(socket.SHUT_WR)
+        replies = []
+        for _ in range(limit):
+            reply = self.next_reply()
+            if reply is None:
+                return replies
+            replies.append(reply)
+        raise AssertionError(f"more than {limit} replies to a few frames")
+
+
+# -- strategies ----------------------------------------------------------------------------------
+
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats()  # NaN and infinities included
+    | st.text(max_size=12)
+    | st.binary(max_size=12)
+)
+#: Nested junk for mutated fields and ids: at most 10 leaves, so at most 10 deep: within the
+#: reader's 16 levels wherever it is put (a field of the tensor map is at level 3).
+junk = st.recursive(
+    scalars,
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=6) | st.integers(-100, 100), children, max_size=4),
+    max_leaves=10,
+)
+KNOWN_FIELDS = {"id", "op", "bundle", "split", "tensor", "deadline_ms", "protocol", "batches", "repeats", "splits",
+                "dtype", "shape", "data", "scale", "zero_point", "quantization"}
+#: Keys no part of the protocol reads: adding them changes nothing.
+extra_keys = st.dictionaries(
+    st.text(max_size=8).filter(lambda k: k not in KNOWN_FIELDS) | st.integers(-(2**63), 2**64 - 1),
+    junk, min_size=1, max_size=3,
+)
+#: Map keys the reader refuses (it takes str and int, bool being an int): the map cannot be read.
+bad_keys = st.floats() | st.binary(max_size=4) | st.none() | st.tuples(st.integers(0, 3))
+#: msgpack that is not a map at the top of a frame.
+non_maps = junk.filter(lambda v: not isinstance(v, dict)) | st.builds(msgpack.ExtType, st.integers(0, 127),
+                                                                       st.binary(max_size=8))
+
+
+@lru_cache(maxsize=64)
+def _cut(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+
+
+def valid_infer_request(host: FuzzHost, split: str, batch: int, seed: int, request_id: Any,
+                        quantized: tuple[float, int] | None = None) -> tuple[dict[str, Any], Expect]:
+    """A well-formed infer request and its one right answer (the tail run here)."""
+    shape = (batch, *host.sample_shape(split))
+    if quantized is None:
+        x = _cut(shape, seed)
+        tensor: dict[str, Any] = {"dtype": "float32", "shape": list(shape), "data": x.tobytes()}
+    else:
+        scale, zero_point = quantized
+        q = np.random.default_rng(seed).integers(0, 256, size=shape, dtype=np.uint8)
+        x = dequantize(q, scale, zero_point)  # what the host must feed its tail
+        tensor = {"dtype": "uint8", "shape": list(shape), "scale": scale, "zero_point": zero_point, "data": q.tobytes()}
+    expected = host.reference(split, shape, seed, quantized, x)
+
+    def ok(reply: dict[str, Any]) -> None:
+        output = reply_tensor(reply)
+        assert output.shape == expected.shape, f"output {output.shape}, expected {expected.shape}"
+        np.testing.assert_allclose(output, expected, atol=EXACT, rtol=0)
+        assert reply["batch"] >= batch and reply["compute_ms"] >= 0 and reply["queue_ms"] >= 0
+
+    request = {"id": request_id, "op": "infer", "bundle": host.bundle_id, "split": split, "tensor": tensor}
+    return request, Expect(request_id, ok=ok)
+
+
+class Step:
+    """Bytes sent on a connection and the reply they are due (None: none); ``desync``: after it our
+    framing and the host's differ, so only typed errors can be expected, until the host closes.
+    (Not a dataclass: hypothesis would print every field of a failing example, 300 KB of bytes.)"""
+
+    def __init__(self, label: str, data: bytes, expect: Expect | None, desync: bool = False) -> None:
+        self.label, self.data, self.expect, self.desync = label, data, expect, desync
+
+    def __repr__(self) -> str:
+        return f"Step({self.label!r}, {len(self.data)} bytes, id={self.expect.id if self.expect else None!r})"
+
+
+def _shuffled(draw: st.DrawFn, mapping: dict[Any, Any]) -> dict[Any, Any]:
+    """The same map in another key order: senders put the tensor last, receivers must not care."""
+    keys = draw(st.permutations(list(mapping)))
+    return {k: mapping[k] for k in keys}
+
+
+@st.composite
+def valid_infer(draw: st.DrawFn, host: FuzzHost, request_id: Any) -> Step:
+    split = draw(st.sampled_from(SPLITS))
+    batch, seed = draw(st.integers(1, 3)), draw(st.integers(0, 5))
+    quantized = draw(st.none() | st.tuples(st.floats(1e-3, 0.5), st.integers(0, 255)))
+    request, expect = valid_infer_request(host, split, batch, seed, request_id, quantized)
+    request.update(draw(st.fixed_dictionaries({}, optional={
+        "deadline_ms": st.floats(60_000, math.inf) | st.integers(60_000, 2**64 - 1),  # ample or none at all
+    })))
+    if draw(st.booleans()):
+        request.update(draw(extra_keys))
+    if draw(st.booleans()):
+        request["tensor"].update(draw(extra_keys))
+    if draw(st.booleans()):
+        request["tensor"] = _shuffled(draw, request["tensor"])
+        request = _shuffled(draw, request)
+    return Step(f"infer {split} x{batch}{' uint8' if quantized else ''}", frame(pack(request)), expect)
+
+
+@st.composite
+def valid_other(draw: st.DrawFn, host: FuzzHost, request_id: Any) -> Step:
+    op = draw(st.sampled_from(["hello", "ping", "stats", "profile"]))
+    request: dict[str, Any] = {"id": request_id, "op": op}
+    if op == "hello":
+        request["protocol"] = PROTOCOL_VERSION
+
+        def ok(reply: dict[str, Any]) -> None:
+            assert reply["protocol"] == PROTOCOL_VERSION and reply["auth"] is False
+            assert set(reply["bundles"][host.bundle_id]) >= set(SPLITS)
+    elif op == "ping":
+        size = draw(st.none() | st.integers(0, 4096))
+        if size is not None:
+            request["tensor"] = {"dtype": "uint8", "shape": [size], "data": bytes(size)}
+
+        def ok(reply: dict[str, Any]) -> None:
+            assert reply["bytes"] == (size or 0)
+    elif op == "stats":
+        def ok(reply: dict[str, Any]) -> None:
+            assert isinstance(reply["stats"], dict) and "requests" in reply["stats"]
+    else:  # the smallest profile: one run of one tail, a few ms of a worker
+        request.update({"bundle": host.bundle_id, "splits": [LATE], "batches": [1], "repeats": 1})
+
+        def ok(reply: dict[str, Any]) -> None:
+            assert reply["tail_ms"][LATE]["1"] > 0
+    return Step(op, frame(pack(request)), Expect(request_id, ok=ok))
+
+
+def _not_packed_as(value: Any) -> Callable[[Any], bool]:
+    packed = pack(value)
+    return lambda v: pack(v) != packed
+
+
+@st.composite
+def mutated_infer(draw: st.DrawFn, host: FuzzHost, request_id: Any) -> Step:
+    """A valid infer with one field wrong; the map can still be read, so the reply carries the id."""
+    split = draw(st.sampled_from(SPLITS))
+    request, good = valid_infer_request(host, split, draw(st.integers(1, 2)), 0, request_id)
+    tensor = request["tensor"]
+    before = {**request, "tensor": dict(tensor)}
+    bad = {"bad_request"}
+    field_ = draw(st.sampled_from(
+        ["op", "bundle", "split", "tensor", "dtype", "dtype_valid", "shape", "shape_list", "shape_permuted",
+         "data", "data_length", "quantization", "deadline", "deadline_spent", "spoofed_quantization"]
+    ))
+    codes: set[str]
+    ok = None
+    if field_ == "op":
+        value = draw(junk.filter(lambda v: not isinstance(v, str) or v not in OPS)
+                     | st.sampled_from(["INFER", "infer\x00", " infer", "challenge", "auth"]))
+        request["op"] = value
+        codes = bad
+    elif field_ == "bundle":
+        value = draw(junk.filter(_not_packed_as(host.bundle_id)))
+        request["bundle"] = value
+        # A string names a bundle not served here; any other type is no bundle name at all.
+        codes = {"unknown_bundle"} if isinstance(value, str) else {"unknown_bundle", "bad_request"}
+    elif field_ == "split":
+        value = draw(junk.filter(lambda v: not isinstance(v, str) or v not in (*SPLITS, "offload"))
+                     | st.sampled_from([s for s in (*SPLITS, "offload") if s != split]))
+        request["split"] = value
+        if isinstance(value, str):  # another served split takes another shape: bad_request
+            codes = {"bad_request"} if value in (*SPLITS, "offload") else {"unknown_split"}
+        else:
+            codes = {"unknown_split", "bad_request"}
+    elif field_ == "tensor":
+        value = draw(st.just(None) | junk)
+        if value is None:
+            del request["tensor"]  # "infer needs a tensor"
+        else:
+            request["tensor"] = value
+        codes = bad
+    elif field_ == "dtype":
+        tensor["dtype"] = draw(junk.filter(lambda v: not isinstance(v, str) or v not in DTYPES)
+                               | st.sampled_from(["float64", "bfloat16", "Float32", "float32 ", "object"]))
+        codes = bad
+    elif field_ == "dtype_valid":  # a dtype the codec takes and the tail does not (the bytes fit the header)
+        dtype = draw(st.sampled_from([d for d in DTYPES if d != "float32"]))
+        count = math.prod(tensor["shape"])
+        tensor["dtype"], tensor["data"] = dtype, bytes(count * np.dtype(dtype).itemsize)
+        codes = bad
+    elif field_ == "shape":
+        tensor["shape"] = draw(junk.filter(lambda v: not isinstance(v, list)))
+        codes = bad
+    elif field_ == "shape_list":  # negative, huge, bool, float, too many dims, the wrong sizes
+        tensor["shape"] = draw(st.lists(st.integers(-(2**63), 2**64 - 1) | junk, max_size=MAX_NDIM + 3)
+                               .filter(_not_packed_as(tensor["shape"])))
+        codes = bad
+    elif field_ == "shape_permuted":  # the right number of bytes, in the wrong shape for the tail
+        tensor["shape"] = draw(st.permutations(tensor["shape"]).filter(_not_packed_as(tensor["shape"])))
+        codes = bad
+    elif field_ == "data":
+        value = draw(st.just(None) | junk)
+        if value is None:
+            del tensor["data"]
+        else:
+            tensor["data"] = value
+        codes = bad
+    elif field_ == "data_length":  # truncated or too long for the shape
+        data = tensor["data"]
+        keep = draw(st.integers(0, len(data) - 1) | st.just(None))
+        tensor["data"] = data[:keep] if keep is not None else data + draw(st.binary(min_size=1, max_size=64))
+        codes = bad
+    elif field_ == "quantization":  # scale and zero_point on a float32 tensor, or of the wrong types
+        tensor["scale"] = draw(junk)
+        tensor["zero_point"] = draw(junk)
+        codes = bad
+    elif field_ == "deadline":  # not a number of milliseconds
+        request["deadline_ms"] = draw(
+            st.booleans() | st.just(math.nan) | st.text(max_size=8) | st.binary(max_size=8)
+            | st.lists(scalars, max_size=3) | st.dictionaries(st.text(max_size=4), scalars, max_size=2)
+        )
+        codes = bad
+    elif field_ == "deadline_spent":  # a budget of 0 or less is already spent
+        request["deadline_ms"] = draw(st.floats(max_value=0.0) | st.integers(-(2**63), 0))
+        codes = {"deadline_exceeded"}
+    else:  # "quantization" at the top level is no field of the protocol; the tensor's own fields say
+        request["quantization"] = draw(junk.filter(lambda v: v is not None))
+        if draw(st.booleans()):  # a uint8 tensor with no scale: not what the float32 tail takes
+            tensor["dtype"], tensor["data"] = "uint8", bytes(math.prod(tensor["shape"]))
+            codes = bad
+        else:  # a float32 tensor: ignoring the key is right; refusing the request is too
+            codes, ok = bad, good.ok
+    if draw(st.booleans()):
+        request.update(draw(extra_keys))
+    return Step(f"infer with bad {field_}: {_changes(before, request)}", frame(pack(request)),
+                Expect(request_id, codes, ok))
+
+
+def _brief(value: Any) -> str:
+    if isinstance(value, (bytes, bytearray)) and len(value) > 16:
+        return f"<{len(value)} bytes>"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _changes(before: dict[str, Any], after: dict[Any, Any], prefix: str = "") -> str:
+    """What a mutation changed, for the failing example's report."""
+    parts = []
+    for key in [*before, *(k for k in after if k not in before)]:
+        if key == "tensor" and isinstance(before.get(key), dict) and isinstance(after.get(key), dict):
+            parts.append(_changes(before[key], after[key], "tensor."))
+        elif key not in after:
+            parts.append(f"{prefix}{key} missing")
+        elif key not in before or not same(before[key], after[key]):
+            parts.append(f"{prefix}{key}={_brief(after[key])}")
+    return ", ".join(p for p in parts if p)
+
+
+@st.composite
+def unreadable(draw: st.DrawFn, host: FuzzHost) -> Step:
+    """A frame whose map cannot be read (or is not a map at all): ``bad_request`` with id null."""
+    request, _ = valid_infer_request(host, LATE, 1, 0, draw(st.integers(0, 100)))
+    body = pack(request)
+    kind = draw(st.sampled_from(["random", "non_map", "truncated", "trailing", "inner_length", "bad_key",
+                                 "too_deep", "not_utf8", "ext"]))
+    if kind == "random":
+        body = draw(st.binary(max_size=256))
+        try:
+            readable = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        except Exception:  # noqa: BLE001 - msgpack raises several types for malformed input
+            readable = None
+        assume(not isinstance(readable, dict))  # a readable map is no longer random bytes
+    elif kind == "non_map":
+        body = pack(draw(non_maps))
+    elif kind == "truncated":  # the length prefix tells the truth about a body cut short
+        body = body[: draw(st.integers(0, len(body) - 1))]
+    elif kind == "trailing":  # a prefix longer than the map: the rest is junk after it
+        body = body + draw(st.binary(min_size=1, max_size=64))
+    elif kind == "inner_length":  # the tensor's bin header lies about its length
+        nbytes = len(request["tensor"]["data"])
+        at = len(body) - nbytes - 2  # bin 16: 0xc5, then the length (the cut is 31,360 bytes)
+        assert body[at - 1] == 0xC5, "the test's frame layout changed"
+        claimed = draw(st.integers(0, 0xFFFF).filter(lambda n: n != nbytes))
+        body = body[:at] + struct.pack(">H", claimed) + body[at + 2 :]
+    elif kind == "bad_key":
+        where = request if draw(st.booleans()) else request["tensor"]
+        where[draw(bad_keys)] = draw(junk)
+        body = pack(request)
+    elif kind == "too_deep":  # nested deeper than the reader's 16 levels
+        value: Any = draw(scalars)
+        for _ in range(draw(st.integers(17, 40))):
+            value = [value]
+        request["extra"] = value
+        body = pack(request)
+    elif kind == "not_utf8":
+        request["zzzz"] = 1
+        body = pack(request).replace(b"\xa4zzzz", b"\xa4" + draw(st.sampled_from([b"\xff\xfe\xfd\xfc", b"ab\xc3("])))
+    else:  # msgpack's extension types are no part of the protocol
+        request["extra"] = msgpack.ExtType(draw(st.integers(0, 127)), draw(st.binary(max_size=8)))
+        body = pack(request)
+    return Step(f"unreadable {kind}", frame(body), Expect(None, {"bad_request"}))
+
+
+@st.composite
+def oversized(draw: st.DrawFn) -> Step:
+    """Longer than the limit, body sent: refused from the prefix, the body skipped, framing intact."""
+    length = draw(st.integers(MAX_FRAME_BYTES + 1, MAX_FRAME_BYTES + 65536))
+    return Step(f"oversized {length}", frame(b"", claimed=length) + bytes(length), Expect(None, {"bad_request"}))
+
+
+@st.composite
+def desync(draw: st.DrawFn, host: FuzzHost) -> Step:
+    """Lies after which the host's framing no longer matches the sender's: only typed errors may
+    come back, and the host must close the connection when we shut our end."""
+    request, _ = valid_infer_request(host, LATE, 1, 0, 1)
+    body = pack(request)
+    kind = draw(st.sampled_from(["raw", "short_prefix", "long_prefix", "huge_prefix"]))
+    if kind == "raw":  # unframed random bytes
+        return Step("raw bytes", draw(st.binary(min_size=1, max_size=2048)), None, desync=True)
+    if kind == "short_prefix":  # the body is longer than its prefix says: the rest is read as frames
+        return Step("short prefix", frame(body, claimed=draw(st.integers(0, len(body) - 1))),
+                    Expect(None, {"bad_request"}), desync=True)
+    if kind == "long_prefix":  # the body never completes: nothing is due, the host waits for it
+        claimed = draw(st.integers(len(body) + 1, MAX_FRAME_BYTES))
+        return Step("long prefix", frame(body, claimed=claimed), None, desync=True)
+    claimed = draw(st.integers(MAX_FRAME_BYTES + 1, 2**32 - 1))  # refused at once; its body never comes
+    return Step("huge prefix", frame(b"", claimed=claimed), Expect(None, {"bad_request"}), desync=True)
+
+
+@st.composite
+def connection_script(draw: st.DrawFn, host: FuzzHost) -> tuple[list[Step], Step | None, list[int]]:
+    """Steps for one connection: frames that keep the framing in step, perhaps one that does not
+    last, and the offsets at which the bytes are cut into separate writes."""
+    count = draw(st.integers(1, 6))
+    steps = []
+    for i in range(count):
+        request_id = draw(st.sampled_from([i, f"r{i}"]))  # unique on the connection: replies come in any order
+        steps.append(draw(
+            valid_infer(host, request_id) | valid_infer(host, request_id) | valid_other(host, request_id)
+            | mutated_infer(host, request_id) | mutated_infer(host, request_id) | unreadable(host) | oversized()
+        ))
+    last = draw(st.none() | desync(host))
+    total = sum(len(s.data) for s in steps)
+    cuts = sorted(set(draw(st.lists(st.integers(1, max(total - 1, 1)), max_size=6))))
+    return steps, last, cuts
+
+
+# -- the tests -----------------------------------------------------------------------------------
+
+
+def _match(replies: list[dict[str, Any]], steps: list[Step]) -> None:
+    """Replies come in completion order: match them to their frames by id; id-null ones by count."""
+    due = [s for s in steps if s.expect is not None]
+    assert len(replies) == len(due), f"{len(replies)} replies to {len(due)} frames that are due one"
+    by_id = {pack(s.expect.id): s for s in due if s.expect.id is not None}
+    null = [s for s in due if s.expect.id is None]
+    null_replies = [r for r in replies if r.get("id") is None]
+    assert len(null_replies) == len(null), f"{len(null_replies)} id-null replies, {len(null)} due: {steps}"
+    for reply, step in zip(null_replies, null):
+        step.expect.verify(reply)
+    for reply in replies:
+        if reply.get("id") is not None:
+            step = by_id.pop(pack(reply["id"]), None)
+            assert step is not None, f"a reply with an id not sent, or sent once and answered twice: {_short(reply)}"
+            try:
+                step.expect.verify(reply)
+            except AssertionError as exc:
+                raise AssertionError(f"{step}: {exc}") from exc
+
+
+@settings(FUZZ, max_examples=150)
+@given(data=st.data())
+def test_interleaved_valid_and_invalid_frames_on_one_connection(host: FuzzHost, data: st.DataObject) -> None:
+    steps, last, cuts = data.draw(connection_script(host), label="steps, last step, write offsets")
+    for step in [*steps, *([last] if last else [])]:
+        event(step.label.split(":")[0].split(" x")[0].split(" 1")[0])  # --hypothesis-show-statistics
+    stream = b"".join(s.data for s in steps)
+    with Connection(host.port) as conn:
+        for start, end in zip([0, *cuts], [*cuts, len(stream)]):
+            conn.send(stream[start:end])  # frames split across writes, several in one write
+        replies = [conn.reply() for s in steps if s.expect is not None]
+        _match(replies, steps)
+        if last is None:  # nothing more is due: the next reply is the answer to a ping
+            conn.send(frame(pack({"id": "sentinel", "op": "ping"})))
+            Expect("sentinel", ok=lambda r: None).verify(conn.reply())
+        else:
+            conn.send(last.data)
+            after = conn.replies_until_closed()
+            for reply in after:
+                assert_typed_error(reply)
+            if last.expect is not None:
+                assert after, f"{last}: no reply"
+                last.expect.verify(after[0])
+            if last.label.startswith("huge prefix"):  # the rest of its body never came: nothing else read
+                assert len(after) == 1, f"{last}: {len(after)} replies"
+            if last.label == "long prefix":
+                assert not after, f"{last}: replies to a frame that never completed"
+    host.check()
+
+
+@settings(FUZZ, max_examples=60)
+@given(request_id=st.integers(-(2**63), 2**64 - 1) | st.text(max_size=20) | scalars | junk, data=st.data())
+def test_ids_of_every_type_come_back(host: FuzzHost, request_id: Any, data: st.DataObject) -> None:
+    """The id is whatever msgpack the request carried (the protocol says int or str; the host
+    echoes anything), in answers and in typed errors alike."""
+    step = data.draw(valid_infer(host, request_id) | valid_other(host, request_id) | mutated_infer(host, request_id),
+                     label="request")
+    event(type(request_id).__name__)
+    with Connection(host.port) as conn:
+        conn.send(step.data)
+        step.expect.verify(conn.reply())
+        conn.send(step.data)  # the same again: the connection still serves after an error
+        step.expect.verify(conn.reply())
+    host.check()
+
+
+@settings(FUZZ, max_examples=50)
+@given(stream=st.binary(min_size=1, max_size=4096))
+def test_random_bytes_get_typed_errors_or_nothing(host: FuzzHost, stream: bytes) -> None:
+    """Unframed random bytes: whatever the host makes of them, it answers with typed errors only,
+    and closes the connection when the sender's end closes (it never waits forever)."""
+    with Connection(host.port) as conn:
+        conn.send(stream)
+        for reply in conn.replies_until_closed():
+            assert_typed_error(reply)
+    host.check()
+
+
+def test_after_the_fuzzing_the_host_holds_nothing_and_still_serves(host: FuzzHost) -> None:
+    """No connection, request or queued sample is left over from the fuzzing; its memory stayed
+    within the bound; the errors were counted; it answers correctly."""
+    deadline = time.monotonic() + REPLY_TIMEOUT_S
+    while True:  # closed connections are dropped when the host reads their end, a moment later
+        with Connection(host.port) as conn:
+            conn.send(frame(pack({"id": 0, "op": "stats"})))
+            stats = conn.reply()["stats"]
+        if stats["connections"] == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert stats["connections"] == 1, f"{stats['connections']} connections still open (only this one should be)"
+    assert stats["in_flight"] == 0 and stats["queue_depth"] == 0, stats
+    host.check()
+    grown = (host.rss_peak - host.rss_start) / 2**20
+    print(f"host RSS: {host.rss_start / 2**20:.1f} MiB after warm-up, peak {host.rss_peak / 2**20:.1f} MiB "
+          f"(+{grown:.1f}, bound +{RSS_BOUND_BYTES / 2**20:.0f}); errors by code: {stats['errors']}")
+    assert stats["errors"].get("bad_request", 0) > 0, stats["errors"]
