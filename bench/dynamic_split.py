@@ -13,7 +13,7 @@ For each model (MobileNetV2 with its ImageNet weights, and ResNet-18), on one ma
 * **prediction**: every option (local, offload, each split) runs 12 frames at 2 frames/s
   (no queueing) at two fixed rates; the measured median of head + transfer + tail is
   compared with the model's prediction for that rate;
-* **schedule**: a live 30 fps synthetic camera (newest frames win) runs ``--split auto`` and
+* **schedule**: a live 15 fps synthetic camera (newest frames win) runs ``--split auto`` and
   every static option while ``--schedule`` drives the link's rate; each run's trace gives
   median and p95 latency, frames per second and the drop rate. The **oracle** is the best
   option in hindsight for each 0.5 s of the schedule: per bin, the static run with the
@@ -56,7 +56,8 @@ CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")
 CGROUP_PERIOD_US = 1000
 BIN_S = 0.5
 PREDICTION_FRAMES = 12
-PREDICTION_RATES_MBIT = (5.0, 40.0)
+PREDICTION_RATES_MBIT = (10.0, 100.0)
+CAMERA = "synthetic:15"  # a live camera at 15 frames/s
 
 
 @contextmanager
@@ -242,7 +243,7 @@ def bench_model(name: str, bundle: Path, link: EmulatedLink, schedule: RateSched
     for option in ("auto", *calibration.table.splits):
         trace = tmp / f"{name}-{option}.jsonl"
         link.set_rate(schedule.rate_at(0))
-        start = run_device(bundle, host, option, "synthetic:30", trace, cgroup, seconds=schedule.duration_s,
+        start = run_device(bundle, host, option, CAMERA, trace, cgroup, seconds=schedule.duration_s,
                            link=link, schedule=schedule)
         runs[option], _ = frames_in_window(trace, start, schedule.duration_s)
         results[option] = metrics(runs[option], schedule.duration_s)
@@ -274,7 +275,7 @@ def bench_model(name: str, bundle: Path, link: EmulatedLink, schedule: RateSched
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--weights", required=True, help="MobileNetV2 ImageNet state dict")
-    parser.add_argument("--schedule", default="40:8,2:8,40:8", help="RATE_MBIT:SECONDS,... (default 40:8,2:8,40:8)")
+    parser.add_argument("--schedule", default="100:6,10:6,1:6", help="RATE_MBIT:SECONDS,... (default 100:6,10:6,1:6)")
     parser.add_argument("--board-cpu", type=float, default=0.25, help="the board's CPU, in cores (default 0.25)")
     parser.add_argument("--bundles", type=Path, default=Path("build/bench/dynamic-bundles"))
     parser.add_argument("--models", default="mobilenet_v2,resnet18")
