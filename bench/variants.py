@@ -1,8 +1,9 @@
 """Head variants for the board: float32 / int8 × ONNX / TFLite, against the float32 ONNX head.
 
 For MobileNetV2 (real ImageNet weights) at each compressive bottleneck: every variant's
-head latency at batch 1 on this machine (median of ``--repeats`` after warm-up, each run by
-the board's own backend, ``device_runtime.backend.load_backend``) and file size, as ratios to
+head latency at batch 1 on this machine (median of ``--repeats`` rounds after warm-up, the
+variants timed round-robin within each round, each run by the board's own backend,
+``device_runtime.backend.load_backend``) and file size, as ratios to
 the float32 ONNX head of the same split measured in the same run; and the bytes the cut
 tensor puts on the link as float32 and as uint8.
 
@@ -55,16 +56,19 @@ def calibration_images(spec, n: int, seed: int = 0) -> np.ndarray:
     return np.concatenate(out)
 
 
-def latency_ms(path: Path, fmt: str, x: np.ndarray, repeats: int) -> float:
-    backend = load_backend(path, fmt=fmt)
-    for _ in range(10):
-        backend.run(x)
-    times = []
+def latencies_ms(backends: dict, x: np.ndarray, repeats: int) -> dict:
+    """Median ms of each backend, timed round-robin (one run of each per round) so that load
+    and clock drift during the run hit every variant alike."""
+    for backend in backends.values():
+        for _ in range(10):
+            backend.run(x)
+    times: dict = {key: [] for key in backends}
     for _ in range(repeats):
-        start = time.perf_counter()
-        backend.run(x)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000.0
+        for key, backend in backends.items():
+            start = time.perf_counter()
+            backend.run(x)
+            times[key].append(time.perf_counter() - start)
+    return {key: statistics.median(t) * 1000.0 for key, t in times.items()}
 
 
 def main() -> None:
@@ -92,14 +96,17 @@ def main() -> None:
                 export_tflite(head, "head", torch.from_numpy(samples[:2]), path, precision=precision,
                               calibration=samples if precision == "int8" else None)
                 paths[("tflite", precision)] = path
-            base_ms = latency_ms(paths[("onnx", "float32")], "onnx", x, args.repeats)
-            base_bytes = paths[("onnx", "float32")].stat().st_size
+            backends = {}
             for (fmt, precision), path in paths.items():
                 try:
-                    ms = base_ms if (fmt, precision) == ("onnx", "float32") else latency_ms(path, fmt, x, args.repeats)
+                    backends[fmt, precision] = load_backend(path, fmt=fmt)
                 except SplitEdgeError as exc:  # a variant the runtime cannot run is a finding, not a crash
                     failures.append({"split": split.id, "format": fmt, "precision": precision, "error": str(exc)})
-                    continue
+            measured = latencies_ms(backends, x, args.repeats)
+            base_ms = measured["onnx", "float32"]
+            base_bytes = paths[("onnx", "float32")].stat().st_size
+            for (fmt, precision), ms in measured.items():
+                path = paths[fmt, precision]
                 rows.append({
                     "split": split.id, "format": fmt, "precision": precision,
                     "head_ms": ms, "latency_ratio": ms / base_ms,

@@ -167,7 +167,7 @@ class Pipeline:
                 if victim is not None:
                     out.put_nowait(_dropped(victim.frame))
         except Exception as exc:  # a dead camera: reported after the frames already taken are answered
-            self._failure = exc
+            self._fail(exc)
         finally:
             queue.close()
 
@@ -187,6 +187,8 @@ class Pipeline:
                 if not batch:
                     return
                 await jobs.put(await self._start(batch))  # bounded: waits while in_flight batches are out
+        except Exception as exc:  # a head that fails, a bundle that cannot send: end the stream with it
+            self._fail(exc)
         finally:
             await jobs.put(None)
 
@@ -196,9 +198,19 @@ class Pipeline:
             job = await jobs.get()
             if job is None:
                 break
-            for result in await job:
+            try:
+                results = await job
+            except Exception as exc:
+                self._fail(exc)
+                break
+            for result in results:
                 out.put_nowait(result)
         out.put_nowait(self._failure if self._failure is not None else _END)
+
+    def _fail(self, exc: Exception) -> None:
+        """The first failure ends the stream; the results before it have been delivered."""
+        if self._failure is None:
+            self._failure = exc
 
     async def _start(self, batch: list[_Captured]) -> asyncio.Future[list[FrameResult]]:
         loop = asyncio.get_running_loop()
@@ -226,8 +238,8 @@ class Pipeline:
     ) -> list[FrameResult]:
         """Send the cut and wait for the tail; on any failure answer the batch here instead."""
         loop = asyncio.get_running_loop()
-        tensor, fields = self.runner.payload(split, cut)
         try:
+            tensor, fields = self.runner.payload(split, cut)
             result = await client.infer(
                 self.runner.bundle.id, split, tensor, timeout=self.config.request_timeout_s, **fields
             )

@@ -15,6 +15,7 @@ import pytest
 
 from device_runtime.bundle import LOCAL_SPLIT, Bundle
 from device_runtime.camera import Frame, FrameSource, Synthetic
+from device_runtime.errors import BundleError
 from device_runtime.frame_queue import FrameQueue
 from device_runtime.host_link import HostLink
 from device_runtime.pipeline import Pipeline, PipelineConfig
@@ -141,3 +142,10 @@ def test_host_killed_mid_stream_every_frame_answered_then_offloads_again(mobilen
     assert where[:10] == ["remote"] * 10, where[:10]
     assert "local" in where[10:] and where[-1] == "remote", where  # fell back, then offloaded again
     assert losses == 1
+
+
+def test_a_failure_ends_the_stream_with_its_error_not_a_hang(mobilenet_bundle: Path, host) -> None:
+    """uint8 on the link for a bundle built without --quantize: the error, after no silent loss."""
+    bundle = Bundle.load(mobilenet_bundle)
+    with pytest.raises(BundleError, match="has no uint8 quantization; rebuild the bundle with --quantize int8"):
+        run_stream(DeviceRunner(bundle, threads=1, transmit="uint8"), "synthetic", SPLIT, host, frames=5, drop="none")
