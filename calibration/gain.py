@@ -20,17 +20,21 @@ def relative_gain(
     scenario: Sequence[tuple[int, float]],
     static_split: str,
     dynamic: Policy | None = None,
+    signed: bool = False,
 ) -> float:
     """DSC Eq. 7: G = 1/N * sum over the states of |T_dyn - T_static| / T_static.
 
     T_dyn is the predicted time of the split ``dynamic`` picks (``model.best``, DSC Eq. 6,
     when not given; a table lookup or a selector to measure what they lose to the exact argmin).
+    With the argmin T_dyn <= T_static and the absolute value changes nothing; a real policy
+    (hysteresis, a stale estimate) can be slower in some states, which ``signed=True``
+    counts as a loss, (T_static - T_dyn) / T_static, instead of a gain.
     """
-    return _mean_gain(model, scenario, static_split, _choices(model, scenario, dynamic))
+    return _mean_gain(model, scenario, static_split, _choices(model, scenario, dynamic), signed)
 
 
 def gains_over_static(
-    model: LatencyModel, scenario: Sequence[tuple[int, float]], dynamic: Policy | None = None
+    model: LatencyModel, scenario: Sequence[tuple[int, float]], dynamic: Policy | None = None, signed: bool = False
 ) -> dict[str, float]:
     """DSC Eq. 7 against each split of the model held static (their Fig. 3, one split at a time).
 
@@ -38,7 +42,7 @@ def gains_over_static(
     (a selector with hysteresis) sees the scenario once, as it would at run time.
     """
     choices = _choices(model, scenario, dynamic)
-    return {name: _mean_gain(model, scenario, name, choices) for name in model.names}
+    return {name: _mean_gain(model, scenario, name, choices, signed) for name in model.names}
 
 
 def _choices(model: LatencyModel, scenario: Sequence[tuple[int, float]], dynamic: Policy | None) -> list[str]:
@@ -49,7 +53,8 @@ def _choices(model: LatencyModel, scenario: Sequence[tuple[int, float]], dynamic
 
 
 def _mean_gain(
-    model: LatencyModel, scenario: Sequence[tuple[int, float]], static_split: str, choices: list[str]
+    model: LatencyModel, scenario: Sequence[tuple[int, float]], static_split: str, choices: list[str],
+    signed: bool = False,
 ) -> float:
     total = 0.0
     for (batch, rate), choice in zip(scenario, choices):
@@ -59,5 +64,6 @@ def _mean_gain(
                 f"{static_split!r} is predicted to take {static_ms} ms at batch {batch}, {rate:g} bit/s: "
                 "a relative gain needs a positive time"
             )
-        total += abs(model.predict_ms(choice, batch, rate) - static_ms) / static_ms
+        difference = static_ms - model.predict_ms(choice, batch, rate)
+        total += (difference if signed else abs(difference)) / static_ms
     return total / len(scenario)

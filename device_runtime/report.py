@@ -77,7 +77,8 @@ def _gain(calibration: Calibration, answered: list[dict[str, Any]]) -> dict[str,
 
     Eq. 7 takes |T_dyn - T_SS|: with DSC's argmin T_dyn <= T_SS and the gain is a saving; with
     the run's own choices (table rounding, hysteresis, a stale estimate) a state where the run
-    chose a split predicted slower than the static one also counts as gain.
+    chose a split predicted slower than the static one would count as gain too. The report
+    takes the signed form, so such states count as losses.
     """
     known = set(calibration.model.names)
     modelled = [f for f in answered if f["split"] in known]
@@ -86,7 +87,8 @@ def _gain(calibration: Calibration, answered: list[dict[str, Any]]) -> dict[str,
     if states:
         choices = iter([f["split"] for f in states])
         gain = gains_over_static(
-            calibration.model, [(f["batch"], f["rate_bps"]) for f in states], dynamic=lambda batch, rate: next(choices)
+            calibration.model, [(f["batch"], f["rate_bps"]) for f in states], dynamic=lambda batch, rate: next(choices),
+            signed=True,
         )
     return {
         "gain_over_static": gain,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from calibration import LOCAL, OFFLOAD, CalibrationError, SplitTable, gains_over_static, relative_gain
+from calibration import LOCAL, OFFLOAD, CalibrationError, LatencyModel, SplitTable, SplitTimings, gains_over_static, relative_gain
 from tests.calibration.models import corners
 
 # Two states of the CORNERS model (times from its docstring):
@@ -48,3 +48,13 @@ def test_a_stateful_policy_sees_each_state_once() -> None:
 def test_empty_scenario_is_refused() -> None:
     with pytest.raises(CalibrationError, match="scenario: expected at least one"):
         relative_gain(corners(), [], "mid")
+
+
+def test_signed_gain_counts_a_slower_choice_as_a_loss() -> None:
+    """A policy that picks the slower option: Eq. 7's absolute value calls it a gain, signed does not."""
+    model = LatencyModel((SplitTimings(LOCAL, 0, {1: 10.0}, {}), SplitTimings("cut", 1000, {1: 1.0}, {1: 1.0})), 0.0)
+    # At 8 Mbit/s the cut takes 1 + 1 + 1 = 3 ms, local 10 ms; the policy always says local.
+    scenario = [(1, 8e6)]
+    assert relative_gain(model, scenario, "cut", dynamic=lambda b, r: LOCAL) == pytest.approx(7 / 3)
+    assert relative_gain(model, scenario, "cut", dynamic=lambda b, r: LOCAL, signed=True) == pytest.approx(-7 / 3)
+    assert gains_over_static(model, scenario, signed=True) == {LOCAL: pytest.approx(0.7), "cut": 0.0}
