@@ -53,7 +53,7 @@ from device_runtime.trace import read_trace
 
 PORT = 7767
 CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")
-CGROUP_PERIOD_US = 1000
+CGROUP_QUOTA_US = 1000  # the kernel's minimum
 BIN_S = 0.5
 PREDICTION_FRAMES = 12
 PREDICTION_RATES_MBIT = (10.0, 100.0)
@@ -64,15 +64,15 @@ CAMERA = "synthetic:15"  # a live camera at 15 frames/s
 def board_cgroup(cpu: float) -> Iterator[Path | None]:
     """A cgroup-v1 CPU cap standing in for a slower board (None where cgroups cannot be made).
 
-    The period is the shortest the kernel allows (1 ms), so the cap slows every inference
-    alike: with the default 100 ms period a 10 ms inference runs at full speed until the
-    quota is spent and then waits, and the median of a calibration hides the cap.
+    The quota is the smallest the kernel allows (1 ms per period), so the cap slows every
+    inference alike: with the default 100 ms period a 10 ms inference runs at full speed
+    until the quota is spent and then waits, and the median of a calibration hides the cap.
     """
     path = CGROUP_ROOT / f"splitedge-board-{os.getpid()}"
     try:
         path.mkdir()
-        (path / "cpu.cfs_period_us").write_text(str(CGROUP_PERIOD_US))
-        (path / "cpu.cfs_quota_us").write_text(str(int(cpu * CGROUP_PERIOD_US)))
+        (path / "cpu.cfs_period_us").write_text(str(int(CGROUP_QUOTA_US / cpu)))
+        (path / "cpu.cfs_quota_us").write_text(str(CGROUP_QUOTA_US))
     except OSError as exc:
         print(f"no CPU cgroup ({exc}): the board runs at this machine's full speed", file=sys.stderr)
         yield None
