@@ -98,6 +98,7 @@ def decode(body: Buffer) -> dict[str, Any]:
     message = unpack(body)
     if not isinstance(message, dict):
         raise ProtocolError(f"a frame must hold a msgpack map, got {type(message).__name__}")
+    message.pop("quantization", None)  # set below from the tensor's own fields, never taken from the wire
     if "tensor" in message:
         try:
             message["tensor"], quantization = decode_tensor(message["tensor"])

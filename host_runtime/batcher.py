@@ -53,7 +53,10 @@ EWMA_ALPHA = 0.2
 @dataclass(frozen=True)
 class BatchConfig:
     max_batch: int = 8  # samples per tail run; 1 turns batching off
-    max_wait_ms: float = 2.0  # how long the oldest request waits for company
+    # How long the oldest request waits for company. 0: requests that arrive while a batch runs
+    # form the next one anyway, and a lone board is not delayed (2 ms halved its throughput,
+    # docs/benchmarks.md "Host under load").
+    max_wait_ms: float = 0.0
     max_queue: int = 256  # samples waiting across the host before requests are refused
 
     def __post_init__(self) -> None:

@@ -91,12 +91,12 @@ class TailRegistry:
         return served
 
     def lookup(self, bundle_id: object, split_id: object) -> Backend:
-        if bundle_id not in self.bundles:
+        if not isinstance(bundle_id, str) or bundle_id not in self.bundles:
             raise ProtocolError(
                 f"bundle {bundle_id!r} is not served here; served: {', '.join(self.bundles) or 'none'}",
                 code="unknown_bundle",
             )
-        tail = self.tails.get((bundle_id, split_id))  # type: ignore[arg-type]
+        tail = self.tails.get((bundle_id, split_id)) if isinstance(split_id, str) else None
         if tail is None:
             known = ", ".join(s for b, s in self.tails if b == bundle_id)
             raise ProtocolError(f"split {split_id!r} of bundle {bundle_id} has no tail here; splits: {known}", code="unknown_split")
@@ -134,7 +134,7 @@ def profile_tails(
     on the values. Requests outside the bounds are ``bad_request``, never a long stall.
     """
     served = registry.served()
-    if bundle_id not in served:
+    if not isinstance(bundle_id, str) or bundle_id not in served:
         registry.lookup(bundle_id, None)  # raises unknown_bundle with the list
     chosen = list(served[bundle_id]) if splits is None else list(splits)
     bad_batches = [b for b in batches if not isinstance(b, int) or not 1 <= b <= MAX_PROFILE_BATCH]

