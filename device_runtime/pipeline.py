@@ -81,7 +81,10 @@ _END = object()
 
 
 class Pipeline:
-    """Runs a frame source through a :class:`DeviceRunner` with a split policy and an optional host."""
+    """Runs a frame source through a :class:`DeviceRunner` with a split policy and an optional host.
+
+    One pipeline serves one :meth:`run`: its worker threads end with it.
+    """
 
     def __init__(
         self,
@@ -97,7 +100,7 @@ class Pipeline:
         self._compute = ThreadPoolExecutor(1, thread_name_prefix="compute")  # the board's one inference engine
         self._camera = ThreadPoolExecutor(1, thread_name_prefix="capture")
         self._remote = 0  # remote batches in flight
-        self._failure: Exception | None = None  # the source's, raised once the frames before it are answered
+        self._failure: Exception | None = None  # the first stage's failure, raised after the results before it
 
     def available(self) -> frozenset[str]:
         """Splits that can run now: ``local`` always, the host's while one is connected."""
@@ -116,7 +119,7 @@ class Pipeline:
         )
         jobs: asyncio.Queue[asyncio.Future[list[FrameResult]] | None] = asyncio.Queue(self.config.in_flight)
         if self.hosts is not None and self.hosts.client is not None:
-            await self._probe(self.hosts.client)  # a first rate estimate before the first choice
+            await self.probe(self.hosts.client)  # a first rate estimate before the first choice
         workers = [
             asyncio.ensure_future(self._capture(source, queue, frames, stop, out)),
             asyncio.ensure_future(self._process(queue, jobs)),
@@ -280,9 +283,9 @@ class Pipeline:
             await asyncio.sleep(self.config.probe_every_s)
             client = self.hosts.client if self.hosts is not None else None
             if client is not None and self._remote == 0 and self.meter.stale(self.config.probe_every_s):
-                await self._probe(client)
+                await self.probe(client)
 
-    async def _probe(self, client: HostClient) -> None:
+    async def probe(self, client: HostClient) -> None:
         """A small ping (round trip) and a payload ping (rate)."""
         try:
             self.meter.observe_probe(0, await client.ping(0, timeout=self.config.request_timeout_s))

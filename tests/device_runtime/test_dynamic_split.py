@@ -50,7 +50,7 @@ def test_rate_estimate_converges_on_a_shaped_link(mobilenet_bundle: Path, shaped
         pipeline = Pipeline(DeviceRunner(bundle, threads=1), StaticPolicy(LOCAL, bundle), hosts)
         try:
             for _ in range(8):
-                await pipeline._probe(hosts.client)
+                await pipeline.probe(hosts.client)
             return pipeline.meter.rate_bps
         finally:
             await hosts.close()
