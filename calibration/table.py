@@ -101,6 +101,15 @@ class SplitTable:
         best = tuple(tuple(index[model.best(b, rate, splits)] for rate in rates) for b in batches)
         return cls(batches=batches, rates_bps=rates, splits=splits, best=best)
 
+    def for_model(self, model: LatencyModel) -> SplitTable:
+        """This table's grid (batches, rates, options) tabulated again for ``model``: what a
+        board does when its measured times replace the calibrated ones."""
+        index = {name: i for i, name in enumerate(self.splits)}
+        best = tuple(
+            tuple(index[model.best(b, rate, self.splits)] for rate in self.rates_bps) for b in self.batches
+        )
+        return SplitTable(batches=self.batches, rates_bps=self.rates_bps, splits=self.splits, best=best)
+
     def lookup(self, batch: int, rate_bps: float) -> str:
         """The tabulated best split for a frame: runs once per frame, so O(1) and a few µs.
 

@@ -7,10 +7,9 @@ host never costs a frame (the pipeline re-runs in-flight batches locally too).
 
 from __future__ import annotations
 
-import math
 from typing import Collection, Protocol
 
-from calibration import LOCAL, OFFLOAD, Calibration, RunningTimes, SplitSelector, SplitTable
+from calibration import LOCAL, OFFLOAD, Calibration, RunningTimes, SplitSelector
 from device_runtime.bundle import Bundle
 
 __all__ = ["AutoPolicy", "SplitPolicy", "StaticPolicy"]
@@ -66,18 +65,4 @@ class AutoPolicy:
         self._observed += 1
         if self._observed % self.refine_every == 0:
             model = self.running.apply(self.base_model)
-            table = self.calibration.table
-            self.selector.retune(
-                SplitTable.build(
-                    model, table.batches, table.rates_bps[0], table.rates_bps[-1], _points_per_decade(table),
-                    allowed=table.splits,
-                ),
-                model,
-            )
-
-
-def _points_per_decade(table: SplitTable) -> int:
-    rates = table.rates_bps
-    if len(rates) < 2:
-        return 1
-    return round((len(rates) - 1) / math.log10(rates[-1] / rates[0]))
+            self.selector.retune(self.calibration.table.for_model(model), model)

@@ -155,3 +155,18 @@ def _broken(edit) -> dict:
 def test_from_dict_names_the_bad_field(edit, message: str) -> None:
     with pytest.raises(CalibrationError, match=message):
         SplitTable.from_dict(_broken(edit))
+
+
+def test_for_model_keeps_the_grid_and_retabulates() -> None:
+    """The board's measured times replace the calibrated ones: same grid, Eq. 6 of the new model."""
+    slow_local = corners()
+    table = SplitTable.build(slow_local, (1, 4))
+    fast_local = LatencyModel(
+        tuple(SplitTimings(s.split, s.bytes_per_sample, {1: 0.01, 4: 0.04}, s.tail_ms) if s.split == LOCAL else s
+              for s in slow_local.splits),
+        slow_local.rtt_ms,
+    )
+    again = table.for_model(fast_local)
+    assert (again.batches, again.rates_bps, again.splits) == (table.batches, table.rates_bps, table.splits)
+    assert again == SplitTable.build(fast_local, (1, 4))
+    assert {again.lookup(b, r) for b in again.batches for r in again.rates_bps} == {LOCAL}
