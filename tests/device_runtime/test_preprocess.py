@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from device_runtime.bundle import Preprocess
-from device_runtime.preprocess import preprocess, resize_matrix
+from device_runtime.preprocess import preprocess, resize_matrix, resize_taps
 
 IMAGENET = dict(resize=256, crop=224, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
 # torchvision rounds its resized uint8 image; ours rounds a float image computed in another
@@ -36,6 +36,19 @@ def test_resize_matrix_rows_are_normalised_and_antialiased() -> None:
     np.testing.assert_allclose(down.sum(axis=1), 1.0, atol=1e-6)
     # Shrinking by 2.34x must average over more than the 2 taps plain bilinear would use.
     assert (down > 0).sum(axis=1).min() >= 4
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+@pytest.mark.parametrize(("n_in", "n_out", "first", "count"), [(480, 256, 16, 224), (640, 341, 58, 224), (100, 256, 16, 224), (7, 3, 0, 3)])
+def test_banded_taps_equal_the_dense_filter(n_in: int, n_out: int, first: int, count: int, interpolation: str) -> None:
+    """The band holds every non-zero weight, at the image's edges and when enlarging too."""
+    dense = resize_matrix(n_in, n_out, interpolation)[first : first + count]
+    index, weights = resize_taps(n_in, n_out, interpolation, first, count)
+    rebuilt = np.zeros_like(dense)
+    np.put_along_axis(rebuilt, index, weights, axis=1)
+    np.testing.assert_array_equal(rebuilt, dense)
+    signal = np.random.default_rng(0).random(n_in).astype(np.float32)
+    np.testing.assert_allclose((signal[index] * weights).sum(axis=1), dense @ signal, rtol=1e-5, atol=1e-6)
 
 
 def test_frame_must_be_rgb() -> None:
