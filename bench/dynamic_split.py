@@ -4,23 +4,34 @@ For each model (MobileNetV2 with its ImageNet weights, and ResNet-18), on one ma
 
 * the **host** (``split-host serve``) runs in a network namespace behind a veth pair shaped
   by the kernel's ``tbf`` (:class:`device_runtime.link_emulator.EmulatedLink`);
-* the **board** is ``split-device`` in the root namespace, in a CPU cgroup capped at
-  ``--board-cpu`` of one core (default 0.25: a Raspberry-Pi-class board is several times
-  slower than this machine's cores; without the cap board and host would be equally fast
-  and nothing would ever be worth offloading);
+* the **board** is ``split-device`` in the root namespace, pinned to one CPU and in a CPU
+  cgroup capped at ``--board-cpu`` of it (default 0.25: a Raspberry-Pi-class board is
+  several times slower than this machine's cores; without the cap board and host would be
+  equally fast and nothing would ever be worth offloading). The host (one worker, one
+  onnxruntime thread) is pinned to another CPU: two machines, not two processes fighting
+  over the same cores. Pinned to one CPU, the cgroup can lend the board at most one
+  CPU's leftover slice after an idle spell (the kernel keeps unused runtime per CPU);
+  unpinned, the board ran heads after idle spells up to 25 % faster than back to back;
 * ``split-device calibrate`` measures the board, the host (``profile``) and the link, and
   writes the table (DSC Eq. 4-6);
 * **prediction**: every option (local, offload, each split) runs 12 frames at 2 frames/s
   (no queueing) at two fixed rates; the measured median of head + transfer + tail is
-  compared with the model's prediction for that rate;
-* **schedule**: a live 15 fps synthetic camera (newest frames win) runs ``--split auto`` and
-  every static option while ``--schedule`` drives the link's rate; each run's trace gives
-  median and p95 latency, frames per second and the drop rate. The **oracle** is the best
-  option in hindsight for each 0.5 s of the schedule: per bin, the static run with the
-  lowest median latency there;
+  compared with the model's prediction for the rate a 1 MB bulk transfer measures on the
+  link at that setting (tbf's nominal rate less the headers: what the device can get);
+* **schedule**: a live synthetic camera (``--fps``, newest frames win) runs ``--split auto``
+  and every static option while ``--schedule`` drives the link's rate; each run's trace
+  gives mean, median and p95 latency, frames per second and the drop rate. The **oracle** is
+  the best option for each frame in hindsight: per camera frame slot of the schedule, the
+  lowest latency any static run achieved for the frame it captured in that slot;
 * **decision cost**: the selector's mean time per choice on the calibrated table;
-* **throughput**: the best split at the schedule's highest rate, fed as fast as the camera
-  can go with no drops, against 1 / (slowest stage) measured in the same run.
+* **throughput**: a split fed as fast as the camera can go with no drops, against
+  1 / (slowest stage) measured in the same run, twice: where the board is the slowest
+  stage (the schedule's highest rate) and where the link is (a rate at which the cut takes
+  twice the board's time to cross). Preprocessing and the head run on the board's one
+  capped core, so together they are one stage: 1 / (preprocess + head) is the most that
+  core can do.
+
+The traces of every run stay in ``--traces`` (``split-device report`` reads them).
 
 Needs root (network namespaces, tbf, cgroups). Results: JSON (``--out``) and a table.
 
@@ -38,7 +49,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,6 +57,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from calibration import LOCAL, OFFLOAD, SplitSelector, decision_cost_us, load
+from device_runtime.client import HostClient
 from device_runtime.link_emulator import EmulatedLink, RateSchedule, unavailable_reason
 from device_runtime.namespace_host import serve_in
 from device_runtime.trace import read_trace
@@ -54,10 +65,11 @@ from device_runtime.trace import read_trace
 PORT = 7767
 CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")
 CGROUP_QUOTA_US = 1000  # the kernel's minimum
-BIN_S = 0.5
 PREDICTION_FRAMES = 12
 PREDICTION_RATES_MBIT = (10.0, 100.0)
-CAMERA = "synthetic:15"  # a live camera at 15 frames/s
+GOODPUT_PROBE_BYTES = 1 << 20
+HOST_ARGS = ("--workers", "1", "--threads", "1")
+BOARD_CPU, HOST_CPU = 1, 0  # when the machine has two CPUs or more
 
 
 @contextmanager
@@ -88,11 +100,18 @@ def board_cgroup(cpu: float) -> Iterator[Path | None]:
                 time.sleep(0.1)
 
 
+def pinned() -> bool:
+    return len(os.sched_getaffinity(0)) >= 2 and {BOARD_CPU, HOST_CPU} <= os.sched_getaffinity(0)
+
+
 def device(args: Sequence[str], cgroup: Path | None, **kwargs) -> subprocess.Popen:
-    """``split-device ARGS`` as the board: in the cgroup, one inference thread."""
+    """``split-device ARGS`` as the board: on its own CPU, in the cgroup."""
     tasks = None if cgroup is None else str(cgroup / "tasks")
+    pin = pinned()
 
     def enter() -> None:
+        if pin:
+            os.sched_setaffinity(0, {BOARD_CPU})
         if tasks is not None:
             Path(tasks).write_text(str(os.getpid()))
 
@@ -166,6 +185,7 @@ def metrics(frames: list[dict], duration: float) -> dict[str, float]:
     dropped = sum(1 for f in frames if f["dropped"])
     return {
         "frames": len(frames),
+        "mean_ms": float(np.mean(answered)) if answered else float("nan"),
         "p50_ms": float(np.percentile(answered, 50)) if answered else float("nan"),
         "p95_ms": float(np.percentile(answered, 95)) if answered else float("nan"),
         "fps": len(answered) / duration,
@@ -173,21 +193,45 @@ def metrics(frames: list[dict], duration: float) -> dict[str, float]:
     }
 
 
-def oracle(static: dict[str, list[dict]], duration: float) -> tuple[dict[str, float], list[str]]:
-    """Best static option per bin in hindsight (lowest median answered latency there)."""
-    bins = int(np.ceil(duration / BIN_S))
-    chosen, frames = [], []
-    for b in range(bins):
-        lo, hi = b * BIN_S, (b + 1) * BIN_S
-        best, best_ms = None, float("inf")
-        for name, fs in static.items():
-            lat = [f["total_ms"] for f in fs if lo <= f["s"] < hi and not f["dropped"]]
-            if lat and statistics.median(lat) < best_ms:
-                best, best_ms = name, statistics.median(lat)
-        if best is not None:
-            chosen.append(best)
-            frames += [f for f in static[best] if lo <= f["s"] < hi]
-    return metrics(frames, duration), chosen
+def oracle(static: dict[str, list[dict]], duration: float, fps: float) -> tuple[dict[str, float], dict[str, int]]:
+    """The best option for each frame in hindsight.
+
+    The schedule is cut into camera frame slots (1 / fps each); every static run's frames
+    fall into the slot of their capture time. A slot's oracle latency is the lowest any
+    static run answered a frame of that slot in; a slot no run answered is a drop. Returns
+    the oracle's metrics and how many slots each option won.
+    """
+    slots: dict[int, tuple[float, str]] = {}
+    for name, frames in static.items():
+        for f in frames:
+            if f["dropped"]:
+                continue
+            slot = int(f["s"] * fps)
+            if slot not in slots or f["total_ms"] < slots[slot][0]:
+                slots[slot] = (f["total_ms"], name)
+    total = int(duration * fps)
+    picked = [{"total_ms": ms, "dropped": False} for ms, _ in slots.values()]
+    picked += [{"total_ms": 0.0, "dropped": True}] * max(0, total - len(picked))
+    wins: dict[str, int] = {}
+    for _, name in slots.values():
+        wins[name] = wins.get(name, 0) + 1
+    return metrics(picked, duration), wins
+
+
+def goodput_bps(host: str) -> float:
+    """What a bulk transfer gets through the link now: median of 3 pings of 1 MB, less a ping's time."""
+
+    async def measure() -> float:
+        address, port = host.rsplit(":", 1)
+        client = await HostClient.connect(address, int(port))
+        try:
+            rtt = min([await client.ping(0) for _ in range(3)])
+            bulk = statistics.median([await client.ping(GOODPUT_PROBE_BYTES, timeout=30) for _ in range(3)])
+        finally:
+            await client.close()
+        return GOODPUT_PROBE_BYTES * 8 / ((bulk - rtt) / 1000.0)
+
+    return asyncio.run(measure())
 
 
 def predicted_vs_measured(bundle: Path, host: str, calibration, link: EmulatedLink, cgroup: Path | None,
@@ -195,39 +239,52 @@ def predicted_vs_measured(bundle: Path, host: str, calibration, link: EmulatedLi
     rows = []
     for rate in PREDICTION_RATES_MBIT:
         link.set_rate(rate)
+        goodput = goodput_bps(host)
         for option in calibration.table.splits:
             trace = tmp / f"predict-{option}-{rate}.jsonl"
             run_device(bundle, host, option, "synthetic:2", trace, cgroup, frames=PREDICTION_FRAMES,
                        extra=["--drop", "none"])
             _, frames = read_trace(trace)
             measured = [f["head_ms"] + f["transfer_ms"] + f["tail_ms"] for f in frames[2:] if not f["error"]]
-            predicted = calibration.model.predict_ms(option, 1, rate * 1e6)
+            predicted = calibration.model.predict_ms(option, 1, goodput)
             m = statistics.median(measured)
-            rows.append({"option": option, "rate_mbit": rate, "measured_ms": m, "predicted_ms": predicted,
-                         "ratio": m / predicted})
+            rows.append({"option": option, "rate_mbit": rate, "goodput_mbit": goodput / 1e6, "measured_ms": m,
+                         "predicted_ms": predicted, "ratio": m / predicted})
     link.set_rate(None)
     return rows
 
 
 def throughput(bundle: Path, host: str, split: str, link: EmulatedLink, rate: float, cgroup: Path | None,
                tmp: Path) -> dict[str, float]:
-    """Frames per second of a saturated pipeline against 1 / its slowest stage, same run."""
+    """Frames per second of a saturated pipeline against 1 / its slowest stage, same run.
+
+    The stages are the board's core (preprocess + head: one capped CPU runs both), the link
+    (transfer) and the host (tail).
+    """
     link.set_rate(rate)
-    trace = tmp / "throughput.jsonl"
+    trace = tmp / f"throughput-{split}-{rate:g}.jsonl"
     run_device(bundle, host, split, "synthetic:0", trace, cgroup, frames=120, extra=["--drop", "none"])
     link.set_rate(None)
     _, frames = read_trace(trace)
     frames = frames[20:]  # past warm-up
     span = frames[-1]["t"] - frames[0]["t"]
     fps = (len(frames) - 1) / span
-    stages = {k: statistics.median(f[k] for f in frames) for k in ("preprocess_ms", "head_ms", "transfer_ms", "tail_ms")}
-    slowest = max(stages.values())
-    return {"split": split, "rate_mbit": rate, "fps": fps, "stage_ms": stages, "bound_fps": 1000.0 / slowest,
-            "ratio": fps / (1000.0 / slowest)}
+    stage = {k: statistics.median(f[k] for f in frames) for k in ("preprocess_ms", "head_ms", "transfer_ms", "tail_ms")}
+    stages = {"board": stage["preprocess_ms"] + stage["head_ms"], "link": stage["transfer_ms"], "host": stage["tail_ms"]}
+    slowest = max(stages, key=stages.__getitem__)
+    bound = 1000.0 / stages[slowest]
+    return {"split": split, "rate_mbit": rate, "fps": fps, "stage_ms": stage, "slowest": slowest,
+            "bound_fps": bound, "ratio": fps / bound}
 
 
-def bench_model(name: str, bundle: Path, link: EmulatedLink, schedule: RateSchedule, cgroup: Path | None,
-                tmp: Path) -> dict:
+def link_bound_rate(calibration, split: str) -> float:
+    """A rate (Mbit/s) at which ``split``'s cut takes twice the board's calibrated head time to cross."""
+    timings = calibration.model.timings(split)
+    return timings.bytes_per_sample * 8 / (2 * timings.head_at(1) / 1000.0) / 1e6
+
+
+def bench_model(name: str, bundle: Path, link: EmulatedLink, schedule: RateSchedule, fps: float,
+                cgroup: Path | None, tmp: Path) -> dict:
     host = f"{link.namespace_address}:{PORT}"
     link.set_rate(None)
     cal = device(["calibrate", str(bundle), "--host", host, "--batch", "1,2,4", "--repeats", "20", "--threads", "1"],
@@ -243,17 +300,17 @@ def bench_model(name: str, bundle: Path, link: EmulatedLink, schedule: RateSched
     for option in ("auto", *calibration.table.splits):
         trace = tmp / f"{name}-{option}.jsonl"
         link.set_rate(schedule.rate_at(0))
-        start = run_device(bundle, host, option, CAMERA, trace, cgroup, seconds=schedule.duration_s,
+        start = run_device(bundle, host, option, f"synthetic:{fps:g}", trace, cgroup, seconds=schedule.duration_s,
                            link=link, schedule=schedule)
         runs[option], _ = frames_in_window(trace, start, schedule.duration_s)
         results[option] = metrics(runs[option], schedule.duration_s)
         if option == "auto":
             results[option]["splits"] = sorted({f["split"] for f in runs[option] if not f["dropped"]})
-        print(f"  {option:24s} p50 {results[option]['p50_ms']:8.1f} ms  p95 {results[option]['p95_ms']:8.1f} ms  "
+        print(f"  {option:24s} mean {results[option]['mean_ms']:8.1f} ms  p50 {results[option]['p50_ms']:8.1f} ms  p95 {results[option]['p95_ms']:8.1f} ms  "
               f"{results[option]['fps']:5.1f} fps  drops {results[option]['drop_rate']:6.1%}")
     static = {k: v for k, v in runs.items() if k != "auto"}
-    results["oracle"], oracle_choice = oracle(static, schedule.duration_s)
-    best_static = min(static, key=lambda k: results[k]["p50_ms"])
+    results["oracle"], oracle_wins = oracle(static, schedule.duration_s, fps)
+    best_static = min(static, key=lambda k: results[k]["mean_ms"])
     selector = SplitSelector(calibration.table, calibration.model)
     high = max(step.rate_mbit for step in schedule.steps)
     best_at_high = calibration.table.lookup(1, high * 1e6)
@@ -263,23 +320,31 @@ def bench_model(name: str, bundle: Path, link: EmulatedLink, schedule: RateSched
         "calibration": {"link": calibration.link, "options": list(calibration.table.splits)},
         "prediction": predictions,
         "schedule": results,
-        "oracle_bins": oracle_choice,
+        "oracle_wins": oracle_wins,
         "best_static": best_static,
-        "auto_vs_best_static_p50": results["auto"]["p50_ms"] / results[best_static]["p50_ms"],
-        "auto_vs_oracle_p50": results["auto"]["p50_ms"] / results["oracle"]["p50_ms"],
+        "auto_vs_best_static": {k: results["auto"][k] / results[best_static][k] for k in ("mean_ms", "p50_ms", "p95_ms")},
+        "auto_vs_oracle": {k: results["auto"][k] / results["oracle"][k] for k in ("mean_ms", "p50_ms", "p95_ms")},
         "decision_us": decision_cost_us(selector),
-        "throughput": throughput(bundle, host, split_for_throughput, link, high, cgroup, tmp),
+        "throughput": [
+            throughput(bundle, host, split_for_throughput, link, high, cgroup, tmp),
+            throughput(bundle, host, split_for_throughput, link, link_bound_rate(calibration, split_for_throughput),
+                       cgroup, tmp),
+        ],
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--weights", required=True, help="MobileNetV2 ImageNet state dict")
-    parser.add_argument("--schedule", default="100:6,10:6,1:6", help="RATE_MBIT:SECONDS,... (default 100:6,10:6,1:6)")
+    parser.add_argument("--schedule", default="1000:5,150:5,35:5,5:5",
+                        help="RATE_MBIT:SECONDS,... (default 1000:5,150:5,35:5,5:5)")
+    parser.add_argument("--fps", type=float, default=5.0, help="the live camera's frame rate (default 5)")
     parser.add_argument("--board-cpu", type=float, default=0.25, help="the board's CPU, in cores (default 0.25)")
     parser.add_argument("--bundles", type=Path, default=Path("build/bench/dynamic-bundles"))
     parser.add_argument("--models", default="mobilenet_v2,resnet18")
     parser.add_argument("--out", type=Path, default=Path("build/bench/dynamic_split.json"))
+    parser.add_argument("--traces", type=Path, default=Path("build/bench/dynamic_split_traces"),
+                        help="where every run's trace is kept (default build/bench/dynamic_split_traces)")
     args = parser.parse_args()
     reason = unavailable_reason()
     if reason is not None:
@@ -288,11 +353,14 @@ def main() -> None:
     bundles = build_bundles(args.weights, args.bundles)
     chosen = [m for m in args.models.split(",") if m]
     report = {"benchmark": "dynamic_split", "machine": platform.machine(), "python": platform.python_version(),
-              "schedule": args.schedule, "board_cpu": args.board_cpu, "models": {}}
-    with tempfile.TemporaryDirectory() as tmp, EmulatedLink() as link, board_cgroup(args.board_cpu) as cgroup:
-        with serve_in(link, [bundles[m] for m in chosen], PORT):
+              "schedule": args.schedule, "fps": args.fps, "board_cpu": args.board_cpu, "models": {}}
+    args.traces.mkdir(parents=True, exist_ok=True)
+    if pinned():
+        os.sched_setaffinity(0, {HOST_CPU})  # the host (started from here) inherits it
+    with EmulatedLink() as link, board_cgroup(args.board_cpu) as cgroup:
+        with serve_in(link, [bundles[m] for m in chosen], PORT, HOST_ARGS):
             for name in chosen:
-                report["models"][name] = bench_model(name, bundles[name], link, schedule, cgroup, Path(tmp))
+                report["models"][name] = bench_model(name, bundles[name], link, schedule, args.fps, cgroup, args.traces)
     print_tables(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
@@ -302,17 +370,21 @@ def main() -> None:
 def print_tables(report: dict) -> None:
     for name, r in report["models"].items():
         print(f"\n{name}: schedule {report['schedule']} Mbit/s:s, board = {report['board_cpu']} core")
-        print(f"{'policy':24s} {'p50 ms':>8s} {'p95 ms':>8s} {'fps':>6s} {'drops':>7s}")
+        print(f"{'policy':24s} {'mean ms':>8s} {'p50 ms':>8s} {'p95 ms':>8s} {'fps':>6s} {'drops':>7s}")
         for policy, m in r["schedule"].items():
-            print(f"{policy:24s} {m['p50_ms']:8.1f} {m['p95_ms']:8.1f} {m['fps']:6.1f} {m['drop_rate']:7.1%}")
-        print(f"auto / best static ({r['best_static']}) p50: {r['auto_vs_best_static_p50']:.2f}; "
-              f"auto / oracle p50: {r['auto_vs_oracle_p50']:.2f}; decision {r['decision_us']:.1f} µs")
-        print(f"{'option':24s} {'Mbit/s':>7s} {'measured':>9s} {'predicted':>9s} {'ratio':>6s}")
+            print(f"{policy:24s} {m['mean_ms']:8.1f} {m['p50_ms']:8.1f} {m['p95_ms']:8.1f} {m['fps']:6.1f} {m['drop_rate']:7.1%}")
+        for other in ("best_static", "oracle"):
+            label = f"best static ({r['best_static']})" if other == "best_static" else "oracle"
+            ratios = r[f"auto_vs_{other}"]
+            print(f"auto / {label}: mean {ratios['mean_ms']:.2f}, p50 {ratios['p50_ms']:.2f}, p95 {ratios['p95_ms']:.2f}")
+        print(f"decision {r['decision_us']:.1f} µs; oracle's winning options per slot: {r['oracle_wins']}")
+        print(f"{'option':24s} {'Mbit/s':>7s} {'goodput':>8s} {'measured':>9s} {'predicted':>9s} {'ratio':>6s}")
         for p in r["prediction"]:
-            print(f"{p['option']:24s} {p['rate_mbit']:7.0f} {p['measured_ms']:9.1f} {p['predicted_ms']:9.1f} {p['ratio']:6.2f}")
-        t = r["throughput"]
-        print(f"throughput {t['split']} at {t['rate_mbit']:g} Mbit/s: {t['fps']:.1f} fps, "
-              f"bound 1/slowest stage {t['bound_fps']:.1f} fps, ratio {t['ratio']:.2f}")
+            print(f"{p['option']:24s} {p['rate_mbit']:7.0f} {p['goodput_mbit']:8.1f} {p['measured_ms']:9.1f} "
+                  f"{p['predicted_ms']:9.1f} {p['ratio']:6.2f}")
+        for t in r["throughput"]:
+            print(f"throughput {t['split']} at {t['rate_mbit']:.0f} Mbit/s: {t['fps']:.1f} fps, slowest stage "
+                  f"{t['slowest']}: bound {t['bound_fps']:.1f} fps, ratio {t['ratio']:.2f}")
 
 
 if __name__ == "__main__":

@@ -68,6 +68,31 @@ def test_rate_estimate_converges_on_a_shaped_link(mobilenet_bundle: Path, shaped
     assert meter.rate_bps == pytest.approx(5e6, rel=0.2), meter.rate_bps
 
 
+@pytest.mark.parametrize(("rate_mbit", "payload_pings"), [(5.0, 1), (500.0, 2)])
+def test_a_probe_lengthens_when_the_link_is_faster_than_it_can_measure(
+    mobilenet_bundle: Path, rate_mbit: float, payload_pings: int
+) -> None:
+    """A 64 KB first probe measures 5 Mbit/s well (100 ms) but not 500 (1 ms, mostly fixed
+    costs): there, and only there, a longer payload follows."""
+    bundle = Bundle.load(mobilenet_bundle)
+
+    async def probe_once() -> int:
+        hosts = HostLink(bundle, address)
+        assert await hosts.connect(), hosts.last_error
+        pipeline = Pipeline(DeviceRunner(bundle, threads=1), StaticPolicy(LOCAL, bundle), hosts)
+        try:
+            before = (await hosts.client.stats())["stats"]["requests"]["ping"]
+            await pipeline.probe(hosts.client)
+            after = (await hosts.client.stats())["stats"]["requests"]["ping"]
+            return int(after - before)
+        finally:
+            await hosts.close()
+
+    with EmulatedLink(rate_mbit=rate_mbit) as link, serve_in(link, [mobilenet_bundle]) as address:
+        pings = asyncio.run(probe_once())
+    assert pings == 1 + payload_pings
+
+
 def test_split_follows_a_rate_step_and_every_answer_stays_right(mobilenet_bundle: Path, tmp_path: Path) -> None:
     """A table whose boundary for SPLIT vs local is 1.3 Mbit/s: the link drops from unshaped to
     0.5 Mbit/s and back; the stream moves to local and back, and every frame's answer equals
