@@ -38,8 +38,8 @@ class HostStats:
         self.requests = Counter(PREFIX + "requests", "Requests received, by op (unknown ops as 'other').",
                                 ["op"], registry=self.registry)
         self.errors = Counter(PREFIX + "errors", "Error replies sent, by code.", ["code"], registry=self.registry)
-        for op in (*OPS, OTHER_OP):
-            self.requests.labels(op)  # present at 0 from the start: a rate needs its first sample
+        # Present at 0 from the start (a rate needs its first sample), and looked up once.
+        self._per_op = {op: self.requests.labels(op) for op in (*OPS, OTHER_OP)}
         for code in ERROR_CODES:
             self.errors.labels(code)
         gauges = (
@@ -58,18 +58,22 @@ class HostStats:
                                          per_split, buckets=LATENCY_BUCKETS, registry=self.registry)
         self.host_seconds = Histogram(PREFIX + "host_seconds", "Request fully received to its reply written.",
                                       per_split, buckets=LATENCY_BUCKETS, registry=self.registry)
+        self._per_tail: dict[tuple[str, str], tuple[Histogram, ...]] = {}
 
     def request(self, op: object) -> None:
-        self.requests.labels(op if op in OPS else OTHER_OP).inc()
+        self._per_op[op if op in OPS else OTHER_OP].inc()
 
     def error(self, code: str) -> None:
         self.errors.labels(code).inc()
 
     def served(self, key: tuple[str, str], queue_s: float, compute_s: float, host_s: float) -> None:
         """One answered infer request of tail ``key`` = (bundle, split)."""
-        self.queue_seconds.labels(*key).observe(queue_s)
-        self.compute_seconds.labels(*key).observe(compute_s)
-        self.host_seconds.labels(*key).observe(host_s)
+        per_tail = self._per_tail.get(key)
+        if per_tail is None:  # ``labels()`` takes a lock and builds a key: once per tail, not per request
+            per_tail = self._per_tail[key] = tuple(h.labels(*key) for h in (self.queue_seconds, self.compute_seconds,
+                                                                            self.host_seconds))
+        for histogram, seconds in zip(per_tail, (queue_s, compute_s, host_s)):
+            histogram.observe(seconds)
 
     def as_dict(self) -> dict[str, Any]:
         """What the ``stats`` op returns: :func:`stats_from` over this registry."""

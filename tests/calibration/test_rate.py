@@ -70,6 +70,32 @@ def test_alpha_weighs_the_new_sample() -> None:
     assert estimator.observe_transfer(1_000_000, 0.08) == pytest.approx(1e7)
 
 
+def test_a_short_sample_can_only_raise_the_estimate() -> None:
+    """Half of ``full_weight_s`` on the wire: it weighs half of alpha, and only upwards."""
+    estimator = RateEstimator(alpha=0.5, initial_bps=1e7, full_weight_s=0.01)
+    assert estimator.observe_transfer(625_000, 0.005) == pytest.approx(10**7.5)  # 1e9 bit/s: log10 7 + 0.25 * 2
+    assert estimator.age_s() == math.inf  # not a full-weight sample: the estimate is still stale
+    assert estimator.observe_transfer(4_096, 0.005) is None  # 6.6 Mbit/s, short: fixed costs, not the link
+    assert estimator.rate_bps == pytest.approx(10**7.5)
+    assert estimator.observe_transfer(125_000, 0.1) == pytest.approx(10**7.25)  # 1e7, full weight: taken, falling
+    assert estimator.age_s() < 1.0
+
+
+def test_a_stream_of_short_payloads_does_not_hold_back_the_probes() -> None:
+    """A fast link read through 0.4 ms payloads that each also carry 1 ms of fixed costs
+    (a 0.29x underestimate), with one 10 ms probe a second: the estimate stays within 10 %
+    of the link, where taking every sample at face value leaves it near half."""
+    link_bps = 1e9
+    robust, naive = RateEstimator(), RateEstimator(full_weight_s=0.0)
+    for estimator in (robust, naive):
+        for _ in range(10):
+            estimator.observe_transfer(int(link_bps * 0.010 / 8), 0.010)  # the probe
+            for _ in range(5):
+                estimator.observe_transfer(50_000, 50_000 * 8 / link_bps + 0.001)
+    assert robust.rate_bps == pytest.approx(link_bps, rel=0.1)
+    assert naive.rate_bps < 0.6 * link_bps
+
+
 def test_age_counts_from_the_last_sample() -> None:
     estimator = RateEstimator()
     estimator.observe_transfer(100_000, 0.1)
