@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from typing import Coroutine
+from typing import Callable, Coroutine
 
 from calibration import CalibrationError
 from device_runtime.errors import SplitEdgeError
@@ -27,12 +27,31 @@ def stop_on_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, handle, sig)
 
 
-def run_command(prog: str, main: Coroutine[object, object, object]) -> int:
-    """Run a CLI's coroutine; a :class:`SplitEdgeError` (or a bad calibration) is one line on stderr
-    and exit status 2."""
+#: ``--loop`` choices: auto takes uvloop where it is installed (as uvicorn does), asyncio's own loop otherwise.
+LOOPS = ("auto", "asyncio", "uvloop")
+
+
+def loop_runner(choice: str = "asyncio") -> Callable[[Coroutine[object, object, object]], object]:
+    """``asyncio.run`` or ``uvloop.run``: uvloop's libuv loop does the per-frame work of a server
+    with many connections (reads, writes, callbacks) in C (docs/benchmarks.md, "Host under load")."""
+    if choice == "asyncio":
+        return asyncio.run
     try:
-        asyncio.run(main)
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise SplitEdgeError("--loop uvloop: uvloop is not installed (pip install uvloop)") from None
+        return asyncio.run
+    return uvloop.run
+
+
+def run_command(prog: str, main: Coroutine[object, object, object], loop: str = "asyncio") -> int:
+    """Run a CLI's coroutine on ``loop`` (one of :data:`LOOPS`); a :class:`SplitEdgeError` (or a bad
+    calibration) is one line on stderr and exit status 2."""
+    try:
+        loop_runner(loop)(main)
     except (SplitEdgeError, CalibrationError) as exc:
+        main.close()  # never started when the loop itself could not be had
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     return 0

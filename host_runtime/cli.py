@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 
 from device_runtime.auth import load_key
 from device_runtime.discovery import local_address_for
-from device_runtime.lifecycle import run_command, stop_on_signals
+from device_runtime.lifecycle import LOOPS, run_command, stop_on_signals
 from device_runtime.protocol import DEFAULT_MAX_FRAME_BYTES
 from device_runtime.tls import server_context
 from host_runtime.advertise import Advertiser
@@ -27,6 +27,7 @@ examples:
   split-host serve bundle/ --max-batch 32 --max-wait-ms 5   # bigger batches for a busy fleet
   split-host serve bundle/ --max-batch 1 --max-queue 64     # no batching, refuse sooner
   split-host serve bundle/ --device cpu            # keep the tails off the GPU
+  split-host serve bundle/ --loop asyncio          # asyncio's own event loop even where uvloop is installed
   openssl rand -hex 32 > host.key && chmod 600 host.key   # a pre-shared key; copy it to the boards
   split-host serve bundle/ --key-file host.key     # every frame authenticated (HMAC-SHA256), replays refused
   split-host serve bundle/ --key-file host.key --tls-cert host.pem --tls-key host-key.pem   # and encrypted (TLS)
@@ -98,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--tls-cert", metavar="FILE", help="serve TLS (1.2+) with this certificate chain (PEM)")
     serve.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
+    serve.add_argument(
+        "--loop", choices=LOOPS, default="auto",
+        help="event loop: auto takes uvloop when installed (the host extra installs it), else asyncio's (default: auto)",
+    )
     serve.add_argument("-v", "--verbose", action="store_true", help="log every error reply")
     return parser
 
@@ -121,8 +126,9 @@ async def serve(args: argparse.Namespace) -> None:
         print(NO_KEY_WARNING, file=sys.stderr, flush=True)
     frames = "frames authenticated (HMAC-SHA256)" if key is not None else "frames not authenticated"
     print(f"listening on {host}:{port}; {frames}, {'TLS' if tls is not None else 'no TLS'}", flush=True)
+    event_loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # "uvloop" or "asyncio"
     print(f"tails run on {registry.device}; batches of up to {args.max_batch} samples, waiting at most "
-          f"{args.max_wait_ms:g} ms; queue of {args.max_queue} samples", flush=True)
+          f"{args.max_wait_ms:g} ms; queue of {args.max_queue} samples; {event_loop} event loop", flush=True)
     if server.metrics is not None:
         print(f"metrics on http://{host}:{server.metrics.port}/metrics", flush=True)
     try:
@@ -148,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve" and bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
-    return run_command("split-host", serve(args))
+    return run_command("split-host", serve(args), loop=args.loop)
 
 
 if __name__ == "__main__":

@@ -79,12 +79,13 @@ class RunningHost:
         return asyncio.run_coroutine_threadsafe(coro_fn(), self.loop).result(timeout)
 
 
-def start_host(bundles: list[Path], **config) -> Iterator[RunningHost]:
-    """A real HostServer on 127.0.0.1 in a thread of its own; closed when the generator ends."""
+def start_host(bundles: list[Path], new_loop=asyncio.new_event_loop, **config) -> Iterator[RunningHost]:
+    """A real HostServer on 127.0.0.1 in a thread of its own, on a loop from ``new_loop``; closed
+    when the generator ends."""
     from host_runtime.server import HostServer, ServerConfig
     from host_runtime.tails import TailRegistry
 
-    loop = asyncio.new_event_loop()
+    loop = new_loop()
     thread = threading.Thread(target=loop.run_forever, name="test-host", daemon=True)
     thread.start()
     registry = TailRegistry.from_paths(bundles, threads=1)

@@ -6,6 +6,7 @@ import asyncio
 import socket
 import struct
 import time
+from typing import Iterator
 
 import msgpack
 import numpy as np
@@ -50,6 +51,14 @@ def cut_tensor(bundle: Bundle, split_id: str, batch: int, seed: int = 0) -> tupl
 @pytest.fixture(scope="module")
 def bundle(mobilenet_bundle) -> Bundle:
     return Bundle.load(mobilenet_bundle)
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def host(request: pytest.FixtureRequest, mobilenet_bundle) -> Iterator[RunningHost]:
+    """Every test here runs on asyncio's event loop and on uvloop's (``split-host serve --loop auto``
+    takes uvloop where the host extra installed it)."""
+    new_loop = asyncio.new_event_loop if request.param == "asyncio" else pytest.importorskip("uvloop").new_event_loop
+    yield from start_host([mobilenet_bundle], new_loop=new_loop)
 
 
 def test_hello_lists_bundles_and_splits(host: RunningHost, bundle: Bundle) -> None:

@@ -1,0 +1,30 @@
+"""``--loop``: uvloop where it is installed (auto), asyncio's loop when asked, a clear error when uvloop is asked for and missing."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+from device_runtime.errors import SplitEdgeError
+from device_runtime.lifecycle import loop_runner, run_command
+
+
+async def loop_module() -> str:
+    return type(asyncio.get_running_loop()).__module__.partition(".")[0]
+
+
+def test_auto_takes_uvloop_where_installed() -> None:
+    pytest.importorskip("uvloop")
+    assert loop_runner("auto")(loop_module()) == "uvloop"
+    assert loop_runner("asyncio")(loop_module()) == "asyncio"
+
+
+def test_without_uvloop_auto_falls_back_and_uvloop_is_an_error(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop now raises ImportError
+    assert loop_runner("auto")(loop_module()) == "asyncio"
+    with pytest.raises(SplitEdgeError, match=r"--loop uvloop: uvloop is not installed \(pip install uvloop\)"):
+        loop_runner("uvloop")
+    assert run_command("split-host", loop_module(), loop="uvloop") == 2
+    assert "split-host: error: --loop uvloop: uvloop is not installed" in capsys.readouterr().err
