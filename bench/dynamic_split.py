@@ -141,6 +141,7 @@ def run_device(bundle: Path, host: str, split: str, camera: str, trace: Path, cg
             "--threads", "1", *extra]
     if frames is not None:
         argv += ["--frames", str(frames)]
+    trace.unlink(missing_ok=True)  # the start is read from the trace: not from a previous run's
     proc = device(argv, cgroup, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     started = None
     try:
@@ -335,8 +336,8 @@ def bench_model(name: str, bundle: Path, link: EmulatedLink, schedule: RateSched
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--weights", required=True, help="MobileNetV2 ImageNet state dict")
-    parser.add_argument("--schedule", default="1000:5,150:5,35:5,5:5",
-                        help="RATE_MBIT:SECONDS,... (default 1000:5,150:5,35:5,5:5)")
+    parser.add_argument("--schedule", default="1000:8,100:8,5:8",
+                        help="RATE_MBIT:SECONDS,... (default 1000:8,100:8,5:8)")
     parser.add_argument("--fps", type=float, default=5.0, help="the live camera's frame rate (default 5)")
     parser.add_argument("--board-cpu", type=float, default=0.25, help="the board's CPU, in cores (default 0.25)")
     parser.add_argument("--bundles", type=Path, default=Path("build/bench/dynamic-bundles"))
