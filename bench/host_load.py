@@ -1,11 +1,13 @@
 """Host under load: simulated boards against one ``split-host serve``, against onnxruntime alone.
 
-- **host**: ``split-host serve`` in a process of its own (its own interpreter and event loop),
+- **host**: ``split-host serve`` in a process of its own (its own interpreter and event loop,
+  ``--loop`` as given here: uvloop by default where installed, as the host itself does),
   on 127.0.0.1, CPU tails, started once per batching mode (``--max-batch 1``: off; larger:
   on), with ``--workers`` and ``--threads`` as given here.
 - **boards**: 1, 8, 32 and 128 simulated boards, each an asyncio task with its own TCP
   connection (the device's own ``HostClient``), in ``--generators`` processes apart from the
-  host. Each keeps one request in flight (closed loop): a MobileNetV2 cut tensor (the head's
+  host, on uvloop where installed (the generators share this machine's cores with the host,
+  where real boards would not: the lighter they are, the fairer the figure). Each keeps one request in flight (closed loop): a MobileNetV2 cut tensor (the head's
   output for a seeded random image, real ImageNet weights) for the tail of ``--split``; the
   next goes when the answer is back. ``--warmup`` seconds, then ``--duration`` seconds
   measured: requests answered in that window, their round trip (send → answer) as the
@@ -50,6 +52,7 @@ from device_runtime.backend import Backend, OnnxBackend
 from device_runtime.bundle import Bundle
 from device_runtime.client import HostClient
 from device_runtime.errors import HostUnavailableError, RemoteError
+from device_runtime.lifecycle import LOOPS, loop_runner
 from host_runtime.tails import TailRegistry
 
 SPLIT = "features_14_conv_2"  # the test bundle's late compressive cut: 31 KB on the link, a 2.4 ms tail
@@ -141,11 +144,11 @@ class Host:
     """``split-host serve`` in a subprocess; its output goes to ``log``."""
 
     def __init__(self, bundle_dir: Path, log: Path, max_batch: int, max_wait_ms: float, workers: int,
-                 threads: int | None) -> None:
+                 threads: int | None, loop: str) -> None:
         command = [
             sys.executable, "-m", "host_runtime.cli", "serve", str(bundle_dir), "--interface", "127.0.0.1",
             "--port", "0", "--no-zeroconf", "--device", "cpu", "--workers", str(workers),
-            "--max-batch", str(max_batch), "--max-wait-ms", str(max_wait_ms),
+            "--max-batch", str(max_batch), "--max-wait-ms", str(max_wait_ms), "--loop", loop,
         ]
         if threads is not None:
             command += ["--threads", str(threads)]
@@ -251,7 +254,8 @@ async def _run_boards(port: int, bundle_id: str, split: str, cut: np.ndarray, bo
 def _generator(port: int, bundle_id: str, split: str, cut: np.ndarray, boards: int, ready: mp.Queue,
                start: mp.Queue, results: mp.Queue, warmup: float, duration: float) -> None:
     try:
-        results.put(asyncio.run(_run_boards(port, bundle_id, split, cut, boards, ready, start, warmup, duration)))
+        run = loop_runner("auto")
+        results.put(run(_run_boards(port, bundle_id, split, cut, boards, ready, start, warmup, duration)))
     except BaseException as exc:  # reported by the parent, which is waiting for a result
         ready.put(False)
         results.put({"failed": f"{type(exc).__name__}: {exc}"})
@@ -352,6 +356,7 @@ def main() -> None:
     parser.add_argument("--modes", type=parse_mode, nargs="+", default=[parse_mode(m) for m in MODES],
                         help=f"NAME=MAX_BATCH/MAX_WAIT_MS per host run (default: {' '.join(MODES)})")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="host tail threads (default: cores)")
+    parser.add_argument("--loop", choices=LOOPS, default="auto", help="the host's event loop (default auto)")
     parser.add_argument("--threads", type=int, default=1,
                         help="onnxruntime intra-op threads per tail, host and baseline alike (default 1)")
     parser.add_argument("--generators", type=int, default=1, help="load generator processes")
@@ -366,7 +371,7 @@ def main() -> None:
     cut = cut_tensor(bundle, args.split)
     expected = OnnxBackend(bundle.artifact(args.split, "tail"), threads=1).run(cut)
     print(f"bundle {bundle.id}, split {args.split}: cut {list(cut.shape)} float32, {cut.nbytes:,} bytes; "
-          f"host: --workers {args.workers} --threads {args.threads}; {args.generators} generator process(es); "
+          f"host: --workers {args.workers} --threads {args.threads} --loop {args.loop}; {args.generators} generator process(es); "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
     # The tail as the host builds it: same registry, same session options and threads.
     tail = TailRegistry.from_paths([bundle_dir], threads=args.threads, device="cpu").lookup(bundle.id, args.split)
@@ -378,7 +383,8 @@ def main() -> None:
     logs = args.out.parent
     logs.mkdir(parents=True, exist_ok=True)
     for mode, max_batch, max_wait_ms in args.modes:
-        host = Host(bundle_dir, logs / "host_load-host.log", max_batch, max_wait_ms, args.workers, args.threads)
+        host = Host(bundle_dir, logs / "host_load-host.log", max_batch, max_wait_ms, args.workers, args.threads,
+                    args.loop)
         try:
             check_answer(host.port, bundle.id, args.split, cut, expected)
             for boards in args.boards:
@@ -430,6 +436,7 @@ def main() -> None:
 
     args.out.write_text(json.dumps({
         "benchmark": "host_load", "command": " ".join(sys.argv), "bundle": bundle.id, "split": args.split,
+        "loop": args.loop,
         "cut_bytes": int(cut.nbytes), "workers": args.workers, "threads": args.threads, "generators": args.generators,
         "warmup_s": args.warmup, "duration_s": args.duration,
         "machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
