@@ -19,8 +19,10 @@ from calibration.errors import CalibrationError
 MIN_SAMPLE_BYTES = 4096
 #: Pings kept for the base round trip: recent enough to follow a route change, enough to find a quiet one.
 RTT_WINDOW = 32
-#: A sample whose payload held the link at least this long is taken at face value.
+#: Each this long a sample's payload held the link counts as one sample of weight ``alpha``.
 FULL_WEIGHT_S = 0.005
+#: ... up to this many: one sample never replaces the estimate outright.
+MAX_UNITS = 3.0
 
 
 class RateEstimator:
@@ -35,10 +37,13 @@ class RateEstimator:
     only ever make the link look slower. Measured on the emulated 1 Gbit/s link from a
     0.25-core board: a 50 KB cut read 200-360 Mbit/s, a 602 KB one ~820, a 1 MB probe ~900;
     taken at face value, the small cut's samples held the estimate below the rate at which
-    offloading pays. So a short sample below the estimate is ignored, and one above it
-    weighs in proportion to its time on the wire; a full-weight sample is taken as it
-    comes, falls included. A stream of short samples leaves the estimate stale
-    (:meth:`age_s` counts from the last full-weight sample), and the device probes.
+    offloading pays. So a sample weighs by its time on the wire: each ``full_weight_s`` of
+    it is one step of ``alpha`` (``1 - (1 - alpha) ** units``, up to :data:`MAX_UNITS`): a
+    48 ms transfer after a rate drop moves the estimate 66 % of the way at once, where a
+    sample-count EWMA took four frames to leave a split that had become 8x slower. A short
+    sample (under one unit) below the estimate is ignored. A stream of short samples leaves
+    the estimate stale (:meth:`age_s` counts from the last full-weight sample), and the
+    device probes.
     """
 
     def __init__(self, alpha: float = 0.3, initial_bps: float | None = None, full_weight_s: float = FULL_WEIGHT_S) -> None:
@@ -84,21 +89,21 @@ class RateEstimator:
         8 * payload_bytes / (transfer_s - base_rtt_s). Ignored: payloads under
         MIN_SAMPLE_BYTES, and transfers no longer than the base round trip (nothing left to
         divide by: the payload's own time is lost in the jitter), and samples shorter than
-        ``full_weight_s`` on the wire that read slower than the estimate. A short sample
-        that reads faster weighs ``alpha * wire time / full_weight_s``; the first sample
-        sets the estimate.
+        ``full_weight_s`` on the wire that read slower than the estimate. The sample weighs
+        ``1 - (1 - alpha) ** units``, units = wire time / ``full_weight_s`` up to
+        :data:`MAX_UNITS` (1 when ``full_weight_s`` is 0); the first sample sets the estimate.
         """
         wire_s = transfer_s - self._base_rtt_s
         if payload_bytes < MIN_SAMPLE_BYTES or not wire_s > 0.0:  # `not >` also drops NaN
             return None
         log_sample = math.log(8.0 * payload_bytes / wire_s)
-        share = min(1.0, wire_s / self._full_weight_s) if self._full_weight_s > 0 else 1.0
+        units = min(wire_s / self._full_weight_s, MAX_UNITS) if self._full_weight_s > 0 else 1.0
         if self._log_rate is None:
             self._log_rate = log_sample
-        elif share < 1.0 and log_sample < self._log_rate:
+        elif units < 1.0 and log_sample < self._log_rate:
             return None
         else:
-            self._log_rate += self._alpha * share * (log_sample - self._log_rate)
+            self._log_rate += (1.0 - (1.0 - self._alpha) ** units) * (log_sample - self._log_rate)
         self._samples += 1
         if wire_s >= self._full_weight_s:
             self._last_sample_at = time.monotonic()

@@ -80,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
         "model here) or 'offload' (the full model on the host)",
     )
     run.add_argument("--batch", type=int, default=1, help="frames per head run (default 1)")
-    run.add_argument("--queue", type=int, default=4, help="frames waiting before the drop policy applies (default 4)")
+    run.add_argument("--queue", type=int, default=None,
+                     help="frames waiting before the drop policy applies (default: one batch when newest frames "
+                     "win, a live camera's default; 4 otherwise)")
     run.add_argument("--drop", choices=("newest", "none"), default=None,
                      help="when the pipeline is full: newest wins (drop the oldest; default for a camera) or none "
                      "(wait; default for files and videos)")

@@ -57,27 +57,30 @@ def test_uninformative_samples_are_ignored(payload: int, transfer_s: float) -> N
 
 def test_averages_in_the_log_domain() -> None:
     # Alternating 1 and 100 Mbit/s: the log average is 10 Mbit/s; a linear one would sit near 50.
-    # With alpha 0.3 the estimate swings by a factor 10 ** (0.3 / 1.7) ≈ 1.5 around 10 Mbit/s.
-    estimator = RateEstimator()
+    # Every sample weighs alpha 0.3 (full_weight_s 0), so the estimate swings by a factor
+    # 10 ** (0.3 / 1.7) ≈ 1.5 around 10 Mbit/s.
+    estimator = RateEstimator(full_weight_s=0.0)
     for i in range(40):
         estimator.observe_transfer(1_000_000, 8.0 if i % 2 else 0.08)
     assert 1e7 / 1.6 < estimator.rate_bps < 1e7 * 1.6
 
 
 def test_alpha_weighs_the_new_sample() -> None:
-    estimator = RateEstimator(alpha=0.5, initial_bps=1e6)
+    estimator = RateEstimator(alpha=0.5, initial_bps=1e6, full_weight_s=0.08)  # one unit on the wire
     # log average of 1e6 and 1e8 with weight 0.5: 1e7
     assert estimator.observe_transfer(1_000_000, 0.08) == pytest.approx(1e7)
 
 
 def test_a_short_sample_can_only_raise_the_estimate() -> None:
-    """Half of ``full_weight_s`` on the wire: it weighs half of alpha, and only upwards."""
+    """Half of ``full_weight_s`` on the wire: half a unit, weight 1 - 0.5 ** 0.5, and only upwards."""
     estimator = RateEstimator(alpha=0.5, initial_bps=1e7, full_weight_s=0.01)
-    assert estimator.observe_transfer(625_000, 0.005) == pytest.approx(10**7.5)  # 1e9 bit/s: log10 7 + 0.25 * 2
+    up = 7 + 2 * (1 - 0.5**0.5)  # log10: a 1e9 bit/s sample pulls 1e7 this far
+    assert estimator.observe_transfer(625_000, 0.005) == pytest.approx(10**up)
     assert estimator.age_s() == math.inf  # not a full-weight sample: the estimate is still stale
     assert estimator.observe_transfer(4_096, 0.005) is None  # 6.6 Mbit/s, short: fixed costs, not the link
-    assert estimator.rate_bps == pytest.approx(10**7.5)
-    assert estimator.observe_transfer(125_000, 0.1) == pytest.approx(10**7.25)  # 1e7, full weight: taken, falling
+    assert estimator.rate_bps == pytest.approx(10**up)
+    # 1e7 bit/s for one unit: weight 0.5, taken though it falls
+    assert estimator.observe_transfer(12_500, 0.01) == pytest.approx(10 ** (up - 0.5 * (up - 7)))
     assert estimator.age_s() < 1.0
 
 
@@ -94,6 +97,15 @@ def test_a_stream_of_short_payloads_does_not_hold_back_the_probes() -> None:
                 estimator.observe_transfer(50_000, 50_000 * 8 / link_bps + 0.001)
     assert robust.rate_bps == pytest.approx(link_bps, rel=0.1)
     assert naive.rate_bps < 0.6 * link_bps
+
+
+def test_a_long_sample_weighs_up_to_three_units() -> None:
+    """A 48 ms transfer after a fall (1e9 → 1e8 bit/s) with 5 ms units: capped at 3 units, weight
+    1 - 0.7 ** 3 = 0.657; a 10 ms one, 2 units, 0.51."""
+    for wire_s, weight in ((0.048, 1 - 0.7**3), (0.010, 1 - 0.7**2)):
+        estimator = RateEstimator(initial_bps=1e9)
+        rate = estimator.observe_transfer(int(1e8 * wire_s / 8), wire_s)
+        assert math.log10(rate) == pytest.approx(9 - weight)
 
 
 def test_age_counts_from_the_last_sample() -> None:

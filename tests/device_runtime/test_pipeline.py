@@ -72,6 +72,19 @@ def test_a_live_camera_faster_than_the_board_drops_frames_and_counts_them(mobile
     assert answered == sorted(answered)
 
 
+@pytest.mark.parametrize(
+    ("config", "live", "expected"),
+    [
+        (PipelineConfig(), True, (1, "newest")),  # a live camera: the freshest frame next, no standing backlog
+        (PipelineConfig(batch=4), True, (4, "newest")),  # one batch's worth
+        (PipelineConfig(), False, (4, "none")),  # files and videos: wait, drop nothing
+        (PipelineConfig(queue=6, drop="newest"), False, (6, "newest")),  # as asked
+    ],
+)
+def test_the_frame_queue_follows_the_source(config: PipelineConfig, live: bool, expected: tuple[int, str]) -> None:
+    assert config.frame_queue(live) == expected
+
+
 class _InstantCamera(FrameSource):
     """A live camera whose next frame is always ready: capture costs only preprocessing a
     small image, far less than the full model, whatever else the machine is doing."""
