@@ -260,9 +260,11 @@ def throughput(bundle: Path, host: str, split: str, link: EmulatedLink, rate: fl
     """Frames per second of a saturated pipeline against 1 / its slowest stage, same run.
 
     The stages are the board's core (preprocess + head: one capped CPU runs both), the link
-    (transfer) and the host (tail).
+    (a frame's bytes at the goodput a bulk transfer measures at this rate: a frame's own
+    transfer time includes waiting behind the batch in flight before it) and the host (tail).
     """
     link.set_rate(rate)
+    goodput = goodput_bps(host)
     trace = tmp / f"throughput-{split}-{rate:g}.jsonl"
     run_device(bundle, host, split, "synthetic:0", trace, cgroup, frames=120, extra=["--drop", "none"])
     link.set_rate(None)
@@ -271,7 +273,8 @@ def throughput(bundle: Path, host: str, split: str, link: EmulatedLink, rate: fl
     span = frames[-1]["t"] - frames[0]["t"]
     fps = (len(frames) - 1) / span
     stage = {k: statistics.median(f[k] for f in frames) for k in ("preprocess_ms", "head_ms", "transfer_ms", "tail_ms")}
-    stages = {"board": stage["preprocess_ms"] + stage["head_ms"], "link": stage["transfer_ms"], "host": stage["tail_ms"]}
+    stage["link_ms"] = statistics.median(f["bytes"] for f in frames) * 8 / goodput * 1000.0
+    stages = {"board": stage["preprocess_ms"] + stage["head_ms"], "link": stage["link_ms"], "host": stage["tail_ms"]}
     slowest = max(stages, key=stages.__getitem__)
     bound = 1000.0 / stages[slowest]
     return {"split": split, "rate_mbit": rate, "fps": fps, "stage_ms": stage, "slowest": slowest,
@@ -312,14 +315,6 @@ def bench_model(name: str, bundle: Path, link: EmulatedLink, schedule: RateSched
     results["oracle"], oracle_wins = oracle(static, schedule.duration_s, fps)
     best_static = min(static, key=lambda k: results[k]["mean_ms"])
     selector = SplitSelector(calibration.table, calibration.model)
-    high = max(step.rate_mbit for step in schedule.steps)
-    best_at_high = calibration.table.lookup(1, high * 1e6)
-    split_for_throughput = best_at_high if best_at_high not in (LOCAL, OFFLOAD) else next(
-        s for s in calibration.table.splits if s not in (LOCAL, OFFLOAD))
-    board_bound = throughput(bundle, host, split_for_throughput, link, high, cgroup, tmp)
-    board_ms = board_bound["stage_ms"]["preprocess_ms"] + board_bound["stage_ms"]["head_ms"]
-    link_bound = throughput(bundle, host, split_for_throughput, link,
-                            link_bound_rate(calibration, split_for_throughput, board_ms), cgroup, tmp)
     return {
         "calibration": {"link": calibration.link, "options": list(calibration.table.splits)},
         "prediction": predictions,
@@ -329,8 +324,21 @@ def bench_model(name: str, bundle: Path, link: EmulatedLink, schedule: RateSched
         "auto_vs_best_static": {k: results["auto"][k] / results[best_static][k] for k in ("mean_ms", "p50_ms", "p95_ms")},
         "auto_vs_oracle": {k: results["auto"][k] / results["oracle"][k] for k in ("mean_ms", "p50_ms", "p95_ms")},
         "decision_us": decision_cost_us(selector),
-        "throughput": [board_bound, link_bound],
+        "throughput": throughputs(bundle, host, calibration, schedule, link, cgroup, tmp),
     }
+
+
+def throughputs(bundle: Path, host: str, calibration, schedule: RateSchedule, link: EmulatedLink,
+                cgroup: Path | None, tmp: Path) -> list[dict]:
+    """The table's split at the schedule's highest rate (the first cut if that is local or offload),
+    where the board is the slowest stage, then at a rate where the link is."""
+    high = max(step.rate_mbit for step in schedule.steps)
+    best_at_high = calibration.table.lookup(1, high * 1e6)
+    split = best_at_high if best_at_high not in (LOCAL, OFFLOAD) else next(
+        s for s in calibration.table.splits if s not in (LOCAL, OFFLOAD))
+    board_bound = throughput(bundle, host, split, link, high, cgroup, tmp)
+    board_ms = board_bound["stage_ms"]["preprocess_ms"] + board_bound["stage_ms"]["head_ms"]
+    return [board_bound, throughput(bundle, host, split, link, link_bound_rate(calibration, split, board_ms), cgroup, tmp)]
 
 
 def main() -> None:
@@ -343,6 +351,8 @@ def main() -> None:
     parser.add_argument("--bundles", type=Path, default=Path("build/bench/dynamic-bundles"))
     parser.add_argument("--models", default="mobilenet_v2,resnet18")
     parser.add_argument("--out", type=Path, default=Path("build/bench/dynamic_split.json"))
+    parser.add_argument("--only-throughput", action="store_true",
+                        help="re-run only the throughput part with the calibrations already written, updating --out")
     parser.add_argument("--traces", type=Path, default=Path("build/bench/dynamic_split_traces"),
                         help="where every run's trace is kept (default build/bench/dynamic_split_traces)")
     args = parser.parse_args()
@@ -354,13 +364,22 @@ def main() -> None:
     chosen = [m for m in args.models.split(",") if m]
     report = {"benchmark": "dynamic_split", "machine": platform.machine(), "python": platform.python_version(),
               "schedule": args.schedule, "fps": args.fps, "board_cpu": args.board_cpu, "models": {}}
+    if args.only_throughput:
+        report = json.loads(args.out.read_text())
     args.traces.mkdir(parents=True, exist_ok=True)
     if pinned():
         os.sched_setaffinity(0, {HOST_CPU})  # the host (started from here) inherits it
     with EmulatedLink() as link, board_cgroup(args.board_cpu) as cgroup:
         with serve_in(link, [bundles[m] for m in chosen], PORT, HOST_ARGS):
             for name in chosen:
-                report["models"][name] = bench_model(name, bundles[name], link, schedule, args.fps, cgroup, args.traces)
+                if args.only_throughput:
+                    calibration = load(bundles[name] / "calibration.json")
+                    host = f"{link.namespace_address}:{PORT}"
+                    report["models"][name]["throughput"] = throughputs(bundles[name], host, calibration, schedule, link,
+                                                                       cgroup, args.traces)
+                else:
+                    report["models"][name] = bench_model(name, bundles[name], link, schedule, args.fps, cgroup,
+                                                         args.traces)
     print_tables(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
