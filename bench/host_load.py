@@ -61,7 +61,7 @@ BASELINE_BATCHES = (1, 2, 4, 8, 16, 32)
 #: name=MAX_BATCH/MAX_WAIT_MS: the host's --max-batch and --max-wait-ms. "off": batching off;
 #: "on": the host's defaults; "tuned": larger batches and no waiting for company (batches form
 #: from what queues while both workers are busy); why these, in docs/benchmarks.md.
-MODES = ("off=1/2", "on=8/2", "tuned=32/0")
+MODES = ("off=1/0", "on=8/0", "tuned=32/0")
 REQUEST_TIMEOUT_S = 30.0
 EXACT = 1e-5
 
