@@ -51,7 +51,7 @@ def run_command(prog: str, main: Coroutine[object, object, object], loop: str = 
     try:
         loop_runner(loop)(main)
     except (SplitEdgeError, CalibrationError) as exc:
-        main.close()  # never started when the loop itself could not be had
+        main.close()  # a no-op once it ran; never awaited when no loop could be had, and must not warn so
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     return 0

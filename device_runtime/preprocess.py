@@ -8,9 +8,9 @@ The filter is banded — an output pixel reads a handful of input pixels — so 
 weighted sum of a few gathered rows (or columns), never a dense matrix product: a dense
 product does ~100x the arithmetic and goes to BLAS, whose spinning worker threads burn a
 board's CPU share (a 640x480 frame under a 0.25-core cgroup cap on this machine: 174 ms as
-two dense products, 13 ms banded; 3.4 ms uncapped, one thread). The taps are cached per (input size, output
-size), so a camera stream pays for them once, and the centre crop is applied to the taps,
-so pixels the crop throws away are never computed.
+two dense products, 13 ms banded; 3.4 ms uncapped, one thread). The taps are cached per
+(input size, output size), so a camera stream pays for them once, and the centre crop is
+applied to the taps, so pixels the crop throws away are never computed.
 """
 
 from __future__ import annotations
