@@ -11,7 +11,7 @@ import asyncio
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
+from typing import Awaitable, Callable, Iterator, TypeVar
 
 import pytest
 
@@ -19,6 +19,7 @@ from calibration import FILENAME, LOCAL, Calibration, LatencyModel, SplitTable, 
 from device_runtime.bundle import Bundle
 from device_runtime.calibrate import manifest_sha256
 from device_runtime.camera import Synthetic
+from device_runtime.client import HostClient
 from device_runtime.host_link import HostLink
 from device_runtime.link_emulator import EmulatedLink, unavailable_reason
 from device_runtime.link_meter import LinkMeter
@@ -30,6 +31,7 @@ from tests.conftest import TEST_SPLITS, run_stream
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=f"no link emulation: {unavailable_reason()}")
 
+T = TypeVar("T")
 SPLIT = TEST_SPLITS[-1]  # features_14_conv_2: 31,360 bytes per frame
 
 
@@ -44,18 +46,12 @@ def test_rate_estimate_converges_on_a_shaped_link(mobilenet_bundle: Path, shaped
     link, address = shaped_host
     bundle = Bundle.load(mobilenet_bundle)
 
-    async def probes() -> float:
-        hosts = HostLink(bundle, address)
-        assert await hosts.connect(), hosts.last_error
-        pipeline = Pipeline(DeviceRunner(bundle, threads=1), StaticPolicy(LOCAL, bundle), hosts)
-        try:
-            for _ in range(8):
-                await pipeline.probe(hosts.client)
-            return pipeline.meter.rate_bps
-        finally:
-            await hosts.close()
+    async def probes(pipeline: Pipeline, client: HostClient) -> float:
+        for _ in range(8):
+            await pipeline.probe(client)
+        return pipeline.meter.rate_bps
 
-    from_probes = asyncio.run(probes())
+    from_probes = asyncio.run(_probing(bundle, address, probes))
     # tbf counts Ethernet/IP/TCP headers: goodput is at most 95.6 % of the configured rate.
     assert from_probes == pytest.approx(5e6, rel=0.15)
 
@@ -76,21 +72,24 @@ def test_a_probe_lengthens_when_the_link_is_faster_than_it_can_measure(
     costs): there, and only there, a longer payload follows."""
     bundle = Bundle.load(mobilenet_bundle)
 
-    async def probe_once() -> int:
-        hosts = HostLink(bundle, address)
-        assert await hosts.connect(), hosts.last_error
-        pipeline = Pipeline(DeviceRunner(bundle, threads=1), StaticPolicy(LOCAL, bundle), hosts)
-        try:
-            before = (await hosts.client.stats())["stats"]["requests"]["ping"]
-            await pipeline.probe(hosts.client)
-            after = (await hosts.client.stats())["stats"]["requests"]["ping"]
-            return int(after - before)
-        finally:
-            await hosts.close()
+    async def probe_once(pipeline: Pipeline, client: HostClient) -> int:
+        before = (await client.stats())["stats"]["requests"]["ping"]
+        await pipeline.probe(client)
+        return int((await client.stats())["stats"]["requests"]["ping"] - before)
 
     with EmulatedLink(rate_mbit=rate_mbit) as link, serve_in(link, [mobilenet_bundle]) as address:
-        pings = asyncio.run(probe_once())
+        pings = asyncio.run(_probing(bundle, address, probe_once))
     assert pings == 1 + payload_pings
+
+
+async def _probing(bundle: Bundle, address: str, probe: Callable[[Pipeline, HostClient], Awaitable[T]]) -> T:
+    """``probe(pipeline, client)`` with a local-only pipeline connected to the host at ``address``."""
+    hosts = HostLink(bundle, address)
+    assert await hosts.connect(), hosts.last_error
+    try:
+        return await probe(Pipeline(DeviceRunner(bundle, threads=1), StaticPolicy(LOCAL, bundle), hosts), hosts.client)
+    finally:
+        await hosts.close()
 
 
 def test_split_follows_a_rate_step_and_every_answer_stays_right(mobilenet_bundle: Path, tmp_path: Path) -> None:
