@@ -14,10 +14,10 @@ For each model (MobileNetV2 with its ImageNet weights, and ResNet-18), on one ma
   unpinned, the board ran heads after idle spells up to 25 % faster than back to back;
 * ``split-device calibrate`` measures the board, the host (``profile``) and the link, and
   writes the table (DSC Eq. 4-6);
-* **prediction**: every option (local, offload, each split) runs 12 frames at 2 frames/s
-  (no queueing) at two fixed rates; the measured median (frames 3-20) of head + transfer + tail is
-  compared with the model's prediction for the rate a 1 MB bulk transfer measures on the
-  link at that setting (tbf's nominal rate less the headers: what the device can get);
+* **prediction**: every option (local, offload, each split) runs 20 frames at 2 frames/s
+  (no queueing) at two fixed rates; the measured median (frames 3-20) of head + transfer +
+  tail is compared with the model's prediction for the rate a 1 MB bulk transfer measures
+  on the link at that setting (tbf's nominal rate less the headers: what the device gets);
 * **schedule**: a live synthetic camera (``--fps``, newest frames win) runs ``--split auto``
   and every static option while ``--schedule`` drives the link's rate; each run's trace
   gives mean, median and p95 latency, frames per second and the drop rate. The **oracle** is
