@@ -11,6 +11,9 @@ A full queue drops frames by policy (newest wins for a live camera) and every dr
 reported as a result of its own. A remote batch that fails (host gone, timeout, refusal)
 is run again here with the full model, so every captured frame gets an answer; the host is
 looked for again in the background and the stream goes back to offloading when it answers.
+Only remote batches count against ``in_flight``: the board keeps running local batches
+while the link is slow, and a live source's results come out as soon as each is known
+(a recorded source's in capture order).
 
 Which split each batch takes is the policy's (:mod:`device_runtime.policy`): fixed, or the
 calibration table's choice for the current rate estimate (:mod:`device_runtime.link_meter`),
@@ -30,7 +33,7 @@ import numpy as np
 
 from calibration import LOCAL, OFFLOAD
 from device_runtime.camera import Frame, FrameSource
-from device_runtime.client import HostClient
+from device_runtime.client import HostClient, InferResult
 from device_runtime.errors import HostUnavailableError, RemoteError
 from device_runtime.frame_queue import FrameQueue
 from device_runtime.host_link import HostLink
@@ -50,7 +53,7 @@ class PipelineConfig:
     # ResNet-18 at 5 fps on the emulated board answered 0.9 s late after a link stall, for
     # good), else 4.
     queue: int | None = None
-    in_flight: int = 2  # remote batches outstanding: 2 lets one travel while the next one's head runs
+    in_flight: int = 2  # remote batches outstanding: one crosses while the next waits in the socket
     drop: str | None = None  # newest | none; None: newest for a live source, none for a recorded one
     request_timeout_s: float = 5.0  # a host silent this long is gone: the batch runs here instead
     probe_every_s: float = 1.0  # probe the link when the rate estimate is older than this
@@ -111,6 +114,7 @@ class Pipeline:
         self._compute = ThreadPoolExecutor(1, thread_name_prefix="compute")  # the board's one inference engine
         self._camera = ThreadPoolExecutor(1, thread_name_prefix="capture")
         self._remote = 0  # remote batches in flight
+        self._slots: asyncio.Semaphore | None = None  # ... at most ``in_flight`` of them (made in run's loop)
         self._failure: Exception | None = None  # the first stage's failure, raised after the results before it
 
     def available(self) -> frozenset[str]:
@@ -126,13 +130,14 @@ class Pipeline:
         until the source ends, ``frames`` were captured, or ``stop`` is set."""
         out: asyncio.Queue[object] = asyncio.Queue()
         queue: FrameQueue[_Captured] = FrameQueue(*self.config.frame_queue(source.live))
-        jobs: asyncio.Queue[asyncio.Future[list[FrameResult]] | None] = asyncio.Queue(self.config.in_flight)
+        jobs: asyncio.Queue[asyncio.Future[list[FrameResult]] | None] = asyncio.Queue()
+        self._slots = asyncio.Semaphore(self.config.in_flight)
         if self.hosts is not None and self.hosts.client is not None:
             await self.probe(self.hosts.client)  # a first rate estimate before the first choice
         workers = [
             asyncio.ensure_future(self._capture(source, queue, frames, stop, out)),
             asyncio.ensure_future(self._process(queue, jobs)),
-            asyncio.ensure_future(self._emit(jobs, out)),
+            asyncio.ensure_future(self._emit(jobs, out, ordered=not source.live)),
         ]
         prober = asyncio.ensure_future(self._probe_when_idle())
         try:
@@ -198,26 +203,36 @@ class Pipeline:
                 batch = await queue.get_batch(self.config.batch)
                 if not batch:
                     return
-                await jobs.put(await self._start(batch))  # bounded: waits while in_flight batches are out
+                jobs.put_nowait(await self._start(batch))  # bounded by the head's pace and the remote slots
         except Exception as exc:  # a head that fails, a bundle that cannot send: end the stream with it
             self._fail(exc)
         finally:
             await jobs.put(None)
 
-    async def _emit(self, jobs: asyncio.Queue, out: asyncio.Queue[object]) -> None:
-        """Results in batch order, each batch as soon as it and those before it are done."""
-        while True:
-            job = await jobs.get()
-            if job is None:
-                break
-            try:
-                results = await job
-            except Exception as exc:
-                self._fail(exc)
-                break
-            for result in results:
-                out.put_nowait(result)
+    async def _emit(self, jobs: asyncio.Queue, out: asyncio.Queue[object], ordered: bool) -> None:
+        """Each batch's results: in batch order when ``ordered``, else as soon as the batch is done
+        (a local batch run while a remote one crosses a slow link is not held back behind it)."""
+        delivering: list[asyncio.Future[bool]] = []
+        while (job := await jobs.get()) is not None:
+            if ordered:
+                if not await self._deliver(job, out):
+                    break
+            else:
+                delivering = [d for d in delivering if not d.done()]
+                delivering.append(asyncio.ensure_future(self._deliver(job, out)))
+        await asyncio.gather(*delivering)
         out.put_nowait(self._failure if self._failure is not None else _END)
+
+    async def _deliver(self, job: asyncio.Future[list[FrameResult]], out: asyncio.Queue[object]) -> bool:
+        """The batch's results into ``out``; False (and the failure recorded) if it failed."""
+        try:
+            results = await job
+        except Exception as exc:
+            self._fail(exc)
+            return False
+        for result in results:
+            out.put_nowait(result)
+        return True
 
     def _fail(self, exc: Exception) -> None:
         """The first failure ends the stream; the results before it have been delivered."""
@@ -227,9 +242,9 @@ class Pipeline:
     async def _start(self, batch: list[_Captured]) -> asyncio.Future[list[FrameResult]]:
         loop = asyncio.get_running_loop()
         x = np.concatenate([c.x for c in batch])
-        rate = self.meter.rate_bps
+        rate = self.meter.rate_bps  # capped by an overdue upload, if one is
         client = self.hosts.client if self.hosts is not None else None
-        split = self.policy.choose(len(batch), rate, self.available())
+        split = self.policy.choose(len(batch), rate, self.available(), link_busy=self.meter.overdue() is not None)
         if split == LOCAL or client is None:
             logits, ms = await loop.run_in_executor(self._compute, self.runner.run_full, x)
             self.policy.observe_head(LOCAL, len(batch), ms)
@@ -241,32 +256,41 @@ class Pipeline:
         else:
             cut, head_ms = await loop.run_in_executor(self._compute, self.runner.run_head, split, x)
             self.policy.observe_head(split, len(batch), head_ms)
+        tensor, fields = self.runner.payload(split, cut)
+        assert self._slots is not None
+        await self._slots.acquire()  # released by _send when the reply (or the failure) comes
         self._remote += 1
-        return asyncio.ensure_future(self._offload(batch, x, split, cut, head_ms, rate, client))
+        return asyncio.ensure_future(self._offload(batch, x, split, tensor, fields, head_ms, rate, client))
 
     async def _offload(
-        self, batch: list[_Captured], x: np.ndarray, split: str, cut: np.ndarray, head_ms: float,
-        rate: float | None, client: HostClient,
+        self, batch: list[_Captured], x: np.ndarray, split: str, tensor: np.ndarray, fields: dict[str, float],
+        head_ms: float, rate: float | None, client: HostClient,
     ) -> list[FrameResult]:
         """Send the cut and wait for the tail; on any failure answer the batch here instead."""
         loop = asyncio.get_running_loop()
         try:
-            tensor, fields = self.runner.payload(split, cut)
-            result = await client.infer(
-                self.runner.bundle.id, split, tensor, timeout=self.config.request_timeout_s, **fields
-            )
+            result = await self._send(client, split, tensor, fields)
         except (HostUnavailableError, RemoteError) as exc:
             if isinstance(exc, HostUnavailableError) and self.hosts is not None:
                 await self.hosts.lost(client, exc)
             logits, ms = await loop.run_in_executor(self._compute, self.runner.run_full, x)
             return self._results(batch, logits, LOCAL, rate, head_ms=head_ms + ms, error=f"{split}: {exc}")
-        finally:
-            self._remote -= 1
         self.meter.observe_reply(tensor.nbytes, result)
         return self._results(
             batch, result.output, split, rate, head_ms=head_ms, transfer_ms=result.transfer_ms,
             tail_ms=result.compute_ms + result.queue_ms, sent_bytes=tensor.nbytes, host=client.address,
         )
+
+    async def _send(self, client: HostClient, split: str, tensor: np.ndarray, fields: dict[str, float]) -> InferResult:
+        """One remote request, holding one of the ``in_flight`` slots and known to the meter until it settles."""
+        ticket = self.meter.sending(tensor.nbytes)
+        try:
+            return await client.infer(self.runner.bundle.id, split, tensor, timeout=self.config.request_timeout_s, **fields)
+        finally:
+            self.meter.settled(ticket)
+            self._remote -= 1
+            assert self._slots is not None
+            self._slots.release()
 
     def _results(
         self, batch: list[_Captured], logits: np.ndarray, split: str, rate: float | None, head_ms: float,

@@ -16,7 +16,9 @@ __all__ = ["AutoPolicy", "SplitPolicy", "StaticPolicy"]
 
 
 class SplitPolicy(Protocol):
-    def choose(self, batch: int, rate_bps: float | None, available: Collection[str]) -> str: ...
+    def choose(self, batch: int, rate_bps: float | None, available: Collection[str], link_busy: bool = False) -> str:
+        """``link_busy``: an upload is overdue (:meth:`device_runtime.link_meter.LinkMeter.overdue`)."""
+        ...
 
     def observe_head(self, split: str, batch: int, head_ms: float) -> None: ...
 
@@ -29,7 +31,8 @@ class StaticPolicy:
             bundle.manifest.split(split)  # an unknown split fails before the camera starts
         self.split = split
 
-    def choose(self, batch: int, rate_bps: float | None, available: Collection[str]) -> str:
+    def choose(self, batch: int, rate_bps: float | None, available: Collection[str], link_busy: bool = False) -> str:
+        """The fixed split, a slow link or not: the run measures that split."""
         return self.split if self.split in available else LOCAL
 
     def observe_head(self, split: str, batch: int, head_ms: float) -> None:
@@ -38,6 +41,9 @@ class StaticPolicy:
 
 class AutoPolicy:
     """DSC's dynamic split computing: the table's best split for (batch, rate), with hysteresis.
+
+    While an upload is overdue the link is taken to be slower than its bytes over the time
+    it has been out (the rate the pipeline passes is capped so), and the batch runs here.
 
     The head times measured at calibration are refined by the ones measured as the stream
     runs (a board warms up, throttles, shares its CPU): every ``refine_every`` batches the
@@ -57,8 +63,10 @@ class AutoPolicy:
     def switches(self) -> int:
         return self.selector.switches
 
-    def choose(self, batch: int, rate_bps: float | None, available: Collection[str]) -> str:
-        return self.selector.choose(batch, rate_bps, available)
+    def choose(self, batch: int, rate_bps: float | None, available: Collection[str], link_busy: bool = False) -> str:
+        """The table's choice; ``local`` at once while an upload is overdue: anything sent now
+        would wait in the socket behind it, which DSC Eq. 4's idle link does not account for."""
+        return self.selector.choose(batch, rate_bps, (LOCAL,) if link_busy else available)
 
     def observe_head(self, split: str, batch: int, head_ms: float) -> None:
         self.running.observe(split, batch, head_ms)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Awaitable, Callable, Iterator, TypeVar
 
 import pytest
 
-from calibration import FILENAME, LOCAL, Calibration, LatencyModel, SplitTable, SplitTimings, save
+from calibration import FILENAME, LOCAL, OFFLOAD, Calibration, LatencyModel, SplitTable, SplitTimings, save
 from device_runtime.bundle import Bundle
 from device_runtime.calibrate import manifest_sha256
 from device_runtime.camera import Synthetic
@@ -128,6 +129,7 @@ def test_split_follows_a_rate_step_and_every_answer_stays_right(mobilenet_bundle
 
     with EmulatedLink() as link, serve_in(link, [root]) as address:
         results, marks, switches = asyncio.run(go(link, address))
+    results.sort(key=lambda r: r.index)  # a live stream answers each frame as soon as it is known
     assert [r.index for r in results] == list(range(400))  # nothing lost, nothing dropped
     assert {r.index: r.label for r in results} == reference
     splits = [r.split for r in results]
@@ -138,6 +140,54 @@ def test_split_follows_a_rate_step_and_every_answer_stays_right(mobilenet_bundle
     assert switches >= 2
 
 
+def test_nothing_waits_behind_an_upload_the_link_slowed_under(mobilenet_bundle: Path, tmp_path: Path) -> None:
+    """Offloading 602 KB frames at 10 fps, the link drops to 2 Mbit/s (a frame: 2.5 s). The
+    frames already sent take that long; the next ones must not queue behind them in the socket:
+    an upload well past its predicted time caps the rate estimate and the board runs them itself,
+    answering each at once (live: before the slow remote ones ahead of them)."""
+    root = tmp_path / "bundle"
+    shutil.copytree(mobilenet_bundle, root)
+    bundle = Bundle.load(root)
+    calibration = _calibration(bundle, SplitTimings(OFFLOAD, 602_112, {}, {1: 5.0}))  # offload above 24.7 Mbit/s
+    runner = DeviceRunner(bundle, threads=1)
+    reference = {r.index: r.label for r in run_stream(runner, "synthetic", LOCAL, frames=60, drop="none")}
+
+    async def go(link: EmulatedLink, address: str):
+        hosts = HostLink(bundle, address, timeout=10.0)
+        assert await hosts.connect(), hosts.last_error
+        config = PipelineConfig(request_timeout_s=15.0)
+        pipeline = Pipeline(runner, AutoPolicy(calibration, refine_every=10**9), hosts, config)
+        results, arrival, step = [], [], None
+        loop = asyncio.get_running_loop()
+        try:
+            with Synthetic(fps=10) as source:
+                async for r in pipeline.run(source, frames=60):
+                    results.append(r)
+                    arrival.append(r.index)
+                    if len(results) == 20:
+                        await loop.run_in_executor(None, link.set_rate, 2.0)
+                        step = time.monotonic()
+        finally:
+            await hosts.close()
+        return results, arrival, step
+
+    with EmulatedLink() as link, serve_in(link, [root]) as address:
+        results, arrival, step = asyncio.run(go(link, address))
+    answered = [r for r in results if not r.dropped]
+    assert sorted(r.index for r in results) == list(range(60))  # every frame reported once
+    assert all(r.label == reference[r.index] for r in answered)
+    before = [r for r in answered if r.captured < step]
+    after = [r for r in answered if r.captured >= step]
+    assert sum(r.split == OFFLOAD for r in before[-10:]) >= 8, [r.split for r in before]  # offloading while fast
+    assert sum(r.where == "remote" for r in after) <= 2, [(r.split, r.total_ms) for r in after]
+    settled = [r for r in after if r.captured >= step + 0.5]
+    assert settled and max(r.total_ms for r in settled) < 1000.0, [(r.split, r.total_ms) for r in settled]
+    # Capped before any slow reply came (the first one takes 2.5 s): below what 602 KB in 0.3 s would need.
+    assert any(r.rate_bps < 8 * 602_112 / 0.3 for r in after if r.captured < step + 2.0)
+    slow = [r.index for r in after if r.total_ms > 2000.0]
+    assert slow and arrival.index(slow[0]) > min(arrival.index(r.index) for r in settled)  # not held back
+
+
 class _Address:
     """``run_stream`` wants host.host and host.port."""
 
@@ -146,12 +196,11 @@ class _Address:
         self.port = int(port)
 
 
-def _calibration(bundle: Bundle) -> Calibration:
-    """SPLIT: 5 + 5 ms of compute and 31,360 bytes; local: 200 ms. SPLIT wins above
-    8 * 31360 / 0.19 s = 1.32 Mbit/s, local below (DSC Eq. 4 against T_L)."""
-    model = LatencyModel(
-        (SplitTimings(LOCAL, 0, {1: 200.0}, {}), SplitTimings(SPLIT, 31360, {1: 5.0}, {1: 5.0})), rtt_ms=0.0
-    )
+def _calibration(bundle: Bundle, remote: SplitTimings = SplitTimings(SPLIT, 31360, {1: 5.0}, {1: 5.0})) -> Calibration:
+    """Local: 200 ms against one remote option, by default SPLIT: 5 + 5 ms of compute and
+    31,360 bytes, which wins above 8 * 31360 / 0.19 s = 1.32 Mbit/s, local below (DSC Eq. 4
+    against T_L)."""
+    model = LatencyModel((SplitTimings(LOCAL, 0, {1: 200.0}, {}), remote), rtt_ms=0.0)
     calibration = Calibration(
         bundle_id=bundle.id, manifest_sha256=manifest_sha256(bundle),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), board={}, backend="onnx",
