@@ -27,9 +27,10 @@ For each model (MobileNetV2 with its ImageNet weights, and ResNet-18), on one ma
 * **throughput**: a split fed as fast as the camera can go with no drops, against
   1 / (slowest stage) measured in the same run, twice: where the board is the slowest
   stage (the schedule's highest rate) and where the link is (a rate at which the cut takes
-  twice the board's time to cross). Preprocessing and the head run on the board's one
-  capped core, so together they are one stage: 1 / (preprocess + head) is the most that
-  core can do.
+  twice the board's time to cross). Everything the board does for a frame (capture,
+  preprocessing, head, event loop, socket) runs on its one capped core, so the board is one
+  stage: its CPU cap over the CPU seconds it spends per frame (/proc/PID/stat) is the most
+  frames per second it can do.
 
 The traces of every run stay in ``--traces`` (``split-device report`` reads them).
 
@@ -52,7 +53,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
@@ -62,6 +63,7 @@ from device_runtime.link_emulator import EmulatedLink, RateSchedule, unavailable
 from device_runtime.namespace_host import serve_in
 from device_runtime.trace import read_trace
 
+T = TypeVar("T")
 PORT = 7767
 CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")
 CGROUP_QUOTA_US = 1000  # the kernel's minimum
@@ -133,28 +135,20 @@ def build_bundles(weights: str, root: Path) -> dict[str, Path]:
 
 
 def run_device(bundle: Path, host: str, split: str, camera: str, trace: Path, cgroup: Path | None,
-               frames: int | None = None, seconds: float | None = None, extra: Sequence[str] = (),
-               link: EmulatedLink | None = None, schedule: RateSchedule | None = None) -> float | None:
-    """One ``split-device run``; with ``schedule``, the link follows it from the first traced frame.
-    Returns the wall-clock start of the schedule (for aligning the trace with it)."""
+               frames: int | None = None, extra: Sequence[str] = (),
+               during: Callable[[subprocess.Popen, Path], T] | None = None) -> T | None:
+    """One ``split-device run``; ``during(process, trace)`` runs while it does (and may end it)
+    and its value is returned."""
     argv = ["run", str(bundle), "--host", host, "--split", split, "--camera", camera, "--trace", str(trace),
             "--threads", "1", *extra]
     if frames is not None:
         argv += ["--frames", str(frames)]
-    trace.unlink(missing_ok=True)  # the start is read from the trace: not from a previous run's
+    trace.unlink(missing_ok=True)  # progress is read from the trace: not from a previous run's
     proc = device(argv, cgroup, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    started = None
+    value = None
     try:
-        if seconds is not None:
-            deadline = time.monotonic() + 120  # import, warm-up, connect: then the first frame
-            while proc.poll() is None and time.monotonic() < deadline and _lines(trace) < 2:
-                time.sleep(0.05)
-            started = time.time()
-            if schedule is not None:
-                asyncio.run(asyncio.wait_for(schedule.drive(link), seconds + 10))
-            else:
-                time.sleep(seconds)
-            proc.send_signal(signal.SIGINT)
+        if during is not None:
+            value = during(proc, trace)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -162,7 +156,47 @@ def run_device(bundle: Path, host: str, split: str, camera: str, trace: Path, cg
             proc.wait()
     if proc.returncode != 0:
         raise RuntimeError(f"split-device run --split {split} failed ({proc.returncode}): {err[-2000:]}")
-    return started
+    return value
+
+
+def on_schedule(link: EmulatedLink, schedule: RateSchedule) -> Callable[[subprocess.Popen, Path], float]:
+    """Drive the link through ``schedule`` from the first traced frame, then stop the run;
+    the value is the schedule's wall-clock start (for aligning the trace with it)."""
+
+    def during(proc: subprocess.Popen, trace: Path) -> float:
+        wait_for_frames(proc, trace, 1)
+        started = time.time()
+        asyncio.run(asyncio.wait_for(schedule.drive(link), schedule.duration_s + 10))
+        proc.send_signal(signal.SIGINT)
+        return started
+
+    return during
+
+
+def cpu_per_frame(first: int, last: int) -> Callable[[subprocess.Popen, Path], float]:
+    """The board's CPU seconds per frame from its ``first`` traced frame to its ``last``: all it
+    does for a frame (capture, preprocessing, head, event loop, socket), on any of its threads."""
+
+    def during(proc: subprocess.Popen, trace: Path) -> float:
+        wait_for_frames(proc, trace, first)
+        start = cpu_s(proc.pid), _lines(trace)
+        wait_for_frames(proc, trace, last)
+        return (cpu_s(proc.pid) - start[0]) / max(_lines(trace) - start[1], 1)
+
+    return during
+
+
+def wait_for_frames(proc: subprocess.Popen, trace: Path, frames: int, timeout_s: float = 120.0) -> None:
+    """Until the trace has ``frames`` frame records (after its run record), or the run ended."""
+    deadline = time.monotonic() + timeout_s  # import, warm-up, connect: then the first frame
+    while proc.poll() is None and time.monotonic() < deadline and _lines(trace) < frames + 1:
+        time.sleep(0.02)
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far, all its threads (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _lines(path: Path) -> int:
@@ -256,28 +290,32 @@ def predicted_vs_measured(bundle: Path, host: str, calibration, link: EmulatedLi
 
 
 def throughput(bundle: Path, host: str, split: str, link: EmulatedLink, rate: float, cgroup: Path | None,
-               tmp: Path) -> dict[str, float]:
+               board_cpu: float, tmp: Path) -> dict[str, float]:
     """Frames per second of a saturated pipeline against 1 / its slowest stage, same run.
 
-    The stages are the board's core (preprocess + head: one capped CPU runs both), the link
-    (a frame's bytes at the goodput a bulk transfer measures at this rate: a frame's own
-    transfer time includes waiting behind the batch in flight before it) and the host (tail).
+    The stages are the board (one capped CPU does all its work for a frame: ``board_cpu`` over
+    the CPU seconds it spends per frame is the most frames per second it can do), the link (a
+    frame's bytes at the goodput a bulk transfer measures at this rate: a frame's own transfer
+    time includes waiting behind the batch in flight before it) and the host (tail).
     """
     link.set_rate(rate)
     goodput = goodput_bps(host)
     trace = tmp / f"throughput-{split}-{rate:g}.jsonl"
-    run_device(bundle, host, split, "synthetic:0", trace, cgroup, frames=120, extra=["--drop", "none"])
+    board_cpu_s = run_device(bundle, host, split, "synthetic:0", trace, cgroup, frames=120, extra=["--drop", "none"],
+                             during=cpu_per_frame(20, 110))
     link.set_rate(None)
     _, frames = read_trace(trace)
-    frames = frames[20:]  # past warm-up
+    frames = frames[20:110]  # past warm-up, as the CPU was counted
     span = frames[-1]["t"] - frames[0]["t"]
     fps = (len(frames) - 1) / span
     stage = {k: statistics.median(f[k] for f in frames) for k in ("preprocess_ms", "head_ms", "transfer_ms", "tail_ms")}
+    stage["board_cpu_ms"] = board_cpu_s * 1000.0
     stage["link_ms"] = statistics.median(f["bytes"] for f in frames) * 8 / goodput * 1000.0
-    stages = {"board": stage["preprocess_ms"] + stage["head_ms"], "link": stage["link_ms"], "host": stage["tail_ms"]}
+    stages = {"board": stage["board_cpu_ms"] / (board_cpu if cgroup is not None else 1.0), "link": stage["link_ms"],
+              "host": stage["tail_ms"]}
     slowest = max(stages, key=stages.__getitem__)
     bound = 1000.0 / stages[slowest]
-    return {"split": split, "rate_mbit": rate, "fps": fps, "stage_ms": stage, "slowest": slowest,
+    return {"split": split, "rate_mbit": rate, "fps": fps, "stage_ms": stage, "stages_ms": stages, "slowest": slowest,
             "bound_fps": bound, "ratio": fps / bound}
 
 
@@ -287,7 +325,7 @@ def link_bound_rate(calibration, split: str, board_ms: float) -> float:
 
 
 def bench_model(name: str, bundle: Path, link: EmulatedLink, schedule: RateSchedule, fps: float,
-                cgroup: Path | None, tmp: Path) -> dict:
+                cgroup: Path | None, board_cpu: float, tmp: Path) -> dict:
     host = f"{link.namespace_address}:{PORT}"
     link.set_rate(None)
     cal = device(["calibrate", str(bundle), "--host", host, "--batch", "1,2,4", "--repeats", "20", "--threads", "1"],
@@ -303,8 +341,7 @@ def bench_model(name: str, bundle: Path, link: EmulatedLink, schedule: RateSched
     for option in ("auto", *calibration.table.splits):
         trace = tmp / f"{name}-{option}.jsonl"
         link.set_rate(schedule.rate_at(0))
-        start = run_device(bundle, host, option, f"synthetic:{fps:g}", trace, cgroup, seconds=schedule.duration_s,
-                           link=link, schedule=schedule)
+        start = run_device(bundle, host, option, f"synthetic:{fps:g}", trace, cgroup, during=on_schedule(link, schedule))
         runs[option], _ = frames_in_window(trace, start, schedule.duration_s)
         results[option] = metrics(runs[option], schedule.duration_s)
         if option == "auto":
@@ -324,21 +361,22 @@ def bench_model(name: str, bundle: Path, link: EmulatedLink, schedule: RateSched
         "auto_vs_best_static": {k: results["auto"][k] / results[best_static][k] for k in ("mean_ms", "p50_ms", "p95_ms")},
         "auto_vs_oracle": {k: results["auto"][k] / results["oracle"][k] for k in ("mean_ms", "p50_ms", "p95_ms")},
         "decision_us": decision_cost_us(selector),
-        "throughput": throughputs(bundle, host, calibration, schedule, link, cgroup, tmp),
+        "throughput": throughputs(bundle, host, calibration, schedule, link, cgroup, board_cpu, tmp),
     }
 
 
 def throughputs(bundle: Path, host: str, calibration, schedule: RateSchedule, link: EmulatedLink,
-                cgroup: Path | None, tmp: Path) -> list[dict]:
+                cgroup: Path | None, board_cpu: float, tmp: Path) -> list[dict]:
     """The table's split at the schedule's highest rate (the first cut if that is local or offload),
     where the board is the slowest stage, then at a rate where the link is."""
     high = max(step.rate_mbit for step in schedule.steps)
     best_at_high = calibration.table.lookup(1, high * 1e6)
     split = best_at_high if best_at_high not in (LOCAL, OFFLOAD) else next(
         s for s in calibration.table.splits if s not in (LOCAL, OFFLOAD))
-    board_bound = throughput(bundle, host, split, link, high, cgroup, tmp)
-    board_ms = board_bound["stage_ms"]["preprocess_ms"] + board_bound["stage_ms"]["head_ms"]
-    return [board_bound, throughput(bundle, host, split, link, link_bound_rate(calibration, split, board_ms), cgroup, tmp)]
+    board_bound = throughput(bundle, host, split, link, high, cgroup, board_cpu, tmp)
+    board_ms = board_bound["stages_ms"]["board"]
+    return [board_bound,
+            throughput(bundle, host, split, link, link_bound_rate(calibration, split, board_ms), cgroup, board_cpu, tmp)]
 
 
 def main() -> None:
@@ -376,10 +414,10 @@ def main() -> None:
                     calibration = load(bundles[name] / "calibration.json")
                     host = f"{link.namespace_address}:{PORT}"
                     report["models"][name]["throughput"] = throughputs(bundles[name], host, calibration, schedule, link,
-                                                                       cgroup, args.traces)
+                                                                       cgroup, args.board_cpu, args.traces)
                 else:
                     report["models"][name] = bench_model(name, bundles[name], link, schedule, args.fps, cgroup,
-                                                         args.traces)
+                                                         args.board_cpu, args.traces)
     print_tables(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
@@ -402,8 +440,9 @@ def print_tables(report: dict) -> None:
             print(f"{p['option']:24s} {p['rate_mbit']:7.0f} {p['goodput_mbit']:8.1f} {p['measured_ms']:9.1f} "
                   f"{p['predicted_ms']:9.1f} {p['ratio']:6.2f}")
         for t in r["throughput"]:
-            print(f"throughput {t['split']} at {t['rate_mbit']:.0f} Mbit/s: {t['fps']:.1f} fps, slowest stage "
-                  f"{t['slowest']}: bound {t['bound_fps']:.1f} fps, ratio {t['ratio']:.2f}")
+            stages = ", ".join(f"{k} {v:.1f}" for k, v in t["stages_ms"].items())
+            print(f"throughput {t['split']} at {t['rate_mbit']:.0f} Mbit/s: {t['fps']:.1f} fps; stages ms/frame: {stages}; "
+                  f"slowest {t['slowest']}: bound {t['bound_fps']:.1f} fps, ratio {t['ratio']:.2f}")
 
 
 if __name__ == "__main__":
