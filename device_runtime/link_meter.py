@@ -32,9 +32,10 @@ __all__ = ["LinkMeter", "probe_bytes"]
 
 PROBE_SECONDS = 0.05  # a probe sized to take about this long at the current estimate
 PROBE_MIN_BYTES, PROBE_MAX_BYTES = 16 * 1024, 1024 * 1024
-#: An upload is overdue once in flight this many times its predicted round trip ...
+#: An upload is overdue once in flight this many times its predicted time on the wire ...
 OVERDUE_FACTOR = 2.0
-#: ... plus this much: a board's scheduler and the host's batching delay replies by a few ms.
+#: ... plus a ping, the host's usual time and this much: a board's scheduler and the host's
+#: batching delay replies by a few ms.
 OVERDUE_SLACK_S = 0.02
 #: Weight of each reply's host time (queue + compute) in the running host time.
 HOST_ALPHA = 0.3
@@ -78,10 +79,12 @@ class LinkMeter:
         """The rate bound (bit/s) an overdue upload sets, or None when none is overdue.
 
         Requests share one connection in order, so the oldest one in flight is the one the
-        link is carrying. It is overdue when it has been out more than ``OVERDUE_FACTOR``
-        times its predicted round trip (payload at the estimate, a ping, the host's running
-        time) plus ``OVERDUE_SLACK_S``; its payload has then not crossed in the time since it
-        was sent less the ping and the host's time, and that rate bounds the link's.
+        link is carrying. It is overdue when it has been out longer than ``OVERDUE_FACTOR``
+        times its payload's time at the estimate plus a ping, the host's running time (both
+        measured, so not scaled: ResNet-18's 40 ms tail doubled let a second 602 KB frame
+        follow one the link had slowed under) and ``OVERDUE_SLACK_S``; its payload has then
+        not crossed in the time since it was sent less the ping and the host's time, and that
+        rate bounds the link's.
         """
         rate = self.estimator.rate_bps
         if not self._in_flight or rate is None:
@@ -89,7 +92,7 @@ class LinkMeter:
         sent, payload = self._in_flight[min(self._in_flight)]
         elapsed = (time.perf_counter() if now is None else now) - max(sent, self._upload_done)
         fixed = self.estimator.base_rtt_s + self._host_s
-        if elapsed <= OVERDUE_FACTOR * (fixed + 8.0 * payload / rate) + OVERDUE_SLACK_S:
+        if elapsed <= fixed + OVERDUE_FACTOR * 8.0 * payload / rate + OVERDUE_SLACK_S:
             return None
         return 8.0 * payload / (elapsed - fixed)
 

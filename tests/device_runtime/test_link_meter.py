@@ -42,7 +42,9 @@ def test_an_overdue_upload_bounds_the_rate_by_its_bytes_over_its_time() -> None:
 
 def test_the_hosts_usual_time_is_not_taken_for_the_links() -> None:
     """A host whose replies take 100 ms (queue + tail) makes a reply 150 ms after the send on
-    time on a fast link; only what is left after the host's time counts against the link."""
+    time on a fast link; only what is left after the host's time counts against the link, and
+    the host's measured time is not scaled with the link's: a frame 200 ms after a 602 KB one
+    on a 100 Mbit/s link with a 40 ms host finds it overdue (40 + 2 x 48 + 20 = 156 ms)."""
     meter = _meter(1e9)
     now = time.perf_counter()
     meter.observe_reply(PAYLOAD, _reply(sent=now - 0.2, received=now - 0.05, host_ms=100.0))
@@ -50,10 +52,22 @@ def test_the_hosts_usual_time_is_not_taken_for_the_links() -> None:
     host_s = 0.051  # 0.3 and then 0.3 more of the way to 100 ms: 51 ms
     start = time.perf_counter()
     meter.sending(PAYLOAD)
-    limit = OVERDUE_FACTOR * (host_s + 8 * PAYLOAD / meter.estimator.rate_bps) + OVERDUE_SLACK_S
+    limit = host_s + OVERDUE_FACTOR * 8 * PAYLOAD / meter.estimator.rate_bps + OVERDUE_SLACK_S
     assert meter.overdue(now=start + limit - 0.005) is None
     bound = meter.overdue(now=start + limit + 0.005)
     assert bound == pytest.approx(8 * PAYLOAD / (limit + 0.005 - host_s), rel=1e-2)
+
+
+def test_a_frame_interval_later_a_slow_full_offload_is_overdue() -> None:
+    meter = _meter(100e6)
+    now = time.perf_counter()
+    for _ in range(20):  # ResNet-18's full model on the host: 40 ms
+        meter.observe_reply(PAYLOAD, _reply(sent=now - 0.1, received=now - 0.012, host_ms=40.0))
+    assert meter.estimator.rate_bps == pytest.approx(100e6, rel=0.01)
+    start = time.perf_counter()
+    meter.sending(PAYLOAD)
+    assert meter.overdue(now=start + 0.15) is None
+    assert meter.overdue(now=start + 0.2) == pytest.approx(8 * PAYLOAD / (0.2 - 0.04), rel=0.01)
 
 
 def test_a_queued_upload_is_timed_from_the_end_of_the_one_before() -> None:
