@@ -52,6 +52,7 @@ class Calibration:
     link: dict[str, float] | None  # LINK_FIELDS, or None when calibrated without a host
     model: LatencyModel
     table: SplitTable
+    fps: float = 0.0  # the pace of the board's timed runs (0: back to back), see measure_ms
 
     def __post_init__(self) -> None:
         _fields.text(self.bundle_id, "bundle_id")
@@ -67,6 +68,7 @@ class Calibration:
         if self.threads is not None:
             _fields.integer(self.threads, "threads", minimum=1)
         _fields.integer(self.repeats, "repeats", minimum=1)
+        object.__setattr__(self, "fps", _fields.number(self.fps, "fps"))
         batches = tuple(_fields.integer(b, f"batches[{i}]", minimum=1) for i, b in enumerate(self.batches))
         if not batches or list(batches) != sorted(set(batches)):
             raise CalibrationError(f"batches: expected ascending batch sizes, at least one, got {list(batches)}")
@@ -93,6 +95,7 @@ class Calibration:
             "precision": self.precision,
             "threads": self.threads,
             "repeats": self.repeats,
+            "fps": self.fps,
             "batches": list(self.batches),
             "link": self.link,
             "model": self.model.to_dict(),
@@ -106,6 +109,7 @@ class Calibration:
         d = _fields.obj(d, source)
         _check_schema(_fields.member(d, "schema", root), source)
         args = {key: _fields.member(d, key, root) for key in _PLAIN_FIELDS}
+        args["fps"] = d.get("fps", 0.0)  # files written before runs were paced: back to back
         args["batches"] = _fields.array(_fields.member(d, "batches", root), _fields.join(root, "batches"))
         args["model"] = LatencyModel.from_dict(_fields.member(d, "model", root), _fields.join(root, "model"))
         args["table"] = SplitTable.from_dict(_fields.member(d, "table", root), _fields.join(root, "table"))

@@ -7,6 +7,7 @@ the camera's own interrupts), and one such frame must not move a split's predict
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from collections import deque
@@ -21,20 +22,29 @@ WINDOW = 64
 MIN_SAMPLES = 8
 
 
-def measure_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
+def measure_ms(fn: Callable[[], object], repeats: int, warmup: int = 3, fps: float = 0.0) -> float:
     """Median wall time in ms of ``repeats`` calls of ``fn``, after ``warmup`` untimed calls.
 
     The first calls pay for lazy allocation and cold caches (onnxruntime plans its memory on
-    the first run), which no later frame pays.
+    the first run), which no later frame pays. With ``fps`` > 0 each call starts 1/``fps`` s
+    after the one before (or at once, when that one took longer), as a camera's frames would:
+    a board idle between frames runs the next one at another speed than back to back (its
+    governor has clocked the CPU down, its caches have gone cold, a CPU quota has refilled),
+    and the latency model must predict the stream it will run.
     """
     _fields.integer(repeats, "repeats", minimum=1)
-    for _ in range(_fields.integer(warmup, "warmup", minimum=0)):
-        fn()
+    fps = _fields.number(fps, "fps")
+    interval = 1.0 / fps if fps > 0 else 0.0
+    started = -math.inf
     times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+    for i in range(_fields.integer(warmup, "warmup", minimum=0) + repeats):
+        delay = started + interval - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        started = time.perf_counter()
         fn()
-        times.append((time.perf_counter() - start) * 1000.0)
+        if i >= warmup:
+            times.append((time.perf_counter() - started) * 1000.0)
     return statistics.median(times)
 
 

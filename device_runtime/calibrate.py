@@ -60,9 +60,10 @@ def calibration_for(bundle: Bundle) -> Calibration:
 
 
 def measure_heads(
-    runner: DeviceRunner, batches: Sequence[int], repeats: int, progress: Progress
+    runner: DeviceRunner, batches: Sequence[int], repeats: int, progress: Progress, fps: float = 0.0
 ) -> dict[str, dict[int, float]]:
-    """Median ms of every split's head and of the full model (``local``) at every batch size, here."""
+    """Median ms of every split's head and of the full model (``local``) at every batch size, here,
+    each run ``fps`` runs a second at most (:func:`calibration.measure_ms`)."""
     shape = runner.bundle.manifest.model.input_shape
     rng = np.random.default_rng(0)
     targets = [(s.id, "head") for s in runner.bundle.manifest.splits] + [(LOCAL_SPLIT, "full")]
@@ -72,7 +73,7 @@ def measure_heads(
         times[split_id] = {}
         for batch in batches:
             x = rng.standard_normal((batch, *shape)).astype(np.float32)
-            times[split_id][batch] = measure_ms(lambda: session.run(x), repeats)
+            times[split_id][batch] = measure_ms(lambda: session.run(x), repeats, fps=fps)
         progress(f"board  {split_id:24s} " + "  ".join(f"B={b}: {ms:8.2f} ms" for b, ms in times[split_id].items()))
     return times
 
@@ -125,10 +126,15 @@ async def calibrate(
     repeats: int = 20,
     board: dict[str, Any] | None = None,
     progress: Progress = lambda line: None,
+    fps: float = 0.0,
 ) -> Calibration:
-    """Measure everything and build the table. Without a host, only ``local`` is an option."""
+    """Measure everything and build the table. Without a host, only ``local`` is an option.
+
+    ``fps`` paces the board's timed runs as a camera would (0: back to back); the host's tails
+    are timed back to back whatever it is: a host serving a fleet is never idle for long.
+    """
     started = time.perf_counter()
-    heads = measure_heads(runner, batches, repeats, progress)
+    heads = measure_heads(runner, batches, repeats, progress, fps)
     tails: dict[str, dict[int, float]] = {}
     link = None
     if client is not None:
@@ -148,6 +154,7 @@ async def calibrate(
         precision=_precision(runner),
         threads=runner.threads,
         repeats=repeats,
+        fps=fps,
         batches=tuple(batches),
         link=link,
         model=model,

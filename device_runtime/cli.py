@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -49,6 +50,7 @@ examples:
   split-device calibrate bundle/                            # host by zeroconf, batches 1,2,4,8,16
   split-device calibrate bundle/ --host 192.168.1.20:7767 --batch 1,4 --repeats 50
   split-device calibrate bundle/ --key-file host.key        # a host started with --key-file
+  split-device calibrate bundle/ --fps 5 --batch 1          # heads timed as a 5 frames/s camera paces them
   split-device plan bundle/ --out plan/                     # the table it wrote, as text and a plot
 """
 
@@ -102,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--batch", type=_batches, default=DEFAULT_BATCHES, metavar="1,2,4",
                      help="batch sizes to measure (default 1,2,4,8,16)")
     cal.add_argument("--repeats", type=int, default=20, help="timed runs per measurement, after warm-up (default 20)")
+    cal.add_argument("--fps", type=_frame_rate, default=0.0, metavar="F",
+                     help="time the board's runs F a second at most, as the camera will pace them: a board idle "
+                          "between frames runs them at another speed than back to back (default 0: back to back)")
     cal.add_argument("--no-host", action="store_true", help="calibrate the board alone (every choice is local)")
     _runtime_arguments(cal)
 
@@ -166,6 +171,16 @@ def _batches(text: str) -> tuple[int, ...]:
     if not batches or batches[0] < 1:
         raise argparse.ArgumentTypeError(f"batch sizes {text!r}: at least one, each at least 1")
     return batches
+
+
+def _frame_rate(text: str) -> float:
+    try:
+        fps = float(text)
+    except ValueError:
+        fps = math.nan
+    if not math.isfinite(fps) or fps < 0:
+        raise argparse.ArgumentTypeError(f"frame rate {text!r}: expected frames per second >= 0, like 5 or 0.5")
+    return fps
 
 
 def _runner(args: argparse.Namespace, bundle: Bundle, split_id: str, board: DetectedBoard) -> DeviceRunner:
@@ -253,12 +268,14 @@ async def calibrate_command(args: argparse.Namespace) -> None:
     board = detect_board()
     runner = _runner(args, bundle, bundle.manifest.splits[0].id if bundle.manifest.splits else LOCAL, board)
     print(f"{board.describe()}: {runner.backend} backend, {runner.threads or 'default'} threads; "
-          f"batches {', '.join(map(str, args.batch))}, {args.repeats} repeats", flush=True)
+          f"batches {', '.join(map(str, args.batch))}, {args.repeats} repeats"
+          + (f" at {args.fps:g} runs/s" if args.fps > 0 else ""), flush=True)
     client = None if args.no_host else await connect_host(
         bundle, args.host, args.interface, timeout=args.timeout, credentials=_credentials(args)
     )
     try:
-        result = await calibrate(runner, client, args.batch, args.repeats, board.to_dict(), lambda line: print(line, flush=True))
+        result = await calibrate(runner, client, args.batch, args.repeats, board.to_dict(),
+                                 lambda line: print(line, flush=True), args.fps)
     finally:
         if client is not None:
             await client.close()

@@ -56,6 +56,13 @@ def test_loads_from_the_bundle_directory_and_without_a_host(tmp_path: Path) -> N
     assert (loaded.link, loaded.threads) == (None, None)
 
 
+def test_the_pace_of_the_timed_runs_is_kept_and_older_files_were_back_to_back(saved: Path) -> None:
+    save(calibration(fps=5), saved)
+    assert load(saved).fps == 5.0
+    rewrite(saved, lambda d: d.pop("fps"))  # written before runs could be paced
+    assert load(saved).fps == 0.0
+
+
 def test_save_replaces_atomically_and_leaves_no_temp_file(saved: Path) -> None:
     save(calibration(repeats=50), saved)
     assert load(saved).repeats == 50
@@ -117,6 +124,7 @@ def test_invalid_json_is_refused(saved: Path) -> None:
         (lambda d: d["table"]["best"][0].pop(), r"table.best\[0\]: expected 81 entries"),
         (lambda d: d.update(backend="tensorrt"), r"backend: expected one of onnx, tflite, got 'tensorrt'"),
         (lambda d: d.update(repeats=True), r"repeats: expected an integer >= 1, got True"),
+        (lambda d: d.update(fps=-5), r"fps: expected a finite number >= 0, got -5"),
         (lambda d: d.update(created="2025-05-01T12:00:00"), r"created: expected an ISO 8601 UTC time"),
         (lambda d: d.update(manifest_sha256="abc"), r"manifest_sha256: expected 64 lowercase hex digits"),
         (lambda d: d["link"].pop("rate_bps"), r"link.rate_bps: missing"),

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 
-from calibration import LOCAL, RunningTimes, measure_ms
+from calibration import LOCAL, CalibrationError, RunningTimes, measure_ms
 from calibration.timing import MIN_SAMPLES, WINDOW
 from tests.calibration.models import corners
 
@@ -22,6 +23,29 @@ def test_measure_ms_warms_up_then_takes_the_median() -> None:
     ms = measure_ms(fn, repeats=3, warmup=2)
     assert len(calls) == 5
     assert 2.0 <= ms < 40.0  # the stall does not move the median
+
+
+def test_measure_ms_paces_the_runs_as_a_camera_would() -> None:
+    starts: list[float] = []
+    durations = iter([0.0] * 3 + [0.0, 0.15, 0.0, 0.0])  # warm-up, then one run longer than a frame
+
+    def fn() -> None:
+        starts.append(time.perf_counter())
+        time.sleep(next(durations))
+
+    measure_ms(fn, repeats=4, warmup=3, fps=10)
+    gaps = np.diff(starts)
+    # 100 ms apart, the timed ones too; after the 150 ms run the next starts at once.
+    assert all(0.099 <= g < 0.13 for i, g in enumerate(gaps) if i != 4), gaps
+    assert 0.15 <= gaps[4] < 0.18, gaps
+
+
+def test_measure_ms_back_to_back_by_default_and_refuses_a_negative_rate() -> None:
+    starts: list[float] = []
+    measure_ms(lambda: starts.append(time.perf_counter()), repeats=5, warmup=0)
+    assert max(np.diff(starts)) < 0.01
+    with pytest.raises(CalibrationError, match=r"fps: expected a finite number >= 0, got -1"):
+        measure_ms(lambda: None, repeats=1, fps=-1)
 
 
 def test_running_median_over_a_bounded_window() -> None:

@@ -51,6 +51,18 @@ def test_calibration_has_every_option_at_every_batch(calibrated: Path, capsys) -
     assert table.lookup(1, 1e5) == LOCAL
 
 
+def test_calibrate_paces_the_board_as_its_camera_will(mobilenet_bundle: Path, tmp_path: Path, capsys) -> None:
+    root = tmp_path / "bundle"
+    shutil.copytree(mobilenet_bundle, root)
+    assert main(["calibrate", str(root), "--no-host", "--batch", "1", "--repeats", "2", "--fps", "8",
+                 "--threads", "1"]) == 0
+    assert "2 repeats at 8 runs/s" in capsys.readouterr().out
+    assert load(root).fps == 8.0
+    with pytest.raises(SystemExit):
+        main(["calibrate", str(root), "--no-host", "--fps", "-1"])
+    assert "frame rate '-1': expected frames per second >= 0" in capsys.readouterr().err
+
+
 def test_plan_prints_and_plots_the_table(calibrated: Path, tmp_path: Path, capsys) -> None:
     assert main(["plan", str(calibrated), "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
