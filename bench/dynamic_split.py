@@ -4,16 +4,15 @@ For each model (MobileNetV2 with its ImageNet weights, and ResNet-18), on one ma
 
 * the **host** (``split-host serve``) runs in a network namespace behind a veth pair shaped
   by the kernel's ``tbf`` (:class:`device_runtime.link_emulator.EmulatedLink`);
-* the **board** is ``split-device`` in the root namespace, pinned to one CPU and in a CPU
-  cgroup capped at ``--board-cpu`` of it (default 0.25: a Raspberry-Pi-class board is
-  several times slower than this machine's cores; without the cap board and host would be
-  equally fast and nothing would ever be worth offloading). The host (one worker, one
+* the **board** is ``split-device`` in the root namespace, pinned to one CPU of which it gets
+  ``--board-cpu`` (default 0.25: a Raspberry-Pi-class board is several times slower than
+  this machine's cores; without the cap board and host would be equally fast and nothing
+  would ever be worth offloading): a real-time process takes the rest of every millisecond
+  (``bench/slow_board.py`` says why not a cgroup quota). The host (one worker, one
   onnxruntime thread) is pinned to another CPU: two machines, not two processes fighting
-  over the same cores. Pinned to one CPU, the cgroup can lend the board at most one
-  CPU's leftover slice after an idle spell (the kernel keeps unused runtime per CPU);
-  unpinned, the board ran heads after idle spells up to 25 % faster than back to back;
-* ``split-device calibrate`` measures the board, the host (``profile``) and the link, and
-  writes the table (DSC Eq. 4-6);
+  over the same cores;
+* ``split-device calibrate`` measures the board (its runs paced as the camera's frames,
+  ``--fps``), the host (``profile``) and the link, and writes the table (DSC Eq. 4-6);
 * **prediction**: every option (local, offload, each split) runs 20 frames at 2 frames/s
   (no queueing) at two fixed rates; the measured median (frames 3-20) of head + transfer +
   tail is compared with the model's prediction for the rate a 1 MB bulk transfer measures
@@ -28,13 +27,13 @@ For each model (MobileNetV2 with its ImageNet weights, and ResNet-18), on one ma
   1 / (slowest stage) measured in the same run, twice: where the board is the slowest
   stage (the schedule's highest rate) and where the link is (a rate at which the cut takes
   twice the board's time to cross). Everything the board does for a frame (capture,
-  preprocessing, head, event loop, socket) runs on its one capped core, so the board is one
-  stage: its CPU cap over the CPU seconds it spends per frame (/proc/PID/stat) is the most
-  frames per second it can do.
+  preprocessing, head, event loop, socket) runs on its one slowed core, so the board is one
+  stage: the share of the core it is left (measured: one less the real-time process's) over
+  the CPU seconds it spends per frame (/proc/PID/stat) is the most frames per second it can do.
 
 The traces of every run stay in ``--traces`` (``split-device report`` reads them).
 
-Needs root (network namespaces, tbf, cgroups). Results: JSON (``--out``) and a table.
+Needs root (network namespaces, tbf, real-time scheduling). Results: JSON (``--out``) and a table.
 
     python bench/dynamic_split.py --weights mobilenet_v2-b0353104.pth --out build/bench/dynamic_split.json
 """
@@ -51,9 +50,9 @@ import statistics
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 
@@ -62,60 +61,25 @@ from device_runtime.client import HostClient
 from device_runtime.link_emulator import EmulatedLink, RateSchedule, unavailable_reason
 from device_runtime.namespace_host import serve_in
 from device_runtime.trace import read_trace
+from slow_board import cpu_s, slowed_cpu
 
 T = TypeVar("T")
 PORT = 7767
-CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")
-CGROUP_QUOTA_US = 1000  # the kernel's minimum
 PREDICTION_FRAMES = 20
 PREDICTION_RATES_MBIT = (10.0, 100.0)
 GOODPUT_PROBE_BYTES = 1 << 20
 HOST_ARGS = ("--workers", "1", "--threads", "1")
 BOARD_CPU, HOST_CPU = 1, 0  # when the machine has two CPUs or more
+#: Board and host each on a CPU of its own; decided once, before this process (the host's
+#: parent) pins itself to the host's CPU.
+PINNED = {BOARD_CPU, HOST_CPU} <= os.sched_getaffinity(0)
 
 
-@contextmanager
-def board_cgroup(cpu: float) -> Iterator[Path | None]:
-    """A cgroup-v1 CPU cap standing in for a slower board (None where cgroups cannot be made).
-
-    The quota is the smallest the kernel allows (1 ms per period), so the cap slows every
-    inference alike: with the default 100 ms period a 10 ms inference runs at full speed
-    until the quota is spent and then waits, and the median of a calibration hides the cap.
-    """
-    path = CGROUP_ROOT / f"splitedge-board-{os.getpid()}"
-    try:
-        path.mkdir()
-        (path / "cpu.cfs_period_us").write_text(str(int(CGROUP_QUOTA_US / cpu)))
-        (path / "cpu.cfs_quota_us").write_text(str(CGROUP_QUOTA_US))
-    except OSError as exc:
-        print(f"no CPU cgroup ({exc}): the board runs at this machine's full speed", file=sys.stderr)
-        yield None
-        return
-    try:
-        yield path
-    finally:
-        for _ in range(50):  # the tasks must have exited before the group can go
-            try:
-                path.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
-
-
-def pinned() -> bool:
-    return len(os.sched_getaffinity(0)) >= 2 and {BOARD_CPU, HOST_CPU} <= os.sched_getaffinity(0)
-
-
-def device(args: Sequence[str], cgroup: Path | None, **kwargs) -> subprocess.Popen:
-    """``split-device ARGS`` as the board: on its own CPU, in the cgroup."""
-    tasks = None if cgroup is None else str(cgroup / "tasks")
-    pin = pinned()
-
+def device(args: Sequence[str], **kwargs) -> subprocess.Popen:
+    """``split-device ARGS`` as the board: on its own (slowed) CPU."""
     def enter() -> None:
-        if pin:
+        if PINNED:
             os.sched_setaffinity(0, {BOARD_CPU})
-        if tasks is not None:
-            Path(tasks).write_text(str(os.getpid()))
 
     return subprocess.Popen([sys.executable, "-m", "device_runtime.cli", *args], preexec_fn=enter, **kwargs)
 
@@ -134,7 +98,7 @@ def build_bundles(weights: str, root: Path) -> dict[str, Path]:
     return out
 
 
-def run_device(bundle: Path, host: str, split: str, camera: str, trace: Path, cgroup: Path | None,
+def run_device(bundle: Path, host: str, split: str, camera: str, trace: Path,
                frames: int | None = None, extra: Sequence[str] = (),
                during: Callable[[subprocess.Popen, Path], T] | None = None) -> T | None:
     """One ``split-device run``; ``during(process, trace)`` runs while it does (and may end it)
@@ -144,7 +108,7 @@ def run_device(bundle: Path, host: str, split: str, camera: str, trace: Path, cg
     if frames is not None:
         argv += ["--frames", str(frames)]
     trace.unlink(missing_ok=True)  # progress is read from the trace: not from a previous run's
-    proc = device(argv, cgroup, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = device(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     value = None
     try:
         if during is not None:
@@ -173,15 +137,21 @@ def on_schedule(link: EmulatedLink, schedule: RateSchedule) -> Callable[[subproc
     return during
 
 
-def cpu_per_frame(first: int, last: int) -> Callable[[subprocess.Popen, Path], float]:
+def cpu_per_frame(first: int, last: int,
+                  thief: subprocess.Popen | None) -> Callable[[subprocess.Popen, Path], tuple[float, float]]:
     """The board's CPU seconds per frame from its ``first`` traced frame to its ``last``: all it
-    does for a frame (capture, preprocessing, head, event loop, socket), on any of its threads."""
+    does for a frame (capture, preprocessing, head, event loop, socket), on any of its threads;
+    and the share of its CPU it was left meanwhile (one less the ``thief``'s; 1 without)."""
 
-    def during(proc: subprocess.Popen, trace: Path) -> float:
+    def taken() -> float:
+        return cpu_s(thief.pid) if thief is not None else 0.0
+
+    def during(proc: subprocess.Popen, trace: Path) -> tuple[float, float]:
         wait_for_frames(proc, trace, first)
-        start = cpu_s(proc.pid), _lines(trace)
+        cpu, lines, wall, stolen = cpu_s(proc.pid), _lines(trace), time.perf_counter(), taken()
         wait_for_frames(proc, trace, last)
-        return (cpu_s(proc.pid) - start[0]) / max(_lines(trace) - start[1], 1)
+        share = 1.0 - (taken() - stolen) / (time.perf_counter() - wall)
+        return (cpu_s(proc.pid) - cpu) / max(_lines(trace) - lines, 1), share
 
     return during
 
@@ -191,12 +161,6 @@ def wait_for_frames(proc: subprocess.Popen, trace: Path, frames: int, timeout_s:
     deadline = time.monotonic() + timeout_s  # import, warm-up, connect: then the first frame
     while proc.poll() is None and time.monotonic() < deadline and _lines(trace) < frames + 1:
         time.sleep(0.02)
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far, all its threads (/proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _lines(path: Path) -> int:
@@ -269,15 +233,14 @@ def goodput_bps(host: str) -> float:
     return asyncio.run(measure())
 
 
-def predicted_vs_measured(bundle: Path, host: str, calibration, link: EmulatedLink, cgroup: Path | None,
-                          tmp: Path) -> list[dict]:
+def predicted_vs_measured(bundle: Path, host: str, calibration, link: EmulatedLink, tmp: Path) -> list[dict]:
     rows = []
     for rate in PREDICTION_RATES_MBIT:
         link.set_rate(rate)
         goodput = goodput_bps(host)
         for option in calibration.table.splits:
             trace = tmp / f"predict-{option}-{rate}.jsonl"
-            run_device(bundle, host, option, "synthetic:2", trace, cgroup, frames=PREDICTION_FRAMES,
+            run_device(bundle, host, option, "synthetic:2", trace, frames=PREDICTION_FRAMES,
                        extra=["--drop", "none"])
             _, frames = read_trace(trace)
             measured = [f["head_ms"] + f["transfer_ms"] + f["tail_ms"] for f in frames[2:] if not f["error"]]
@@ -289,20 +252,21 @@ def predicted_vs_measured(bundle: Path, host: str, calibration, link: EmulatedLi
     return rows
 
 
-def throughput(bundle: Path, host: str, split: str, link: EmulatedLink, rate: float, cgroup: Path | None,
-               board_cpu: float, tmp: Path) -> dict[str, float]:
+def throughput(bundle: Path, host: str, split: str, link: EmulatedLink, rate: float, thief: subprocess.Popen | None,
+               tmp: Path) -> dict[str, float]:
     """Frames per second of a saturated pipeline against 1 / its slowest stage, same run.
 
-    The stages are the board (one capped CPU does all its work for a frame: ``board_cpu`` over
-    the CPU seconds it spends per frame is the most frames per second it can do), the link (a
-    frame's bytes at the goodput a bulk transfer measures at this rate: a frame's own transfer
-    time includes waiting behind the batch in flight before it) and the host (tail).
+    The stages are the board (one slowed CPU does all its work for a frame: the share of the
+    CPU it is left over the CPU seconds it spends per frame is the most frames per second it
+    can do), the link (a frame's bytes at the goodput a bulk transfer measures at this rate: a
+    frame's own transfer time includes waiting behind the batch in flight before it) and the
+    host (tail).
     """
     link.set_rate(rate)
     goodput = goodput_bps(host)
     trace = tmp / f"throughput-{split}-{rate:g}.jsonl"
-    board_cpu_s = run_device(bundle, host, split, "synthetic:0", trace, cgroup, frames=120, extra=["--drop", "none"],
-                             during=cpu_per_frame(20, 110))
+    board_cpu_s, board_share = run_device(bundle, host, split, "synthetic:0", trace, frames=120,
+                                          extra=["--drop", "none"], during=cpu_per_frame(20, 110, thief))
     link.set_rate(None)
     _, frames = read_trace(trace)
     frames = frames[20:110]  # past warm-up, as the CPU was counted
@@ -310,9 +274,9 @@ def throughput(bundle: Path, host: str, split: str, link: EmulatedLink, rate: fl
     fps = (len(frames) - 1) / span
     stage = {k: statistics.median(f[k] for f in frames) for k in ("preprocess_ms", "head_ms", "transfer_ms", "tail_ms")}
     stage["board_cpu_ms"] = board_cpu_s * 1000.0
+    stage["board_share"] = board_share
     stage["link_ms"] = statistics.median(f["bytes"] for f in frames) * 8 / goodput * 1000.0
-    stages = {"board": stage["board_cpu_ms"] / (board_cpu if cgroup is not None else 1.0), "link": stage["link_ms"],
-              "host": stage["tail_ms"]}
+    stages = {"board": stage["board_cpu_ms"] / board_share, "link": stage["link_ms"], "host": stage["tail_ms"]}
     slowest = max(stages, key=stages.__getitem__)
     bound = 1000.0 / stages[slowest]
     return {"split": split, "rate_mbit": rate, "fps": fps, "stage_ms": stage, "stages_ms": stages, "slowest": slowest,
@@ -324,24 +288,30 @@ def link_bound_rate(calibration, split: str, board_ms: float) -> float:
     return calibration.model.timings(split).bytes_per_sample * 8 / (2 * board_ms / 1000.0) / 1e6
 
 
-def bench_model(name: str, bundle: Path, link: EmulatedLink, schedule: RateSchedule, fps: float,
-                cgroup: Path | None, board_cpu: float, tmp: Path) -> dict:
-    host = f"{link.namespace_address}:{PORT}"
+def calibrate(name: str, bundle: Path, host: str, link: EmulatedLink, fps: float):
+    """``split-device calibrate`` on the board, its runs paced as the camera's frames (``fps``)."""
     link.set_rate(None)
-    cal = device(["calibrate", str(bundle), "--host", host, "--batch", "1,2,4", "--repeats", "20", "--threads", "1"],
-                 cgroup, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cal = device(["calibrate", str(bundle), "--host", host, "--batch", "1,2,4", "--repeats", "20", "--threads", "1",
+                  "--fps", f"{fps:g}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out, _ = cal.communicate(timeout=900)
     if cal.returncode != 0:
         raise RuntimeError(f"calibrate failed: {out[-2000:]}")
     calibration = load(bundle / "calibration.json")
     print(f"\n== {name}: calibrated ({len(calibration.table.splits)} options)")
-    predictions = predicted_vs_measured(bundle, host, calibration, link, cgroup, tmp)
+    return calibration
+
+
+def bench_model(name: str, bundle: Path, link: EmulatedLink, schedule: RateSchedule, fps: float,
+                thief: subprocess.Popen | None, tmp: Path) -> dict:
+    host = f"{link.namespace_address}:{PORT}"
+    calibration = calibrate(name, bundle, host, link, fps)
+    predictions = predicted_vs_measured(bundle, host, calibration, link, tmp)
     runs: dict[str, list[dict]] = {}
     results: dict[str, dict] = {}
     for option in ("auto", *calibration.table.splits):
         trace = tmp / f"{name}-{option}.jsonl"
         link.set_rate(schedule.rate_at(0))
-        start = run_device(bundle, host, option, f"synthetic:{fps:g}", trace, cgroup, during=on_schedule(link, schedule))
+        start = run_device(bundle, host, option, f"synthetic:{fps:g}", trace, during=on_schedule(link, schedule))
         runs[option], _ = frames_in_window(trace, start, schedule.duration_s)
         results[option] = metrics(runs[option], schedule.duration_s)
         if option == "auto":
@@ -361,22 +331,22 @@ def bench_model(name: str, bundle: Path, link: EmulatedLink, schedule: RateSched
         "auto_vs_best_static": {k: results["auto"][k] / results[best_static][k] for k in ("mean_ms", "p50_ms", "p95_ms")},
         "auto_vs_oracle": {k: results["auto"][k] / results["oracle"][k] for k in ("mean_ms", "p50_ms", "p95_ms")},
         "decision_us": decision_cost_us(selector),
-        "throughput": throughputs(bundle, host, calibration, schedule, link, cgroup, board_cpu, tmp),
+        "throughput": throughputs(bundle, host, calibration, schedule, link, thief, tmp),
     }
 
 
 def throughputs(bundle: Path, host: str, calibration, schedule: RateSchedule, link: EmulatedLink,
-                cgroup: Path | None, board_cpu: float, tmp: Path) -> list[dict]:
+                thief: subprocess.Popen | None, tmp: Path) -> list[dict]:
     """The table's split at the schedule's highest rate (the first cut if that is local or offload),
     where the board is the slowest stage, then at a rate where the link is."""
     high = max(step.rate_mbit for step in schedule.steps)
     best_at_high = calibration.table.lookup(1, high * 1e6)
     split = best_at_high if best_at_high not in (LOCAL, OFFLOAD) else next(
         s for s in calibration.table.splits if s not in (LOCAL, OFFLOAD))
-    board_bound = throughput(bundle, host, split, link, high, cgroup, board_cpu, tmp)
+    board_bound = throughput(bundle, host, split, link, high, thief, tmp)
     board_ms = board_bound["stages_ms"]["board"]
     return [board_bound,
-            throughput(bundle, host, split, link, link_bound_rate(calibration, split, board_ms), cgroup, board_cpu, tmp)]
+            throughput(bundle, host, split, link, link_bound_rate(calibration, split, board_ms), thief, tmp)]
 
 
 def main() -> None:
@@ -389,8 +359,9 @@ def main() -> None:
     parser.add_argument("--bundles", type=Path, default=Path("build/bench/dynamic-bundles"))
     parser.add_argument("--models", default="mobilenet_v2,resnet18")
     parser.add_argument("--out", type=Path, default=Path("build/bench/dynamic_split.json"))
-    parser.add_argument("--only-throughput", action="store_true",
-                        help="re-run only the throughput part with the calibrations already written, updating --out")
+    parser.add_argument("--only", choices=("prediction", "throughput"),
+                        help="re-run only this part, updating --out: prediction calibrates again, throughput "
+                             "uses the calibrations already written")
     parser.add_argument("--traces", type=Path, default=Path("build/bench/dynamic_split_traces"),
                         help="where every run's trace is kept (default build/bench/dynamic_split_traces)")
     args = parser.parse_args()
@@ -402,22 +373,27 @@ def main() -> None:
     chosen = [m for m in args.models.split(",") if m]
     report = {"benchmark": "dynamic_split", "machine": platform.machine(), "python": platform.python_version(),
               "schedule": args.schedule, "fps": args.fps, "board_cpu": args.board_cpu, "models": {}}
-    if args.only_throughput:
+    if args.only:
         report = json.loads(args.out.read_text())
     args.traces.mkdir(parents=True, exist_ok=True)
-    if pinned():
+    if PINNED:
         os.sched_setaffinity(0, {HOST_CPU})  # the host (started from here) inherits it
-    with EmulatedLink() as link, board_cgroup(args.board_cpu) as cgroup:
+    slowed = slowed_cpu(BOARD_CPU, args.board_cpu) if PINNED else nullcontext(None)
+    with EmulatedLink() as link, slowed as thief:
         with serve_in(link, [bundles[m] for m in chosen], PORT, HOST_ARGS):
             for name in chosen:
-                if args.only_throughput:
+                host = f"{link.namespace_address}:{PORT}"
+                if args.only == "throughput":
                     calibration = load(bundles[name] / "calibration.json")
-                    host = f"{link.namespace_address}:{PORT}"
                     report["models"][name]["throughput"] = throughputs(bundles[name], host, calibration, schedule, link,
-                                                                       cgroup, args.board_cpu, args.traces)
+                                                                       thief, args.traces)
+                elif args.only == "prediction":
+                    calibration = calibrate(name, bundles[name], host, link, args.fps)
+                    report["models"][name]["prediction"] = predicted_vs_measured(bundles[name], host, calibration,
+                                                                                 link, args.traces)
                 else:
-                    report["models"][name] = bench_model(name, bundles[name], link, schedule, args.fps, cgroup,
-                                                         args.board_cpu, args.traces)
+                    report["models"][name] = bench_model(name, bundles[name], link, schedule, args.fps, thief,
+                                                         args.traces)
     print_tables(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
