@@ -19,9 +19,11 @@ For each model (MobileNetV2 with its ImageNet weights, and ResNet-18), on one ma
   on the link at that setting (tbf's nominal rate less the headers: what the device gets);
 * **schedule**: a live synthetic camera (``--fps``, newest frames win) runs ``--split auto``
   and every static option while ``--schedule`` drives the link's rate; each run's trace
-  gives mean, median and p95 latency, frames per second and the drop rate. The **oracle** is
-  the best option for each frame in hindsight: per camera frame slot of the schedule, the
-  lowest latency any static run achieved for the frame it captured in that slot;
+  gives mean, median and p95 latency, frames per second and the drop rate. Each policy runs
+  the schedule ``--rounds`` times (every other round in reverse order), pooled. The
+  **oracle** is the best option for each frame in hindsight: per camera frame slot of the
+  schedule, the lowest of the static options' latencies for the frame captured in that slot,
+  each averaged over the rounds (so a noisy board's lucky run is not taken for the best option);
 * **decision cost**: the selector's mean time per choice on the calibrated table;
 * **throughput**: a split fed as fast as the camera can go with no drops, against
   1 / (slowest stage) measured in the same run, twice: where the board is the slowest
@@ -196,18 +198,23 @@ def oracle(static: dict[str, list[dict]], duration: float, fps: float) -> tuple[
     """The best option for each frame in hindsight.
 
     The schedule is cut into camera frame slots (1 / fps each); every static run's frames
-    fall into the slot of their capture time. A slot's oracle latency is the lowest any
-    static run answered a frame of that slot in; a slot no run answered is a drop. Returns
-    the oracle's metrics and how many slots each option won.
+    fall into the slot of their capture time. An option's latency in a slot is its mean over
+    the rounds (every round must have answered it), so the oracle picks the best option, not
+    the luckiest run of a noisy board; a slot's oracle latency is the lowest option's, and a
+    slot no option answered in every round is a drop. Returns the oracle's metrics and how
+    many slots each option won.
     """
+    rounds = 1 + max(f["round"] for frames in static.values() for f in frames)
     slots: dict[int, tuple[float, str]] = {}
     for name, frames in static.items():
+        per_slot: dict[int, dict[int, list[float]]] = {}  # slot -> round -> latencies
         for f in frames:
-            if f["dropped"]:
-                continue
-            slot = int(f["s"] * fps)
-            if slot not in slots or f["total_ms"] < slots[slot][0]:
-                slots[slot] = (f["total_ms"], name)
+            if not f["dropped"]:
+                per_slot.setdefault(int(f["s"] * fps), {}).setdefault(f["round"], []).append(f["total_ms"])
+        for slot, by_round in per_slot.items():
+            ms = statistics.fmean(t for times in by_round.values() for t in times)
+            if len(by_round) == rounds and (slot not in slots or ms < slots[slot][0]):
+                slots[slot] = (ms, name)
     total = int(duration * fps)
     picked = [{"total_ms": ms, "dropped": False} for ms, _ in slots.values()]
     picked += [{"total_ms": 0.0, "dropped": True}] * max(0, total - len(picked))
@@ -301,23 +308,25 @@ def calibrate(name: str, bundle: Path, host: str, link: EmulatedLink, fps: float
     return calibration
 
 
-def bench_model(name: str, bundle: Path, link: EmulatedLink, schedule: RateSchedule, fps: float,
+def bench_model(name: str, bundle: Path, link: EmulatedLink, schedule: RateSchedule, fps: float, rounds: int,
                 thief: subprocess.Popen | None, tmp: Path) -> dict:
     host = f"{link.namespace_address}:{PORT}"
     calibration = calibrate(name, bundle, host, link, fps)
     predictions = predicted_vs_measured(bundle, host, calibration, link, tmp)
-    runs: dict[str, list[dict]] = {}
-    results: dict[str, dict] = {}
-    for option in ("auto", *calibration.table.splits):
-        trace = tmp / f"{name}-{option}.jsonl"
-        link.set_rate(schedule.rate_at(0))
-        start = run_device(bundle, host, option, f"synthetic:{fps:g}", trace, during=on_schedule(link, schedule))
-        runs[option], _ = frames_in_window(trace, start, schedule.duration_s)
-        results[option] = metrics(runs[option], schedule.duration_s)
-        if option == "auto":
-            results[option]["splits"] = sorted({f["split"] for f in runs[option] if not f["dropped"]})
-        print(f"  {option:24s} mean {results[option]['mean_ms']:8.1f} ms  p50 {results[option]['p50_ms']:8.1f} ms  p95 {results[option]['p95_ms']:8.1f} ms  "
-              f"{results[option]['fps']:5.1f} fps  drops {results[option]['drop_rate']:6.1%}")
+    options = ("auto", *calibration.table.splits)
+    runs: dict[str, list[dict]] = {option: [] for option in options}
+    for r in range(rounds):  # every other round in reverse: no option always runs first or last
+        for option in options if r % 2 == 0 else options[::-1]:
+            trace = tmp / f"{name}-{option}-r{r}.jsonl"
+            link.set_rate(schedule.rate_at(0))
+            start = run_device(bundle, host, option, f"synthetic:{fps:g}", trace, during=on_schedule(link, schedule))
+            frames, _ = frames_in_window(trace, start, schedule.duration_s)
+            runs[option] += [{**f, "round": r} for f in frames]
+            m = metrics(frames, schedule.duration_s)
+            print(f"  round {r} {option:24s} mean {m['mean_ms']:8.1f} ms  p50 {m['p50_ms']:8.1f} ms  "
+                  f"p95 {m['p95_ms']:8.1f} ms  {m['fps']:5.1f} fps  drops {m['drop_rate']:6.1%}")
+    results = {option: metrics(runs[option], schedule.duration_s * rounds) for option in options}
+    results["auto"]["splits"] = sorted({f["split"] for f in runs["auto"] if not f["dropped"]})
     static = {k: v for k, v in runs.items() if k != "auto"}
     results["oracle"], oracle_wins = oracle(static, schedule.duration_s, fps)
     best_static = min(static, key=lambda k: results[k]["mean_ms"])
@@ -355,6 +364,8 @@ def main() -> None:
     parser.add_argument("--schedule", default="1000:8,100:8,5:8",
                         help="RATE_MBIT:SECONDS,... (default 1000:8,100:8,5:8)")
     parser.add_argument("--fps", type=float, default=5.0, help="the live camera's frame rate (default 5)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="times each policy runs the schedule, every other round in reverse order (default 2)")
     parser.add_argument("--board-cpu", type=float, default=0.25, help="the board's CPU, in cores (default 0.25)")
     parser.add_argument("--bundles", type=Path, default=Path("build/bench/dynamic-bundles"))
     parser.add_argument("--models", default="mobilenet_v2,resnet18")
@@ -372,7 +383,7 @@ def main() -> None:
     bundles = build_bundles(args.weights, args.bundles)
     chosen = [m for m in args.models.split(",") if m]
     report = {"benchmark": "dynamic_split", "machine": platform.machine(), "python": platform.python_version(),
-              "schedule": args.schedule, "fps": args.fps, "board_cpu": args.board_cpu, "models": {}}
+              "schedule": args.schedule, "rounds": args.rounds, "fps": args.fps, "board_cpu": args.board_cpu, "models": {}}
     if args.only:
         report = json.loads(args.out.read_text())
     args.traces.mkdir(parents=True, exist_ok=True)
@@ -392,7 +403,7 @@ def main() -> None:
                     report["models"][name]["prediction"] = predicted_vs_measured(bundles[name], host, calibration,
                                                                                  link, args.traces)
                 else:
-                    report["models"][name] = bench_model(name, bundles[name], link, schedule, args.fps, thief,
+                    report["models"][name] = bench_model(name, bundles[name], link, schedule, args.fps, args.rounds, thief,
                                                          args.traces)
     print_tables(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
