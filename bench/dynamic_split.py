@@ -14,8 +14,8 @@ For each model (MobileNetV2 with its ImageNet weights, and ResNet-18), on one ma
 * ``split-device calibrate`` measures the board (its runs paced as the camera's frames,
   ``--fps``), the host (``profile``) and the link, and writes the table (DSC Eq. 4-6);
 * **prediction**: every option (local, offload, each split) runs 20 frames at 2 frames/s
-  (no queueing) at two fixed rates; the measured median (frames 3-20) of head + transfer +
-  tail is compared with the model's prediction for the rate a 1 MB bulk transfer measures
+  (no queueing) at two fixed rates, ``--rounds`` times; the measured median (frames 3-20 of
+  every round) of head + transfer + tail is compared with the model's prediction for the rate a 1 MB bulk transfer measures
   on the link at that setting (tbf's nominal rate less the headers: what the device gets);
 * **schedule**: a live synthetic camera (``--fps``, newest frames win) runs ``--split auto``
   and every static option while ``--schedule`` drives the link's rate; each run's trace
@@ -240,19 +240,26 @@ def goodput_bps(host: str) -> float:
     return asyncio.run(measure())
 
 
-def predicted_vs_measured(bundle: Path, host: str, calibration, link: EmulatedLink, tmp: Path) -> list[dict]:
+def predicted_vs_measured(bundle: Path, host: str, calibration, link: EmulatedLink, rounds: int,
+                          tmp: Path) -> list[dict]:
+    """Each option's measured median against the model's prediction, at each of PREDICTION_RATES_MBIT;
+    ``rounds`` runs of each (every other round in reverse order) pooled."""
     rows = []
+    options = calibration.table.splits
     for rate in PREDICTION_RATES_MBIT:
         link.set_rate(rate)
         goodput = goodput_bps(host)
-        for option in calibration.table.splits:
-            trace = tmp / f"predict-{option}-{rate}.jsonl"
-            run_device(bundle, host, option, "synthetic:2", trace, frames=PREDICTION_FRAMES,
-                       extra=["--drop", "none"])
-            _, frames = read_trace(trace)
-            measured = [f["head_ms"] + f["transfer_ms"] + f["tail_ms"] for f in frames[2:] if not f["error"]]
+        measured: dict[str, list[float]] = {option: [] for option in options}
+        for r in range(rounds):
+            for option in options if r % 2 == 0 else options[::-1]:
+                trace = tmp / f"predict-{option}-{rate:g}-r{r}.jsonl"
+                run_device(bundle, host, option, "synthetic:2", trace, frames=PREDICTION_FRAMES,
+                           extra=["--drop", "none"])
+                _, frames = read_trace(trace)
+                measured[option] += [f["head_ms"] + f["transfer_ms"] + f["tail_ms"] for f in frames[2:] if not f["error"]]
+        for option in options:
             predicted = calibration.model.predict_ms(option, 1, goodput)
-            m = statistics.median(measured)
+            m = statistics.median(measured[option])
             rows.append({"option": option, "rate_mbit": rate, "goodput_mbit": goodput / 1e6, "measured_ms": m,
                          "predicted_ms": predicted, "ratio": m / predicted})
     link.set_rate(None)
@@ -312,7 +319,7 @@ def bench_model(name: str, bundle: Path, link: EmulatedLink, schedule: RateSched
                 thief: subprocess.Popen | None, tmp: Path) -> dict:
     host = f"{link.namespace_address}:{PORT}"
     calibration = calibrate(name, bundle, host, link, fps)
-    predictions = predicted_vs_measured(bundle, host, calibration, link, tmp)
+    predictions = predicted_vs_measured(bundle, host, calibration, link, rounds, tmp)
     options = ("auto", *calibration.table.splits)
     runs: dict[str, list[dict]] = {option: [] for option in options}
     for r in range(rounds):  # every other round in reverse: no option always runs first or last
@@ -365,7 +372,8 @@ def main() -> None:
                         help="RATE_MBIT:SECONDS,... (default 1000:8,100:8,5:8)")
     parser.add_argument("--fps", type=float, default=5.0, help="the live camera's frame rate (default 5)")
     parser.add_argument("--rounds", type=int, default=2,
-                        help="times each policy runs the schedule, every other round in reverse order (default 2)")
+                        help="times each option runs the schedule and the prediction's frames, every other round in "
+                             "reverse order (default 2)")
     parser.add_argument("--board-cpu", type=float, default=0.25, help="the board's CPU, in cores (default 0.25)")
     parser.add_argument("--bundles", type=Path, default=Path("build/bench/dynamic-bundles"))
     parser.add_argument("--models", default="mobilenet_v2,resnet18")
@@ -401,7 +409,7 @@ def main() -> None:
                 elif args.only == "prediction":
                     calibration = calibrate(name, bundles[name], host, link, args.fps)
                     report["models"][name]["prediction"] = predicted_vs_measured(bundles[name], host, calibration,
-                                                                                 link, args.traces)
+                                                                                 link, args.rounds, args.traces)
                 else:
                     report["models"][name] = bench_model(name, bundles[name], link, schedule, args.fps, args.rounds, thief,
                                                          args.traces)
