@@ -15,8 +15,9 @@ For each model (MobileNetV2 with its ImageNet weights, and ResNet-18), on one ma
   ``--fps``), the host (``profile``) and the link, and writes the table (DSC Eq. 4-6);
 * **prediction**: every option (local, offload, each split) runs 20 frames at 2 frames/s
   (no queueing) at two fixed rates, ``--rounds`` times; the measured median (frames 3-20 of
-  every round) of head + transfer + tail is compared with the model's prediction for the rate a 1 MB bulk transfer measures
-  on the link at that setting (tbf's nominal rate less the headers: what the device gets);
+  every round) of head + transfer + tail is compared with the model's prediction for the
+  rate a 1 MB bulk transfer measures on the link at that setting (tbf's nominal rate less
+  the headers: what the device gets);
 * **schedule**: a live synthetic camera (``--fps``, newest frames win) runs ``--split auto``
   and every static option while ``--schedule`` drives the link's rate; each run's trace
   gives mean, median and p95 latency, frames per second and the drop rate. Each policy runs
@@ -240,6 +241,12 @@ def goodput_bps(host: str) -> float:
     return asyncio.run(measure())
 
 
+def in_round(options: Sequence[str], r: int) -> Sequence[str]:
+    """Round ``r``'s order: every other round in reverse, so no option always runs first or
+    last while the machine's speed drifts."""
+    return options if r % 2 == 0 else options[::-1]
+
+
 def predicted_vs_measured(bundle: Path, host: str, calibration, link: EmulatedLink, rounds: int,
                           tmp: Path) -> list[dict]:
     """Each option's measured median against the model's prediction, at each of PREDICTION_RATES_MBIT;
@@ -251,7 +258,7 @@ def predicted_vs_measured(bundle: Path, host: str, calibration, link: EmulatedLi
         goodput = goodput_bps(host)
         measured: dict[str, list[float]] = {option: [] for option in options}
         for r in range(rounds):
-            for option in options if r % 2 == 0 else options[::-1]:
+            for option in in_round(options, r):
                 trace = tmp / f"predict-{option}-{rate:g}-r{r}.jsonl"
                 run_device(bundle, host, option, "synthetic:2", trace, frames=PREDICTION_FRAMES,
                            extra=["--drop", "none"])
@@ -322,8 +329,8 @@ def bench_model(name: str, bundle: Path, link: EmulatedLink, schedule: RateSched
     predictions = predicted_vs_measured(bundle, host, calibration, link, rounds, tmp)
     options = ("auto", *calibration.table.splits)
     runs: dict[str, list[dict]] = {option: [] for option in options}
-    for r in range(rounds):  # every other round in reverse: no option always runs first or last
-        for option in options if r % 2 == 0 else options[::-1]:
+    for r in range(rounds):
+        for option in in_round(options, r):
             trace = tmp / f"{name}-{option}-r{r}.jsonl"
             link.set_rate(schedule.rate_at(0))
             start = run_device(bundle, host, option, f"synthetic:{fps:g}", trace, during=on_schedule(link, schedule))
