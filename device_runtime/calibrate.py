@@ -63,7 +63,7 @@ def measure_heads(
     runner: DeviceRunner, batches: Sequence[int], repeats: int, progress: Progress, fps: float = 0.0
 ) -> dict[str, dict[int, float]]:
     """Median ms of every split's head and of the full model (``local``) at every batch size, here,
-    each run ``fps`` runs a second at most (:func:`calibration.measure_ms`)."""
+    at most ``fps`` runs a second (0: back to back; :func:`calibration.measure_ms`)."""
     shape = runner.bundle.manifest.model.input_shape
     rng = np.random.default_rng(0)
     targets = [(s.id, "head") for s in runner.bundle.manifest.splits] + [(LOCAL_SPLIT, "full")]
