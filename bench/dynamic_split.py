@@ -3,7 +3,7 @@
 For each model (MobileNetV2 with its ImageNet weights, and ResNet-18), on one machine:
 
 * the **host** (``split-host serve``) runs in a network namespace behind a veth pair shaped
-  by the kernel's ``tbf`` (:class:`device_runtime.link_emulator.EmulatedLink`);
+  by the kernel's ``tbf`` (:class:`testbed.EmulatedLink`);
 * the **board** is ``split-device`` in the root namespace, pinned to one CPU of which it gets
   ``--board-cpu`` (default 0.25: a Raspberry-Pi-class board is several times slower than
   this machine's cores; without the cap board and host would be equally fast and nothing
@@ -58,13 +58,14 @@ from pathlib import Path
 from typing import Callable, Sequence, TypeVar
 
 import numpy as np
-
-from calibration import LOCAL, OFFLOAD, SplitSelector, decision_cost_us, load
-from device_runtime.client import HostClient
-from device_runtime.link_emulator import EmulatedLink, RateSchedule, unavailable_reason
-from device_runtime.namespace_host import serve_in
-from device_runtime.trace import read_trace
 from slow_board import cpu_s, slowed_cpu
+
+from calibration import SplitSelector, decision_cost_us, load
+from device_runtime.bundle import LOCAL, OFFLOAD
+from device_runtime.hosts.client import HostClient
+from fieldtrial.trace import read_trace
+from testbed import EmulatedLink, RateSchedule, unavailable_reason
+from testbed.namespace_host import serve_in
 
 T = TypeVar("T")
 PORT = 7767

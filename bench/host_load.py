@@ -48,12 +48,12 @@ from typing import Any
 
 import numpy as np
 
-from device_runtime.backend import Backend, OnnxBackend
 from device_runtime.bundle import Bundle
-from device_runtime.client import HostClient
-from device_runtime.errors import HostUnavailableError, RemoteError
-from device_runtime.lifecycle import LOOPS, loop_runner
+from device_runtime.engine.backend import Backend, OnnxBackend
+from device_runtime.hosts.client import HostClient
+from host_runtime.event_loop import LOOPS, loop_runner
 from host_runtime.tails import TailRegistry
+from splitedge.errors import HostUnavailableError, RemoteError
 
 SPLIT = "features_14_conv_2"  # the test bundle's late compressive cut: 31 KB on the link, a 2.4 ms tail
 BOARDS = (1, 8, 32, 128)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from boards.profile import BoardProfile
+from splitedge.errors import BoardFitError
 
 _MB = 2**20
 
@@ -25,14 +26,6 @@ LOAD_FACTOR = 2.2
 #: 224x224. MobileNetV2 (13.3 MB) peaked at +50 MB, its head at features_14 (2.6 MB) at
 #: +25 MB, both after one inference, with onnxruntime 1.31.
 SESSION_MB = 20
-
-
-class BoardFitError(Exception):
-    """Artifacts would not fit a board's memory; ``report`` holds the estimate."""
-
-    def __init__(self, report: FitReport) -> None:
-        super().__init__(_refusal(report))
-        self.report = report
 
 
 @dataclass(frozen=True)
@@ -88,7 +81,7 @@ def check_fits(board: BoardProfile, artifacts: Mapping[str, int]) -> FitReport:
     )
     report = FitReport(board, tuple(estimates))
     if report.spare_bytes < 0:
-        raise BoardFitError(report)
+        raise BoardFitError(_refusal(report), report)
     return report
 
 

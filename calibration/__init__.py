@@ -1,25 +1,23 @@
 """Latency model, split table and switching of dynamic split computing (DSC Eq. 4-7).
 
-Standard library and numpy only, and nothing of the project: the board, the host and the
-benchmarks all use it, so it sits below the runtimes (DESIGN.md, "Latency model and
-switching"). Its one error, :class:`CalibrationError`, derives from ``ValueError``; the
-runtimes convert it to ``SplitEdgeError`` where it enters them.
+Standard library and numpy only, and of the project only the stdlib-only bottom package
+``splitedge`` (the error family, the split words LOCAL and OFFLOAD): the board, the host and
+the benchmarks all use it, so it sits below the runtimes (DESIGN.md, "Latency model and
+switching"). Its one error, :class:`CalibrationError`, is a ``SplitEdgeError`` and a ``ValueError``.
 """
 
 from calibration.calibration_file import FILENAME, SCHEMA, Calibration, load, save
-from calibration.errors import CalibrationError
 from calibration.gain import gains_over_static, relative_gain
-from calibration.latency import LOCAL, OFFLOAD, LatencyModel, SplitTimings
+from calibration.latency import LatencyModel, SplitTimings
 from calibration.rate import MIN_SAMPLE_BYTES, RateEstimator
 from calibration.switching import SplitSelector, decision_cost_us
 from calibration.table import POINTS_PER_DECADE, RATE_MAX_BPS, RATE_MIN_BPS, SplitTable
 from calibration.timing import RunningTimes, measure_ms
+from splitedge.errors import CalibrationError
 
 __all__ = [
     "FILENAME",
-    "LOCAL",
     "MIN_SAMPLE_BYTES",
-    "OFFLOAD",
     "POINTS_PER_DECADE",
     "RATE_MAX_BPS",
     "RATE_MIN_BPS",

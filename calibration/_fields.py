@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from calibration.errors import CalibrationError
+from splitedge.errors import CalibrationError
 
 _SHOWN_CHARS = 60  # a wrong value is quoted in the message, but a whole nested object is not
 

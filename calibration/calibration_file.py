@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from calibration import _fields
-from calibration.errors import CalibrationError
 from calibration.latency import LatencyModel
 from calibration.table import SplitTable
+from splitedge.errors import CalibrationError
 
 SCHEMA = "splitedge.calibration/1"
 FILENAME = "calibration.json"

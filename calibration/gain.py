@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from calibration.errors import CalibrationError
 from calibration.latency import LatencyModel
+from splitedge.errors import CalibrationError
 
 Policy = Callable[[int, float], str]  # (batch size, rate in bit/s) -> split name
 

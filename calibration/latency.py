@@ -13,10 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calibration import _fields
-from calibration.errors import CalibrationError
-
-LOCAL = "local"  # l = L: the full model on the board, nothing crosses the link
-OFFLOAD = "offload"  # l = 0: the input crosses, the full model runs on the host (DSC Eq. 5)
+from splitedge.errors import CalibrationError
+from splitedge.words import LOCAL
 
 _MS_PER_S = 1000.0
 _BITS_PER_BYTE = 8

@@ -13,7 +13,7 @@ import time
 from collections import deque
 
 from calibration import _fields
-from calibration.errors import CalibrationError
+from splitedge.errors import CalibrationError
 
 #: Below this a payload crosses in about the time of a ping: its "rate" is mostly jitter.
 MIN_SAMPLE_BYTES = 4096

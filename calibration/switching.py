@@ -15,9 +15,10 @@ import time
 from collections.abc import Collection
 
 from calibration import _fields
-from calibration.errors import CalibrationError
-from calibration.latency import LOCAL, LatencyModel
+from calibration.latency import LatencyModel
 from calibration.table import SplitTable
+from splitedge.errors import CalibrationError
+from splitedge.words import LOCAL
 
 
 class SplitSelector:

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calibration import _fields
-from calibration.errors import CalibrationError
 from calibration.latency import LatencyModel
+from splitedge.errors import CalibrationError
 
 RATE_MIN_BPS = 1e5  # 0.1 Mbit/s
 RATE_MAX_BPS = 1e9  # 1 Gbit/s

@@ -15,14 +15,34 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from device_runtime.errors import BundleError
+from splitedge.errors import BundleError
+from splitedge.words import LOCAL, OFFLOAD
+
+__all__ = [
+    "LOCAL",
+    "MANIFEST_NAME",
+    "OFFLOAD",
+    "ROLES",
+    "SCHEMA_VERSION",
+    "SPLIT_KINDS",
+    "Artifact",
+    "Bundle",
+    "Manifest",
+    "ModelInfo",
+    "Preprocess",
+    "Quantization",
+    "Split",
+    "TensorSpec",
+    "file_sha256",
+    "make_artifact",
+    "parse_manifest",
+    "write_manifest",
+]
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 ROLES = ("head", "tail", "full")
 SPLIT_KINDS = ("layer", "bottleneck", "semantic")
-#: split id a device uses to say "run the full model here, send nothing".
-LOCAL_SPLIT = "local"
 
 
 def file_sha256(path: Path, chunk_bytes: int = 1 << 20) -> str:
@@ -307,7 +327,7 @@ class Bundle:
 
     def artifact(self, split_id: str, role: str, fmt: str = "onnx", precision: str = "float32") -> Path:
         """Path of a verified artifact; ``split_id`` is ``local`` for the full model."""
-        candidates = self.manifest.full if split_id == LOCAL_SPLIT else self.manifest.split(split_id).artifacts
+        candidates = self.manifest.full if split_id == LOCAL else self.manifest.split(split_id).artifacts
         for artifact in candidates:
             if (artifact.role, artifact.format, artifact.precision) == (role, fmt, precision):
                 return self.verify(artifact)
@@ -317,7 +337,7 @@ class Bundle:
 
     def has(self, split_id: str, role: str, fmt: str = "onnx", precision: str = "float32") -> bool:
         """Whether the artifact is listed and present on disk (a host bundle may omit heads)."""
-        candidates = self.manifest.full if split_id == LOCAL_SPLIT else self.manifest.split(split_id).artifacts
+        candidates = self.manifest.full if split_id == LOCAL else self.manifest.split(split_id).artifacts
         return any(
             (a.role, a.format, a.precision) == (role, fmt, precision) and (self.root / a.path).is_file()
             for a in candidates

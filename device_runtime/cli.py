@@ -16,22 +16,29 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
-from calibration import FILENAME, LOCAL, OFFLOAD, Calibration, CalibrationError, save
-from device_runtime.board import DetectedBoard, InstalledBackend, detect_board, installed_backends, resolve_backend
-from device_runtime.bundle import Bundle
-from device_runtime.auth import load_key
-from device_runtime.calibrate import DEFAULT_BATCHES, calibrate, calibration_for
-from device_runtime.camera import open_source
-from device_runtime.client import Credentials
-from device_runtime.errors import BundleError, SplitEdgeError
-from device_runtime.host_link import HostLink
+from calibration import FILENAME, Calibration, CalibrationError, save
+from device_runtime.board.calibrate import DEFAULT_BATCHES, calibrate, calibration_for
+from device_runtime.board.detect import (
+    DetectedBoard,
+    InstalledBackend,
+    detect_board,
+    installed_backends,
+    resolve_backend,
+)
+from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
+from device_runtime.engine.runner import PRECISIONS, DeviceRunner, default_split
+from device_runtime.hosts.client import Credentials
+from device_runtime.hosts.connect import connect_host
+from device_runtime.hosts.host_link import HostLink
+from device_runtime.hosts.link_meter import LinkMeter
 from device_runtime.lifecycle import run_command, stop_on_signals
-from device_runtime.link_meter import LinkMeter
-from device_runtime.pipeline import Pipeline, PipelineConfig
-from device_runtime.policy import AutoPolicy, SplitPolicy, StaticPolicy
-from device_runtime.runner import PRECISIONS, DeviceRunner, connect_host, default_split
-from device_runtime.tls import client_context
-from device_runtime.trace import TraceWriter
+from device_runtime.stream.camera import open_source
+from device_runtime.stream.pipeline import Pipeline, PipelineConfig
+from device_runtime.stream.policy import AutoPolicy, SplitPolicy, StaticPolicy
+from device_runtime.stream.trace import TraceWriter
+from device_runtime.wire.auth import load_key
+from device_runtime.wire.tls import client_context
+from splitedge.errors import BundleError, SplitEdgeError
 
 EXAMPLES = """\
 examples:
@@ -290,7 +297,7 @@ def plan(args: argparse.Namespace) -> None:
     calibration = calibration_for(bundle)
     print(_table_text(calibration))
     if args.out:
-        from device_runtime.plots import plot_table
+        from fieldtrial.plots import plot_table
 
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -321,7 +328,7 @@ def _mbit(rate_bps: float) -> str:
 
 def report_command(args: argparse.Namespace) -> None:
     from calibration import load
-    from device_runtime.report import format_summary, write_report
+    from fieldtrial.report import format_summary, write_report
 
     calibration = load(args.calibration) if args.calibration else None
     summary = write_report(args.trace, args.out, calibration)

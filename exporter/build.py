@@ -21,7 +21,6 @@ import torch
 from tqdm import tqdm
 
 from boards import BOARDS, check_fits
-from boards import BoardFitError as BoardProfileFitError
 from device_runtime.bundle import (
     Artifact,
     Manifest,
@@ -32,17 +31,17 @@ from device_runtime.bundle import (
     make_artifact,
     write_manifest,
 )
-from device_runtime.errors import BoardFitError, CutPointError, ExportError, ModelSpecError
+from device_runtime.wire.quantization import dequantize, quantize
 from exporter.bottleneck import BottleneckOptions, SplitModel, make_autoencoder, train_bottleneck
-from device_runtime.quantization import dequantize, quantize
 from exporter.datasets import ImageSet, TrainTest, load_images, train_test
 from exporter.graph import CutPoint, TracedModel, find_cut_points, get_cut_point, split_at, trace
 from exporter.models import LoadedModel, load_model, read_labels
 from exporter.onnx_export import IO_NAMES, export_onnx
-from exporter.train import accuracy
 from exporter.quantize import cut_quantization, quantize_onnx
 from exporter.tflite_export import export_tflite
+from exporter.train import accuracy
 from exporter.validate import Case, Chain, OnnxRunner, Runner, TfliteRunner, torch_cases, validate
+from splitedge.errors import BoardFitError, CutPointError, ExportError, ModelSpecError
 
 __all__ = ["ATOL", "VALIDATION_BATCHES", "build_bundle", "check_board", "select_splits"]
 
@@ -178,10 +177,7 @@ def check_board(board_id: str, manifest: Manifest) -> None:
     full = {a.path: a.bytes for a in manifest.full if a.role == "full"}
     for split in manifest.splits:
         heads = {a.path: a.bytes for a in split.artifacts if a.role == "head"}
-        try:
-            check_fits(BOARDS[board_id], {**heads, **full})
-        except BoardProfileFitError as exc:
-            raise BoardFitError(str(exc)) from exc
+        check_fits(BOARDS[board_id], {**heads, **full})
 
 
 def bundle_id(model_name: str, artifacts: Sequence[Artifact]) -> str:

@@ -13,12 +13,12 @@ from dataclasses import asdict
 from typing import Sequence
 
 from boards import BOARDS
-from device_runtime.errors import SplitEdgeError
 from exporter.analysis import analyze, summary_text
 from exporter.bottleneck import BottleneckOptions, BottleneckTraining
 from exporter.build import FORMATS, build_bundle
 from exporter.graph import CutPoint, find_cut_points, trace
 from exporter.models import load_model
+from splitedge.errors import SplitEdgeError
 
 PROG = "split-export"
 

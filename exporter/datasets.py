@@ -24,9 +24,9 @@ from typing import Sequence
 import numpy as np
 
 from device_runtime.bundle import Preprocess
-from device_runtime.camera import IMAGE_SUFFIXES
-from device_runtime.errors import SplitEdgeError
-from device_runtime.preprocess import preprocess
+from device_runtime.engine.preprocess import preprocess
+from device_runtime.stream.camera import IMAGE_SUFFIXES
+from splitedge.errors import SplitEdgeError
 
 __all__ = ["DataError", "ImageSet", "FASHION_MNIST_CLASSES", "FASHION_MNIST_DIR", "TrainTest", "load_images", "train_test"]
 

@@ -22,7 +22,7 @@ import torch
 from torch import fx
 from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
-from device_runtime.errors import CutPointError
+from splitedge.errors import CutPointError
 
 __all__ = ["CutPoint", "TracedModel", "trace", "find_cut_points", "get_cut_point", "split_at"]
 

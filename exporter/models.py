@@ -22,7 +22,7 @@ import torch
 import torchvision
 
 from device_runtime.bundle import Preprocess
-from device_runtime.errors import ModelSpecError
+from splitedge.errors import ModelSpecError
 
 __all__ = ["LoadedModel", "FACTORY_KWARGS", "load_model", "load_state_dict", "read_labels"]
 

@@ -17,7 +17,7 @@ from typing import BinaryIO
 
 import torch
 
-from device_runtime.errors import ExportError
+from splitedge.errors import ExportError
 
 __all__ = ["IO_NAMES", "OPSET", "export_onnx", "onnx_bytes"]
 

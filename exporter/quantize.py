@@ -5,7 +5,7 @@ Two things are quantized, for two reasons:
 - the **head** itself, with onnxruntime's static quantization (QDQ, int8 per-channel
   weights, uint8 activations), so the board computes in int8 where its CPU gains from it —
   measure: on some CPUs int8 is slower than float32;
-- the **cut tensor** on the link, as affine uint8 (:mod:`device_runtime.quantization`),
+- the **cut tensor** on the link, as affine uint8 (:mod:`device_runtime.wire.quantization`),
   whatever the head's precision: four times fewer bytes. Its range comes from the float
   head's outputs on the calibration samples.
 """
@@ -18,9 +18,9 @@ import numpy as np
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
 from device_runtime.bundle import Quantization
-from device_runtime.errors import ExportError
-from device_runtime.quantization import affine_params
+from device_runtime.wire.quantization import affine_params
 from exporter.validate import OnnxRunner
+from splitedge.errors import ExportError
 
 __all__ = ["MIN_CALIBRATION_SAMPLES", "cut_quantization", "quantize_onnx"]
 

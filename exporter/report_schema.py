@@ -12,7 +12,7 @@ from typing import Any
 
 import jsonschema
 
-from device_runtime.errors import SplitEdgeError
+from splitedge.errors import SplitEdgeError
 
 SCHEMA_ID = "splitedge.points/1"
 

@@ -36,8 +36,8 @@ from typing import BinaryIO, Iterator
 import numpy as np
 import torch
 
-from device_runtime.errors import ExportError
 from exporter.onnx_export import IO_NAMES
+from splitedge.errors import ExportError
 
 __all__ = ["PRECISIONS", "MIN_CALIBRATION_SAMPLES", "MAX_BATCH", "export_tflite", "tflite_bytes"]
 

@@ -5,7 +5,7 @@ its input and output names, output shapes and values with what torch computed, c
 every mismatch, and only then raise one :class:`ValidationError` that lists them all.
 The comparison only needs a :class:`Runner` (names in, arrays out), so an ONNX file, a
 head followed by a tail, and a TFLite file are all checked by the same code. The TFLite
-runner is the board's own :class:`~device_runtime.litert_backend.LiteRTBackend`, so what is
+runner is the board's own :class:`~device_runtime.engine.litert_backend.LiteRTBackend`, so what is
 validated is what the board will run, batch resizing included.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from device_runtime.errors import BundleError, ValidationError
+from splitedge.errors import BundleError, ValidationError
 
 __all__ = ["Case", "Runner", "OnnxRunner", "TfliteRunner", "Chain", "torch_cases", "compare", "validate"]
 
@@ -64,7 +64,7 @@ class TfliteRunner:
     """A TFLite file in the board's LiteRT backend behind the :class:`Runner` interface."""
 
     def __init__(self, model: str | Path, threads: int | None = None) -> None:
-        from device_runtime.litert_backend import LiteRTBackend  # the interpreter is an optional dependency
+        from device_runtime.engine.litert_backend import LiteRTBackend  # the interpreter is an optional dependency
 
         self.backend = LiteRTBackend(model, threads=threads)
         self.input_names = (self.backend.input_name,)

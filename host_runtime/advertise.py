@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import zeroconf
 from zeroconf.asyncio import AsyncServiceInfo
 
-from device_runtime.discovery import SERVICE_TYPE, open_zeroconf, txt_record
+from device_runtime.wire.txt import SERVICE_TYPE, open_zeroconf, txt_record
 
 log = logging.getLogger("splitedge.host")
 
@@ -101,3 +101,15 @@ class Advertiser:
             await (await self._zeroconf.async_unregister_service(self.info))
             await self._zeroconf.async_close()
             self._zeroconf = None
+
+
+def local_address_for(interface: str | None) -> str:
+    """The IPv4 address a host advertises: the interface given, or the one routing outward."""
+    if interface and interface not in ("0.0.0.0", ""):
+        return interface
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: nothing is sent, only a route looked up
+            return probe.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"

@@ -38,9 +38,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from device_runtime.backend import Backend
-from device_runtime.errors import ProtocolError
+from device_runtime.engine.backend import Backend
 from host_runtime.tails import run_batch
+from splitedge.errors import ProtocolError
 
 log = logging.getLogger("splitedge.host")
 

@@ -8,15 +8,16 @@ import logging
 import sys
 from typing import Callable, Sequence
 
-from device_runtime.auth import load_key
-from device_runtime.discovery import local_address_for
-from device_runtime.lifecycle import LOOPS, run_command, stop_on_signals
-from device_runtime.protocol import DEFAULT_MAX_FRAME_BYTES
-from device_runtime.tls import server_context
-from host_runtime.advertise import Advertiser
+from device_runtime.lifecycle import run_command, stop_on_signals
+from device_runtime.wire.auth import load_key
+from device_runtime.wire.protocol import DEFAULT_MAX_FRAME_BYTES
+from device_runtime.wire.tls import server_context
+from host_runtime.advertise import Advertiser, local_address_for
 from host_runtime.batcher import BatchConfig
+from host_runtime.event_loop import LOOPS, loop_runner
 from host_runtime.server import HostServer, ServerConfig
 from host_runtime.tails import DEVICES, TailRegistry
+from splitedge.errors import SplitEdgeError
 
 EXAMPLES = """\
 examples:
@@ -153,8 +154,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve" and bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
+    try:
+        runner = loop_runner(args.loop)
+    except SplitEdgeError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
-    return run_command("split-host", serve(args), loop=args.loop)
+    return run_command("split-host", serve(args), runner)
 
 
 if __name__ == "__main__":

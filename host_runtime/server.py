@@ -25,10 +25,9 @@ from typing import Any
 import numpy as np
 from prometheus_client import Counter as PromCounter
 
-from device_runtime.auth import REFUSAL_KINDS, HostAuth
-from device_runtime.connection import FramedProtocol
-from device_runtime.errors import FrameRefused, ProtocolError
-from device_runtime.protocol import (
+from device_runtime.wire.auth import REFUSAL_KINDS, HostAuth
+from device_runtime.wire.connection import FramedProtocol
+from device_runtime.wire.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     OPS,
     PROTOCOL_VERSION,
@@ -36,10 +35,11 @@ from device_runtime.protocol import (
     decode,
     error_reply,
 )
-from device_runtime.quantization import dequantize
+from device_runtime.wire.quantization import dequantize
 from host_runtime.batcher import BatchConfig, Batcher, BatchResult, TailKey, absolute_deadline
 from host_runtime.metrics import PREFIX, HostStats, MetricsEndpoint
 from host_runtime.tails import TailRegistry, profile_tails
+from splitedge.errors import FrameRefused, ProtocolError
 
 log = logging.getLogger("splitedge.host")
 
@@ -54,8 +54,8 @@ class ServerConfig:
     shutdown_timeout: float = 5.0
     batching: BatchConfig = field(default_factory=BatchConfig)  # --max-batch, --max-wait-ms, --max-queue
     metrics_port: int | None = None  # Prometheus text on host:metrics_port (0: a free port); None: off
-    key: bytes | None = field(default=None, repr=False)  # --key-file: every frame authenticated (device_runtime.auth)
-    tls: ssl.SSLContext | None = None  # --tls-cert/--tls-key (device_runtime.tls.server_context)
+    key: bytes | None = field(default=None, repr=False)  # --key-file: every frame authenticated (device_runtime.wire.auth)
+    tls: ssl.SSLContext | None = None  # --tls-cert/--tls-key (device_runtime.wire.tls.server_context)
 
 
 class _HostProtocol(FramedProtocol):

@@ -22,10 +22,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from calibration import OFFLOAD, measure_ms
-from device_runtime.backend import Backend, OnnxBackend, check_input
-from device_runtime.bundle import LOCAL_SPLIT, Bundle
-from device_runtime.errors import BackendError, BundleError, ProtocolError
+from calibration import measure_ms
+from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
+from device_runtime.engine.backend import Backend, OnnxBackend, check_input
+from splitedge.errors import BackendError, BundleError, ProtocolError
 
 #: Bounds of one ``profile`` request: it blocks a worker, so a board cannot make it run for long.
 MAX_PROFILE_BATCH = 64
@@ -70,8 +70,8 @@ class TailRegistry:
             for split in bundle.manifest.splits:
                 if bundle.has(split.id, "tail"):
                     self.tails[(bundle.id, split.id)] = OnnxBackend(bundle.artifact(split.id, "tail"), threads, providers)
-            if bundle.has(LOCAL_SPLIT, "full"):
-                self.tails[(bundle.id, OFFLOAD)] = OnnxBackend(bundle.artifact(LOCAL_SPLIT, "full"), threads, providers)
+            if bundle.has(LOCAL, "full"):
+                self.tails[(bundle.id, OFFLOAD)] = OnnxBackend(bundle.artifact(LOCAL, "full"), threads, providers)
         on_cuda = [CUDA in tail.session.get_providers() for tail in self.tails.values()]
         if device == "cuda" and not all(on_cuda):
             raise BackendError(f"--device cuda: onnxruntime fell back to the CPU for {on_cuda.count(False)} tails "

@@ -109,10 +109,10 @@ def run_stream(
     runner, source: str, split: str, host: RunningHost | None = None, frames: int | None = None, meter=None, **config
 ) -> list:
     """Every result of a pipeline with a fixed split over ``source``, against ``host`` if given."""
-    from device_runtime.camera import open_source
-    from device_runtime.host_link import HostLink
-    from device_runtime.pipeline import Pipeline, PipelineConfig
-    from device_runtime.policy import StaticPolicy
+    from device_runtime.hosts.host_link import HostLink
+    from device_runtime.stream.camera import open_source
+    from device_runtime.stream.pipeline import Pipeline, PipelineConfig
+    from device_runtime.stream.policy import StaticPolicy
 
     async def go():
         hosts = None

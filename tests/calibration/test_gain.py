@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from calibration import LOCAL, OFFLOAD, CalibrationError, LatencyModel, SplitTable, SplitTimings, gains_over_static, relative_gain
+from calibration import CalibrationError, LatencyModel, SplitTable, SplitTimings, gains_over_static, relative_gain
+from splitedge.words import LOCAL, OFFLOAD
 from tests.calibration.models import corners
 
 # Two states of the CORNERS model (times from its docstring):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from calibration import LOCAL, OFFLOAD, CalibrationError, LatencyModel, SplitTimings
+from calibration import CalibrationError, LatencyModel, SplitTimings
+from splitedge.words import LOCAL, OFFLOAD
 from tests.calibration.models import corners, two_cuts
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from calibration import LOCAL, OFFLOAD, CalibrationError, LatencyModel, SplitSelector, SplitTable, SplitTimings
+from calibration import CalibrationError, LatencyModel, SplitSelector, SplitTable, SplitTimings
 from calibration.switching import decision_cost_us
+from splitedge.words import LOCAL, OFFLOAD
 from tests.calibration.models import corners, two_cuts
 
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from calibration import LOCAL, OFFLOAD, CalibrationError, LatencyModel, SplitTable, SplitTimings
+from calibration import CalibrationError, LatencyModel, SplitTable, SplitTimings
+from splitedge.words import LOCAL, OFFLOAD
 from tests.calibration.models import CROSSOVER_BPS, LOCAL_MID_BPS, MID_OFFLOAD_BPS, corners, two_cuts
 
 HALF_STEP = 0.5 / 20  # in decades: a reported boundary is the log-midpoint of two grid rates

@@ -7,8 +7,9 @@ import time
 import numpy as np
 import pytest
 
-from calibration import LOCAL, CalibrationError, RunningTimes, measure_ms
+from calibration import CalibrationError, RunningTimes, measure_ms
 from calibration.timing import MIN_SAMPLES, WINDOW
+from splitedge.words import LOCAL
 from tests.calibration.models import corners
 
 

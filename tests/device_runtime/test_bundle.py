@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from device_runtime.bundle import LOCAL_SPLIT, MANIFEST_NAME, SCHEMA_VERSION, Bundle, parse_manifest
-from device_runtime.errors import BundleError
+from device_runtime.bundle import LOCAL, MANIFEST_NAME, SCHEMA_VERSION, Bundle, parse_manifest
+from splitedge.errors import BundleError
 from tests.conftest import TEST_SPLITS
 
 
@@ -29,7 +29,7 @@ def test_exported_bundle_loads_and_lists_its_splits(mobilenet_bundle: Path) -> N
     bundle = Bundle.load(mobilenet_bundle)
     assert [s.id for s in bundle.manifest.splits] == list(TEST_SPLITS)
     assert bundle.manifest.model.labels[967] == "espresso"
-    assert bundle.artifact(LOCAL_SPLIT, "full").is_file()
+    assert bundle.artifact(LOCAL, "full").is_file()
     assert len(bundle.verified) == 1 + 2 * len(TEST_SPLITS)  # every file was hashed
 
 

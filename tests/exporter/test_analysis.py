@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from exporter.analysis import analyze  # noqa: E402
 from exporter.cli import main  # noqa: E402
-from exporter.datasets import DataError, FASHION_MNIST_DIR  # noqa: E402
+from exporter.datasets import FASHION_MNIST_DIR, DataError  # noqa: E402
 from exporter.report_schema import ReportError, read_report  # noqa: E402
 from exporter.zoo import fmnist_vgg  # noqa: E402
 

@@ -10,9 +10,9 @@ import pytest
 pytest.importorskip("torch")
 
 from device_runtime.bundle import Bundle  # noqa: E402
-from device_runtime.errors import BoardFitError  # noqa: E402
 from exporter.build import check_board  # noqa: E402
 from exporter.cli import board_formats, main  # noqa: E402
+from splitedge.errors import BoardFitError  # noqa: E402
 
 VGG16_CLASSIFIER_HEAD = 528 * 2**20  # bytes of a VGG16 head that keeps its fully connected layers
 

@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from device_runtime.backend import OnnxBackend  # noqa: E402
 from device_runtime.bundle import Bundle  # noqa: E402
+from device_runtime.engine.backend import OnnxBackend  # noqa: E402
 from exporter.bottleneck import make_autoencoder  # noqa: E402
 from exporter.cli import main  # noqa: E402
 from exporter.datasets import FASHION_MNIST_DIR, load_images  # noqa: E402

@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from device_runtime.errors import CutPointError  # noqa: E402
 from exporter.graph import split_at  # noqa: E402
+from splitedge.errors import CutPointError  # noqa: E402
 
 # The cut after the logits is not counted: it is local-only inference, which every bundle
 # already has as its full model.

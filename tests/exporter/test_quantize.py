@@ -10,11 +10,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from device_runtime.backend import OnnxBackend  # noqa: E402
-from device_runtime.bundle import LOCAL_SPLIT, Bundle  # noqa: E402
-from device_runtime.client import HostClient  # noqa: E402
-from device_runtime.quantization import quantize  # noqa: E402
-from device_runtime.runner import DeviceRunner  # noqa: E402
+from device_runtime.bundle import LOCAL, Bundle  # noqa: E402
+from device_runtime.engine.backend import OnnxBackend  # noqa: E402
+from device_runtime.engine.runner import DeviceRunner  # noqa: E402
+from device_runtime.hosts.client import HostClient  # noqa: E402
+from device_runtime.wire.quantization import quantize  # noqa: E402
 from exporter.cli import main  # noqa: E402
 from exporter.datasets import FASHION_MNIST_DIR, load_images  # noqa: E402
 from tests.conftest import start_host  # noqa: E402
@@ -61,7 +61,7 @@ def test_device_runs_int8_where_the_bundle_has_it(int8_bundle: Path, backend: st
     bundle = Bundle.load(int8_bundle)
     auto = DeviceRunner(bundle, threads=1, backend=backend)
     assert auto.session(SPLIT, "head").name == bundle.artifact(SPLIT, "head", backend, "int8").name
-    assert auto.session(LOCAL_SPLIT, "full").name == bundle.artifact(LOCAL_SPLIT, "full", backend, "int8").name
+    assert auto.session(LOCAL, "full").name == bundle.artifact(LOCAL, "full", backend, "int8").name
     float_runner = DeviceRunner(bundle, threads=1, backend=backend, precision="float32")
     assert float_runner.session(SPLIT, "head").name == bundle.artifact(SPLIT, "head", backend).name
 

@@ -18,12 +18,12 @@ torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 skimage_data = pytest.importorskip("skimage.data")
 
-from device_runtime.errors import ExportError  # noqa: E402
 from exporter.build import ATOL  # noqa: E402
 from exporter.graph import split_at, trace  # noqa: E402
 from exporter.onnx_export import IO_NAMES, export_onnx  # noqa: E402
 from exporter.tflite_export import MIN_CALIBRATION_SAMPLES, export_tflite  # noqa: E402
 from exporter.validate import Case, Chain, OnnxRunner, TfliteRunner, compare, torch_cases, validate  # noqa: E402
+from splitedge.errors import ExportError  # noqa: E402
 from tests.conftest import PHOTOS, TEST_SPLITS  # noqa: E402
 
 #: int8 acceptance, from measurements on the four photos: the logits' cosine with the float

@@ -10,8 +10,8 @@ pytest.importorskip("torch")
 pytest.importorskip("litert_torch")
 pytest.importorskip("ai_edge_litert")
 
-from device_runtime.bundle import LOCAL_SPLIT, Bundle  # noqa: E402
-from device_runtime.runner import DeviceRunner  # noqa: E402
+from device_runtime.bundle import LOCAL, Bundle  # noqa: E402
+from device_runtime.engine.runner import DeviceRunner  # noqa: E402
 from exporter.build import build_bundle  # noqa: E402
 from tests.conftest import run_stream, start_host  # noqa: E402
 
@@ -32,14 +32,14 @@ def classify(bundle: Bundle, photos: Path, split: str, backend: str, host=None) 
 
 def test_manifest_lists_tflite_heads_and_full_model(tflite_bundle: Path) -> None:
     bundle = Bundle.load(tflite_bundle)  # every file hashed, tflite ones included
-    assert bundle.has(LOCAL_SPLIT, "full", fmt="tflite") and bundle.has(SPLIT, "head", fmt="tflite")
+    assert bundle.has(LOCAL, "full", fmt="tflite") and bundle.has(SPLIT, "head", fmt="tflite")
     assert not bundle.has(SPLIT, "tail", fmt="tflite")  # tails run on the host, in ONNX
 
 
 def test_tflite_board_gives_the_onnx_answers(tflite_bundle: Path, photos_dir: Path) -> None:
     bundle = Bundle.load(tflite_bundle)
-    onnx_local = classify(bundle, photos_dir, LOCAL_SPLIT, "onnx")
-    tflite_local = classify(bundle, photos_dir, LOCAL_SPLIT, "tflite")
+    onnx_local = classify(bundle, photos_dir, LOCAL, "onnx")
+    tflite_local = classify(bundle, photos_dir, LOCAL, "tflite")
     for host in start_host([tflite_bundle]):
         tflite_split = classify(bundle, photos_dir, SPLIT, "tflite", host)
     for results in (tflite_local, tflite_split):

@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from device_runtime.errors import ValidationError  # noqa: E402
 from exporter.validate import Case, Chain, compare, validate  # noqa: E402
+from splitedge.errors import ValidationError  # noqa: E402
 
 
 class FakeRunner:

@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from device_runtime.backend import OnnxBackend
 from device_runtime.bundle import Bundle
-from device_runtime.client import HostClient
-from device_runtime.errors import RemoteError
+from device_runtime.engine.backend import OnnxBackend
+from device_runtime.hosts.client import HostClient
+from splitedge.errors import RemoteError
 from tests.conftest import RunningHost
 
 

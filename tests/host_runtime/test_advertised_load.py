@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from device_runtime.bundle import Bundle
-from device_runtime.client import HostClient
-from device_runtime.discovery import discover
+from device_runtime.hosts.client import HostClient
+from device_runtime.hosts.discovery import discover
 from host_runtime.advertise import Advertiser
 from host_runtime.batcher import BatchConfig, LoadMeter
 from tests.conftest import TEST_SPLITS, RunningHost, start_host

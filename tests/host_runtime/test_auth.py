@@ -19,15 +19,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from device_runtime.auth import DeviceAuth
 from device_runtime.bundle import Bundle
-from device_runtime.client import Credentials, HostClient
-from device_runtime.discovery import discover
-from device_runtime.errors import AuthenticationError, HostUnavailableError
-from device_runtime.protocol import decode, encode
-from device_runtime.runner import connect_host
-from device_runtime.tls import client_context, server_context
+from device_runtime.hosts.client import Credentials, HostClient
+from device_runtime.hosts.connect import connect_host
+from device_runtime.hosts.discovery import discover
+from device_runtime.wire.auth import DeviceAuth
+from device_runtime.wire.protocol import decode, encode
+from device_runtime.wire.tls import client_context, server_context
 from host_runtime.advertise import Advertiser
+from splitedge.errors import AuthenticationError, HostUnavailableError
 from tests.conftest import TEST_SPLITS, RunningHost, start_host
 from tests.host_runtime.test_server import ATOL, cut_tensor
 

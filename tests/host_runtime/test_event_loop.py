@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from device_runtime.errors import SplitEdgeError
-from device_runtime.lifecycle import loop_runner, run_command
+from host_runtime.cli import main
+from host_runtime.event_loop import loop_runner
+from splitedge.errors import SplitEdgeError
 
 
 async def loop_module() -> str:
@@ -26,5 +27,7 @@ def test_without_uvloop_auto_falls_back_and_uvloop_is_an_error(monkeypatch: pyte
     assert loop_runner("auto")(loop_module()) == "asyncio"
     with pytest.raises(SplitEdgeError, match=r"--loop uvloop: uvloop is not installed \(pip install uvloop\)"):
         loop_runner("uvloop")
-    assert run_command("split-host", loop_module(), loop="uvloop") == 2
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "bundle/", "--loop", "uvloop"])
+    assert exit_.value.code == 2
     assert "split-host: error: --loop uvloop: uvloop is not installed" in capsys.readouterr().err

@@ -53,10 +53,10 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from device_runtime.backend import OnnxBackend
 from device_runtime.bundle import Bundle
-from device_runtime.protocol import DTYPES, ERROR_CODES, MAX_NDIM, OPS, PROTOCOL_VERSION
-from device_runtime.quantization import dequantize
+from device_runtime.engine.backend import OnnxBackend
+from device_runtime.wire.protocol import DTYPES, ERROR_CODES, MAX_NDIM, OPS, PROTOCOL_VERSION
+from device_runtime.wire.quantization import dequantize
 from tests.conftest import TEST_SPLITS
 
 EARLY, LATE = TEST_SPLITS

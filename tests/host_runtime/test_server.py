@@ -12,11 +12,11 @@ import msgpack
 import numpy as np
 import pytest
 
-from device_runtime.backend import OnnxBackend
-from device_runtime.bundle import LOCAL_SPLIT, Bundle
-from device_runtime.client import HostClient
-from device_runtime.errors import RemoteError
-from device_runtime.protocol import decode, encode_bytes
+from device_runtime.bundle import LOCAL, Bundle
+from device_runtime.engine.backend import OnnxBackend
+from device_runtime.hosts.client import HostClient
+from device_runtime.wire.protocol import decode, encode_bytes
+from splitedge.errors import RemoteError
 from tests.conftest import TEST_SPLITS, RunningHost, start_host
 
 ATOL = 1e-4  # head → wire → tail against the full model, float32 end to end
@@ -44,7 +44,7 @@ def cut_tensor(bundle: Bundle, split_id: str, batch: int, seed: int = 0) -> tupl
     """A head output for random inputs and the full model's logits for the same inputs."""
     x = np.random.default_rng(seed).standard_normal((batch, *bundle.manifest.model.input_shape), dtype=np.float32)
     head = OnnxBackend(bundle.artifact(split_id, "head"))
-    full = OnnxBackend(bundle.artifact(LOCAL_SPLIT, "full"))
+    full = OnnxBackend(bundle.artifact(LOCAL, "full"))
     return head.run(x), full.run(x)
 
 
@@ -257,7 +257,7 @@ def test_stats_count_requests_and_tail_times(host: RunningHost, bundle: Bundle) 
 def test_frame_in_small_segments_costs_few_reads(host: RunningHost, monkeypatch) -> None:
     """SO_RCVLOWAT: a 250 KB frame trickling in as 1460-byte segments wakes the host a few
     times, not once per segment (172 reads without it, measured)."""
-    from device_runtime.connection import FramedProtocol
+    from device_runtime.wire.connection import FramedProtocol
 
     reads = []
     original = FramedProtocol.buffer_updated
@@ -275,7 +275,7 @@ def test_frame_in_small_segments_costs_few_reads(host: RunningHost, monkeypatch)
 def test_uint8_transmission_is_dequantized_before_the_tail(host: RunningHost, bundle: Bundle) -> None:
     """The board sends the cut as uint8 with scale and zero point; the host's answer matches
     the float32 one within what 8 bits can say, and top-1 is unchanged."""
-    from device_runtime.quantization import affine_params, quantize
+    from device_runtime.wire.quantization import affine_params, quantize
 
     cut, expected = cut_tensor(bundle, TEST_SPLITS[1], 3)
     scale, zero_point = affine_params(cut.min(), cut.max())

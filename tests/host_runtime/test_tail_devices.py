@@ -8,9 +8,9 @@ import onnxruntime as ort
 import pytest
 
 from device_runtime.bundle import Bundle
-from device_runtime.errors import BackendError
 from host_runtime import cli as host_cli
 from host_runtime.tails import TailRegistry
+from splitedge.errors import BackendError
 from tests.conftest import TEST_SPLITS
 from tests.host_runtime.helpers import cut, run_with_client, unbatched
 

@@ -1,0 +1,22 @@
+"""What runs a network on the board: backends (onnxruntime, LiteRT), preprocessing, the runner.
+
+Sessions are created once per artifact and kept (:class:`DeviceRunner`); the camera frame
+becomes the model input as torchvision would make it (:func:`preprocess`).
+"""
+
+
+from device_runtime.engine.backend import Backend, OnnxBackend, load_backend
+from device_runtime.engine.litert_backend import LiteRTBackend
+from device_runtime.engine.preprocess import preprocess
+from device_runtime.engine.runner import PRECISIONS, DeviceRunner, default_split
+
+__all__ = [
+    "Backend",
+    "DeviceRunner",
+    "LiteRTBackend",
+    "OnnxBackend",
+    "PRECISIONS",
+    "default_split",
+    "load_backend",
+    "preprocess",
+]

@@ -1,0 +1,85 @@
+"""Inference backends behind one small interface, so heads, tails and full models run alike.
+
+Sessions are created once per artifact and reused for every frame (re-creating an
+interpreter per frame is the classic research-code mistake). Inputs are checked against the
+artifact's declared shape first, so a wrong shape is a :class:`BackendError` naming both
+shapes rather than an onnxruntime stack trace.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from splitedge.errors import BackendError
+
+
+class Backend(Protocol):
+    """What the runtimes need of an inference engine."""
+
+    name: str
+    input_shape: tuple[int | str, ...]  # symbolic dims (the batch) are strings
+    input_dtype: str
+
+    def run(self, x: np.ndarray) -> np.ndarray: ...
+
+
+def check_input(x: np.ndarray, shape: Sequence[int | str], dtype: str, what: str) -> None:
+    """Refuse an input that does not fit the artifact; symbolic dimensions accept any size."""
+    if x.dtype.name != dtype:
+        raise BackendError(f"{what} takes {dtype}, got {x.dtype.name}")
+    fixed = [d if isinstance(d, int) else None for d in shape]
+    if x.ndim != len(fixed) or any(f is not None and f != d for f, d in zip(fixed, x.shape)):
+        shown = ["batch" if f is None else f for f in fixed]
+        raise BackendError(f"{what} takes shape [{', '.join(map(str, shown))}], got {list(x.shape)}")
+
+
+_ORT_DTYPES = {"tensor(float)": "float32", "tensor(uint8)": "uint8", "tensor(int8)": "int8", "tensor(float16)": "float16"}
+
+
+class OnnxBackend:
+    """One onnxruntime session for one ONNX artifact with a single input and a single output."""
+
+    def __init__(self, path: str | Path, threads: int | None = None, providers: Sequence[str] | None = None) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError as exc:
+            raise BackendError("onnxruntime is not installed: pip install 'splitedge[device]'") from exc
+        self.name = Path(path).name
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        # Quiet by default: ORT's warnings about unused initializers are noise on a board's console.
+        options.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(
+                str(path), sess_options=options, providers=list(providers or ["CPUExecutionProvider"])
+            )
+        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
+            raise BackendError(f"{path}: onnxruntime cannot load it: {exc}") from exc
+        (inp,) = self.session.get_inputs()
+        self.input_name = inp.name
+        self.input_shape = tuple(inp.shape)
+        self.input_dtype = _ORT_DTYPES.get(inp.type, inp.type)
+        self.output_name = self.session.get_outputs()[0].name
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        check_input(x, self.input_shape, self.input_dtype, self.name)
+        try:
+            (y,) = self.session.run([self.output_name], {self.input_name: x})
+        except Exception as exc:
+            raise BackendError(f"{self.name}: onnxruntime failed: {exc}") from exc
+        return y
+
+
+def load_backend(path: str | Path, fmt: str = "onnx", threads: int | None = None) -> Backend:
+    """Open an artifact with the backend its format needs."""
+    if fmt == "onnx":
+        return OnnxBackend(path, threads=threads)
+    if fmt == "tflite":
+        from device_runtime.engine.litert_backend import LiteRTBackend  # imports the interpreter only when asked
+
+        return LiteRTBackend(path, threads=threads)
+    raise BackendError(f"{path}: no backend for format {fmt!r}; this build runs: onnx, tflite")

@@ -1,0 +1,132 @@
+"""Run TFLite artifacts on the board with the LiteRT interpreter (``ai-edge-litert``).
+
+``tflite-runtime`` is the fallback for boards where only it installs; it works only with
+numpy<2 (its 2.14 wheels are the last). Never imports torch.
+
+One interpreter per artifact, created once. Its tensors are allocated for one input
+shape; a frame of another batch size resizes the input and re-allocates, and only then,
+so a camera loop at a steady batch size never re-allocates.
+
+Whatever the model stores inside, the backend is float32 in and float32 out, like the
+ONNX backend: a model with quantized (int8/uint8) input has each frame quantized with the
+input's scale and zero point, and a quantized output is dequantized, so heads, tails and
+the validator never see the difference. Models from :mod:`exporter.tflite_export` have
+float I/O already; quantized I/O comes from other converters.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from device_runtime.engine.backend import check_input
+from splitedge.errors import BackendError
+
+__all__ = ["LiteRTBackend", "load_interpreter_class"]
+
+_QUANTIZED = (np.int8, np.uint8, np.int16)
+
+
+def load_interpreter_class() -> type:
+    """``ai_edge_litert``'s Interpreter, else ``tflite_runtime``'s; :class:`BackendError` without either."""
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:
+        try:
+            from tflite_runtime.interpreter import Interpreter
+        except ImportError as exc:
+            raise BackendError("no TFLite interpreter is installed: pip install 'splitedge[tflite]'") from exc
+    return Interpreter
+
+
+class LiteRTBackend:
+    """One TFLite interpreter for one artifact with a single input and a single output.
+
+    ``input_name`` and ``output_name`` are the signature's names (the bundle contract:
+    ``input``/``cut``/``logits``) when the file has one signature, else the tensors' names.
+    """
+
+    def __init__(self, path: str | Path, threads: int | None = None) -> None:
+        self.name = Path(path).name
+        interpreter_class = load_interpreter_class()
+        try:
+            self._interpreter = interpreter_class(model_path=str(path), num_threads=threads or None)
+            self._interpreter.allocate_tensors()
+        except Exception as exc:  # the interpreter raises ValueError/RuntimeError for missing and corrupt files
+            raise BackendError(f"{path}: the TFLite interpreter cannot load it: {exc}") from exc
+        inputs, outputs = self._interpreter.get_input_details(), self._interpreter.get_output_details()
+        if len(inputs) != 1 or len(outputs) != 1:
+            raise BackendError(f"{path}: expected one input and one output, found {len(inputs)} and {len(outputs)}")
+        self._input, self._output = inputs[0], outputs[0]
+        self.input_name, self.output_name = _signature_names(self._interpreter, self._input, self._output)
+        # -1 marks a dynamic dimension; check_input accepts any size for a string.
+        self.input_shape: tuple[int | str, ...] = tuple(
+            ("batch" if axis == 0 else f"dim{axis}") if d < 0 else int(d)
+            for axis, d in enumerate(self._input["shape_signature"])
+        )
+        self.input_dtype = "float32"  # quantized inputs are quantized here, see the module docstring
+        self._input_quantization = _quantization(self._input)
+        self._output_quantization = _quantization(self._output)
+        self._allocated = tuple(int(d) for d in self._input["shape"])
+        self._lock = threading.Lock()  # one interpreter, one invocation at a time
+
+    @property
+    def quantized(self) -> bool:
+        """True if the input or the output tensor is integer-quantized."""
+        return self._input_quantization is not None or self._output_quantization is not None
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        check_input(x, self.input_shape, self.input_dtype, self.name)
+        feed = x if self._input_quantization is None else _quantize(x, *self._input_quantization)
+        with self._lock:
+            try:
+                if x.shape != self._allocated:
+                    self._resize(x.shape)
+                self._interpreter.set_tensor(self._input["index"], np.ascontiguousarray(feed))
+                self._interpreter.invoke()
+                y = self._interpreter.get_tensor(self._output["index"])  # a copy, safe after the lock
+            except BackendError:
+                raise
+            except Exception as exc:
+                raise BackendError(f"{self.name}: the TFLite interpreter failed: {exc}") from exc
+        return y if self._output_quantization is None else _dequantize(y, *self._output_quantization)
+
+    def _resize(self, shape: tuple[int, ...]) -> None:
+        try:
+            self._interpreter.resize_tensor_input(self._input["index"], list(shape), strict=True)
+            self._interpreter.allocate_tensors()
+        except Exception as exc:
+            raise BackendError(f"{self.name}: cannot resize the input to {list(shape)}: {exc}") from exc
+        self._allocated = tuple(shape)
+
+
+def _signature_names(interpreter: Any, inp: dict, out: dict) -> tuple[str, str]:
+    signatures = interpreter.get_signature_list()
+    if len(signatures) == 1:
+        (signature,) = signatures.values()
+        if len(signature["inputs"]) == 1 and len(signature["outputs"]) == 1:
+            return signature["inputs"][0], signature["outputs"][0]
+    return inp["name"], out["name"]
+
+
+def _quantization(detail: dict) -> tuple[float, int, np.dtype] | None:
+    """(scale, zero point, dtype) of a per-tensor quantized I/O tensor; None for float."""
+    dtype = np.dtype(detail["dtype"])
+    if dtype.type not in _QUANTIZED:
+        return None
+    scale, zero_point = detail["quantization"]
+    if not scale:
+        raise BackendError(f"tensor {detail['name']!r} is {dtype.name} without quantization parameters")
+    return float(scale), int(zero_point), dtype
+
+
+def _quantize(x: np.ndarray, scale: float, zero_point: int, dtype: np.dtype) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return np.clip(np.round(x / scale) + zero_point, info.min, info.max).astype(dtype)
+
+
+def _dequantize(y: np.ndarray, scale: float, zero_point: int, dtype: np.dtype) -> np.ndarray:
+    return ((y.astype(np.float32) - zero_point) * np.float32(scale)).astype(np.float32)

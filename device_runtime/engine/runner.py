@@ -1,0 +1,99 @@
+"""What the board runs: its sessions (heads, the full model) and the link payload.
+
+Sessions are created once per artifact and kept for the run. The stream that drives them
+(capture, batching, overlap, fallback) is :mod:`device_runtime.stream.pipeline`. With
+``split == "local"`` the full model runs on the board and no host is needed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
+from device_runtime.engine.backend import Backend, load_backend
+from device_runtime.engine.preprocess import preprocess
+from device_runtime.wire.quantization import quantize
+from splitedge.errors import BundleError
+
+PRECISIONS = ("auto", "float32", "int8")
+
+
+def default_split(bundle: Bundle) -> str:
+    """The split whose cut tensor is smallest: the cheapest to send when nothing else is known."""
+    splits = bundle.manifest.splits
+    if not splits:
+        return LOCAL
+    return min(splits, key=lambda s: (s.tensor.bytes_per_sample, s.position)).id
+
+
+class DeviceRunner:
+    """Runs frames of one bundle, on the board alone or split with a host."""
+
+    def __init__(
+        self, bundle: Bundle, threads: int | None = None, backend: str = "onnx", transmit: str = "auto",
+        precision: str = "auto",
+    ) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+        self.bundle = bundle
+        self.threads = threads
+        self.backend = backend  # artifact format the board runs: onnx or tflite
+        self.transmit = transmit  # auto: uint8 where the split has quantization parameters, else float32
+        self.precision = precision  # auto: int8 where the bundle has it (its accuracy is in the manifest)
+        self._sessions: dict[tuple[str, str], Backend] = {}
+        self.labels = bundle.manifest.model.labels
+
+    def artifact_precision(self, split_id: str, role: str) -> str:
+        """The precision of the artifact this runner runs for ``split_id``'s ``role``."""
+        if self.precision != "auto":
+            return self.precision
+        return "int8" if self.bundle.has(split_id, role, fmt=self.backend, precision="int8") else "float32"
+
+    def session(self, split_id: str, role: str) -> Backend:
+        """Created on first use and kept: one session per artifact for the whole run."""
+        key = (split_id, role)
+        if key not in self._sessions:
+            precision = self.artifact_precision(split_id, role)
+            path = self.bundle.artifact(split_id, role, fmt=self.backend, precision=precision)
+            self._sessions[key] = load_backend(path, fmt=self.backend, threads=self.threads)
+        return self._sessions[key]
+
+    def warm_up(self, split_id: str) -> None:
+        """Run one input through the board's part first: the first real frame would otherwise pay for
+        onnxruntime's lazy allocations (about 10x a normal frame on this machine)."""
+        if split_id == OFFLOAD:
+            return
+        role = "full" if split_id == LOCAL else "head"
+        shape = (1, *self.bundle.manifest.model.input_shape)
+        self.session(split_id, role).run(np.zeros(shape, dtype=np.float32))
+
+    def preprocess(self, image: np.ndarray) -> np.ndarray:
+        """A camera frame as the model's input, (1, *input_shape) float32."""
+        return preprocess(image, self.bundle.manifest.model.preprocess)
+
+    def run_full(self, x: np.ndarray) -> tuple[np.ndarray, float]:
+        """The full model here: logits and ms."""
+        start = time.perf_counter()
+        logits = self.session(LOCAL, "full").run(x)
+        return logits, (time.perf_counter() - start) * 1000.0
+
+    def run_head(self, split_id: str, x: np.ndarray) -> tuple[np.ndarray, float]:
+        """The head of ``split_id``: the cut tensor and ms."""
+        start = time.perf_counter()
+        cut = self.session(split_id, "head").run(x)
+        return cut, (time.perf_counter() - start) * 1000.0
+
+    def payload(self, split_id: str, cut: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
+        """What goes on the link for ``cut``: uint8 with its scale and zero point where the
+        split has quantization parameters (unless ``transmit`` is float32), else the float tensor."""
+        quantization = None if split_id == OFFLOAD else self.bundle.manifest.split(split_id).quantization
+        if quantization is None:
+            if self.transmit == "uint8" and split_id != OFFLOAD:
+                raise BundleError(f"split {split_id} has no uint8 quantization; rebuild the bundle with --quantize int8")
+            return cut, {}
+        if self.transmit == "float32":
+            return cut, {}
+        q = quantize(cut, quantization.scale, quantization.zero_point)
+        return q, {"scale": quantization.scale, "zero_point": quantization.zero_point}

@@ -1,0 +1,56 @@
+"""Find one host for a bundle and connect to it: an address given, or zeroconf's least loaded."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from device_runtime.bundle import Bundle
+from device_runtime.hosts.client import Credentials, HostClient
+from device_runtime.hosts.discovery import discover
+from splitedge.errors import HostUnavailableError
+
+__all__ = ["connect_host"]
+
+
+async def connect_host(
+    bundle: Bundle, host: str, interfaces: Sequence[str] | None = None, timeout: float = 5.0,
+    credentials: Credentials = Credentials(),
+) -> HostClient:
+    """``host`` is ``IP:PORT`` or ``auto`` (zeroconf: the least loaded host serving the bundle).
+
+    By zeroconf, only hosts whose record matches the device's key are tried: a device with a key
+    talks only to hosts that authenticate frames (``auth`` in the TXT record), one without a key
+    only to hosts that do not require one.
+    """
+    failures = []
+    if host == "auto":
+        adverts = await discover(bundle.id, interfaces, timeout=timeout)
+        if not adverts:
+            raise HostUnavailableError(
+                f"no splitedge host serving bundle {bundle.id} found by zeroconf within {timeout:g} s; "
+                "start one with 'split-host serve', pass --host IP:PORT, or run with --split local"
+            )
+        keyed = credentials.key is not None
+        for advert in adverts:
+            if advert.auth != keyed:
+                failures.append(
+                    f"host {advert.address}:{advert.port} does not authenticate frames and this device has a key"
+                    if keyed else f"host {advert.address}:{advert.port} requires a key (split-device --key-file)"
+                )
+        candidates = [(a.address, a.port) for a in adverts if a.auth == keyed]
+    else:
+        address, sep, port_text = host.rpartition(":")
+        if not sep or not port_text.isdigit():
+            raise HostUnavailableError(f"--host {host!r}: expected IP:PORT or auto")
+        candidates = [(address, int(port_text))]
+    for address, port in candidates:  # least loaded first; a stale record must not stop us
+        try:
+            client = await HostClient.connect(address, port, timeout=timeout, credentials=credentials)
+        except HostUnavailableError as exc:
+            failures.append(str(exc))
+            continue
+        if bundle.id in client.server_info.get("bundles", {}):
+            return client
+        await client.close()
+        failures.append(f"host {client.address} does not serve bundle {bundle.id}")
+    raise HostUnavailableError("; ".join(failures))

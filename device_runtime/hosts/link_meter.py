@@ -1,0 +1,116 @@
+"""The device's view of the link rate, from its own transfers and, when idle, from probes.
+
+Every remote batch is a rate sample: its bytes over the time the link spent carrying them.
+The host reports its queueing and compute time in the reply, so those come off the round
+trip (DESIGN.md: the latency model's ``r``). With two batches in flight, the second one's
+upload can only start when the first one's is done: its transfer is counted from
+``max(sent, previous upload done)``, or a pipelined stream would read as a slow link.
+
+A reply that is late says something before it arrives. When the link drops from 100 to
+5 Mbit/s under a 602 KB upload, the reply (the first slow sample) comes a second later;
+meanwhile every request sent after it waits behind it in the same socket, whatever its
+size. So an upload in flight well past what the estimate predicts (:meth:`LinkMeter.overdue`)
+bounds the rate: its bytes have not crossed in the time gone by, so the link is slower than
+bytes / time (less the host's usual time and a round trip). :attr:`LinkMeter.rate_bps` is
+the estimate capped by that bound, and the pipeline does not queue another batch behind an
+overdue one.
+
+The estimate itself (an EWMA in the log domain, the base round trip) is
+:class:`calibration.RateEstimator`; this module only turns what the device sees into its
+samples.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+from calibration import RateEstimator
+from device_runtime.hosts.client import InferResult
+
+__all__ = ["LinkMeter", "probe_bytes"]
+
+PROBE_SECONDS = 0.05  # a probe sized to take about this long at the current estimate
+PROBE_MIN_BYTES, PROBE_MAX_BYTES = 16 * 1024, 1024 * 1024
+#: An upload is overdue once in flight this many times its predicted time on the wire ...
+OVERDUE_FACTOR = 2.0
+#: ... plus a ping, the host's usual time and this much: a board's scheduler and the host's
+#: batching delay replies by a few ms.
+OVERDUE_SLACK_S = 0.02
+#: Weight of each reply's host time (queue + compute) in the running host time.
+HOST_ALPHA = 0.3
+
+
+def probe_bytes(rate_bps: float | None) -> int:
+    """Payload of a rate probe: long enough to measure, short enough not to steal the link."""
+    if rate_bps is None:
+        return 64 * 1024
+    return int(min(max(rate_bps * PROBE_SECONDS / 8, PROBE_MIN_BYTES), PROBE_MAX_BYTES))
+
+
+class LinkMeter:
+    """Rate samples from replies and probes, fed to one :class:`RateEstimator`."""
+
+    def __init__(self, estimator: RateEstimator | None = None) -> None:
+        self.estimator = estimator or RateEstimator()
+        self._upload_done = 0.0  # perf_counter when the link last finished carrying a request
+        self._host_s = 0.0  # running host time per request (queue + compute), from the replies
+        self._in_flight: dict[int, tuple[float, int]] = {}  # ticket → (perf_counter sent, payload bytes)
+        self._tickets = itertools.count()
+
+    @property
+    def rate_bps(self) -> float | None:
+        """The estimate, capped by what an overdue upload shows (:meth:`overdue`)."""
+        rate = self.estimator.rate_bps
+        bound = self.overdue()
+        return rate if bound is None or rate is None else min(rate, bound)
+
+    def sending(self, payload_bytes: int) -> int:
+        """A request is going up now; returns its ticket for :meth:`settled`."""
+        ticket = next(self._tickets)
+        self._in_flight[ticket] = (time.perf_counter(), payload_bytes)
+        return ticket
+
+    def settled(self, ticket: int) -> None:
+        """The request's reply came, or it failed: it no longer holds the link."""
+        self._in_flight.pop(ticket, None)
+
+    def overdue(self, now: float | None = None) -> float | None:
+        """The rate bound (bit/s) an overdue upload sets, or None when none is overdue.
+
+        Requests share one connection in order, so the oldest one in flight is the one the
+        link is carrying. It is overdue when it has been out longer than ``OVERDUE_FACTOR``
+        times its payload's time at the estimate plus a ping, the host's running time (both
+        measured, so not scaled: ResNet-18's 40 ms tail doubled let a second 602 KB frame
+        follow one the link had slowed under) and ``OVERDUE_SLACK_S``; its payload has then
+        not crossed in the time since it was sent less the ping and the host's time, and that
+        rate bounds the link's.
+        """
+        rate = self.estimator.rate_bps
+        if not self._in_flight or rate is None:
+            return None
+        sent, payload = self._in_flight[min(self._in_flight)]
+        elapsed = (time.perf_counter() if now is None else now) - max(sent, self._upload_done)
+        fixed = self.estimator.base_rtt_s + self._host_s
+        if elapsed <= fixed + OVERDUE_FACTOR * 8.0 * payload / rate + OVERDUE_SLACK_S:
+            return None
+        return 8.0 * payload / (elapsed - fixed)
+
+    def observe_reply(self, payload_bytes: int, result: InferResult) -> None:
+        """One remote batch: ``payload_bytes`` went up, ``result`` came back."""
+        host_s = (result.queue_ms + result.compute_ms) / 1000.0
+        start = max(result.sent, self._upload_done)
+        self.estimator.observe_transfer(payload_bytes, result.received - host_s - start)
+        self._upload_done = result.received - host_s - self.estimator.base_rtt_s / 2
+        self._host_s += HOST_ALPHA * (host_s - self._host_s)
+
+    def observe_probe(self, payload_bytes: int, round_trip_ms: float) -> None:
+        """A ``ping`` with a payload: no host compute, nothing else in flight."""
+        if payload_bytes:
+            self.estimator.observe_transfer(payload_bytes, round_trip_ms / 1000.0)
+        else:
+            self.estimator.observe_rtt(round_trip_ms / 1000.0)
+
+    def stale(self, max_age_s: float) -> bool:
+        """True when the estimate is older than ``max_age_s``: time to probe."""
+        return self.estimator.age_s(time.monotonic()) > max_age_s

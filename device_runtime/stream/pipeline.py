@@ -1,0 +1,350 @@
+"""The board's stream: capture, head, transfer and the host's tail overlap; no frame is lost.
+
+Stages, each its own worker so that they overlap::
+
+    camera ─▶ preprocess ─▶ [FrameQueue] ─▶ batch ─▶ head ─▶ send ─▶ host: tail ─▶ reply
+    (capture thread)         drops by policy   (compute thread)  (up to ``in_flight`` batches)
+
+While batch *n* travels and runs on the host, batch *n+1* is already in the head, and the
+camera keeps filling the queue; throughput is that of the slowest stage, not of their sum.
+A full queue drops frames by policy (newest wins for a live camera) and every drop is
+reported as a result of its own. A remote batch that fails (host gone, timeout, refusal)
+is run again here with the full model, so every captured frame gets an answer; the host is
+looked for again in the background and the stream goes back to offloading when it answers.
+Only remote batches count against ``in_flight``: the board keeps running local batches
+while the link is slow, and a live source's results come out as soon as each is known
+(a recorded source's in capture order).
+
+Which split each batch takes is the policy's (:mod:`device_runtime.stream.policy`): fixed, or the
+calibration table's choice for the current rate estimate (:mod:`device_runtime.hosts.link_meter`),
+which comes from the stream's own transfers and, while nothing is offloaded, from probes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Iterator
+
+import numpy as np
+
+from device_runtime.bundle import LOCAL, OFFLOAD
+from device_runtime.engine.runner import DeviceRunner
+from device_runtime.hosts.client import HostClient, InferResult
+from device_runtime.hosts.host_link import HostLink
+from device_runtime.hosts.link_meter import LinkMeter, probe_bytes
+from device_runtime.stream.camera import Frame, FrameSource
+from device_runtime.stream.frame_queue import FrameQueue
+from device_runtime.stream.policy import SplitPolicy
+from device_runtime.stream.results import FrameResult, top1
+from splitedge.errors import HostUnavailableError, RemoteError
+
+__all__ = ["Pipeline", "PipelineConfig", "PipelineStats"]
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    batch: int = 1  # frames per head run (``--batch``)
+    # Frames waiting for the head before the drop policy applies. None: one batch when the
+    # newest frames win (a live camera: the head always takes the freshest frames, and a
+    # board that only just keeps up cannot carry a standing backlog — with 4 frames queued,
+    # ResNet-18 at 5 fps on the emulated board answered 0.9 s late after a link stall, for
+    # good), else 4.
+    queue: int | None = None
+    in_flight: int = 2  # remote batches outstanding: one crosses while the next waits in the socket
+    drop: str | None = None  # newest | none; None: newest for a live source, none for a recorded one
+    request_timeout_s: float = 5.0  # a host silent this long is gone: the batch runs here instead
+    probe_every_s: float = 1.0  # probe the link when the rate estimate is older than this
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "queue", "in_flight"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+    def frame_queue(self, live: bool) -> tuple[int, str]:
+        """(capacity, drop policy) of the queue before the head, for a live source or a recorded one."""
+        drop = self.drop or ("newest" if live else "none")
+        capacity = self.queue or (1 if drop == "newest" else 4)
+        return max(capacity, self.batch), drop
+
+
+@dataclass
+class PipelineStats:
+    """What happened to the frames: the run summary ``split-device run`` prints at the end."""
+
+    frames: int = 0
+    dropped: int = 0
+    fallbacks: int = 0  # frames of remote batches answered locally after a failure
+    per_split: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def drop_rate(self) -> float:
+        return self.dropped / self.frames if self.frames else 0.0
+
+
+@dataclass(frozen=True)
+class _Captured:
+    frame: Frame
+    x: np.ndarray  # (1, *input) preprocessed
+    preprocess_ms: float
+
+
+_END = object()
+
+
+class Pipeline:
+    """Runs a frame source through a :class:`DeviceRunner` with a split policy and an optional host.
+
+    One pipeline serves one :meth:`run`: its worker threads end with it.
+    """
+
+    def __init__(
+        self,
+        runner: DeviceRunner,
+        policy: SplitPolicy,
+        hosts: HostLink | None = None,
+        config: PipelineConfig = PipelineConfig(),
+        meter: LinkMeter | None = None,
+    ) -> None:
+        self.runner, self.policy, self.hosts, self.config = runner, policy, hosts, config
+        self.meter = meter or LinkMeter()
+        self.stats = PipelineStats()
+        self._compute = ThreadPoolExecutor(1, thread_name_prefix="compute")  # the board's one inference engine
+        self._camera = ThreadPoolExecutor(1, thread_name_prefix="capture")
+        self._remote = 0  # remote batches in flight
+        self._slots: asyncio.Semaphore | None = None  # ... at most ``in_flight`` of them (made in run's loop)
+        self._failure: Exception | None = None  # the first stage's failure, raised after the results before it
+
+    def available(self) -> frozenset[str]:
+        """Splits that can run now: ``local`` always, the host's while one is connected."""
+        if self.hosts is None or self.hosts.client is None:
+            return frozenset((LOCAL,))
+        return self.hosts.served() | {LOCAL}
+
+    async def run(
+        self, source: FrameSource, frames: int | None = None, stop: asyncio.Event | None = None
+    ) -> AsyncIterator[FrameResult]:
+        """One result per captured frame (dropped ones included), in order within each kind,
+        until the source ends, ``frames`` were captured, or ``stop`` is set."""
+        out: asyncio.Queue[object] = asyncio.Queue()
+        queue: FrameQueue[_Captured] = FrameQueue(*self.config.frame_queue(source.live))
+        jobs: asyncio.Queue[asyncio.Future[list[FrameResult]] | None] = asyncio.Queue()
+        self._slots = asyncio.Semaphore(self.config.in_flight)
+        if self.hosts is not None and self.hosts.client is not None:
+            await self.probe(self.hosts.client)  # a first rate estimate before the first choice
+        workers = [
+            asyncio.ensure_future(self._capture(source, queue, frames, stop, out)),
+            asyncio.ensure_future(self._process(queue, jobs)),
+            asyncio.ensure_future(self._emit(jobs, out, ordered=not source.live)),
+        ]
+        prober = asyncio.ensure_future(self._probe_when_idle())
+        try:
+            while True:
+                item = await out.get()
+                if item is _END:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                assert isinstance(item, FrameResult)
+                self._count(item)
+                yield item
+        finally:
+            for task in (*workers, prober):
+                task.cancel()
+            await asyncio.gather(*workers, prober, return_exceptions=True)
+            self._compute.shutdown(wait=False, cancel_futures=True)
+            self._camera.shutdown(wait=False, cancel_futures=True)
+
+    def _count(self, result: FrameResult) -> None:
+        self.stats.frames += 1
+        if result.dropped:
+            self.stats.dropped += 1
+        else:
+            self.stats.per_split[result.split] += 1
+        if result.error:
+            self.stats.fallbacks += 1
+
+    async def _capture(
+        self, source: FrameSource, queue: FrameQueue[_Captured], frames: int | None, stop: asyncio.Event | None,
+        out: asyncio.Queue[object],
+    ) -> None:
+        """Camera and preprocessing, in their own thread: they overlap with the head."""
+        loop = asyncio.get_running_loop()
+        captured = iter(source)
+        count = 0
+        try:
+            while (frames is None or count < frames) and not (stop is not None and stop.is_set()):
+                item = await loop.run_in_executor(self._camera, self._next, captured)
+                if item is None:
+                    break
+                count += 1
+                victim = await queue.put(item)
+                if victim is not None:
+                    out.put_nowait(_dropped(victim.frame))
+        except Exception as exc:  # a dead camera: reported after the frames already taken are answered
+            self._fail(exc)
+        finally:
+            queue.close()
+
+    def _next(self, captured: Iterator[Frame]) -> _Captured | None:
+        frame = next(captured, None)
+        if frame is None:
+            return None
+        start = time.perf_counter()
+        x = self.runner.preprocess(frame.image)
+        return _Captured(frame, x, (time.perf_counter() - start) * 1000.0)
+
+    async def _process(self, queue: FrameQueue[_Captured], jobs: asyncio.Queue) -> None:
+        """Batch, choose the split, run the head; remote batches go on while the next head runs."""
+        try:
+            while True:
+                batch = await queue.get_batch(self.config.batch)
+                if not batch:
+                    return
+                jobs.put_nowait(await self._start(batch))  # bounded by the head's pace and the remote slots
+        except Exception as exc:  # a head that fails, a bundle that cannot send: end the stream with it
+            self._fail(exc)
+        finally:
+            await jobs.put(None)
+
+    async def _emit(self, jobs: asyncio.Queue, out: asyncio.Queue[object], ordered: bool) -> None:
+        """Each batch's results: in batch order when ``ordered``, else as soon as the batch is done
+        (a local batch run while a remote one crosses a slow link is not held back behind it)."""
+        delivering: list[asyncio.Future[bool]] = []
+        while (job := await jobs.get()) is not None:
+            if ordered:
+                if not await self._deliver(job, out):
+                    break
+            else:
+                delivering = [d for d in delivering if not d.done()]
+                delivering.append(asyncio.ensure_future(self._deliver(job, out)))
+        await asyncio.gather(*delivering)
+        out.put_nowait(self._failure if self._failure is not None else _END)
+
+    async def _deliver(self, job: asyncio.Future[list[FrameResult]], out: asyncio.Queue[object]) -> bool:
+        """The batch's results into ``out``; False (and the failure recorded) if it failed."""
+        try:
+            results = await job
+        except Exception as exc:
+            self._fail(exc)
+            return False
+        for result in results:
+            out.put_nowait(result)
+        return True
+
+    def _fail(self, exc: Exception) -> None:
+        """The first failure ends the stream; the results before it have been delivered."""
+        if self._failure is None:
+            self._failure = exc
+
+    async def _start(self, batch: list[_Captured]) -> asyncio.Future[list[FrameResult]]:
+        loop = asyncio.get_running_loop()
+        x = np.concatenate([c.x for c in batch])
+        rate = self.meter.rate_bps  # capped by an overdue upload, if one is
+        client = self.hosts.client if self.hosts is not None else None
+        split = self.policy.choose(len(batch), rate, self.available(), link_busy=self.meter.overdue() is not None)
+        if split == LOCAL or client is None:
+            logits, ms = await loop.run_in_executor(self._compute, self.runner.run_full, x)
+            self.policy.observe_head(LOCAL, len(batch), ms)
+            done: asyncio.Future[list[FrameResult]] = loop.create_future()
+            done.set_result(self._results(batch, logits, LOCAL, rate, head_ms=ms))
+            return done
+        if split == OFFLOAD:
+            cut, head_ms = x, 0.0
+        else:
+            cut, head_ms = await loop.run_in_executor(self._compute, self.runner.run_head, split, x)
+            self.policy.observe_head(split, len(batch), head_ms)
+        tensor, fields = self.runner.payload(split, cut)
+        assert self._slots is not None
+        await self._slots.acquire()  # released by _send when the reply (or the failure) comes
+        self._remote += 1
+        return asyncio.ensure_future(self._offload(batch, x, split, tensor, fields, head_ms, rate, client))
+
+    async def _offload(
+        self, batch: list[_Captured], x: np.ndarray, split: str, tensor: np.ndarray, fields: dict[str, float],
+        head_ms: float, rate: float | None, client: HostClient,
+    ) -> list[FrameResult]:
+        """Send the cut and wait for the tail; on any failure answer the batch here instead."""
+        loop = asyncio.get_running_loop()
+        try:
+            result = await self._send(client, split, tensor, fields)
+        except (HostUnavailableError, RemoteError) as exc:
+            if isinstance(exc, HostUnavailableError) and self.hosts is not None:
+                await self.hosts.lost(client, exc)
+            logits, ms = await loop.run_in_executor(self._compute, self.runner.run_full, x)
+            return self._results(batch, logits, LOCAL, rate, head_ms=head_ms + ms, error=f"{split}: {exc}")
+        self.meter.observe_reply(tensor.nbytes, result)
+        return self._results(
+            batch, result.output, split, rate, head_ms=head_ms, transfer_ms=result.transfer_ms,
+            tail_ms=result.compute_ms + result.queue_ms, sent_bytes=tensor.nbytes, host=client.address,
+        )
+
+    async def _send(self, client: HostClient, split: str, tensor: np.ndarray, fields: dict[str, float]) -> InferResult:
+        """One remote request, holding one of the ``in_flight`` slots and known to the meter until it settles."""
+        ticket = self.meter.sending(tensor.nbytes)
+        try:
+            return await client.infer(self.runner.bundle.id, split, tensor, timeout=self.config.request_timeout_s, **fields)
+        finally:
+            self.meter.settled(ticket)
+            self._remote -= 1
+            assert self._slots is not None
+            self._slots.release()
+
+    def _results(
+        self, batch: list[_Captured], logits: np.ndarray, split: str, rate: float | None, head_ms: float,
+        transfer_ms: float = 0.0, tail_ms: float = 0.0, sent_bytes: int = 0, host: str | None = None,
+        error: str | None = None,
+    ) -> list[FrameResult]:
+        now = time.monotonic()
+        results = []
+        for captured, row in zip(batch, logits):
+            label, probability = top1(row, self.runner.labels)
+            results.append(FrameResult(
+                index=captured.frame.index, name=captured.frame.name, label=label, probability=probability,
+                split=split, preprocess_ms=captured.preprocess_ms, head_ms=head_ms, transfer_ms=transfer_ms,
+                tail_ms=tail_ms, total_ms=(now - captured.frame.captured) * 1000.0, captured=captured.frame.captured,
+                batch=len(batch), bytes=sent_bytes // len(batch), rate_bps=rate,
+                where="local" if host is None else "remote", host=host, error=error,
+            ))
+        return results
+
+    async def _probe_when_idle(self) -> None:
+        """While nothing is offloaded the estimate ages: refresh it so the policy can come back."""
+        while True:
+            await asyncio.sleep(self.config.probe_every_s)
+            client = self.hosts.client if self.hosts is not None else None
+            if client is not None and self._remote == 0 and self.meter.stale(self.config.probe_every_s):
+                await self.probe(client)
+
+    async def probe(self, client: HostClient) -> None:
+        """A small ping (round trip) and a payload ping (rate), sized for the current estimate.
+
+        A payload crossing much faster than the estimate said is too short to measure the link
+        (fixed costs dominate it), so one longer payload follows when the first one's rate
+        asks for a probe twice its size: on a 1 Gbit/s link the first, 64 KB, probe read
+        ~300 Mbit/s from the board.
+        """
+        timeout = self.config.request_timeout_s
+        try:
+            self.meter.observe_probe(0, await client.ping(0, timeout=timeout))
+            size = probe_bytes(self.meter.rate_bps)
+            self.meter.observe_probe(size, await client.ping(size, timeout=timeout))
+            longer = probe_bytes(self.meter.rate_bps)
+            if longer >= 2 * size:
+                self.meter.observe_probe(longer, await client.ping(longer, timeout=timeout))
+        except HostUnavailableError as exc:
+            if self.hosts is not None:
+                await self.hosts.lost(client, exc)
+        except RemoteError:
+            return
+
+
+def _dropped(frame: Frame) -> FrameResult:
+    return FrameResult(
+        index=frame.index, name=frame.name, label=None, probability=None, split="", captured=frame.captured,
+        total_ms=(time.monotonic() - frame.captured) * 1000.0, dropped=True,
+    )
+

@@ -1,0 +1,57 @@
+"""What the stream answers for each frame: its label, where it ran and where the time went.
+
+One :class:`FrameResult` is one line on the console and one record of the trace
+(:mod:`device_runtime.stream.trace`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["FrameResult", "top1"]
+
+
+@dataclass(frozen=True)
+class FrameResult:
+    """One frame's outcome: its answer and where the time went (one trace record)."""
+
+    index: int
+    name: str
+    label: str | None  # None for a dropped frame
+    probability: float | None
+    split: str  # the split that ran ("local": the full model here; "offload": the full model on the host)
+    preprocess_ms: float = 0.0
+    head_ms: float = 0.0
+    transfer_ms: float = 0.0
+    tail_ms: float = 0.0
+    total_ms: float = 0.0  # capture done → result known
+    captured: float = 0.0  # time.monotonic() at capture
+    batch: int = 1
+    bytes: int = 0  # this frame's share of what crossed the link
+    rate_bps: float | None = None  # the link estimate when the split was chosen
+    where: str = "local"  # local | remote
+    host: str | None = None
+    dropped: bool = False  # dropped from the queue by policy: never classified
+    error: str | None = None  # why a remote batch fell back to local
+
+    def line(self) -> str:
+        if self.dropped:
+            return f"#{self.index:<4d} {self.name[:24]:24s} dropped (the pipeline was full; newest frames win)"
+        rate = f"  rate {self.rate_bps / 1e6:7.2f} Mbit/s" if self.rate_bps else ""
+        fallback = "  (fell back to local)" if self.error else ""
+        return (
+            f"#{self.index:<4d} {self.name[:24]:24s} {str(self.label)[:24]:24s} {self.probability:6.3f}  "
+            f"split={self.split:<20s} pre {self.preprocess_ms:6.2f} ms  head {self.head_ms:7.2f} ms  transfer {self.transfer_ms:7.2f} ms  "
+            f"tail {self.tail_ms:7.2f} ms  total {self.total_ms:7.2f} ms{rate}{fallback}"
+        )
+
+
+def top1(logits: np.ndarray, labels: Sequence[str]) -> tuple[str, float]:
+    """Label and softmax probability of the best class of one (classes,) logit vector."""
+    shifted = np.exp(logits - logits.max())
+    best = int(shifted.argmax())
+    label = labels[best] if best < len(labels) else f"class_{best}"
+    return label, float(shifted[best] / shifted.sum())

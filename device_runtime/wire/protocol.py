@@ -1,0 +1,148 @@
+"""The wire protocol: a pure bytes-in / bytes-out codec, no sockets.
+
+A frame is a 4-byte big-endian length followed by a msgpack map. A tensor travels as
+``{dtype, shape, data: bin}`` (plus ``scale``/``zero_point`` when quantized). The tensor,
+when a message has one, is always the *last* entry of the map and ``data`` the last entry
+of the tensor, so an encoded frame is ``prefix + raw tensor bytes``: :func:`encode` returns
+the prefix and a memoryview of the array itself, and the transport writes both without
+joining them — the tensor is never copied in user space on the way out.
+
+Frames are cut by :class:`~device_runtime.wire.framing.FrameDecoder` and read by
+:mod:`~device_runtime.wire.msgpack_view`, whose bins are views: a received tensor is a view of
+the buffer the socket wrote into. The asyncio code on both sides only feeds them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Union
+
+import msgpack
+import numpy as np
+
+from device_runtime.wire.framing import DEFAULT_MAX_FRAME_BYTES, LENGTH, FrameDecoder, Oversized  # noqa: F401 (re-exported)
+from device_runtime.wire.msgpack_view import unpack
+from splitedge.errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+
+OPS = ("hello", "infer", "ping", "stats", "profile")
+ERROR_CODES = (
+    "bad_request",
+    "unknown_bundle",
+    "unknown_split",
+    "unauthorized",
+    "overloaded",
+    "deadline_exceeded",
+    "internal",
+)
+DTYPES = ("float32", "float16", "uint8", "int8", "int32", "int64")
+MAX_NDIM = 8
+_DTYPE_NAMES = {np.dtype(name): name for name in DTYPES}
+_ITEMSIZES = {name: np.dtype(name).itemsize for name in DTYPES}
+
+Buffer = Union[bytes, bytearray, memoryview]
+
+
+_EMPTY_BIN = b"\xc4\x00"
+
+
+def _bin_header(n: int) -> bytes:
+    """msgpack's bin 8/16/32 header; msgpack.Packer has no public way to write one alone."""
+    if n < 1 << 8:
+        return b"\xc4" + n.to_bytes(1, "big")
+    if n < 1 << 16:
+        return b"\xc5" + n.to_bytes(2, "big")
+    return b"\xc6" + n.to_bytes(4, "big")
+
+
+def encode(message: dict[str, Any], tensor: np.ndarray | None = None, **tensor_fields: Any) -> list[Buffer]:
+    """Encode one frame as ``[prefix, tensor memoryview]`` (or ``[frame]`` with no tensor).
+
+    ``message`` must not contain the key ``tensor``; ``tensor_fields`` (``scale``,
+    ``zero_point``) are stored beside the tensor's dtype and shape.
+    """
+    if tensor is None:
+        body = msgpack.packb(message, use_bin_type=True)
+        return [LENGTH.pack(len(body)) + body]
+    if "tensor" in message:
+        raise ValueError("pass the tensor as the tensor argument, not inside the message")
+    array = np.asarray(tensor)
+    dtype = _DTYPE_NAMES.get(array.dtype)  # a dict lookup: dtype.name costs microseconds per call
+    if dtype is None:
+        raise ProtocolError(f"dtype {array.dtype.name} cannot be sent; supported: {', '.join(DTYPES)}")
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)  # a slice of a batch: made contiguous once
+    data = memoryview(array.reshape(-1).view(np.uint8))  # a view: same memory, byte-addressed
+    # Pack everything with an empty placeholder bin as the very last value (dicts keep their
+    # order), then swap the placeholder's 2-byte header for the real one: one packb call,
+    # and the tensor's bytes follow the prefix untouched.
+    tensor_map = {"dtype": dtype, "shape": list(array.shape), **tensor_fields, "data": b""}
+    packed = msgpack.packb({**message, "tensor": tensor_map}, use_bin_type=True)
+    assert packed.endswith(_EMPTY_BIN), "the tensor must be packed last"
+    prefix = packed[: -len(_EMPTY_BIN)] + _bin_header(data.nbytes)
+    return [LENGTH.pack(len(prefix) + data.nbytes) + prefix, data]
+
+
+def encode_bytes(message: dict[str, Any], tensor: np.ndarray | None = None, **tensor_fields: Any) -> bytes:
+    """One contiguous frame; for tests and for transports that cannot write a list."""
+    return b"".join(bytes(b) for b in encode(message, tensor, **tensor_fields))
+
+
+def decode(body: Buffer) -> dict[str, Any]:
+    """Decode one frame body into a message; a ``tensor`` entry becomes a numpy array.
+
+    Raises :class:`ProtocolError` (code ``bad_request``) for anything malformed: not
+    msgpack, not a map, a tensor whose dtype, shape or byte count is wrong.
+    """
+    message = unpack(body)
+    if not isinstance(message, dict):
+        raise ProtocolError(f"a frame must hold a msgpack map, got {type(message).__name__}")
+    message.pop("quantization", None)  # set below from the tensor's own fields, never taken from the wire
+    if "tensor" in message:
+        try:
+            message["tensor"], quantization = decode_tensor(message["tensor"])
+        except ProtocolError as exc:
+            # The map itself was fine, so the error reply can still carry the request's id.
+            exc.request_id = message.get("id")
+            raise
+        if quantization is not None:
+            message["quantization"] = quantization
+    return message
+
+
+def decode_tensor(obj: Any) -> tuple[np.ndarray, dict[str, Any] | None]:
+    """Check a tensor map against its own header before viewing its bytes as an array.
+
+    Returns the array (a view of the frame's buffer, no copy) and, for a quantized
+    tensor, its ``{scale, zero_point}``.
+    """
+    if not isinstance(obj, dict):
+        raise ProtocolError("tensor must be a map with dtype, shape and data")
+    dtype, shape, data = obj.get("dtype"), obj.get("shape"), obj.get("data")
+    if dtype not in DTYPES:
+        raise ProtocolError(f"tensor dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_NDIM
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+    ):
+        raise ProtocolError(f"tensor shape {shape!r} must be a list of at most {MAX_NDIM} non-negative integers")
+    if not isinstance(data, memoryview):
+        raise ProtocolError("tensor data must be msgpack bin")
+    expected = math.prod(shape) * _ITEMSIZES[dtype]
+    if expected != len(data):
+        raise ProtocolError(f"tensor of shape {shape} {dtype} needs {expected} bytes, frame carries {len(data)}")
+    array = np.frombuffer(data, dtype=dtype).reshape(shape)
+    if "scale" not in obj and "zero_point" not in obj:
+        return array, None
+    scale, zero_point = obj.get("scale"), obj.get("zero_point")
+    if not isinstance(scale, (int, float)) or not isinstance(zero_point, int):
+        raise ProtocolError("a quantized tensor needs a numeric scale and an integer zero_point")
+    return array, {"scale": float(scale), "zero_point": zero_point}
+
+
+def error_reply(request_id: Any, code: str, message: str) -> dict[str, Any]:
+    """The typed error every failure is reported as; ``code`` is one of :data:`ERROR_CODES`."""
+    assert code in ERROR_CODES, code
+    return {"id": request_id, "ok": False, "error": {"code": code, "message": message}}

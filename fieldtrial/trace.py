@@ -1,0 +1,43 @@
+"""Read a trace written by ``split-device run --trace`` (:mod:`device_runtime.stream.trace`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+from device_runtime.stream.trace import TRACE_SCHEMA
+from splitedge.errors import SplitEdgeError
+
+__all__ = ["read_trace"]
+
+
+def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The run record and the frame records; a malformed line is an error naming its number."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise SplitEdgeError(f"cannot read the trace {path}: {exc}") from exc
+    records = list(_parse(path, lines))
+    if not records or records[0].get("type") != "run":
+        raise SplitEdgeError(f"{path}: not a splitedge trace (the first line must be the run record)")
+    if records[0].get("schema") != TRACE_SCHEMA:
+        raise SplitEdgeError(f"{path}: trace schema {records[0].get('schema')!r}; this version reads {TRACE_SCHEMA}")
+    frames = [r for r in records[1:] if r.get("type") == "frame"]
+    return records[0], frames
+
+
+def _parse(path: Path, lines: list[str]) -> Iterator[dict[str, Any]]:
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines):  # the last line of a run cut short
+                return
+            raise SplitEdgeError(f"{path}:{number}: not JSON: {exc}") from exc
+        if not isinstance(record, dict):
+            raise SplitEdgeError(f"{path}:{number}: expected a JSON object")
+        yield record

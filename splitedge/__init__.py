@@ -1,0 +1,12 @@
+"""The bottom of splitedge: standard library only, imported by every other package.
+
+The one error family (:class:`SplitEdgeError` and its narrow subclasses), the checker of
+decoded JSON fields that names the offending field by its path, and the two split words
+every part shares (``LOCAL``, ``OFFLOAD``). ``calibration`` and ``boards`` may import this
+and nothing else of the project (DESIGN.md, "Parts and where they run").
+"""
+
+from splitedge.errors import SplitEdgeError
+from splitedge.words import LOCAL, OFFLOAD
+
+__all__ = ["LOCAL", "OFFLOAD", "SplitEdgeError"]

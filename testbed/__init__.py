@@ -1,0 +1,45 @@
+"""Rehearse a field trial on one Linux workstation (as root): emulated links and hosts behind them.
+
+Tests, benchmarks and field-trial rehearsals need a link whose rate we choose and change,
+before the real Wi-Fi. No board needs this package, and nothing of the runtimes imports it.
+The pieces, standard library only:
+
+* :class:`EmulatedLink` — the real thing: a network namespace joined to the root namespace by a
+  veth pair, each direction shaped by the kernel's ``tbf``. Needs root, ``ip`` and ``tc``;
+  :func:`unavailable_reason` says whether this machine can do it and why not.
+* :class:`DelayRelay` — a user-space TCP relay adding one-way latency, because the kernel we
+  run on has no ``netem``. It can also rate-limit in user space (a token bucket per direction),
+  the fallback for tests that cannot be root; kernel ``tbf`` is more faithful (it shapes
+  packets with their headers, drops when its queue is full, and TCP reacts as on a real link).
+* :class:`RateSchedule` — "1:10,50:10,5:10": rates and durations, driven onto either of them.
+* :func:`serve_in` — ``split-host`` started inside a link's namespace, behind the shaped veth.
+"""
+
+from testbed import kernel_link
+from testbed.kernel_link import (
+    EmulatedLink,
+    LinkEmulationError,
+    LinkEmulationUnavailable,
+    remove_stale_links,
+    tbf_parameters,
+    unavailable_reason,
+)
+from testbed.namespace_host import serve_in
+from testbed.relay import DelayRelay
+from testbed.schedule import RateSchedule, RateStep
+
+__all__ = [
+    "DelayRelay",
+    "EmulatedLink",
+    "LinkEmulationError",
+    "LinkEmulationUnavailable",
+    "RateSchedule",
+    "RateStep",
+    "remove_stale_links",
+    "serve_in",
+    "tbf_parameters",
+    "unavailable_reason",
+]
+
+#: Importable from here as before the split (the tests use it), but not in ``__all__``.
+FRAME_BYTES = kernel_link.FRAME_BYTES

@@ -1,0 +1,61 @@
+"""A fleet on 127.0.0.1: two advertised hosts; the device takes the least loaded, and when it goes
+away moves to the other without losing a frame (zeroconf bound to 127.0.0.1)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from device_runtime.bundle import LOCAL, Bundle
+from device_runtime.engine.runner import DeviceRunner
+from device_runtime.hosts.host_link import HostLink
+from device_runtime.stream.camera import Synthetic
+from device_runtime.stream.pipeline import Pipeline, PipelineConfig
+from device_runtime.stream.policy import StaticPolicy
+from host_runtime.advertise import Advertiser
+from tests.conftest import TEST_SPLITS, run_stream, start_host
+
+LOOPBACK = ["127.0.0.1"]
+FRAMES = 90
+
+
+def test_device_moves_to_the_other_host_and_answers_every_frame(mobilenet_bundle: Path) -> None:
+    bundle = Bundle.load(mobilenet_bundle)
+    runner = DeviceRunner(bundle, threads=1)
+    reference = {r.index: r.label for r in run_stream(runner, "synthetic", LOCAL, frames=FRAMES, drop="none")}
+    idle_hosts, busy_hosts = start_host([mobilenet_bundle]), start_host([mobilenet_bundle])
+    idle, busy = next(idle_hosts), next(busy_hosts)
+
+    async def go():
+        idle_ad = Advertiser(idle.host, idle.port, [bundle.id], LOOPBACK, name="failover-idle", load=0.1)
+        busy_ad = Advertiser(busy.host, busy.port, [bundle.id], LOOPBACK, name="failover-busy", load=0.6)
+        await idle_ad.__aenter__()
+        await busy_ad.__aenter__()
+        hosts = HostLink(bundle, "auto", LOOPBACK, timeout=3.0, retry_s=0.3)
+        try:
+            assert await hosts.connect(), hosts.last_error
+            first = hosts.address
+            pipeline = Pipeline(runner, StaticPolicy(TEST_SPLITS[-1], bundle), hosts, PipelineConfig(drop="none"))
+            results = []
+            with Synthetic(fps=30) as source:
+                async for r in pipeline.run(source, frames=FRAMES):
+                    results.append(r)
+                    if len(results) == 15:  # the host in use goes away: server closed, record withdrawn
+                        await asyncio.get_running_loop().run_in_executor(None, next, idle_hosts, None)
+                        await idle_ad.__aexit__(None, None, None)
+            return first, results, hosts.losses
+        finally:
+            await hosts.close()
+            await busy_ad.__aexit__(None, None, None)
+
+    try:
+        first, results, losses = asyncio.run(go())
+    finally:
+        next(idle_hosts, None)
+        next(busy_hosts, None)
+    assert first == f"{idle.host}:{idle.port}"  # the least loaded of the two
+    assert [r.index for r in results] == list(range(FRAMES))  # every frame answered, in order
+    assert {r.index: r.label for r in results} == reference
+    used = [r.host for r in results if r.where == "remote"]
+    assert used[0] == first and used[-1] == f"{busy.host}:{busy.port}"  # moved to the other host
+    assert losses == 1

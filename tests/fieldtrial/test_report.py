@@ -1,0 +1,241 @@
+"""``split-device report``: the summary's numbers on traces built by hand, the plots, and the errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import calibration as cal
+from calibration import Calibration, LatencyModel, SplitTable, SplitTimings
+from device_runtime.bundle import LOCAL, OFFLOAD
+from device_runtime.stream.results import FrameResult
+from device_runtime.stream.trace import TRACE_SCHEMA, TraceWriter
+from fieldtrial import plots
+from fieldtrial.report import PLOTS, SUMMARY_FILE, format_summary, summarize, write_report
+from splitedge.errors import SplitEdgeError
+
+BUNDLE = "tiny-0123456789ab"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+# T(B=1, r) of the hand-made model (DSC Eq. 4-5, rtt 1 ms): local 100; cut 20 + 8e6/r + 5 + 1;
+# offload 8e7/r + 10 + 1. At the trace's rates: 8e4 -> (100, 126, 1011), 8e5 -> (100, 36, 111),
+# 8e6 -> (100, 27, 21) for (local, cut, offload).
+T = {
+    8e4: {LOCAL: 100.0, "cut": 126.0, OFFLOAD: 1011.0},
+    8e5: {LOCAL: 100.0, "cut": 36.0, OFFLOAD: 111.0},
+    8e6: {LOCAL: 100.0, "cut": 27.0, OFFLOAD: 21.0},
+}
+
+# (t, split, total_ms, rate_bps, dropped, error): 8 frames, 2 dropped, 1 fallback, 4 switches.
+FRAMES = [
+    (0.0, LOCAL, 110.0, None, False, None),  # no rate estimate yet: not a DSC Eq. 7 state
+    (0.5, "cut", 40.0, 8e5, False, None),
+    (1.0, "", 5.0, None, True, None),
+    (1.5, "cut", 44.0, 8e5, False, None),
+    (2.0, OFFLOAD, 30.0, 8e6, False, None),
+    (2.5, LOCAL, 150.0, 8e4, False, "cut: host went away"),
+    (3.0, "", 5.0, None, True, None),
+    (4.0, OFFLOAD, 26.0, 8e6, False, None),
+]
+LATENCIES = [110.0, 40.0, 44.0, 30.0, 150.0, 26.0]  # the answered frames'
+PREPROCESS_MS = 2.0
+
+
+def tiny_model() -> LatencyModel:
+    return LatencyModel(
+        splits=(
+            SplitTimings(LOCAL, 0, {1: 100.0}, {}),
+            SplitTimings("cut", 1000, {1: 20.0}, {1: 5.0}),
+            SplitTimings(OFFLOAD, 10000, {}, {1: 10.0}),
+        ),
+        rtt_ms=1.0,
+    )
+
+
+def tiny_calibration(bundle_id: str = BUNDLE) -> Calibration:
+    model = tiny_model()
+    return Calibration(
+        bundle_id=bundle_id, manifest_sha256="0" * 64, created="2025-05-01T12:00:00+00:00", board={"name": "test"},
+        backend="onnx", precision="float32", threads=None, repeats=1, batches=(1, 4), link=None, model=model,
+        table=SplitTable.build(model, [1, 4], points_per_decade=5),
+    )
+
+
+def run_record(calibration: str | None = None) -> dict[str, Any]:
+    return {"type": "run", "schema": TRACE_SCHEMA, "started_unix": 1.7e9, "bundle_id": BUNDLE, "policy": "auto",
+            "batch": 1, "calibration": calibration, "source": "synthetic"}
+
+
+def frame_record(i: int, t: float, split: str, total_ms: float, rate: float | None, dropped: bool, error: str | None) -> dict:
+    return {
+        "type": "frame", "t": t, "index": i, "name": f"f{i}.png", "label": None if dropped else "espresso",
+        "probability": None if dropped else 0.9, "split": split, "batch": 1, "bytes": 0, "rate_bps": rate,
+        "preprocess_ms": 0.0 if dropped else PREPROCESS_MS, "head_ms": 0.0, "transfer_ms": 0.0, "tail_ms": 0.0,
+        "total_ms": total_ms, "dropped": dropped, "where": "local", "host": None, "error": error,
+    }
+
+
+def known_frames() -> list[dict]:
+    return [frame_record(i, *f) for i, f in enumerate(FRAMES)]
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC, path
+    assert len(data) > 10_000, f"{path}: {len(data)} bytes, too small to hold a drawn figure"
+
+
+def test_counts_rates_and_switches_on_a_known_trace() -> None:
+    s = summarize(run_record(), known_frames(), None)
+    assert (s["frames"], s["answered"], s["dropped"]) == (8, 6, 2)
+    assert s["drop_rate"] == 0.25
+    assert s["duration_s"] == 4.0
+    assert s["fps"] == 1.5  # 6 answered frames over 4 s of capture
+    assert s["switches"] == 4  # local -> cut -> offload -> local -> offload
+    assert s["fallbacks"] == 1
+    assert s["run"]["bundle_id"] == BUNDLE and s["calibration"] is None and "gain_over_static" not in s
+
+
+def test_latency_percentiles_are_numpys() -> None:
+    s = summarize(run_record(), known_frames(), None)
+    p50, p95, p99 = np.percentile(LATENCIES, [50, 95, 99])
+    assert s["latency_ms"] == {"p50": p50, "p95": p95, "p99": p99, "mean": np.mean(LATENCIES)}
+    assert s["per_split"]["cut"]["p50_ms"] == np.percentile([40.0, 44.0], 50)
+    assert s["per_split"][LOCAL]["p95_ms"] == np.percentile([110.0, 150.0], 95)
+
+
+def test_per_split_shares_and_seconds() -> None:
+    per_split = summarize(run_record(), list(reversed(known_frames())), None)["per_split"]  # order on disk must not matter
+    assert list(per_split) == [OFFLOAD, "cut", LOCAL]  # input to output
+    assert sum(p["share"] for p in per_split.values()) == pytest.approx(1.0)
+    assert [p["frames"] for p in per_split.values()] == [2, 2, 2]
+    # Each answered frame holds until the next answered capture: local 0-0.5 and 2.5-4.0, cut 0.5-2.0, offload 2.0-2.5.
+    assert {k: p["seconds"] for k, p in per_split.items()} == {LOCAL: 2.0, "cut": 1.5, OFFLOAD: 0.5}
+
+
+def test_gain_over_static_is_dsc_eq7_by_hand() -> None:
+    s = summarize(run_record(), known_frames(), tiny_calibration())
+    states = [(f[3], f[1]) for f in FRAMES if not f[4] and f[3] is not None]  # (rate, split that ran)
+    assert len(states) == 5
+    expected = {
+        static: sum(abs(T[r][chosen] - T[r][static]) / T[r][static] for r, chosen in states) / len(states)
+        for static in (LOCAL, "cut", OFFLOAD)
+    }
+    # Written out for local: |36-100| + |36-100| + |21-100| + |100-100| + |21-100|, over 100, over 5.
+    assert expected[LOCAL] == pytest.approx((64 + 64 + 79 + 0 + 79) / 100 / 5)
+    assert s["gain_over_static"] == pytest.approx(expected, rel=1e-12)
+    assert s["gain_scenario"] == {"states": 5, "without_rate": 1, "unmodelled_split": 0}
+
+
+def test_predicted_vs_measured() -> None:
+    comparison = summarize(run_record(), known_frames(), tiny_calibration())["predicted_vs_measured"]
+    # Measured is total minus the 2 ms of preprocessing; local needs no rate, so both local frames count.
+    assert comparison[LOCAL] == {"frames": 2, "measured_ms": 128.0, "predicted_ms": 100.0, "ratio": 1.28}
+    assert comparison["cut"]["measured_ms"] == 40.0 and comparison["cut"]["predicted_ms"] == pytest.approx(36.0)
+    assert comparison["cut"]["ratio"] == pytest.approx(40.0 / 36.0)
+    assert comparison[OFFLOAD]["ratio"] == pytest.approx(26.0 / 21.0)
+
+
+def test_frames_on_a_split_the_model_lacks_are_left_out_of_the_gain() -> None:
+    frames = known_frames() + [frame_record(8, 5.0, "other_cut", 50.0, 8e5, False, None)]
+    s = summarize(run_record(), frames, tiny_calibration())
+    assert s["gain_scenario"] == {"states": 5, "without_rate": 1, "unmodelled_split": 1}
+    assert "other_cut" in s["per_split"] and "other_cut" not in s["predicted_vs_measured"]
+
+
+def test_write_report_files_and_round_trip(tmp_path: Path) -> None:
+    trace = write_jsonl(tmp_path / "run.jsonl", [run_record()] + known_frames())
+    summary = write_report(trace, tmp_path / "out", calibration=tiny_calibration())
+    assert json.loads((tmp_path / "out" / SUMMARY_FILE).read_text(encoding="utf-8")) == summary
+    for name in PLOTS:
+        assert_png(tmp_path / "out" / name)
+    text = format_summary(summary)
+    for expected in ("p50", "p95", "p99", "1.50 fps", "25.0 %", "local (no offload)", "offload (full offload)",
+                     f"{100 * summary['gain_over_static'][LOCAL]:7.1f} %", "DSC Eq. 7"):
+        assert expected in text
+
+
+def test_write_report_loads_the_runs_calibration(tmp_path: Path) -> None:
+    cal.save(tiny_calibration(), tmp_path / "calibration.json")
+    trace = write_jsonl(tmp_path / "run.jsonl", [run_record(str(tmp_path / "calibration.json"))] + known_frames())
+    summary = write_report(trace, tmp_path / "out")
+    assert summary["calibration"]["bundle_id"] == BUNDLE
+    assert set(summary["gain_over_static"]) == {LOCAL, "cut", OFFLOAD}
+
+
+def test_a_trace_written_by_trace_writer(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    with TraceWriter(path, {"bundle_id": BUNDLE, "policy": "cut", "batch": 1, "calibration": None, "source": "synthetic"}) as w:
+        start = time.monotonic()
+        for i in range(10):
+            dropped = i % 5 == 4
+            w.frame(FrameResult(
+                index=i, name=f"f{i}", label=None if dropped else "cat", probability=None if dropped else 0.5,
+                split="" if dropped else "cut", total_ms=20.0 + i, captured=start + 0.1 * i, rate_bps=8e5,
+                dropped=dropped, preprocess_ms=1.0,
+            ))
+    summary = write_report(path, tmp_path / "out")
+    assert (summary["frames"], summary["answered"], summary["drop_rate"]) == (10, 8, 0.2)
+    assert summary["duration_s"] == pytest.approx(0.9) and summary["fps"] == pytest.approx(8 / 0.9)
+    assert summary["switches"] == 0 and summary["per_split"]["cut"]["share"] == 1.0
+
+
+def test_plot_table(tmp_path: Path) -> None:
+    plots.plot_table(tiny_calibration(), tmp_path / "table.png")
+    assert_png(tmp_path / "table.png")
+
+
+def test_graph_order_and_labels() -> None:
+    assert plots.graph_order([LOCAL, "features_14", OFFLOAD, "features_4"]) == [OFFLOAD, "features_4", "features_14", LOCAL]
+    assert plots.graph_order(["b", "a"], known_order=["b", "a"]) == ["b", "a"]
+    assert plots.split_label(LOCAL) == "local (no offload)" and plots.split_label("cut") == "cut"
+
+
+def test_empty_trace(tmp_path: Path) -> None:
+    trace = write_jsonl(tmp_path / "empty.jsonl", [run_record()])
+    with pytest.raises(SplitEdgeError, match="no frames in .*empty.jsonl"):
+        write_report(trace, tmp_path / "out")
+
+
+def test_calibration_of_another_bundle(tmp_path: Path) -> None:
+    cal.save(tiny_calibration("other-bundle"), tmp_path / "calibration.json")
+    trace = write_jsonl(tmp_path / "run.jsonl", [run_record(str(tmp_path / "calibration.json"))] + known_frames())
+    with pytest.raises(SplitEdgeError, match=f"other-bundle.*{BUNDLE}"):
+        write_report(trace, tmp_path / "out")
+    with pytest.raises(SplitEdgeError, match=f"other-bundle.*{BUNDLE}"):
+        write_report(write_jsonl(tmp_path / "plain.jsonl", [run_record()] + known_frames()), tmp_path / "out",
+                     calibration=tiny_calibration("other-bundle"))
+
+
+def test_malformed_line_in_the_middle(tmp_path: Path) -> None:
+    lines = [json.dumps(r) for r in [run_record()] + known_frames()]
+    lines.insert(3, '{"type": "frame", "t": ')
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(SplitEdgeError, match=r"bad.jsonl:4: not JSON"):
+        write_report(path, tmp_path / "out")
+
+
+def test_missing_matplotlib_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    with pytest.raises(SplitEdgeError, match=r"pip install 'splitedge\[report\]'"):
+        plots.plot_latency_cdf(known_frames(), tmp_path / "cdf.png")
+
+
+def test_importing_the_report_does_not_import_matplotlib() -> None:
+    code = "import sys, fieldtrial.report; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "False"

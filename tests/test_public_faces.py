@@ -1,0 +1,59 @@
+"""Each package's ``__init__.py`` is its public face: ``__all__`` pinned here, every name real.
+
+A name added to or dropped from a face is a change to what users import; it should be made
+here on purpose, not by accident. ``calibration`` and ``boards`` pin theirs in their own tests.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+FACES = {
+    "splitedge": ["LOCAL", "OFFLOAD", "SplitEdgeError"],
+    "device_runtime": ["Bundle", "LOCAL", "Manifest", "OFFLOAD"],
+    "device_runtime.wire": [
+        "DEFAULT_MAX_FRAME_BYTES", "DeviceAuth", "ERROR_CODES", "FrameAuth", "FrameDecoder", "FramedProtocol",
+        "HostAuth", "OPS", "Oversized", "PROTOCOL_VERSION", "TxtRecord", "affine_params", "client_context", "decode",
+        "decode_tensor", "dequantize", "encode", "encode_bytes", "error_reply", "load_key", "parse_txt", "quantize",
+        "server_context", "txt_record",
+    ],
+    "device_runtime.engine": [
+        "Backend", "DeviceRunner", "LiteRTBackend", "OnnxBackend", "PRECISIONS", "default_split", "load_backend",
+        "preprocess",
+    ],
+    "device_runtime.hosts": [
+        "Credentials", "HostAdvert", "HostClient", "HostLink", "InferResult", "LinkMeter", "connect_host", "discover",
+    ],
+    "device_runtime.stream": [
+        "AutoPolicy", "Frame", "FrameQueue", "FrameResult", "FrameSource", "Pipeline", "PipelineConfig",
+        "PipelineStats", "SplitPolicy", "StaticPolicy", "TRACE_SCHEMA", "TraceWriter", "open_source", "top1",
+    ],
+    "device_runtime.board": [
+        "DEFAULT_BATCHES", "DetectedBoard", "InstalledBackend", "calibrate", "calibration_for", "detect_board",
+        "installed_backends", "resolve_backend",
+    ],
+    "host_runtime": ["BatchConfig", "HostServer", "ServerConfig", "TailRegistry"],
+    "fieldtrial": [
+        "format_summary", "plot_drop_rate", "plot_latency_cdf", "plot_latency_over_time", "plot_table", "read_trace",
+        "summarize", "write_report",
+    ],
+    "testbed": [
+        "DelayRelay", "EmulatedLink", "LinkEmulationError", "LinkEmulationUnavailable", "RateSchedule", "RateStep",
+        "remove_stale_links", "serve_in", "tbf_parameters", "unavailable_reason",
+    ],
+    "exporter": [
+        "Case", "Chain", "CutPoint", "LoadedModel", "OnnxRunner", "Runner", "TracedModel", "build_bundle", "compare",
+        "export_onnx", "find_cut_points", "get_cut_point", "load_model", "select_splits", "split_at", "trace", "validate",
+    ],
+}
+
+
+@pytest.mark.parametrize("package", sorted(FACES))
+def test_public_face(package: str) -> None:
+    if package == "exporter":
+        pytest.importorskip("torch", reason="the exporter's face needs the workstation environment")
+    module = importlib.import_module(package)
+    assert sorted(module.__all__) == sorted(FACES[package])
+    assert [name for name in module.__all__ if not hasattr(module, name)] == []
