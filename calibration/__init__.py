@@ -1,7 +1,7 @@
 """Latency model, split table and switching of dynamic split computing (DSC Eq. 4-7).
 
 Standard library and numpy only, and of the project only the stdlib-only bottom package
-``splitedge`` (the error family, the split words LOCAL and OFFLOAD): the board, the host and
+``splitedge`` (the error family, the field checker, the split words): the board, the host and
 the benchmarks all use it, so it sits below the runtimes (DESIGN.md, "Latency model and
 switching"). Its one error, :class:`CalibrationError`, is a ``SplitEdgeError`` and a ``ValueError``.
 """

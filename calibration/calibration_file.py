@@ -17,15 +17,16 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from calibration import _fields
 from calibration.latency import LatencyModel
 from calibration.table import SplitTable
 from splitedge.errors import CalibrationError
+from splitedge.fields import Fields, join, shown
+from splitedge.words import FORMATS, PRECISIONS
+
+_fields = Fields(CalibrationError)  # field checks raising this package's error
 
 SCHEMA = "splitedge.calibration/1"
 FILENAME = "calibration.json"
-BACKENDS = ("onnx", "tflite")
-PRECISIONS = ("float32", "int8")
 LINK_FIELDS = ("rtt_ms", "probe_bytes", "probe_ms", "rate_bps")
 
 _SCHEMA_NAME, _SCHEMA_VERSION = SCHEMA.rsplit("/", 1)
@@ -44,8 +45,8 @@ class Calibration:
     manifest_sha256: str
     created: str  # ISO 8601 UTC
     board: dict[str, Any]  # what the board runtime reports (free-form)
-    backend: str  # onnx | tflite
-    precision: str  # float32 | int8
+    backend: str  # one of FORMATS: the artifacts' format timed
+    precision: str  # one of PRECISIONS
     threads: int | None
     repeats: int
     batches: tuple[int, ...]
@@ -57,14 +58,12 @@ class Calibration:
     def __post_init__(self) -> None:
         _fields.text(self.bundle_id, "bundle_id")
         if not isinstance(self.manifest_sha256, str) or not _SHA256.fullmatch(self.manifest_sha256):
-            got = _fields.shown(self.manifest_sha256)
+            got = shown(self.manifest_sha256)
             raise CalibrationError(f"manifest_sha256: expected 64 lowercase hex digits, got {got}")
         _check_utc(self.created, "created")
         object.__setattr__(self, "board", dict(_fields.obj(self.board, "board")))
-        for name, choices in (("backend", BACKENDS), ("precision", PRECISIONS)):
-            value = getattr(self, name)
-            if value not in choices:
-                raise CalibrationError(f"{name}: expected one of {', '.join(choices)}, got {_fields.shown(value)}")
+        _fields.choice(self.backend, "backend", FORMATS)
+        _fields.choice(self.precision, "precision", PRECISIONS)
         if self.threads is not None:
             _fields.integer(self.threads, "threads", minimum=1)
         _fields.integer(self.repeats, "repeats", minimum=1)
@@ -110,9 +109,9 @@ class Calibration:
         _check_schema(_fields.member(d, "schema", root), source)
         args = {key: _fields.member(d, key, root) for key in _PLAIN_FIELDS}
         args["fps"] = d.get("fps", 0.0)  # files written before runs were paced: back to back
-        args["batches"] = _fields.array(_fields.member(d, "batches", root), _fields.join(root, "batches"))
-        args["model"] = LatencyModel.from_dict(_fields.member(d, "model", root), _fields.join(root, "model"))
-        args["table"] = SplitTable.from_dict(_fields.member(d, "table", root), _fields.join(root, "table"))
+        args["batches"] = _fields.array(_fields.member(d, "batches", root), join(root, "batches"))
+        args["model"] = LatencyModel.from_dict(_fields.member(d, "model", root), join(root, "model"))
+        args["table"] = SplitTable.from_dict(_fields.member(d, "table", root), join(root, "table"))
         with _fields.located(root):
             return cls(**args)
 
@@ -181,7 +180,7 @@ def _check_schema(schema: Any, source: str) -> None:
             "upgrade splitedge on this board, or run split-device calibrate again"
         )
     if schema != SCHEMA:
-        raise CalibrationError(f"{source}: schema: expected {SCHEMA}, got {_fields.shown(schema)}")
+        raise CalibrationError(f"{source}: schema: expected {SCHEMA}, got {shown(schema)}")
 
 
 def _check_utc(value: Any, path: str) -> None:
@@ -193,4 +192,4 @@ def _check_utc(value: Any, path: str) -> None:
         stamp = None
     if stamp is None or stamp.utcoffset() != timedelta(0):
         example = "2025-05-01T12:00:00+00:00"
-        raise CalibrationError(f"{path}: expected an ISO 8601 UTC time such as {example}, got {_fields.shown(value)}")
+        raise CalibrationError(f"{path}: expected an ISO 8601 UTC time such as {example}, got {shown(value)}")

@@ -12,9 +12,11 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from calibration import _fields
 from splitedge.errors import CalibrationError
+from splitedge.fields import Fields, join, shown
 from splitedge.words import LOCAL
+
+_fields = Fields(CalibrationError)  # field checks raising this package's error
 
 _MS_PER_S = 1000.0
 _BITS_PER_BYTE = 8
@@ -71,11 +73,18 @@ class SplitTimings:
         d = _fields.obj(d, where)
         args = {name: _fields.member(d, name, where) for name in ("split", "bytes_per_sample")}
         for name in ("head_ms", "tail_ms"):
-            path = _fields.join(where, name)
+            path = join(where, name)
             raw = _fields.obj(_fields.member(d, name, where), path)
-            args[name] = {_fields.batch_key(k, f"{path}[{k!r}]"): v for k, v in raw.items()}
+            args[name] = {_batch_key(k, f"{path}[{k!r}]"): v for k, v in raw.items()}
         with _fields.located(where):  # values are checked by __post_init__, named under `where`
             return cls(**args)
+
+
+def _batch_key(key: Any, path: str) -> int:
+    """JSON object keys are strings: ``"4"`` -> 4."""
+    if isinstance(key, str) and key.isdecimal() and int(key) >= 1:
+        return int(key)
+    raise CalibrationError(f"{path}: expected a batch size (a positive integer), got key {shown(key)}")
 
 
 def _at(times: Mapping[int, float], batches: tuple[int, ...], batch: int) -> float:
@@ -180,7 +189,7 @@ class LatencyModel:
     def from_dict(cls, d: Any, where: str = "model") -> LatencyModel:
         """Read :meth:`to_dict`'s output; errors name the field under ``where``."""
         d = _fields.obj(d, where)
-        path = _fields.join(where, "splits")
+        path = join(where, "splits")
         raw = _fields.array(_fields.member(d, "splits", where), path)
         splits = tuple(SplitTimings.from_dict(s, f"{path}[{i}]") for i, s in enumerate(raw))
         rtt_ms = _fields.member(d, "rtt_ms", where)

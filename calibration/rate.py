@@ -12,8 +12,10 @@ import math
 import time
 from collections import deque
 
-from calibration import _fields
 from splitedge.errors import CalibrationError
+from splitedge.fields import Fields
+
+_fields = Fields(CalibrationError)  # field checks raising this package's error
 
 #: Below this a payload crosses in about the time of a ping: its "rate" is mostly jitter.
 MIN_SAMPLE_BYTES = 4096

@@ -14,11 +14,13 @@ import math
 import time
 from collections.abc import Collection
 
-from calibration import _fields
 from calibration.latency import LatencyModel
 from calibration.table import SplitTable
 from splitedge.errors import CalibrationError
+from splitedge.fields import Fields
 from splitedge.words import LOCAL
+
+_fields = Fields(CalibrationError)  # field checks raising this package's error
 
 
 class SplitSelector:

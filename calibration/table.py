@@ -14,9 +14,11 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from calibration import _fields
 from calibration.latency import LatencyModel
 from splitedge.errors import CalibrationError
+from splitedge.fields import Fields, join, shown
+
+_fields = Fields(CalibrationError)  # field checks raising this package's error
 
 RATE_MIN_BPS = 1e5  # 0.1 Mbit/s
 RATE_MAX_BPS = 1e9  # 1 Gbit/s
@@ -49,7 +51,7 @@ class SplitTable:
                 )
         rates = tuple(_fields.number(r, f"rates_bps[{i}]", minimum=1.0) for i, r in enumerate(self.rates_bps))
         if len(rates) < 2 or rates[-1] <= rates[0]:
-            raise CalibrationError(f"rates_bps: expected at least two ascending rates, got {_fields.shown(rates)}")
+            raise CalibrationError(f"rates_bps: expected at least two ascending rates, got {shown(rates)}")
         log_first = math.log10(rates[0])
         steps_per_decade = (len(rates) - 1) / (math.log10(rates[-1]) - log_first)
         for i, rate in enumerate(rates):
@@ -58,7 +60,7 @@ class SplitTable:
                 raise CalibrationError(f"rates_bps[{i}]: expected evenly log-spaced rates, got {rate!r}")
         splits = tuple(_fields.text(s, f"splits[{i}]") for i, s in enumerate(self.splits))
         if not splits or len(set(splits)) != len(splits):
-            raise CalibrationError(f"splits: expected unique split names, at least one, got {_fields.shown(splits)}")
+            raise CalibrationError(f"splits: expected unique split names, at least one, got {shown(splits)}")
         best = tuple(tuple(row) for row in self.best)
         if len(best) != len(batches):
             raise CalibrationError(f"best: expected {len(batches)} rows (one per batch size), got {len(best)}")
@@ -159,9 +161,9 @@ class SplitTable:
         """Read :meth:`to_dict`'s output; errors name the field under ``where``."""
         d = _fields.obj(d, where)
         args = {
-            key: _fields.array(_fields.member(d, key, where), _fields.join(where, key))
+            key: _fields.array(_fields.member(d, key, where), join(where, key))
             for key in ("batches", "rates_bps", "splits", "best")
         }
-        args["best"] = [_fields.array(row, f"{_fields.join(where, 'best')}[{i}]") for i, row in enumerate(args["best"])]
+        args["best"] = [_fields.array(row, f"{join(where, 'best')}[{i}]") for i, row in enumerate(args["best"])]
         with _fields.located(where):
             return cls(**args)

@@ -13,8 +13,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from calibration import _fields
 from calibration.latency import LatencyModel
+from splitedge.errors import CalibrationError
+from splitedge.fields import Fields
+
+_fields = Fields(CalibrationError)  # field checks raising this package's error
 
 #: Running samples kept per (split, batch): about two seconds of frames at 30 fps.
 WINDOW = 64
