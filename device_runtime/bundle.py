@@ -1,30 +1,55 @@
 """The bundle contract: a directory with ``manifest.json`` and the artifacts it lists.
 
 Every runtime reads bundles through this module and the exporter writes them through it,
-so the format is defined once. Loading verifies the schema version, every required field
-and the sha256 of every artifact the caller is going to use; a bundle that fails is refused
-with a :class:`BundleError` naming the file or field. A device bundle may omit tails and a
-host bundle may omit heads: only the roles asked for must be present.
+so the format is defined once, and so are its words: roles, formats, precisions, split kinds
+and the artifacts' tensor names are constants here (formats and precisions, like LOCAL and
+OFFLOAD, live in :mod:`splitedge.words` because calibration needs them; this module
+re-exports them). Loading verifies the schema version, every required field, the manifest's
+identity (a manifest edited after export is refused) and the sha256 of every artifact the
+caller is going to use; a bundle that fails is refused with a :class:`BundleError` naming
+the file or field. A device bundle may omit tails and a host bundle may omit heads: only the
+roles asked for must be present.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from splitedge.errors import BundleError
-from splitedge.words import LOCAL, OFFLOAD
+from splitedge.fields import Fields, join
+from splitedge.words import FLOAT32, FORMATS, INT8, LOCAL, OFFLOAD, ONNX, PRECISIONS, TFLITE
 
 __all__ = [
+    "BOTTLENECK",
+    "CUT",
+    "FLOAT32",
+    "FORMATS",
+    "FULL",
+    "HEAD",
+    "IDENTITY_FIELDS",
+    "ID_DIGITS",
+    "INPUT",
+    "INT8",
+    "IO_NAMES",
+    "LAYER",
     "LOCAL",
+    "LOGITS",
     "MANIFEST_NAME",
     "OFFLOAD",
+    "ONNX",
+    "PRECISIONS",
     "ROLES",
     "SCHEMA_VERSION",
+    "SEMANTIC",
     "SPLIT_KINDS",
+    "TAIL",
+    "TFLITE",
     "Artifact",
     "Bundle",
     "Manifest",
@@ -33,16 +58,30 @@ __all__ = [
     "Quantization",
     "Split",
     "TensorSpec",
+    "bundle_id",
     "file_sha256",
     "make_artifact",
+    "manifest_digest",
     "parse_manifest",
     "write_manifest",
 ]
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-ROLES = ("head", "tail", "full")
-SPLIT_KINDS = ("layer", "bottleneck", "semantic")
+
+#: What an artifact holds: the board's part of a split, the host's part, or the whole network.
+HEAD, TAIL, FULL = "head", "tail", "full"
+ROLES = (HEAD, TAIL, FULL)
+#: The tensor names every artifact's single input and output carry, in ONNX and TFLite alike:
+#: the exporter writes them and the runtimes feed and read them.
+INPUT, CUT, LOGITS = "input", "cut", "logits"
+IO_NAMES: dict[str, tuple[str, str]] = {HEAD: (INPUT, CUT), TAIL: (CUT, LOGITS), FULL: (INPUT, LOGITS)}
+#: How a split was made: cut at a layer, at an injected autoencoder, at a semantic boundary.
+LAYER, BOTTLENECK, SEMANTIC = "layer", "bottleneck", "semantic"
+SPLIT_KINDS = (LAYER, BOTTLENECK, SEMANTIC)
+#: The manifest's identity: derived from the rest of it (:func:`manifest_digest`), so not hashed.
+IDENTITY_FIELDS = ("bundle_id", "manifest_sha256")
+ID_DIGITS = 12
 
 
 def file_sha256(path: Path, chunk_bytes: int = 1 << 20) -> str:
@@ -58,9 +97,9 @@ def file_sha256(path: Path, chunk_bytes: int = 1 << 20) -> str:
 class Artifact:
     """One file of the bundle: which part of the network it holds, in which format and precision."""
 
-    role: str  # head | tail | full
-    format: str  # onnx | tflite
-    precision: str  # float32 | int8
+    role: str  # one of ROLES
+    format: str  # one of FORMATS
+    precision: str  # one of PRECISIONS
     path: str  # relative to the bundle directory, POSIX separators
     sha256: str
     bytes: int
@@ -128,15 +167,22 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class Manifest:
-    bundle_id: str
+    """What a bundle holds. ``bundle_id`` and ``manifest_sha256`` are its identity, derived from the
+    rest (:func:`manifest_digest`): the exporter builds a manifest without them, :func:`write_manifest`
+    stamps them, and :func:`parse_manifest` refuses a manifest whose content no longer gives them."""
+
     model: ModelInfo
     full: tuple[Artifact, ...]
     splits: tuple[Split, ...]
     created_by: str = "splitedge"
     schema_version: int = SCHEMA_VERSION
+    bundle_id: str = ""
+    manifest_sha256: str = ""
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        data = asdict(self)
+        leading = {key: data[key] for key in ("schema_version", *IDENTITY_FIELDS)}  # read first by a person
+        return json.dumps(leading | data, indent=2)
 
     def split(self, split_id: str) -> Split:
         for split in self.splits:
@@ -146,129 +192,164 @@ class Manifest:
         raise BundleError(f"unknown split {split_id!r} in bundle {self.bundle_id}; splits: {known}")
 
 
-class _Reader:
-    """Typed field access that names the missing or mistyped field by its JSON path."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def get(self, obj: Any, key: str, path: str, kinds: type | tuple[type, ...], optional: bool = False) -> Any:
-        where = f"{path}.{key}" if path else key
-        if not isinstance(obj, dict):
-            raise BundleError(f"{self.source}: field {path or 'root'!r} must be an object")
-        if key not in obj or (obj[key] is None and not optional):
-            if optional:
-                return None
-            raise BundleError(f"{self.source}: missing field {where!r}")
-        value = obj[key]
-        if value is None:
-            return None
-        # bool is an int in Python; a manifest with "bytes": true is still wrong.
-        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in _as_tuple(kinds)):
-            raise BundleError(f"{self.source}: field {where!r} has type {type(value).__name__}, expected {_names(kinds)}")
-        return value
-
-    def ints(self, obj: Any, key: str, path: str) -> tuple[int, ...]:
-        values = self.get(obj, key, path, list)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-            raise BundleError(f"{self.source}: field {path}.{key!r} must be a list of non-negative integers")
-        return tuple(values)
+_fields = Fields(BundleError)
 
 
-def _as_tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
-    return kinds if isinstance(kinds, tuple) else (kinds,)
+def _at(parent: Mapping[str, Any], key: str, path: str) -> tuple[Any, str]:
+    """A required member and its path, for a check: ``_fields.text(*_at(obj, "id", path))``."""
+    return _fields.member(parent, key, path), join(path, key)
 
 
-def _names(kinds: type | tuple[type, ...]) -> str:
-    return " or ".join(k.__name__ for k in _as_tuple(kinds))
+def _shape(parent: Mapping[str, Any], key: str, path: str) -> tuple[int, ...]:
+    values, where = _at(parent, key, path)
+    return tuple(_fields.integer(v, f"{where}[{i}]", minimum=0) for i, v in enumerate(_fields.array(values, where)))
 
 
-def _artifact(r: _Reader, obj: Any, path: str) -> Artifact:
-    role = r.get(obj, "role", path, str)
-    if role not in ROLES:
-        raise BundleError(f"{r.source}: field {path}.role is {role!r}, expected one of {ROLES}")
+def _optional_number(parent: Mapping[str, Any], key: str, path: str, minimum: float = 0.0) -> float | None:
+    """Measured values (accuracy, CUI) are absent or null where nothing was measured."""
+    value = parent.get(key)
+    return None if value is None else _fields.number(value, join(path, key), minimum)
+
+
+def _artifact(raw: Any, path: str) -> Artifact:
+    obj = _fields.obj(raw, path)
     return Artifact(
-        role=role,
-        format=r.get(obj, "format", path, str),
-        precision=r.get(obj, "precision", path, str),
-        path=r.get(obj, "path", path, str),
-        sha256=r.get(obj, "sha256", path, str),
-        bytes=r.get(obj, "bytes", path, int),
-        accuracy=r.get(obj, "accuracy", path, (int, float), optional=True),
+        role=_fields.choice(*_at(obj, "role", path), ROLES),
+        format=_fields.choice(*_at(obj, "format", path), FORMATS),
+        precision=_fields.choice(*_at(obj, "precision", path), PRECISIONS),
+        path=_fields.text(*_at(obj, "path", path)),
+        sha256=_fields.text(*_at(obj, "sha256", path)),
+        bytes=_fields.integer(*_at(obj, "bytes", path), minimum=0),
+        accuracy=_optional_number(obj, "accuracy", path),
     )
 
 
-def _split(r: _Reader, obj: Any, path: str) -> Split:
-    tensor = r.get(obj, "tensor", path, dict)
-    tpath = f"{path}.tensor"
-    kind = r.get(obj, "kind", path, str)
-    if kind not in SPLIT_KINDS:
-        raise BundleError(f"{r.source}: field {path}.kind is {kind!r}, expected one of {SPLIT_KINDS}")
-    quant = r.get(obj, "quantization", path, dict, optional=True)
-    qpath = f"{path}.quantization"
+def _artifacts(parent: Mapping[str, Any], key: str, path: str) -> tuple[Artifact, ...]:
+    values, where = _at(parent, key, path)
+    return tuple(_artifact(a, f"{where}[{i}]") for i, a in enumerate(_fields.array(values, where)))
+
+
+def _quantization(raw: Any, path: str) -> Quantization:
+    obj = _fields.obj(raw, path)
+    return Quantization(
+        scale=_fields.number(*_at(obj, "scale", path)),
+        zero_point=_fields.integer(*_at(obj, "zero_point", path), minimum=0),
+        dtype=_fields.text(*_at(obj, "dtype", path)),
+    )
+
+
+def _split(raw: Any, path: str) -> Split:
+    obj = _fields.obj(raw, path)
+    tensor, tpath = _at(obj, "tensor", path)
+    tensor = _fields.obj(tensor, tpath)
+    quantization = obj.get("quantization")
     return Split(
-        id=r.get(obj, "id", path, str),
-        position=r.get(obj, "position", path, int),
-        kind=kind,
+        id=_fields.text(*_at(obj, "id", path)),
+        position=_fields.integer(*_at(obj, "position", path), minimum=0),
+        kind=_fields.choice(*_at(obj, "kind", path), SPLIT_KINDS),
         tensor=TensorSpec(
-            shape=r.ints(tensor, "shape", tpath),
-            dtype=r.get(tensor, "dtype", tpath, str),
-            bytes_per_sample=r.get(tensor, "bytes_per_sample", tpath, int),
+            shape=_shape(tensor, "shape", tpath),
+            dtype=_fields.text(*_at(tensor, "dtype", tpath)),
+            bytes_per_sample=_fields.integer(*_at(tensor, "bytes_per_sample", tpath), minimum=0),
         ),
-        compression_ratio=float(r.get(obj, "compression_ratio", path, (int, float))),
-        natural=r.get(obj, "natural", path, bool),
-        compressive=r.get(obj, "compressive", path, bool),
-        artifacts=tuple(
-            _artifact(r, a, f"{path}.artifacts[{i}]") for i, a in enumerate(r.get(obj, "artifacts", path, list))
-        ),
-        cui=r.get(obj, "cui", path, (int, float), optional=True),
-        quantization=None
-        if quant is None
-        else Quantization(
-            scale=float(r.get(quant, "scale", qpath, (int, float))),
-            zero_point=r.get(quant, "zero_point", qpath, int),
-            dtype=r.get(quant, "dtype", qpath, str),
-        ),
-        accuracy=r.get(obj, "accuracy", path, (int, float), optional=True),
+        compression_ratio=_fields.number(*_at(obj, "compression_ratio", path)),
+        natural=_fields.flag(*_at(obj, "natural", path)),
+        compressive=_fields.flag(*_at(obj, "compressive", path)),
+        artifacts=_artifacts(obj, "artifacts", path),
+        cui=_optional_number(obj, "cui", path, minimum=-math.inf),
+        quantization=None if quantization is None else _quantization(quantization, join(path, "quantization")),
+        accuracy=_optional_number(obj, "accuracy", path),
     )
+
+
+def _splits(parent: Mapping[str, Any], path: str) -> tuple[Split, ...]:
+    values, where = _at(parent, "splits", path)
+    return tuple(_split(s, f"{where}[{i}]") for i, s in enumerate(_fields.array(values, where)))
+
+
+def _model(raw: Any, path: str) -> ModelInfo:
+    obj = _fields.obj(raw, path)
+    pre, ppath = _at(obj, "preprocess", path)
+    pre = _fields.obj(pre, ppath)
+    mean, mpath = _at(pre, "mean", ppath)
+    std, spath = _at(pre, "std", ppath)
+    labels, lpath = _at(obj, "labels", path)
+    return ModelInfo(
+        name=_fields.text(*_at(obj, "name", path)),
+        input_shape=_shape(obj, "input_shape", path),
+        input_dtype=_fields.text(*_at(obj, "input_dtype", path)),
+        layout=_fields.text(*_at(obj, "layout", path)),
+        output_shape=_shape(obj, "output_shape", path),
+        preprocess=Preprocess(
+            resize=_fields.integer(*_at(pre, "resize", ppath), minimum=1),
+            crop=_fields.integer(*_at(pre, "crop", ppath), minimum=1),
+            mean=tuple(_fields.number(v, f"{mpath}[{i}]", -math.inf) for i, v in enumerate(_fields.array(mean, mpath))),
+            std=tuple(_fields.number(v, f"{spath}[{i}]") for i, v in enumerate(_fields.array(std, spath))),
+            interpolation=_fields.text(*_at(pre, "interpolation", ppath)),
+            color=_fields.text(*_at(pre, "color", ppath)),
+        ),
+        labels=tuple(_fields.text(v, f"{lpath}[{i}]", empty=True) for i, v in enumerate(_fields.array(labels, lpath))),
+        accuracy=_optional_number(obj, "accuracy", path),
+    )
+
+
+def manifest_digest(data: Mapping[str, Any]) -> str:
+    """sha256 of the manifest's canonical JSON (sorted keys, no whitespace), its identity left out.
+
+    The artifacts' sha256 are inside, so this one digest covers every file of the bundle and
+    every word of its manifest: a label, a split or a quantization scale changed after export
+    changes it, as a replaced file does.
+    """
+    content = {key: value for key, value in data.items() if key not in IDENTITY_FIELDS}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def bundle_id(model_name: str, digest: str) -> str:
+    """``<model>-<12 hex>``: readable, and as unique as the content (48 bits of its digest)."""
+    return f"{model_name}-{digest[:ID_DIGITS]}"
+
+
+def _check_identity(data: Mapping[str, Any], name: str, source: str) -> tuple[str, str]:
+    """The stored (bundle_id, manifest_sha256), refused unless the content gives both."""
+    root = f"{source}:"
+    stored_id = _fields.text(*_at(data, "bundle_id", root))
+    if "manifest_sha256" not in data:
+        raise BundleError(
+            f"{source}: no manifest_sha256: exported before bundles carried an identity that covers "
+            "their manifest; re-export the bundle with this splitedge"
+        )
+    stored_digest = _fields.text(*_at(data, "manifest_sha256", root))
+    digest = manifest_digest(data)
+    if (stored_id, stored_digest) != (bundle_id(name, digest), digest):
+        raise BundleError(
+            f"{source}: edited after export: its content no longer gives its bundle_id {stored_id} "
+            f"and manifest_sha256 {stored_digest[:12]}…; re-export the bundle, or restore the manifest.json it was exported with"
+        )
+    return stored_id, stored_digest
 
 
 def parse_manifest(data: Any, source: str = MANIFEST_NAME) -> Manifest:
-    """Turn decoded JSON into a :class:`Manifest`, refusing newer schemas and missing fields by name."""
-    r = _Reader(source)
-    version = r.get(data, "schema_version", "", int)
+    """Turn decoded JSON into a :class:`Manifest`, refusing newer schemas, bad fields by name and
+    any content that does not give the manifest's identity (see :func:`manifest_digest`)."""
+    root = f"{source}:"
+    data = _fields.obj(data, source)
+    version = _fields.integer(*_at(data, "schema_version", root), minimum=1)
     if version > SCHEMA_VERSION:
         raise BundleError(
             f"{source}: schema_version {version} is newer than this splitedge reads ({SCHEMA_VERSION}); "
             "upgrade splitedge on this machine"
         )
-    model = r.get(data, "model", "", dict)
-    pre = r.get(model, "preprocess", "model", dict)
-    splits = r.get(data, "splits", "", list)
-    return Manifest(
+    model = _model(_fields.member(data, "model", root), join(root, "model"))
+    created_by = data.get("created_by")
+    manifest = Manifest(
         schema_version=version,
-        bundle_id=r.get(data, "bundle_id", "", str),
-        created_by=r.get(data, "created_by", "", str, optional=True) or "unknown",
-        model=ModelInfo(
-            name=r.get(model, "name", "model", str),
-            input_shape=r.ints(model, "input_shape", "model"),
-            input_dtype=r.get(model, "input_dtype", "model", str),
-            layout=r.get(model, "layout", "model", str),
-            output_shape=r.ints(model, "output_shape", "model"),
-            preprocess=Preprocess(
-                resize=r.get(pre, "resize", "model.preprocess", int),
-                crop=r.get(pre, "crop", "model.preprocess", int),
-                mean=tuple(r.get(pre, "mean", "model.preprocess", list)),
-                std=tuple(r.get(pre, "std", "model.preprocess", list)),
-                interpolation=r.get(pre, "interpolation", "model.preprocess", str),
-                color=r.get(pre, "color", "model.preprocess", str),
-            ),
-            labels=tuple(r.get(model, "labels", "model", list)),
-            accuracy=r.get(model, "accuracy", "model", (int, float), optional=True),
-        ),
-        full=tuple(_artifact(r, a, f"full[{i}]") for i, a in enumerate(r.get(data, "full", "", list))),
-        splits=tuple(_split(r, s, f"splits[{i}]") for i, s in enumerate(splits)),
+        created_by="unknown" if created_by is None else _fields.text(created_by, join(root, "created_by")),
+        model=model,
+        full=_artifacts(data, "full", root),
+        splits=_splits(data, root),
     )
+    identity, digest = _check_identity(data, model.name, source)
+    return replace(manifest, bundle_id=identity, manifest_sha256=digest)
 
 
 @dataclass
@@ -325,7 +406,7 @@ class Bundle:
         self.verified.add(artifact.path)
         return path
 
-    def artifact(self, split_id: str, role: str, fmt: str = "onnx", precision: str = "float32") -> Path:
+    def artifact(self, split_id: str, role: str, fmt: str = ONNX, precision: str = FLOAT32) -> Path:
         """Path of a verified artifact; ``split_id`` is ``local`` for the full model."""
         candidates = self.manifest.full if split_id == LOCAL else self.manifest.split(split_id).artifacts
         for artifact in candidates:
@@ -335,7 +416,7 @@ class Bundle:
             f"bundle {self.id} has no {precision} {fmt} {role} for split {split_id!r}"
         )
 
-    def has(self, split_id: str, role: str, fmt: str = "onnx", precision: str = "float32") -> bool:
+    def has(self, split_id: str, role: str, fmt: str = ONNX, precision: str = FLOAT32) -> bool:
         """Whether the artifact is listed and present on disk (a host bundle may omit heads)."""
         candidates = self.manifest.full if split_id == LOCAL else self.manifest.split(split_id).artifacts
         return any(
@@ -344,13 +425,19 @@ class Bundle:
         )
 
 
-def write_manifest(root: str | Path, manifest: Manifest) -> Path:
-    """Write ``manifest.json``; the exporter calls this after every artifact is in place and hashed."""
+def write_manifest(root: str | Path, manifest: Manifest) -> Manifest:
+    """Stamp ``manifest`` with its identity and write it as ``manifest.json``; returns the stamped one.
+
+    The exporter calls this after every artifact is in place and hashed. Whatever identity the
+    manifest had is replaced: it is derived from the content, never chosen.
+    """
     path = Path(root) / MANIFEST_NAME
+    digest = manifest_digest(asdict(manifest))
+    stamped = replace(manifest, bundle_id=bundle_id(manifest.model.name, digest), manifest_sha256=digest)
     # Round-trip through the parser so that a writer bug cannot produce a bundle readers refuse.
-    parse_manifest(json.loads(manifest.to_json()), str(path))
-    path.write_text(manifest.to_json() + "\n")
-    return path
+    parse_manifest(json.loads(stamped.to_json()), str(path))
+    path.write_text(stamped.to_json() + "\n")
+    return stamped
 
 
 def make_artifact(root: str | Path, relpath: str, role: str, fmt: str, precision: str) -> Artifact:

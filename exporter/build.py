@@ -10,7 +10,6 @@ same files (so the dynamic batch axis is exercised too). A failed validation lea
 from __future__ import annotations
 
 import copy
-import hashlib
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,6 +21,17 @@ from tqdm import tqdm
 
 from boards import BOARDS, check_fits
 from device_runtime.bundle import (
+    BOTTLENECK,
+    FLOAT32,
+    FORMATS,
+    FULL,
+    HEAD,
+    INT8,
+    IO_NAMES,
+    LAYER,
+    ONNX,
+    TAIL,
+    TFLITE,
     Artifact,
     Manifest,
     ModelInfo,
@@ -36,7 +46,7 @@ from exporter.bottleneck import BottleneckOptions, SplitModel, make_autoencoder,
 from exporter.datasets import ImageSet, TrainTest, load_images, train_test
 from exporter.graph import CutPoint, TracedModel, find_cut_points, get_cut_point, split_at, trace
 from exporter.models import LoadedModel, load_model, read_labels
-from exporter.onnx_export import IO_NAMES, export_onnx
+from exporter.onnx_export import export_onnx
 from exporter.quantize import cut_quantization, quantize_onnx
 from exporter.tflite_export import export_tflite
 from exporter.train import accuracy
@@ -47,10 +57,8 @@ __all__ = ["ATOL", "VALIDATION_BATCHES", "build_bundle", "check_board", "select_
 
 ATOL = 1e-4
 VALIDATION_BATCHES = (1, 3)
-FORMAT, PRECISION = "onnx", "float32"
 FULL_PATH = "full/model.onnx"
 FULL_TFLITE_PATH = "full/model.tflite"
-FORMATS = ("onnx", "tflite")
 BOTTLENECK_SUFFIX = "_ae"  # a bottleneck split's id: the cut's id and this
 LAYOUTS = {1: "NC", 2: "NCW", 3: "NCHW", 4: "NCDHW"}
 
@@ -83,7 +91,7 @@ def build_bundle(
     progress: bool = True,
     board: str | None = None,
     bottleneck: BottleneckOptions | None = None,
-    formats: Sequence[str] = ("onnx",),
+    formats: Sequence[str] = (ONNX,),
     quantize_from: str | None = None,
     calibration_samples: int = 64,
     test_data: str | None = None,
@@ -105,9 +113,9 @@ def build_bundle(
     link: uint8 for int8 heads) is measured and recorded.
     """
     unknown = sorted(set(formats) - set(FORMATS))
-    if unknown or "onnx" not in formats:
+    if unknown or ONNX not in formats:
         raise ExportError(f"formats {list(formats)}: ONNX is always written, and the others are {FORMATS[1:]}")
-    tflite = "tflite" in formats
+    tflite = TFLITE in formats
     loaded = load_model(model_spec, weights)
     shape = tuple(input_shape or loaded.input_shape)
     traced = trace(loaded.module, shape)
@@ -117,11 +125,11 @@ def build_bundle(
     inputs = [rng.standard_normal((b, *shape), dtype=np.float32) for b in VALIDATION_BATCHES]
 
     # The reference is the original module, not the traced one: this also proves the trace.
-    reference = torch_cases(loaded.module, IO_NAMES["full"], inputs)
-    validate(_export(traced.module, "full", root, FULL_PATH, inputs[0]), reference, ATOL, f"full model {FULL_PATH}")
-    full = (make_artifact(root, FULL_PATH, "full", FORMAT, PRECISION),)
+    reference = torch_cases(loaded.module, IO_NAMES[FULL], inputs)
+    validate(_export(traced.module, FULL, root, FULL_PATH, inputs[0]), reference, ATOL, f"full model {FULL_PATH}")
+    full = (make_artifact(root, FULL_PATH, FULL, ONNX, FLOAT32),)
     if tflite:
-        full += (_export_tflite(traced.module, "full", root, FULL_TFLITE_PATH, inputs, reference),)
+        full += (_export_tflite(traced.module, FULL, root, FULL_TFLITE_PATH, inputs, reference),)
     calibration = None
     if quantize_from is not None:
         images = load_images(quantize_from, shape, loaded.preprocess, loaded.categories)
@@ -148,13 +156,11 @@ def build_bundle(
         split_entries = [_measure_variants(split, root, test) for split in split_entries]
         full = tuple(replace(a, accuracy=_accuracy(_runner(root, a), test)) for a in full)
     output_shape = tuple(next(iter(reference[0].expected.values())).shape[1:])
-    artifacts = [*full, *(a for s in split_entries for a in s.artifacts)]
     manifest = Manifest(
-        bundle_id=bundle_id(loaded.name, artifacts),
         model=ModelInfo(
             name=loaded.name,
             input_shape=shape,
-            input_dtype="float32",
+            input_dtype=FLOAT32,
             layout=LAYOUTS.get(len(shape), "N" + "?" * len(shape)),
             output_shape=output_shape,
             preprocess=loaded.preprocess,
@@ -166,24 +172,17 @@ def build_bundle(
     )
     if board is not None:
         check_board(board, manifest)
-    write_manifest(root, manifest)
-    return manifest
+    return write_manifest(root, manifest)
 
 
 def check_board(board_id: str, manifest: Manifest) -> None:
     """Refuse a bundle whose head and full model, loaded together, would not fit the board."""
     if board_id not in BOARDS:
         raise BoardFitError(f"unknown board {board_id!r}; boards: {', '.join(sorted(BOARDS))}")
-    full = {a.path: a.bytes for a in manifest.full if a.role == "full"}
+    full = {a.path: a.bytes for a in manifest.full if a.role == FULL}
     for split in manifest.splits:
-        heads = {a.path: a.bytes for a in split.artifacts if a.role == "head"}
+        heads = {a.path: a.bytes for a in split.artifacts if a.role == HEAD}
         check_fits(BOARDS[board_id], {**heads, **full})
-
-
-def bundle_id(model_name: str, artifacts: Sequence[Artifact]) -> str:
-    """``<model>-<8 hex>``: a digest of the artifacts' digests, so equal files give equal ids."""
-    digest = hashlib.sha256("".join(a.sha256 for a in artifacts).encode()).hexdigest()
-    return f"{model_name}-{digest[:8]}"
 
 
 @dataclass(frozen=True)
@@ -201,20 +200,20 @@ def _export_halves(
     """Export and validate a head (in every variant asked for) and its tail; head and tail
     together must reproduce ``reference``. Returns the artifacts and the uint8 link's parameters."""
     head_path, tail_path = f"head/{name}.onnx", f"tail/{name}.onnx"
-    head_cases = torch_cases(head, IO_NAMES["head"], inputs)
-    head_runner = _export(head, "head", root, head_path, inputs[0])
+    head_cases = torch_cases(head, IO_NAMES[HEAD], inputs)
+    head_runner = _export(head, HEAD, root, head_path, inputs[0])
     validate(head_runner, head_cases, ATOL, f"head {head_path}")
     # The tail is traced on the torch head's output; what it must reproduce is the whole model.
-    cut_example = head_cases[0].expected[IO_NAMES["head"][1]]
-    tail_runner = _export(tail, "tail", root, tail_path, cut_example)
+    cut_example = head_cases[0].expected[IO_NAMES[HEAD][1]]
+    tail_runner = _export(tail, TAIL, root, tail_path, cut_example)
     validate(Chain(head_runner, tail_runner), reference, ATOL, f"head {head_path} followed by tail {tail_path}")
     artifacts = (
-        make_artifact(root, head_path, "head", FORMAT, PRECISION),
-        make_artifact(root, tail_path, "tail", FORMAT, PRECISION),
+        make_artifact(root, head_path, HEAD, ONNX, FLOAT32),
+        make_artifact(root, tail_path, TAIL, ONNX, FLOAT32),
     )
     if variants.tflite:
         tflite_path = f"head/{name}.tflite"
-        artifacts += (_export_tflite(head, "head", root, tflite_path, inputs, head_cases),)
+        artifacts += (_export_tflite(head, HEAD, root, tflite_path, inputs, head_cases),)
         validate(Chain(TfliteRunner(root / tflite_path), tail_runner), reference, ATOL,
                  f"head {tflite_path} followed by tail {tail_path}")
     if variants.calibration is None:
@@ -223,11 +222,11 @@ def _export_halves(
     samples = variants.calibration
     int8_path = f"head/{name}.int8.onnx"
     quantize_onnx(root / head_path, root / int8_path, samples)
-    artifacts += (make_artifact(root, int8_path, "head", FORMAT, "int8"),)
+    artifacts += (make_artifact(root, int8_path, HEAD, ONNX, INT8),)
     if variants.tflite:
         int8_tflite = f"head/{name}.int8.tflite"
-        export_tflite(head, "head", torch.from_numpy(inputs[0]), root / int8_tflite, "int8", calibration=samples)
-        artifacts += (make_artifact(root, int8_tflite, "head", "tflite", "int8"),)
+        export_tflite(head, HEAD, torch.from_numpy(inputs[0]), root / int8_tflite, INT8, calibration=samples)
+        artifacts += (make_artifact(root, int8_tflite, HEAD, TFLITE, INT8),)
     return artifacts, cut_quantization(root / head_path, samples)
 
 
@@ -237,11 +236,11 @@ def _int8_full(
     """int8 twins of the full model, for a board that runs locally (fallback, slow links)."""
     int8_path = FULL_PATH.replace(".onnx", ".int8.onnx")
     quantize_onnx(root / FULL_PATH, root / int8_path, calibration)
-    artifacts = (make_artifact(root, int8_path, "full", FORMAT, "int8"),)
+    artifacts = (make_artifact(root, int8_path, FULL, ONNX, INT8),)
     if tflite:
         int8_tflite = FULL_TFLITE_PATH.replace(".tflite", ".int8.tflite")
-        export_tflite(module, "full", torch.from_numpy(example), root / int8_tflite, "int8", calibration=calibration)
-        artifacts += (make_artifact(root, int8_tflite, "full", "tflite", "int8"),)
+        export_tflite(module, FULL, torch.from_numpy(example), root / int8_tflite, INT8, calibration=calibration)
+        artifacts += (make_artifact(root, int8_tflite, FULL, TFLITE, INT8),)
     return artifacts
 
 
@@ -251,7 +250,7 @@ def _export_tflite(
     """A float32 TFLite twin of an ONNX artifact, held to the same tolerance against torch."""
     export_tflite(module, role, torch.from_numpy(inputs[0]), root / relpath)
     validate(TfliteRunner(root / relpath), cases, ATOL, f"{role} {relpath}")
-    return make_artifact(root, relpath, role, "tflite", PRECISION)
+    return make_artifact(root, relpath, role, TFLITE, FLOAT32)
 
 
 def _export_split(
@@ -262,7 +261,7 @@ def _export_split(
     return Split(
         id=cut.id,
         position=cut.position,
-        kind="layer",
+        kind=LAYER,
         tensor=TensorSpec(shape=cut.shape, dtype=cut.dtype, bytes_per_sample=cut.bytes_per_sample),
         compression_ratio=cut.compression_ratio,
         natural=cut.natural,
@@ -285,13 +284,13 @@ def _export_bottleneck_split(
     latent = model.autoencoder.latent_shape
     latent_bytes = math.prod(latent) * 4
     split_id = f"{cut.id}{BOTTLENECK_SUFFIX}"
-    reference = torch_cases(model, IO_NAMES["full"], inputs)
+    reference = torch_cases(model, IO_NAMES[FULL], inputs)
     artifacts, quantization = _export_halves(model.board, model.host, split_id, root, inputs, reference, variants)
     return Split(
         id=split_id,
         position=cut.position,
-        kind="bottleneck",
-        tensor=TensorSpec(shape=latent, dtype="float32", bytes_per_sample=latent_bytes),
+        kind=BOTTLENECK,
+        tensor=TensorSpec(shape=latent, dtype=FLOAT32, bytes_per_sample=latent_bytes),
         compression_ratio=latent_bytes / traced.input_bytes,
         natural=latent_bytes < traced.input_bytes,
         compressive=cut.compressive,
@@ -324,23 +323,23 @@ class _Link:
 
 def _measure_variants(split: Split, root: Path, test: ImageSet) -> Split:
     """Top-1 of the split model through each head variant (int8 heads with the uint8 link)."""
-    (tail,) = [a for a in split.artifacts if a.role == "tail"]
+    (tail,) = [a for a in split.artifacts if a.role == TAIL]
     tail_runner = OnnxRunner(root / tail.path)
     measured = []
     for artifact in split.artifacts:
-        if artifact.role != "head":
+        if artifact.role != HEAD:
             measured.append(artifact)
             continue
         head = _runner(root, artifact)
-        if artifact.precision == "int8" and split.quantization is not None:
+        if artifact.precision == INT8 and split.quantization is not None:
             head = _Link(head, split.quantization)
         measured.append(replace(artifact, accuracy=_accuracy(Chain(head, tail_runner), test)))
-    float_head = next(a for a in measured if a.role == "head" and a.format == FORMAT and a.precision == PRECISION)
+    float_head = next(a for a in measured if a.role == HEAD and a.format == ONNX and a.precision == FLOAT32)
     return replace(split, artifacts=tuple(measured), accuracy=split.accuracy if split.accuracy is not None else float_head.accuracy)
 
 
 def _runner(root: Path, artifact: Artifact) -> Runner:
-    return OnnxRunner(root / artifact.path) if artifact.format == "onnx" else TfliteRunner(root / artifact.path)
+    return OnnxRunner(root / artifact.path) if artifact.format == ONNX else TfliteRunner(root / artifact.path)
 
 
 def _export(module: torch.nn.Module, role: str, root: Path, relpath: str, example: np.ndarray) -> OnnxRunner:

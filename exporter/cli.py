@@ -13,9 +13,10 @@ from dataclasses import asdict
 from typing import Sequence
 
 from boards import BOARDS
+from device_runtime.bundle import FORMATS, HEAD, INT8, ONNX
 from exporter.analysis import analyze, summary_text
 from exporter.bottleneck import BottleneckOptions, BottleneckTraining
-from exporter.build import FORMATS, build_bundle
+from exporter.build import build_bundle
 from exporter.graph import CutPoint, find_cut_points, trace
 from exporter.models import load_model
 from splitedge.errors import SplitEdgeError
@@ -80,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
         help="artifact formats; tflite adds LiteRT heads and full model for the board (tails stay ONNX); "
         "default: onnx, plus the --board profile's backend",
     )
-    build.add_argument("--quantize", choices=("int8",),
+    build.add_argument("--quantize", choices=(INT8,),
                        help="add int8 heads and send the cut as uint8 (calibrated on --calib-data)")
     build.add_argument("--calib-data", metavar="SPEC", help="calibration images for --quantize (default: --train-data)")
     build.add_argument("--calib-samples", type=int, default=64, metavar="N", help="calibration images used (default 64)")
@@ -171,7 +172,7 @@ def _build(args: argparse.Namespace) -> int:
             print(f"  {split.id}: {split.accuracy:.4f}, sends {'x'.join(map(str, split.tensor.shape))} "
                   f"({split.tensor.bytes_per_sample:,} B per sample)")
             for a in split.artifacts:
-                if a.role == "head" and a.accuracy is not None:
+                if a.role == HEAD and a.accuracy is not None:
                     print(f"    head {a.format} {a.precision}: {a.accuracy:.4f}, {a.bytes:,} B")
         for a in manifest.full:
             if a.accuracy is not None:
@@ -225,8 +226,8 @@ def _shape(text: str) -> tuple[int, ...]:
 def board_formats(board_id: str | None) -> tuple[str, ...]:
     """ONNX always (the host's tails, and every board can run it), plus the board's recommended backend."""
     if board_id is None:
-        return ("onnx",)
-    return tuple(dict.fromkeys(("onnx", BOARDS[board_id].backend)))
+        return (ONNX,)
+    return tuple(dict.fromkeys((ONNX, BOARDS[board_id].backend)))
 
 
 def _formats(text: str) -> tuple[str, ...]:
@@ -234,7 +235,7 @@ def _formats(text: str) -> tuple[str, ...]:
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown format(s) {', '.join(unknown)}; formats: {', '.join(FORMATS)}")
-    return formats if "onnx" in formats else ("onnx", *formats)
+    return formats if ONNX in formats else (ONNX, *formats)
 
 
 def _splits(text: str) -> str | list[str]:

@@ -22,6 +22,7 @@ import torch
 from torch import fx
 from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
+from device_runtime.bundle import CUT
 from splitedge.errors import CutPointError
 
 __all__ = ["CutPoint", "TracedModel", "trace", "find_cut_points", "get_cut_point", "split_at"]
@@ -152,7 +153,7 @@ def split_at(traced: TracedModel, cut_id: str) -> tuple[fx.GraphModule, fx.Graph
     head_graph.output(env[nodes[cut_pos]])
 
     tail_graph = fx.Graph()
-    env = {nodes[cut_pos]: tail_graph.placeholder("cut")}
+    env = {nodes[cut_pos]: tail_graph.placeholder(CUT)}
     # Constants may be defined before the cut and used after it: copy them first.
     for node in nodes[:cut_pos]:
         if node not in dynamic and node.op != "placeholder":

@@ -1,7 +1,7 @@
 """Write heads, tails and full models as ONNX with the bundle's fixed input and output names.
 
-The names are the contract every runtime relies on (``device_runtime.bundle``): heads
-map ``input`` to ``cut``, tails ``cut`` to ``logits``, the full model ``input`` to
+The names are the contract every runtime relies on (``device_runtime.bundle.IO_NAMES``):
+heads map ``input`` to ``cut``, tails ``cut`` to ``logits``, the full model ``input`` to
 ``logits``; axis 0 of each is the dynamic ``batch`` so that one file serves any batch
 size. The TorchScript exporter (``dynamo=False``) is used because it writes one
 self-contained file quickly (about 0.4 s for MobileNetV2, 5 s for VGG16's 500 MB
@@ -17,19 +17,13 @@ from typing import BinaryIO
 
 import torch
 
+from device_runtime.bundle import IO_NAMES
 from splitedge.errors import ExportError
 
-__all__ = ["IO_NAMES", "OPSET", "export_onnx", "onnx_bytes"]
+__all__ = ["OPSET", "export_onnx", "onnx_bytes"]
 
 OPSET = 17
 BATCH_AXIS = {0: "batch"}
-
-#: (input name, output name) of each artifact role.
-IO_NAMES: dict[str, tuple[str, str]] = {
-    "head": ("input", "cut"),
-    "tail": ("cut", "logits"),
-    "full": ("input", "logits"),
-}
 
 
 def export_onnx(module: torch.nn.Module, role: str, example: torch.Tensor, target: str | Path | BinaryIO) -> None:

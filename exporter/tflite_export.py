@@ -1,6 +1,6 @@
 """Write heads, tails and full models as TFLite flatbuffers with litert-torch, float32 or int8.
 
-The artifact keeps the bundle's contract of :mod:`exporter.onnx_export`: one signature
+The artifact keeps the bundle's contract (:data:`device_runtime.bundle.IO_NAMES`): one signature
 (``serving_default``) whose input and output carry the names of ``IO_NAMES[role]``, NCHW
 layout as in torch, and a dynamic batch axis (``shape_signature`` ``[-1, ...]``), so that
 one file serves any batch size once the interpreter resizes its input.
@@ -36,12 +36,11 @@ from typing import BinaryIO, Iterator
 import numpy as np
 import torch
 
-from exporter.onnx_export import IO_NAMES
+from device_runtime.bundle import FLOAT32, IO_NAMES, PRECISIONS
 from splitedge.errors import ExportError
 
-__all__ = ["PRECISIONS", "MIN_CALIBRATION_SAMPLES", "MAX_BATCH", "export_tflite", "tflite_bytes"]
+__all__ = ["MIN_CALIBRATION_SAMPLES", "MAX_BATCH", "export_tflite", "tflite_bytes"]
 
-PRECISIONS = ("float32", "int8")
 #: Fewer samples leave activation ranges to chance (and a histogram observer needs a spread).
 MIN_CALIBRATION_SAMPLES = 32
 #: Upper bound torch.export needs for the symbolic batch; the interpreter accepts any size up to it.
@@ -59,7 +58,7 @@ def export_tflite(
     role: str,
     example: torch.Tensor,
     target: str | Path | BinaryIO,
-    precision: str = "float32",
+    precision: str = FLOAT32,
     calibration: np.ndarray | None = None,
 ) -> None:
     """Convert ``module`` for ``role`` (``head``, ``tail``, ``full``) to a ``.tflite`` file or buffer.
@@ -86,7 +85,7 @@ def tflite_bytes(
     module: torch.nn.Module,
     role: str,
     example: torch.Tensor,
-    precision: str = "float32",
+    precision: str = FLOAT32,
     calibration: np.ndarray | None = None,
 ) -> bytes:
     """The serialized TFLite model, for checks that do not need a file on disk (see :func:`export_tflite`)."""
@@ -229,7 +228,7 @@ def _quantize_pt2e(graph: torch.fx.GraphModule, input_name: str, samples: np.nda
 
 
 def _check_calibration(calibration: np.ndarray | None, example: torch.Tensor, precision: str, role: str) -> np.ndarray | None:
-    if precision == "float32":
+    if precision == FLOAT32:
         return None
     if calibration is None:
         raise ExportError(f"int8 {role}: calibration samples are required (at least {MIN_CALIBRATION_SAMPLES} real inputs)")

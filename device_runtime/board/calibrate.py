@@ -30,7 +30,7 @@ from calibration import (
     load,
     measure_ms,
 )
-from device_runtime.bundle import LOCAL, OFFLOAD, Bundle, file_sha256
+from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
 from device_runtime.engine.runner import DeviceRunner
 from device_runtime.hosts.client import HostClient
 from splitedge.errors import BundleError
@@ -46,7 +46,9 @@ Progress = Callable[[str], None]
 
 
 def manifest_sha256(bundle: Bundle) -> str:
-    return file_sha256(bundle.root / "manifest.json")
+    """The manifest's identity digest (``manifest_sha256`` inside it, checked on load): the content the
+    timings were measured for, whatever the file's whitespace."""
+    return bundle.manifest.manifest_sha256
 
 
 def calibration_for(bundle: Bundle) -> Calibration:

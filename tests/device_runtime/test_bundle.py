@@ -1,14 +1,24 @@
-"""Bundles are refused, by name of file or field, when they are corrupt, incomplete or too new."""
+"""Bundles are refused, by name of file or field, when they are corrupt, incomplete, too new or edited."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from device_runtime.bundle import LOCAL, MANIFEST_NAME, SCHEMA_VERSION, Bundle, parse_manifest
+from device_runtime.bundle import (
+    LOCAL,
+    MANIFEST_NAME,
+    SCHEMA_VERSION,
+    Bundle,
+    Quantization,
+    manifest_digest,
+    parse_manifest,
+    write_manifest,
+)
 from splitedge.errors import BundleError
 from tests.conftest import TEST_SPLITS
 
@@ -57,20 +67,68 @@ def test_device_bundle_may_omit_tails_but_not_heads(bundle_copy: Path) -> None:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda d: d.pop("bundle_id"), "missing field 'bundle_id'"),
-        (lambda d: d["model"].pop("labels"), "missing field 'model.labels'"),
-        (lambda d: d["splits"][1]["tensor"].pop("shape"), "missing field 'splits[1].tensor.shape'"),
-        (lambda d: d["splits"][0]["artifacts"][0].pop("sha256"), "missing field 'splits[0].artifacts[0].sha256'"),
-        (lambda d: d["full"][0].update(bytes="many"), "field 'full[0].bytes' has type str, expected int"),
-        (lambda d: d["splits"][0].update(kind="diagonal"), "splits[0].kind is 'diagonal'"),
-        (lambda d: d["model"]["preprocess"].pop("crop"), "missing field 'model.preprocess.crop'"),
+        (lambda d: d.pop("bundle_id"), "bundle_id: missing"),
+        (lambda d: d["model"].pop("labels"), "model.labels: missing"),
+        (lambda d: d["splits"][1]["tensor"].pop("shape"), "splits[1].tensor.shape: missing"),
+        (lambda d: d["splits"][0]["artifacts"][0].pop("sha256"), "splits[0].artifacts[0].sha256: missing"),
+        (lambda d: d["full"][0].update(bytes="many"), "full[0].bytes: expected an integer >= 0, got 'many'"),
+        (lambda d: d["splits"][0].update(kind="diagonal"),
+         "splits[0].kind: expected one of layer, bottleneck, semantic, got 'diagonal'"),
+        (lambda d: d["model"]["preprocess"].pop("crop"), "model.preprocess.crop: missing"),
+        (lambda d: d["full"][0].update(format="onxx"), "full[0].format: expected one of onnx, tflite, got 'onxx'"),
+        (lambda d: d["splits"][1]["artifacts"][0].update(precision="int4"),
+         "splits[1].artifacts[0].precision: expected one of float32, int8, got 'int4'"),
+        (lambda d: d["splits"][0]["artifacts"][1].update(role="middle"),
+         "splits[0].artifacts[1].role: expected one of head, tail, full, got 'middle'"),
         (lambda d: d.update(schema_version=SCHEMA_VERSION + 1), f"schema_version {SCHEMA_VERSION + 1} is newer"),
     ],
 )
-def test_bad_manifest_is_refused_naming_the_field(bundle_copy: Path, edit, message: str) -> None:
-    edit_manifest(bundle_copy, edit)
-    with pytest.raises(BundleError, match=message.replace("[", r"\[").replace("]", r"\]")):
+def test_bad_manifest_is_refused_naming_the_file_and_the_field(bundle_copy: Path, edit, message: str) -> None:
+    edit_manifest(bundle_copy, edit)  # fields are checked before the identity: the message names the field
+    pattern = f"^{bundle_copy / MANIFEST_NAME}: " + message.replace("[", r"\[").replace("]", r"\]")
+    with pytest.raises(BundleError, match=pattern):
         Bundle.load(bundle_copy)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(lambda d: d["model"]["labels"].__setitem__(967, "tea"), id="a label"),
+        pytest.param(lambda d: d.update(bundle_id="mobilenet_v2-000000000000"), id="the bundle id"),
+        pytest.param(lambda d: d["splits"][0]["quantization"].update(scale=0.5), id="a quantization scale"),
+        pytest.param(lambda d: d["splits"].pop(), id="a split dropped"),
+        pytest.param(lambda d: d.update(manifest_sha256="0" * 64), id="the digest"),
+    ],
+)
+def test_manifest_edited_after_export_is_refused(bundle_copy: Path, edit) -> None:
+    """The manifest's identity covers its content (finding 7): no field can change unnoticed."""
+    manifest = Bundle.load(bundle_copy, roles=()).manifest
+    quantized = replace(manifest.splits[0], quantization=Quantization(scale=0.05, zero_point=3))
+    write_manifest(bundle_copy, replace(manifest, splits=(quantized, *manifest.splits[1:])))  # as an export would
+    assert Bundle.load(bundle_copy).manifest.splits[0].quantization == quantized.quantization  # untouched: loads
+    edit_manifest(bundle_copy, edit)
+    with pytest.raises(BundleError, match=rf"^{bundle_copy / MANIFEST_NAME}: edited after export: .*; "
+                                          "re-export the bundle, or restore the manifest.json it was exported with$"):
+        Bundle.load(bundle_copy, roles=())
+
+
+def test_identity_is_derived_from_the_content(mobilenet_bundle: Path, bundle_copy: Path) -> None:
+    """Exported bundles carry ``<model>-<12 hex>`` of the digest; whitespace does not count, content does."""
+    manifest = Bundle.load(mobilenet_bundle, roles=()).manifest
+    data = json.loads((mobilenet_bundle / MANIFEST_NAME).read_text())
+    assert manifest.manifest_sha256 == manifest_digest(data)
+    assert manifest.bundle_id == f"mobilenet_v2-{manifest.manifest_sha256[:12]}"
+    edit_manifest(bundle_copy, lambda d: None)  # rewritten without indentation
+    assert Bundle.load(bundle_copy, roles=()).id == manifest.bundle_id
+    relabelled = write_manifest(bundle_copy, replace(manifest, model=replace(manifest.model, labels=manifest.model.labels[::-1])))
+    assert relabelled.bundle_id != manifest.bundle_id
+    assert Bundle.load(bundle_copy, roles=()).id == relabelled.bundle_id
+
+
+def test_manifest_without_identity_says_to_re_export(bundle_copy: Path) -> None:
+    edit_manifest(bundle_copy, lambda d: d.pop("manifest_sha256"))
+    with pytest.raises(BundleError, match=r"no manifest_sha256: exported before .*; re-export the bundle"):
+        Bundle.load(bundle_copy, roles=())
 
 
 def test_not_a_bundle(tmp_path: Path) -> None:
@@ -79,7 +137,7 @@ def test_not_a_bundle(tmp_path: Path) -> None:
     (tmp_path / MANIFEST_NAME).write_text("{not json")
     with pytest.raises(BundleError, match="not valid JSON"):
         Bundle.load(tmp_path)
-    with pytest.raises(BundleError, match="field 'root' must be an object"):
+    with pytest.raises(BundleError, match=r"^manifest.json: expected an object, got \[1, 2\]$"):
         parse_manifest([1, 2])
 
 

@@ -18,9 +18,10 @@ torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 skimage_data = pytest.importorskip("skimage.data")
 
+from device_runtime.bundle import FULL, IO_NAMES  # noqa: E402
 from exporter.build import ATOL  # noqa: E402
 from exporter.graph import split_at, trace  # noqa: E402
-from exporter.onnx_export import IO_NAMES, export_onnx  # noqa: E402
+from exporter.onnx_export import export_onnx  # noqa: E402
 from exporter.tflite_export import MIN_CALIBRATION_SAMPLES, export_tflite  # noqa: E402
 from exporter.validate import Case, Chain, OnnxRunner, TfliteRunner, compare, torch_cases, validate  # noqa: E402
 from splitedge.errors import ExportError  # noqa: E402
@@ -95,7 +96,7 @@ def test_mobilenet_heads_match_torch_and_onnx(mobilenet, cut: str, tmp_path: Pat
     runner = _check_float(head, "head", tmp_path / f"{cut}.tflite")
     # The board's TFLite head followed by the host's ONNX tail is the full model.
     export_onnx(tail, "tail", head(torch.zeros(2, 3, 224, 224)).detach(), tmp_path / "tail.onnx")
-    reference = torch_cases(traced.module, IO_NAMES["full"], _inputs())
+    reference = torch_cases(traced.module, IO_NAMES[FULL], _inputs())
     validate(Chain(runner, OnnxRunner(tmp_path / "tail.onnx")), reference, ATOL, f"TFLite head {cut} + ONNX tail")
 
 
