@@ -10,8 +10,9 @@ so a camera loop at a steady batch size never re-allocates.
 Whatever the model stores inside, the backend is float32 in and float32 out, like the
 ONNX backend: a model with quantized (int8/uint8) input has each frame quantized with the
 input's scale and zero point, and a quantized output is dequantized, so heads, tails and
-the validator never see the difference. Models from :mod:`exporter.tflite_export` have
-float I/O already; quantized I/O comes from other converters.
+the validator never see the difference. The arithmetic is the wire's (:mod:`device_runtime.wire.quantization`,
+which the link's uint8 uses too), given the tensor's dtype. Models from :mod:`exporter.tflite_export`
+have float I/O already; quantized I/O comes from other converters.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from device_runtime.engine.backend import check_input
+from device_runtime.wire.quantization import dequantize, quantize
 from splitedge.errors import BackendError
 
 __all__ = ["LiteRTBackend", "load_interpreter_class"]
@@ -80,7 +82,7 @@ class LiteRTBackend:
 
     def run(self, x: np.ndarray) -> np.ndarray:
         check_input(x, self.input_shape, self.input_dtype, self.name)
-        feed = x if self._input_quantization is None else _quantize(x, *self._input_quantization)
+        feed = x if self._input_quantization is None else quantize(x, *self._input_quantization)
         with self._lock:
             try:
                 if x.shape != self._allocated:
@@ -92,7 +94,10 @@ class LiteRTBackend:
                 raise
             except Exception as exc:
                 raise BackendError(f"{self.name}: the TFLite interpreter failed: {exc}") from exc
-        return y if self._output_quantization is None else _dequantize(y, *self._output_quantization)
+        if self._output_quantization is None:
+            return y
+        scale, zero_point, _ = self._output_quantization  # dequantize takes the dtype from y
+        return dequantize(y, scale, zero_point)
 
     def _resize(self, shape: tuple[int, ...]) -> None:
         try:
@@ -121,12 +126,3 @@ def _quantization(detail: dict) -> tuple[float, int, np.dtype] | None:
     if not scale:
         raise BackendError(f"tensor {detail['name']!r} is {dtype.name} without quantization parameters")
     return float(scale), int(zero_point), dtype
-
-
-def _quantize(x: np.ndarray, scale: float, zero_point: int, dtype: np.dtype) -> np.ndarray:
-    info = np.iinfo(dtype)
-    return np.clip(np.round(x / scale) + zero_point, info.min, info.max).astype(dtype)
-
-
-def _dequantize(y: np.ndarray, scale: float, zero_point: int, dtype: np.dtype) -> np.ndarray:
-    return ((y.astype(np.float32) - zero_point) * np.float32(scale)).astype(np.float32)

@@ -21,9 +21,10 @@ def affine_params(low: float, high: float) -> tuple[float, int]:
     return scale, zero_point
 
 
-def quantize(x: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
-    """float32 → uint8, rounding to nearest and saturating."""
-    return np.clip(np.rint(x / scale) + zero_point, 0, 255).astype(np.uint8)
+def quantize(x: np.ndarray, scale: float, zero_point: int, dtype: np.dtype | type = np.uint8) -> np.ndarray:
+    """float32 → uint8 (or ``dtype``: a TFLite model's int8 input), rounding to nearest and saturating."""
+    info = np.iinfo(dtype)
+    return np.clip(np.rint(x / scale) + zero_point, info.min, info.max).astype(dtype)
 
 
 def dequantize(q: np.ndarray, scale: float, zero_point: int) -> np.ndarray:

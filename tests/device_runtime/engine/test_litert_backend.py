@@ -15,7 +15,8 @@ import pytest
 pytest.importorskip("ai_edge_litert")
 
 from device_runtime.engine.backend import load_backend  # noqa: E402
-from device_runtime.engine.litert_backend import LiteRTBackend, _dequantize, _quantize  # noqa: E402
+from device_runtime.engine.litert_backend import LiteRTBackend  # noqa: E402
+from device_runtime.wire.quantization import dequantize, quantize  # noqa: E402
 from splitedge.errors import BackendError  # noqa: E402
 
 
@@ -83,11 +84,15 @@ def test_unknown_format_lists_what_runs(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8])
 def test_quantized_io_round_trips_within_half_a_step(dtype: type) -> None:
+    """The backend's quantized I/O is the wire's arithmetic, at the tensor's dtype (int8 or uint8)."""
     scale, zero_point = 0.05, 0 if dtype is np.int8 else 128
     x = np.linspace(-6, 6, 241, dtype=np.float32)
-    q = _quantize(x, scale, zero_point, np.dtype(dtype))
+    q = quantize(x, scale, zero_point, np.dtype(dtype))
     assert q.dtype == dtype
-    back = _dequantize(q, scale, zero_point, np.dtype(dtype))
+    info = np.iinfo(dtype)
+    far = np.array([-1e3, 1e3], dtype=np.float32)  # outside the range: saturated at the dtype's ends, not wrapped
+    assert quantize(far, scale, zero_point, np.dtype(dtype)).tolist() == [info.min, info.max]
+    back = dequantize(q, scale, zero_point)
     assert back.dtype == np.float32
     inside = np.abs(x) <= 127 * scale - 1e-6  # outside the representable range values saturate
     assert np.abs(back - x)[inside].max() <= scale / 2 + 1e-6
