@@ -13,6 +13,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from device_runtime.bundle import FORMATS, ONNX, TFLITE
 from splitedge.errors import BackendError
 
 
@@ -74,12 +75,12 @@ class OnnxBackend:
         return y
 
 
-def load_backend(path: str | Path, fmt: str = "onnx", threads: int | None = None) -> Backend:
+def load_backend(path: str | Path, fmt: str = ONNX, threads: int | None = None) -> Backend:
     """Open an artifact with the backend its format needs."""
-    if fmt == "onnx":
+    if fmt == ONNX:
         return OnnxBackend(path, threads=threads)
-    if fmt == "tflite":
+    if fmt == TFLITE:
         from device_runtime.engine.litert_backend import LiteRTBackend  # imports the interpreter only when asked
 
         return LiteRTBackend(path, threads=threads)
-    raise BackendError(f"{path}: no backend for format {fmt!r}; this build runs: onnx, tflite")
+    raise BackendError(f"{path}: no backend for format {fmt!r}; this build runs: {', '.join(FORMATS)}")

@@ -11,13 +11,16 @@ import time
 
 import numpy as np
 
-from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
+from device_runtime.bundle import FLOAT32, FULL, HEAD, INT8, LOCAL, OFFLOAD, ONNX, Bundle
+from device_runtime.bundle import PRECISIONS as ARTIFACT_PRECISIONS
 from device_runtime.engine.backend import Backend, load_backend
 from device_runtime.engine.preprocess import preprocess
 from device_runtime.wire.quantization import quantize
 from splitedge.errors import BundleError
 
-PRECISIONS = ("auto", "float32", "int8")
+AUTO = "auto"
+#: What a runner may be asked to run: an artifact precision, or the best the bundle has per artifact.
+PRECISIONS = (AUTO, *ARTIFACT_PRECISIONS)
 
 
 def default_split(bundle: Bundle) -> str:
@@ -32,14 +35,14 @@ class DeviceRunner:
     """Runs frames of one bundle, on the board alone or split with a host."""
 
     def __init__(
-        self, bundle: Bundle, threads: int | None = None, backend: str = "onnx", transmit: str = "auto",
-        precision: str = "auto",
+        self, bundle: Bundle, threads: int | None = None, backend: str = ONNX, transmit: str = AUTO,
+        precision: str = AUTO,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
         self.bundle = bundle
         self.threads = threads
-        self.backend = backend  # artifact format the board runs: onnx or tflite
+        self.backend = backend  # the artifact format the board runs, one of the bundle's FORMATS
         self.transmit = transmit  # auto: uint8 where the split has quantization parameters, else float32
         self.precision = precision  # auto: int8 where the bundle has it (its accuracy is in the manifest)
         self._sessions: dict[tuple[str, str], Backend] = {}
@@ -47,9 +50,9 @@ class DeviceRunner:
 
     def artifact_precision(self, split_id: str, role: str) -> str:
         """The precision of the artifact this runner runs for ``split_id``'s ``role``."""
-        if self.precision != "auto":
+        if self.precision != AUTO:
             return self.precision
-        return "int8" if self.bundle.has(split_id, role, fmt=self.backend, precision="int8") else "float32"
+        return INT8 if self.bundle.has(split_id, role, fmt=self.backend, precision=INT8) else FLOAT32
 
     def session(self, split_id: str, role: str) -> Backend:
         """Created on first use and kept: one session per artifact for the whole run."""
@@ -65,7 +68,7 @@ class DeviceRunner:
         onnxruntime's lazy allocations (about 10x a normal frame on this machine)."""
         if split_id == OFFLOAD:
             return
-        role = "full" if split_id == LOCAL else "head"
+        role = FULL if split_id == LOCAL else HEAD
         shape = (1, *self.bundle.manifest.model.input_shape)
         self.session(split_id, role).run(np.zeros(shape, dtype=np.float32))
 
@@ -76,13 +79,13 @@ class DeviceRunner:
     def run_full(self, x: np.ndarray) -> tuple[np.ndarray, float]:
         """The full model here: logits and ms."""
         start = time.perf_counter()
-        logits = self.session(LOCAL, "full").run(x)
+        logits = self.session(LOCAL, FULL).run(x)
         return logits, (time.perf_counter() - start) * 1000.0
 
     def run_head(self, split_id: str, x: np.ndarray) -> tuple[np.ndarray, float]:
         """The head of ``split_id``: the cut tensor and ms."""
         start = time.perf_counter()
-        cut = self.session(split_id, "head").run(x)
+        cut = self.session(split_id, HEAD).run(x)
         return cut, (time.perf_counter() - start) * 1000.0
 
     def payload(self, split_id: str, cut: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
