@@ -323,7 +323,8 @@ def _check_identity(data: Mapping[str, Any], name: str, source: str) -> tuple[st
     if (stored_id, stored_digest) != (bundle_id(name, digest), digest):
         raise BundleError(
             f"{source}: edited after export: its content no longer gives its bundle_id {stored_id} "
-            f"and manifest_sha256 {stored_digest[:12]}…; re-export the bundle, or restore the manifest.json it was exported with"
+            f"and manifest_sha256 {stored_digest[:12]}…; re-export the bundle, "
+            "or restore the manifest.json it was exported with"
         )
     return stored_id, stored_digest
 
@@ -339,17 +340,16 @@ def parse_manifest(data: Any, source: str = MANIFEST_NAME) -> Manifest:
             f"{source}: schema_version {version} is newer than this splitedge reads ({SCHEMA_VERSION}); "
             "upgrade splitedge on this machine"
         )
-    model = _model(_fields.member(data, "model", root), join(root, "model"))
     created_by = data.get("created_by")
-    manifest = Manifest(
-        schema_version=version,
-        created_by="unknown" if created_by is None else _fields.text(created_by, join(root, "created_by")),
-        model=model,
-        full=_artifacts(data, "full", root),
-        splits=_splits(data, root),
-    )
+    created_by = "unknown" if created_by is None else _fields.text(created_by, join(root, "created_by"))
+    model = _model(_fields.member(data, "model", root), join(root, "model"))
+    full, splits = _artifacts(data, "full", root), _splits(data, root)
+    # Fields first: a manifest that is both malformed and edited is refused naming the field.
     identity, digest = _check_identity(data, model.name, source)
-    return replace(manifest, bundle_id=identity, manifest_sha256=digest)
+    return Manifest(
+        schema_version=version, created_by=created_by, model=model, full=full, splits=splits,
+        bundle_id=identity, manifest_sha256=digest,
+    )
 
 
 @dataclass
