@@ -14,7 +14,7 @@ import math
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from calibration import FILENAME, Calibration, CalibrationError, save
 from device_runtime.board.calibrate import DEFAULT_BATCHES, calibrate, calibration_for
@@ -28,7 +28,7 @@ from device_runtime.board.detect import (
 from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
 from device_runtime.engine.runner import PRECISIONS, DeviceRunner, default_split
 from device_runtime.hosts.client import Credentials
-from device_runtime.hosts.connect import connect_host
+from device_runtime.hosts.connect import connect_host, host_address
 from device_runtime.hosts.host_link import HostLink
 from device_runtime.hosts.link_meter import LinkMeter
 from device_runtime.lifecycle import run_command, stop_on_signals
@@ -38,7 +38,7 @@ from device_runtime.stream.policy import AutoPolicy, SplitPolicy, StaticPolicy
 from device_runtime.stream.trace import TraceWriter
 from device_runtime.wire.auth import load_key
 from device_runtime.wire.tls import client_context
-from splitedge.errors import BundleError, SplitEdgeError
+from splitedge.errors import BundleError, HostUnavailableError, SplitEdgeError
 
 EXAMPLES = """\
 examples:
@@ -98,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--frames", type=int, default=None, help="stop after N frames (default: the whole source)")
     run.add_argument("--loop", action="store_true", help="repeat a folder of images forever")
     run.add_argument("--trace", metavar="FILE.jsonl", help="write one record per frame (see split-device report)")
+    run.add_argument("--deadline-ms", type=_non_negative("deadline", "milliseconds", "100 (0: none)"), default=None,
+                     metavar="MS",
+                     help="each frame's budget at the host, its queue and tail: a host that cannot answer in time "
+                     "says so and the frame runs here (default: a live camera's frame interval; none for files and "
+                     "videos; 0: none)")
     _runtime_arguments(run)
     run.add_argument("--transmit", choices=("auto", "float32", "uint8"), default="auto",
                      help="cut tensor on the link (default auto: uint8 where the bundle has its quantization)")
@@ -111,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--batch", type=_batches, default=DEFAULT_BATCHES, metavar="1,2,4",
                      help="batch sizes to measure (default 1,2,4,8,16)")
     cal.add_argument("--repeats", type=int, default=20, help="timed runs per measurement, after warm-up (default 20)")
-    cal.add_argument("--fps", type=_frame_rate, default=0.0, metavar="F",
+    cal.add_argument("--fps", type=_non_negative("frame rate", "frames per second", "5 or 0.5"), default=0.0,
+                     metavar="F",
                      help="time the board's runs F a second at most, as the camera will pace them: a board idle "
                           "between frames runs them at another speed than back to back (default 0: back to back)")
     cal.add_argument("--no-host", action="store_true", help="calibrate the board alone (every choice is local)")
@@ -142,9 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _host_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="auto", help="IP:PORT of the host, or 'auto' for zeroconf (default)")
+    parser.add_argument("--host", type=_host, default="auto",
+                        help="IP:PORT of the host (it prints its port as it starts; no default port), or 'auto' "
+                        "for zeroconf (default)")
     parser.add_argument("--interface", action="append", help="interface address for zeroconf (repeatable)")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to find a host and for each reply")
+    parser.add_argument("--timeout", type=float, default=5.0,
+                        help="seconds to find and connect to a host; a host silent this long is taken for gone "
+                        "(default 5)")
     parser.add_argument("--key-file", metavar="FILE",
                         help="the host's pre-shared key (split-host serve --key-file): every frame authenticated; "
                         "with a key, only hosts that authenticate frames are used")
@@ -180,14 +190,29 @@ def _batches(text: str) -> tuple[int, ...]:
     return batches
 
 
-def _frame_rate(text: str) -> float:
-    try:
-        fps = float(text)
-    except ValueError:
-        fps = math.nan
-    if not math.isfinite(fps) or fps < 0:
-        raise argparse.ArgumentTypeError(f"frame rate {text!r}: expected frames per second >= 0, like 5 or 0.5")
-    return fps
+def _host(text: str) -> str:
+    """``auto`` or ``IP:PORT``, refused as a usage error: a host without a port is never found."""
+    if text != "auto":
+        try:
+            host_address(text)
+        except HostUnavailableError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _non_negative(what: str, unit: str, example: str) -> Callable[[str], float]:
+    """An argparse type: a finite number of ``unit`` >= 0 (a usage error naming ``what`` otherwise)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0:
+            raise argparse.ArgumentTypeError(f"{what} {text!r}: expected {unit} >= 0, like {example}")
+        return value
+
+    return parse
 
 
 def _runner(args: argparse.Namespace, bundle: Bundle, split_id: str, board: DetectedBoard) -> DeviceRunner:
@@ -226,7 +251,8 @@ async def run(args: argparse.Namespace) -> None:
         else:
             print(f"no host yet ({hosts.last_error}); running locally, looking for one every "
                   f"{hosts.retry_s:g} s", flush=True)
-    config = PipelineConfig(batch=args.batch, queue=args.queue, drop=args.drop, request_timeout_s=args.timeout)
+    config = PipelineConfig(batch=args.batch, queue=args.queue, drop=args.drop, request_timeout_s=args.timeout,
+                            deadline_ms=args.deadline_ms)
     meter = LinkMeter()
     if calibration is not None and calibration.link is not None:
         meter.estimator.observe_rtt(calibration.link["rtt_ms"] / 1000.0)
@@ -278,7 +304,7 @@ async def calibrate_command(args: argparse.Namespace) -> None:
           f"batches {', '.join(map(str, args.batch))}, {args.repeats} repeats"
           + (f" at {args.fps:g} runs/s" if args.fps > 0 else ""), flush=True)
     client = None if args.no_host else await connect_host(
-        bundle, args.host, args.interface, timeout=args.timeout, credentials=_credentials(args)
+        bundle, args.host, args.interface, timeout=args.timeout, credentials=_credentials(args), without_host="--no-host"
     )
     try:
         result = await calibrate(runner, client, args.batch, args.repeats, board.to_dict(),

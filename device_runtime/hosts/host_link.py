@@ -15,7 +15,7 @@ from typing import Sequence
 
 from device_runtime.bundle import Bundle
 from device_runtime.hosts.client import Credentials, HostClient
-from device_runtime.hosts.connect import connect_host
+from device_runtime.hosts.connect import connect_host, host_address
 from splitedge.errors import HostUnavailableError
 
 __all__ = ["HostLink"]
@@ -24,12 +24,17 @@ log = logging.getLogger("splitedge.device")
 
 
 class HostLink:
-    """The current host connection for one bundle; ``client`` is None while there is none."""
+    """The current host connection for one bundle; ``client`` is None while there is none.
+
+    A malformed ``spec`` is refused here (:class:`HostUnavailableError`): no retry can mend it.
+    """
 
     def __init__(
         self, bundle: Bundle, spec: str, interfaces: Sequence[str] | None = None, timeout: float = 5.0,
         retry_s: float = 1.0, credentials: Credentials = Credentials(),
     ) -> None:
+        if spec != "auto":
+            host_address(spec)
         self.bundle, self.spec, self.interfaces = bundle, spec, interfaces
         self.credentials = credentials
         self.timeout, self.retry_s = timeout, retry_s

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -44,6 +44,9 @@ class FrameSource:
     #: A live source (a camera) keeps producing whether or not frames are read: a pipeline
     #: that falls behind drops old frames. A recorded one (files, video) waits for the reader.
     live = False
+    #: Seconds between a live source's frames, where known: the budget of each frame (the
+    #: next one is due then). None: unknown, or a source that waits for its reader.
+    frame_interval_s: float | None = None
 
     def __iter__(self) -> Iterator[Frame]:
         raise NotImplementedError
@@ -103,6 +106,8 @@ class VideoCapture(FrameSource):
             raise CameraError(f"cannot open {kind} {target!r}")
         self.description = f"camera {target}" if self.is_camera else f"video {target}"
         self.live = self.is_camera
+        fps = self.capture.get(cv2.CAP_PROP_FPS) if self.is_camera else 0.0  # 0 where the driver does not say
+        self.frame_interval_s = 1.0 / fps if fps > 0 else None
 
     def __iter__(self) -> Iterator[Frame]:
         cv2 = _cv2()
@@ -133,10 +138,16 @@ class Synthetic(FrameSource):
     live = True
     CYCLE = 16
 
-    def __init__(self, height: int = 480, width: int = 640, fps: float = 30.0, seed: int = 0) -> None:
+    def __init__(
+        self, height: int = 480, width: int = 640, fps: float = 30.0, seed: int = 0,
+        clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], object] = time.sleep,
+    ) -> None:
+        """``clock`` and ``sleep`` are the pace's (a test passes a clock it drives)."""
         self.height, self.width, self.fps = height, width, fps
+        self.clock, self.sleep = clock, sleep
         self.rng = np.random.default_rng(seed)
         self.description = f"synthetic {width}x{height} at {fps:g} fps"
+        self.frame_interval_s = 1.0 / fps if fps > 0 else None
         self._frames: list[np.ndarray] | None = None
 
     def _draw(self) -> list[np.ndarray]:
@@ -160,15 +171,15 @@ class Synthetic(FrameSource):
         if self._frames is None:
             self._frames = self._draw()
         period = 1.0 / self.fps if self.fps > 0 else 0.0
-        next_due = time.monotonic()
+        next_due = self.clock()
         index = 0
         while True:
-            delay = next_due - time.monotonic()
+            delay = next_due - self.clock()
             if delay > 0:
-                time.sleep(delay)
-            yield Frame(index, f"synthetic#{index}", self._frames[index % self.CYCLE], time.monotonic())
+                self.sleep(delay)
+            yield Frame(index, f"synthetic#{index}", self._frames[index % self.CYCLE], self.clock())
             index += 1
-            next_due = max(next_due + period, time.monotonic())
+            next_due = max(next_due + period, self.clock())
 
 
 def open_source(spec: str, loop: bool = False) -> FrameSource:

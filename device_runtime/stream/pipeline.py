@@ -11,6 +11,9 @@ A full queue drops frames by policy (newest wins for a live camera) and every dr
 reported as a result of its own. A remote batch that fails (host gone, timeout, refusal)
 is run again here with the full model, so every captured frame gets an answer; the host is
 looked for again in the background and the stream goes back to offloading when it answers.
+Each request carries the frame's budget as its deadline (a live camera's frame interval):
+a host whose queue would answer later refuses it at once, and the batch runs here; only a
+host silent for ``request_timeout_s`` is taken for gone.
 Only remote batches count against ``in_flight``: the board keeps running local batches
 while the link is slow, and a live source's results come out as soon as each is known
 (a recorded source's in capture order).
@@ -57,6 +60,12 @@ class PipelineConfig:
     in_flight: int = 2  # remote batches outstanding: one crosses while the next waits in the socket
     drop: str | None = None  # newest | none; None: newest for a live source, none for a recorded one
     request_timeout_s: float = 5.0  # a host silent this long is gone: the batch runs here instead
+    # The host's share of each batch, its queue and tail (ms), sent as the request's deadline: a
+    # host that cannot answer in time says ``deadline_exceeded`` (at once, when its queue shows
+    # it) and the batch runs here. None: a live source's frame interval (the next frame is due
+    # then, and a host slower than that only lets frames pile up); none for a source without one.
+    # 0: no deadline.
+    deadline_ms: float | None = None
     probe_every_s: float = 1.0  # probe the link when the rate estimate is older than this
 
     def __post_init__(self) -> None:
@@ -69,6 +78,13 @@ class PipelineConfig:
         drop = self.drop or ("newest" if live else "none")
         capacity = self.queue or (1 if drop == "newest" else 4)
         return max(capacity, self.batch), drop
+
+    def deadline_for(self, source: FrameSource) -> float | None:
+        """Each request's deadline (ms) for frames of ``source``; None for none."""
+        if self.deadline_ms is not None:
+            return self.deadline_ms or None
+        interval = source.frame_interval_s if source.live else None
+        return None if interval is None else interval * 1000.0
 
 
 @dataclass
@@ -116,6 +132,7 @@ class Pipeline:
         self._camera = ThreadPoolExecutor(1, thread_name_prefix="capture")
         self._remote = 0  # remote batches in flight
         self._slots: asyncio.Semaphore | None = None  # ... at most ``in_flight`` of them (made in run's loop)
+        self._deadline_ms: float | None = None  # each request's, for the source being run
         self._failure: Exception | None = None  # the first stage's failure, raised after the results before it
 
     def available(self) -> frozenset[str]:
@@ -133,6 +150,7 @@ class Pipeline:
         queue: FrameQueue[_Captured] = FrameQueue(*self.config.frame_queue(source.live))
         jobs: asyncio.Queue[asyncio.Future[list[FrameResult]] | None] = asyncio.Queue()
         self._slots = asyncio.Semaphore(self.config.in_flight)
+        self._deadline_ms = self.config.deadline_for(source)
         if self.hosts is not None and self.hosts.client is not None:
             await self.probe(self.hosts.client)  # a first rate estimate before the first choice
         workers = [
@@ -286,7 +304,8 @@ class Pipeline:
         """One remote request, holding one of the ``in_flight`` slots and known to the meter until it settles."""
         ticket = self.meter.sending(tensor.nbytes)
         try:
-            return await client.infer(self.runner.bundle.id, split, tensor, timeout=self.config.request_timeout_s, **fields)
+            return await _infer(client, self.runner.bundle.id, split, tensor, fields, self._deadline_ms,
+                                self.config.request_timeout_s)
         finally:
             self.meter.settled(ticket)
             self._remote -= 1
@@ -340,6 +359,27 @@ class Pipeline:
                 await self.hosts.lost(client, exc)
         except RemoteError:
             return
+
+
+async def _infer(
+    client: HostClient, bundle_id: str, split: str, tensor: np.ndarray, fields: dict[str, float],
+    deadline_ms: float | None, timeout_s: float,
+) -> InferResult:
+    """:meth:`HostClient.infer` with the deadline apart from the wait.
+
+    ``infer`` sends its timeout as the deadline; a frame's budget is far shorter than the time
+    after which a silent host is taken for gone, and a frame the host answers late (or says it
+    cannot answer in time) must not cost the connection. Keep in step with ``infer``.
+    """
+    start = time.perf_counter()
+    message = {"op": "infer", "bundle": bundle_id, "split": split, "deadline_ms": deadline_ms}
+    reply = await client.request(message, timeout_s, tensor, **fields)
+    end = time.perf_counter()
+    output = reply.get("tensor")
+    if not isinstance(output, np.ndarray):
+        raise HostUnavailableError(f"host {client.address} answered infer without a tensor")
+    return InferResult(output, float(reply.get("compute_ms", 0.0)), (end - start) * 1000.0,
+                       float(reply.get("queue_ms", 0.0)), sent=start, received=end)
 
 
 def _dropped(frame: Frame) -> FrameResult:

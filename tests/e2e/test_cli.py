@@ -134,3 +134,27 @@ def test_local_split_needs_no_host(mobilenet_bundle, photos_dir, capsys) -> None
                             "--split", "local"]) == 0
     (row,) = [LINE.search(line) for line in capsys.readouterr().out.splitlines() if LINE.search(line)]
     assert row["label"] == "espresso" and row["split"] == "local"
+
+
+
+@pytest.mark.parametrize("command", ["run", "calibrate"])
+def test_a_host_without_a_port_is_a_usage_error(mobilenet_bundle, command, capsys) -> None:
+    """Refused at once, not retried for ever: the address a newcomer copies from ``ip addr`` has no port."""
+    with pytest.raises(SystemExit) as exit_info:
+        device_cli.main([command, str(mobilenet_bundle), "--host", "127.0.0.1"])
+    assert exit_info.value.code == 2
+    assert "argument --host: 127.0.0.1: expected IP:PORT or auto (the host prints its port" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["calibrate", "--batch", "1", "--repeats", "1"], "--no-host"),
+        (["run", "--camera", "synthetic", "--frames", "1", "--split", TEST_SPLITS[0]], "--split local"),
+    ],
+)
+def test_no_host_found_suggests_the_flag_of_the_command_in_use(mobilenet_bundle, argv, flag, capsys) -> None:
+    command, *options = argv
+    assert device_cli.main([command, str(mobilenet_bundle), *options, "--interface", "127.0.0.1", "--timeout", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "found by zeroconf" in err and f"run with {flag}" in err, err
