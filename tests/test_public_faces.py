@@ -14,10 +14,12 @@ FACES = {
     "splitedge": ["LOCAL", "OFFLOAD", "SplitEdgeError"],
     "device_runtime": ["Bundle", "LOCAL", "Manifest", "OFFLOAD"],
     "device_runtime.wire": [
-        "DEFAULT_MAX_FRAME_BYTES", "DeviceAuth", "ERROR_CODES", "FrameAuth", "FrameDecoder", "FramedProtocol",
-        "HostAuth", "OPS", "Oversized", "PROTOCOL_VERSION", "TxtRecord", "affine_params", "client_context", "decode",
-        "decode_tensor", "dequantize", "encode", "encode_bytes", "error_reply", "load_key", "parse_txt", "quantize",
-        "server_context", "txt_record",
+        "DEFAULT_MAX_FRAME_BYTES", "DeviceAuth", "ERROR_CODES", "ErrorReply", "FrameAuth", "FrameDecoder",
+        "FramedProtocol", "HelloReply", "HelloRequest", "HostAuth", "InferReply", "InferRequest", "OPS", "Oversized",
+        "PROTOCOL_VERSION", "PingReply", "PingRequest", "ProfileReply", "ProfileRequest", "Quantization", "REPLIES",
+        "REQUESTS", "Reply", "Request", "StatsReply", "StatsRequest", "TxtRecord", "affine_params", "client_context",
+        "decode", "decode_tensor", "dequantize", "encode", "encode_bytes", "encode_message", "error_reply",
+        "load_key", "parse_reply", "parse_request", "parse_txt", "quantize", "server_context", "txt_record",
     ],
     "device_runtime.engine": [
         "Backend", "DeviceRunner", "LiteRTBackend", "OnnxBackend", "PRECISIONS", "default_split", "load_backend",

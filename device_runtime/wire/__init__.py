@@ -1,7 +1,7 @@
 """Contract 2, the wire protocol: everything a board and a host must agree on to talk.
 
-Framing (a 4-byte length, then a msgpack map), a bounds-checked msgpack reader, the op
-codec, the cut tensor's affine uint8 quantization, frame authentication (HMAC) and TLS, the
+Framing (a 4-byte length, then a msgpack map), a bounds-checked msgpack reader, the frame
+codec, the ops (each request and reply typed, with one builder and one parser), the cut tensor's affine uint8 quantization, frame authentication (HMAC) and TLS, the
 asyncio connection that feeds the codec, and the zeroconf TXT record. The host imports this
 package (and ``device_runtime.bundle``), nothing else of the board runtime. See docs/protocol.md.
 """
@@ -10,16 +10,31 @@ package (and ``device_runtime.bundle``), nothing else of the board runtime. See 
 from device_runtime.wire.auth import DeviceAuth, FrameAuth, HostAuth, load_key
 from device_runtime.wire.connection import FramedProtocol
 from device_runtime.wire.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, Oversized
-from device_runtime.wire.protocol import (
+from device_runtime.wire.ops import (
     ERROR_CODES,
     OPS,
     PROTOCOL_VERSION,
-    decode,
-    decode_tensor,
-    encode,
-    encode_bytes,
+    REPLIES,
+    REQUESTS,
+    ErrorReply,
+    HelloReply,
+    HelloRequest,
+    InferReply,
+    InferRequest,
+    PingReply,
+    PingRequest,
+    ProfileReply,
+    ProfileRequest,
+    Quantization,
+    Reply,
+    Request,
+    StatsReply,
+    StatsRequest,
     error_reply,
+    parse_reply,
+    parse_request,
 )
+from device_runtime.wire.protocol import decode, decode_tensor, encode, encode_bytes, encode_message
 from device_runtime.wire.quantization import affine_params, dequantize, quantize
 from device_runtime.wire.tls import client_context, server_context
 from device_runtime.wire.txt import TxtRecord, parse_txt, txt_record
@@ -28,13 +43,29 @@ __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
     "DeviceAuth",
     "ERROR_CODES",
+    "ErrorReply",
     "FrameAuth",
     "FrameDecoder",
     "FramedProtocol",
+    "HelloReply",
+    "HelloRequest",
     "HostAuth",
+    "InferReply",
+    "InferRequest",
     "OPS",
     "Oversized",
     "PROTOCOL_VERSION",
+    "PingReply",
+    "PingRequest",
+    "ProfileReply",
+    "ProfileRequest",
+    "Quantization",
+    "REPLIES",
+    "REQUESTS",
+    "Reply",
+    "Request",
+    "StatsReply",
+    "StatsRequest",
     "TxtRecord",
     "affine_params",
     "client_context",
@@ -43,8 +74,11 @@ __all__ = [
     "dequantize",
     "encode",
     "encode_bytes",
+    "encode_message",
     "error_reply",
     "load_key",
+    "parse_reply",
+    "parse_request",
     "parse_txt",
     "quantize",
     "server_context",

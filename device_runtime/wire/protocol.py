@@ -10,6 +10,10 @@ joining them — the tensor is never copied in user space on the way out.
 Frames are cut by :class:`~device_runtime.wire.framing.FrameDecoder` and read by
 :mod:`~device_runtime.wire.msgpack_view`, whose bins are views: a received tensor is a view of
 the buffer the socket wrote into. The asyncio code on both sides only feeds them.
+
+This module turns bytes into maps and back; :mod:`~device_runtime.wire.ops` turns maps into
+typed requests and replies and back (``ERROR_CODES``, ``OPS``, ``PROTOCOL_VERSION`` and
+``error_reply`` live there and are re-exported here).
 """
 
 from __future__ import annotations
@@ -22,22 +26,16 @@ import numpy as np
 
 from device_runtime.wire.framing import DEFAULT_MAX_FRAME_BYTES, LENGTH, FrameDecoder, Oversized  # noqa: F401 (re-exported)
 from device_runtime.wire.msgpack_view import unpack
+from device_runtime.wire.ops import ERROR_CODES, OPS, PROTOCOL_VERSION, Message, error_reply  # noqa: F401 (re-exported)
 from splitedge.errors import ProtocolError
+from splitedge.fields import shown
 
-PROTOCOL_VERSION = 1
-
-OPS = ("hello", "infer", "ping", "stats", "profile")
-ERROR_CODES = (
-    "bad_request",
-    "unknown_bundle",
-    "unknown_split",
-    "unauthorized",
-    "overloaded",
-    "deadline_exceeded",
-    "internal",
-)
 DTYPES = ("float32", "float16", "uint8", "int8", "int32", "int64")
 MAX_NDIM = 8
+#: The most elements a shape may describe, its zero dimensions counted as 1: far above what any
+#: frame carries (64 MiB is 2**26 bytes), far below where numpy's size arithmetic overflows
+#: (2**63 bytes). Without it, ``[2**63, 2, 0]`` needs 0 bytes and numpy refuses to make it.
+MAX_ELEMENTS = 1 << 40
 _DTYPE_NAMES = {np.dtype(name): name for name in DTYPES}
 _ITEMSIZES = {name: np.dtype(name).itemsize for name in DTYPES}
 
@@ -84,6 +82,12 @@ def encode(message: dict[str, Any], tensor: np.ndarray | None = None, **tensor_f
     return [LENGTH.pack(len(prefix) + data.nbytes) + prefix, data]
 
 
+def encode_message(message: Message) -> list[Buffer]:
+    """:func:`encode` for a typed request or reply of :mod:`device_runtime.wire.ops`."""
+    head, tensor, tensor_fields = message.parts()
+    return encode(head, tensor, **tensor_fields)
+
+
 def encode_bytes(message: dict[str, Any], tensor: np.ndarray | None = None, **tensor_fields: Any) -> bytes:
     """One contiguous frame; for tests and for transports that cannot write a list."""
     return b"".join(bytes(b) for b in encode(message, tensor, **tensor_fields))
@@ -122,27 +126,37 @@ def decode_tensor(obj: Any) -> tuple[np.ndarray, dict[str, Any] | None]:
     dtype, shape, data = obj.get("dtype"), obj.get("shape"), obj.get("data")
     if dtype not in DTYPES:
         raise ProtocolError(f"tensor dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    if (
-        not isinstance(shape, list)
-        or len(shape) > MAX_NDIM
-        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
-    ):
-        raise ProtocolError(f"tensor shape {shape!r} must be a list of at most {MAX_NDIM} non-negative integers")
+    expected = _element_count(shape) * _ITEMSIZES[dtype]
     if not isinstance(data, memoryview):
         raise ProtocolError("tensor data must be msgpack bin")
-    expected = math.prod(shape) * _ITEMSIZES[dtype]
     if expected != len(data):
         raise ProtocolError(f"tensor of shape {shape} {dtype} needs {expected} bytes, frame carries {len(data)}")
     array = np.frombuffer(data, dtype=dtype).reshape(shape)
     if "scale" not in obj and "zero_point" not in obj:
         return array, None
     scale, zero_point = obj.get("scale"), obj.get("zero_point")
-    if not isinstance(scale, (int, float)) or not isinstance(zero_point, int):
-        raise ProtocolError("a quantized tensor needs a numeric scale and an integer zero_point")
+    scale_ok = type(scale) in (int, float) and 0 < scale < math.inf  # NaN fails too; type(): bool is no number
+    if not scale_ok or type(zero_point) is not int or not 0 <= zero_point <= 255:
+        raise ProtocolError(
+            "a quantized tensor needs a positive finite numeric scale and an integer zero_point in 0..255, "
+            f"got scale={shown(scale)}, zero_point={shown(zero_point)}"
+        )
     return array, {"scale": float(scale), "zero_point": zero_point}
 
 
-def error_reply(request_id: Any, code: str, message: str) -> dict[str, Any]:
-    """The typed error every failure is reported as; ``code`` is one of :data:`ERROR_CODES`."""
-    assert code in ERROR_CODES, code
-    return {"id": request_id, "ok": False, "error": {"code": code, "message": message}}
+def _element_count(shape: Any) -> int:
+    """The elements of a well-formed shape; :class:`ProtocolError` for anything numpy must not be asked for."""
+    if not isinstance(shape, list) or len(shape) > MAX_NDIM:
+        raise ProtocolError(f"tensor shape {shown(shape)} must be a list of at most {MAX_NDIM} non-negative integers")
+    count, extent = 1, 1  # extent: the zero dimensions counted as 1
+    for d in shape:
+        if type(d) is not int or d < 0:  # type(): bool is no dimension
+            raise ProtocolError(f"tensor shape {shown(shape)} must be a list of at most {MAX_NDIM} non-negative integers")
+        count *= d
+        extent *= d or 1
+    if extent > MAX_ELEMENTS:
+        raise ProtocolError(
+            f"tensor shape {shown(shape)} is out of bounds: every dimension, and the product of the non-zero ones, "
+            f"must be at most {MAX_ELEMENTS}"
+        )
+    return count

@@ -1,0 +1,438 @@
+"""The protocol's words: each op's request and reply as a frozen dataclass, built and parsed here only.
+
+docs/protocol.md's table of requests, in code. Every field name (``deadline_ms``,
+``compute_ms``, ``queue_ms``...) is written once, in the one builder (``parts``) and the one
+parser (``parse``) of its message, so the device and the host cannot drift apart.
+:data:`REQUESTS` maps each op to its request type (the host dispatches from it),
+:data:`REPLIES` each op to the type of its ``ok`` reply; :func:`parse_request` and
+:func:`parse_reply` check every field's type and range and raise :class:`ProtocolError`
+(``bad_request``, carrying the request's id) naming the field.
+
+Sans-IO and sans-bytes: messages here are the maps :func:`~device_runtime.wire.protocol.decode`
+returns (a tensor already a numpy array) and ``parts`` returns what
+:func:`~device_runtime.wire.protocol.encode` takes. ``infer`` is parsed per request at tens of
+thousands a second: parsers are plain checks on a dict, with no reflection per call.
+Maps are built in the key order senders have always used, so frames stay byte for byte what
+they were, the tensor last.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, ClassVar, Optional, Union
+
+import numpy as np
+
+from splitedge.errors import ProtocolError
+from splitedge.fields import Fields, shown
+
+PROTOCOL_VERSION = 1
+ERROR_CODES = (
+    "bad_request",
+    "unknown_bundle",
+    "unknown_split",
+    "unauthorized",
+    "overloaded",
+    "deadline_exceeded",
+    "internal",
+)
+#: ``profile``'s bounds: a calibration measures a few batch sizes a few times, never a long stall.
+MAX_PROFILE_BATCH = 64
+MAX_PROFILE_REPEATS = 50
+DEFAULT_PROFILE_REPEATS = 10
+
+_FIELDS = Fields(ProtocolError)  # raises ProtocolError("<field path>: expected ..., got ...")
+_NO_TENSOR_FIELDS: Mapping[str, Any] = MappingProxyType({})
+
+#: What :func:`~device_runtime.wire.protocol.encode` takes: the map without its tensor, the tensor
+#: (None: none) and the tensor's own fields (``scale``, ``zero_point``).
+Parts = tuple[dict[str, Any], Optional[np.ndarray], Mapping[str, Any]]
+
+
+# -- field checks beyond splitedge.fields -------------------------------------------------------
+# ``infer``'s parsers test the usual case inline and call a checker only to word the error.
+
+
+def _is_ms(value: Any) -> bool:
+    return type(value) is float and 0.0 <= value < math.inf
+
+
+def _texts(value: Any, path: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ProtocolError(f"{path}: expected a list of strings, got {shown(value)}")
+    return value
+
+
+def _in_range(value: Any, path: str, low: int, high: int) -> int:
+    if type(value) is not int or not low <= value <= high:  # type(): bool is no count
+        raise ProtocolError(f"{path}: expected an integer in {low}..{high}, got {shown(value)}")
+    return value
+
+
+def _tensor(value: Any, path: str) -> np.ndarray:
+    if type(value) is not np.ndarray:
+        raise ProtocolError(f"{path}: expected a tensor map, got {'nothing' if value is None else shown(value)}")
+    return value
+
+
+def _budget_ms(value: Any) -> float | None:
+    """``deadline_ms``: any number of milliseconds, infinite included; zero or less is a budget already
+    spent (the host answers ``deadline_exceeded``, not ``bad_request``). Absent: no deadline."""
+    if value is None:
+        return None
+    if type(value) is float:
+        if math.isnan(value):
+            raise ProtocolError(f"infer.deadline_ms: expected a number of milliseconds, got {value!r}")
+        return value
+    if type(value) is not int:
+        raise ProtocolError(f"infer.deadline_ms: expected a number of milliseconds, got {shown(value)}")
+    return float(value)
+
+
+# -- requests ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Quantization:
+    """An affine uint8 tensor's parameters: ``real = scale * (q - zero_point)``."""
+
+    scale: float
+    zero_point: int
+
+
+@dataclass(frozen=True, slots=True)
+class HelloRequest:
+    """The first request on a connection: the device's protocol version."""
+
+    id: Any
+    protocol: int = PROTOCOL_VERSION
+    op: ClassVar[str] = "hello"
+
+    def parts(self) -> Parts:
+        return {"op": "hello", "protocol": self.protocol, "id": self.id}, None, _NO_TENSOR_FIELDS
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> HelloRequest:
+        protocol = message.get("protocol")
+        if type(protocol) is not int or protocol != PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"hello.protocol: version {shown(protocol)} is not spoken here; this host speaks {PROTOCOL_VERSION}"
+            )
+        return cls(message.get("id"), protocol)
+
+
+@dataclass(frozen=True, slots=True)
+class InferRequest:
+    """Run the tail of ``split`` on ``tensor`` (the cut, batch first) within ``deadline_ms`` of arrival."""
+
+    id: Any
+    bundle: str
+    split: str
+    tensor: np.ndarray
+    deadline_ms: float | None = None  # None: no deadline
+    quantization: Quantization | None = None  # the tensor is affine uint8
+    op: ClassVar[str] = "infer"
+
+    def parts(self) -> Parts:
+        message: dict[str, Any] = {"op": "infer", "bundle": self.bundle, "split": self.split}
+        if self.deadline_ms is not None:
+            message["deadline_ms"] = self.deadline_ms
+        message["id"] = self.id
+        q = self.quantization
+        return message, self.tensor, (_NO_TENSOR_FIELDS if q is None else {"scale": q.scale, "zero_point": q.zero_point})
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> InferRequest:
+        tensor = _tensor(message.get("tensor"), "infer.tensor")
+        quantization = message.get("quantization")  # decode() sets it from the tensor's own fields
+        if quantization is not None:
+            if tensor.dtype != np.uint8:
+                raise ProtocolError(f"infer.tensor: a quantized tensor must be uint8, got {tensor.dtype.name}")
+            quantization = Quantization(quantization["scale"], quantization["zero_point"])
+        bundle, split = message.get("bundle"), message.get("split")
+        return cls(
+            message.get("id"),
+            bundle if type(bundle) is str else _FIELDS.text(bundle, "infer.bundle", empty=True),
+            split if type(split) is str else _FIELDS.text(split, "infer.split", empty=True),
+            tensor,
+            _budget_ms(message.get("deadline_ms")),
+            quantization,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PingRequest:
+    """A round trip; with ``tensor``, a payload that probes the link rate."""
+
+    id: Any
+    tensor: np.ndarray | None = None
+    op: ClassVar[str] = "ping"
+
+    def parts(self) -> Parts:
+        return {"op": "ping", "id": self.id}, self.tensor, _NO_TENSOR_FIELDS
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> PingRequest:
+        payload = message.get("tensor")
+        return cls(message.get("id"), None if payload is None else _tensor(payload, "ping.tensor"))
+
+
+@dataclass(frozen=True, slots=True)
+class StatsRequest:
+    """The host's figures (its Prometheus registry as a map)."""
+
+    id: Any
+    op: ClassVar[str] = "stats"
+
+    def parts(self) -> Parts:
+        return {"op": "stats", "id": self.id}, None, _NO_TENSOR_FIELDS
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> StatsRequest:
+        return cls(message.get("id"))
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileRequest:
+    """Time tails on the host: each of ``splits`` (None: every split served) at each batch size."""
+
+    id: Any
+    bundle: str
+    batches: tuple[int, ...]
+    repeats: int = DEFAULT_PROFILE_REPEATS
+    splits: tuple[str, ...] | None = None
+    op: ClassVar[str] = "profile"
+
+    def parts(self) -> Parts:
+        message: dict[str, Any] = {"op": "profile", "bundle": self.bundle, "batches": list(self.batches),
+                                   "repeats": self.repeats}
+        if self.splits is not None:
+            message["splits"] = list(self.splits)
+        message["id"] = self.id
+        return message, None, _NO_TENSOR_FIELDS
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> ProfileRequest:
+        batches = message.get("batches")
+        if not isinstance(batches, list) or not batches:
+            raise ProtocolError(f"profile.batches: expected a non-empty list of batch sizes, got {shown(batches)}")
+        for i, batch in enumerate(batches):
+            _in_range(batch, f"profile.batches[{i}]", 1, MAX_PROFILE_BATCH)
+        splits = message.get("splits")
+        return cls(
+            message.get("id"),
+            _FIELDS.text(message.get("bundle"), "profile.bundle", empty=True),
+            tuple(batches),
+            _in_range(message.get("repeats", DEFAULT_PROFILE_REPEATS), "profile.repeats", 1, MAX_PROFILE_REPEATS),
+            None if splits is None else tuple(_texts(splits, "profile.splits")),
+        )
+
+
+Request = Union[HelloRequest, InferRequest, PingRequest, StatsRequest, ProfileRequest]
+#: op -> its request type: the one table a host dispatches from.
+REQUESTS: Mapping[str, type[Request]] = MappingProxyType(
+    {cls.op: cls for cls in (HelloRequest, InferRequest, PingRequest, StatsRequest, ProfileRequest)}
+)
+OPS = tuple(REQUESTS)
+
+
+def parse_request(message: Mapping[str, Any]) -> Request:
+    """The typed request in a decoded frame (:func:`~device_runtime.wire.protocol.decode`'s map).
+
+    Raises :class:`ProtocolError` (``bad_request``, with the request's id) for an unknown op or
+    a field of the wrong type or out of range. What only the host can judge (is the bundle
+    served? does the tensor fit the tail?) is the host's to check; fields no op reads are ignored.
+    """
+    op = message.get("op")
+    request_type = REQUESTS.get(op) if isinstance(op, str) else None
+    try:
+        if request_type is None:
+            raise ProtocolError(f"unknown op {shown(op)}; ops: {', '.join(OPS)}")
+        return request_type.parse(message)
+    except ProtocolError as exc:
+        exc.request_id = message.get("id")  # the map was read: the error reply can carry the id
+        raise
+
+
+# -- replies -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HelloReply:
+    """What a host serves: its protocol, ``{bundle id: [split ids]}``, whether frames must be
+    authenticated, its frame-size limit and where its tails run (``cpu`` or ``cuda``)."""
+
+    id: Any
+    protocol: int
+    bundles: dict[str, list[str]]
+    auth: bool
+    max_frame_bytes: int
+    device: str
+
+    def parts(self) -> Parts:
+        return {
+            "id": self.id, "ok": True, "protocol": self.protocol, "bundles": self.bundles, "auth": self.auth,
+            "max_frame_bytes": self.max_frame_bytes, "device": self.device,
+        }, None, _NO_TENSOR_FIELDS
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> HelloReply:
+        bundles = _FIELDS.obj(message.get("bundles"), "hello reply.bundles")
+        for bundle_id, splits in bundles.items():
+            _FIELDS.text(bundle_id, "hello reply.bundles")
+            _texts(splits, f"hello reply.bundles.{bundle_id}")
+        return cls(
+            message.get("id"),
+            _FIELDS.integer(message.get("protocol"), "hello reply.protocol", 1),
+            dict(bundles),
+            _FIELDS.flag(message.get("auth"), "hello reply.auth"),
+            _FIELDS.integer(message.get("max_frame_bytes"), "hello reply.max_frame_bytes", 1),
+            _FIELDS.text(message.get("device"), "hello reply.device"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class InferReply:
+    """The tail's output for this request's samples; ``compute_ms`` is the tail time of the batch it
+    ran in (``batch`` samples), ``queue_ms`` the wait from its arrival to that batch's start."""
+
+    id: Any
+    tensor: np.ndarray
+    compute_ms: float
+    queue_ms: float
+    batch: int
+
+    def parts(self) -> Parts:
+        message = {"id": self.id, "ok": True, "compute_ms": self.compute_ms, "queue_ms": self.queue_ms,
+                   "batch": self.batch}
+        return message, self.tensor, _NO_TENSOR_FIELDS
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> InferReply:
+        compute_ms, queue_ms, batch = message.get("compute_ms"), message.get("queue_ms"), message.get("batch")
+        return cls(
+            message.get("id"),
+            _tensor(message.get("tensor"), "infer reply.tensor"),
+            compute_ms if _is_ms(compute_ms) else _FIELDS.number(compute_ms, "infer reply.compute_ms"),
+            queue_ms if _is_ms(queue_ms) else _FIELDS.number(queue_ms, "infer reply.queue_ms"),
+            batch if type(batch) is int and batch >= 1 else _FIELDS.integer(batch, "infer reply.batch", 1),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PingReply:
+    """``bytes``: the size of the payload the host received (0 without one)."""
+
+    id: Any
+    bytes: int
+
+    def parts(self) -> Parts:
+        return {"id": self.id, "ok": True, "bytes": self.bytes}, None, _NO_TENSOR_FIELDS
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> PingReply:
+        return cls(message.get("id"), _FIELDS.integer(message.get("bytes"), "ping reply.bytes", 0))
+
+
+@dataclass(frozen=True, slots=True)
+class StatsReply:
+    """The host's figures, one key per metric (docs/protocol.md, "Stats and metrics")."""
+
+    id: Any
+    stats: dict[str, Any]
+
+    def parts(self) -> Parts:
+        return {"id": self.id, "ok": True, "stats": self.stats}, None, _NO_TENSOR_FIELDS
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> StatsReply:
+        return cls(message.get("id"), dict(_FIELDS.obj(message.get("stats"), "stats reply.stats")))
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileReply:
+    """``tail_ms``: ``{split: {batch size: median ms}}``, measured on the host. On the wire the batch
+    sizes are strings (map keys every msgpack reader takes)."""
+
+    id: Any
+    tail_ms: dict[str, dict[int, float]]
+
+    def parts(self) -> Parts:
+        tail_ms = {split: {str(batch): ms for batch, ms in times.items()} for split, times in self.tail_ms.items()}
+        return {"id": self.id, "ok": True, "tail_ms": tail_ms}, None, _NO_TENSOR_FIELDS
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> ProfileReply:
+        tail_ms: dict[str, dict[int, float]] = {}
+        for split, times in _FIELDS.obj(message.get("tail_ms"), "profile reply.tail_ms").items():
+            path = f"profile reply.tail_ms.{split}"
+            tail_ms[_FIELDS.text(split, "profile reply.tail_ms")] = {
+                _batch_key(batch, path): _FIELDS.number(ms, f"{path}.{batch}")
+                for batch, ms in _FIELDS.obj(times, path).items()
+            }
+        return cls(message.get("id"), tail_ms)
+
+
+def _batch_key(key: Any, path: str) -> int:
+    """A batch size written as a map key: ``"8"`` (or 8)."""
+    if isinstance(key, str) and key.isdigit():
+        key = int(key)
+    return _in_range(key, path, 1, MAX_PROFILE_BATCH)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    """A typed error: ``code`` is one of :data:`ERROR_CODES`; ``id`` is null when the request's
+    map could not be read."""
+
+    id: Any
+    code: str
+    message: str
+
+    def parts(self) -> Parts:
+        assert self.code in ERROR_CODES, self.code
+        error = {"code": self.code, "message": self.message}
+        return {"id": self.id, "ok": False, "error": error}, None, _NO_TENSOR_FIELDS
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> ErrorReply:
+        error = _FIELDS.obj(message.get("error"), "error reply.error")
+        return cls(
+            message.get("id"),
+            _FIELDS.choice(error.get("code"), "error reply.error.code", ERROR_CODES),
+            _FIELDS.text(error.get("message"), "error reply.error.message", empty=True),
+        )
+
+
+Reply = Union[HelloReply, InferReply, PingReply, StatsReply, ProfileReply, ErrorReply]
+#: op -> the type of its ``ok`` reply (a reply does not name its op: the asker knows it).
+REPLIES: Mapping[str, type[Reply]] = MappingProxyType(
+    {"hello": HelloReply, "infer": InferReply, "ping": PingReply, "stats": StatsReply, "profile": ProfileReply}
+)
+assert REPLIES.keys() == REQUESTS.keys(), "every op has one request type and one reply type"
+Message = Union[Request, Reply]
+
+
+def parse_reply(op: str, message: Mapping[str, Any]) -> Reply:
+    """The typed reply to an ``op`` request: its ok reply, or an :class:`ErrorReply` whatever the op.
+
+    Raises :class:`ProtocolError` (with the reply's id) naming the field that is missing or wrong.
+    """
+    ok = message.get("ok")
+    try:
+        if ok is False:
+            return ErrorReply.parse(message)
+        if ok is not True:
+            raise ProtocolError(f"{op} reply ok: expected true or false, got {shown(ok)}")
+        return REPLIES[op].parse(message)
+    except ProtocolError as exc:
+        exc.request_id = message.get("id")
+        raise
+
+
+def error_reply(request_id: Any, code: str, message: str) -> dict[str, Any]:
+    """The map of the typed error every failure is reported as; ``code`` is one of :data:`ERROR_CODES`."""
+    return ErrorReply(request_id, code, message).parts()[0]
