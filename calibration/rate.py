@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 
 from splitedge.errors import CalibrationError
 from splitedge.fields import Fields
@@ -48,7 +49,11 @@ class RateEstimator:
     device probes.
     """
 
-    def __init__(self, alpha: float = 0.3, initial_bps: float | None = None, full_weight_s: float = FULL_WEIGHT_S) -> None:
+    def __init__(
+        self, alpha: float = 0.3, initial_bps: float | None = None, full_weight_s: float = FULL_WEIGHT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``clock`` (seconds) dates the samples for :meth:`age_s`: a test passes one it drives."""
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < alpha <= 1.0:
             raise CalibrationError(f"alpha: expected a number in (0, 1], got {alpha!r}")
         self._alpha = float(alpha)
@@ -59,6 +64,7 @@ class RateEstimator:
         self._rtts: deque[float] = deque(maxlen=RTT_WINDOW)
         self._base_rtt_s = 0.0
         self._samples = 0
+        self._clock = clock
         self._last_sample_at: float | None = None
 
     @property
@@ -108,11 +114,11 @@ class RateEstimator:
             self._log_rate += (1.0 - (1.0 - self._alpha) ** units) * (log_sample - self._log_rate)
         self._samples += 1
         if wire_s >= self._full_weight_s:
-            self._last_sample_at = time.monotonic()
+            self._last_sample_at = self._clock()
         return math.exp(self._log_rate)
 
-    def age_s(self, now: float | None = None) -> float:
-        """Seconds since the last full-weight rate sample (on time.monotonic()); inf if none yet.
+    def age_s(self) -> float:
+        """Seconds since the last full-weight rate sample (on the estimator's clock); inf if none yet.
 
         The runtime sends a probe when the estimate is stale: a device running LOCAL sends
         nothing, and one sending small cuts over a fast link measures little, so nothing
@@ -120,4 +126,4 @@ class RateEstimator:
         """
         if self._last_sample_at is None:
             return math.inf
-        return (time.monotonic() if now is None else now) - self._last_sample_at
+        return self._clock() - self._last_sample_at

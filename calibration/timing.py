@@ -25,7 +25,10 @@ WINDOW = 64
 MIN_SAMPLES = 8
 
 
-def measure_ms(fn: Callable[[], object], repeats: int, warmup: int = 3, fps: float = 0.0) -> float:
+def measure_ms(
+    fn: Callable[[], object], repeats: int, warmup: int = 3, fps: float = 0.0,
+    clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], object] = time.sleep,
+) -> float:
     """Median wall time in ms of ``repeats`` calls of ``fn``, after ``warmup`` untimed calls.
 
     The first calls pay for lazy allocation and cold caches (onnxruntime plans its memory on
@@ -33,7 +36,8 @@ def measure_ms(fn: Callable[[], object], repeats: int, warmup: int = 3, fps: flo
     after the one before (or at once, when that one took longer), as a camera's frames would:
     a board idle between frames runs the next one at another speed than back to back (its
     governor has clocked the CPU down, its caches have gone cold, a CPU quota has refilled),
-    and the latency model must predict the stream it will run.
+    and the latency model must predict the stream it will run. ``clock`` (seconds) and ``sleep``
+    time and pace the calls: a test passes a clock it drives, and asserts on exact times.
     """
     _fields.integer(repeats, "repeats", minimum=1)
     fps = _fields.number(fps, "fps")
@@ -41,13 +45,13 @@ def measure_ms(fn: Callable[[], object], repeats: int, warmup: int = 3, fps: flo
     started = -math.inf
     times = []
     for i in range(_fields.integer(warmup, "warmup", minimum=0) + repeats):
-        delay = started + interval - time.perf_counter()
+        delay = started + interval - clock()
         if delay > 0:
-            time.sleep(delay)
-        started = time.perf_counter()
+            sleep(delay)
+        started = clock()
         fn()
         if i >= warmup:
-            times.append((time.perf_counter() - started) * 1000.0)
+            times.append((clock() - started) * 1000.0)
     return statistics.median(times)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 
 from calibration import RateEstimator
 from device_runtime.hosts.client import InferResult
@@ -51,11 +52,14 @@ def probe_bytes(rate_bps: float | None) -> int:
 class LinkMeter:
     """Rate samples from replies and probes, fed to one :class:`RateEstimator`."""
 
-    def __init__(self, estimator: RateEstimator | None = None) -> None:
-        self.estimator = estimator or RateEstimator()
-        self._upload_done = 0.0  # perf_counter when the link last finished carrying a request
+    def __init__(self, estimator: RateEstimator | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        """``clock`` times the uploads, on the clock of the replies' ``sent`` and ``received``
+        (perf_counter); a test passes one it drives, and the estimator made here shares it."""
+        self.estimator = estimator or RateEstimator(clock=clock)
+        self._clock = clock
+        self._upload_done = 0.0  # clock time when the link last finished carrying a request
         self._host_s = 0.0  # running host time per request (queue + compute), from the replies
-        self._in_flight: dict[int, tuple[float, int]] = {}  # ticket → (perf_counter sent, payload bytes)
+        self._in_flight: dict[int, tuple[float, int]] = {}  # ticket → (clock time sent, payload bytes)
         self._tickets = itertools.count()
 
     @property
@@ -68,14 +72,14 @@ class LinkMeter:
     def sending(self, payload_bytes: int) -> int:
         """A request is going up now; returns its ticket for :meth:`settled`."""
         ticket = next(self._tickets)
-        self._in_flight[ticket] = (time.perf_counter(), payload_bytes)
+        self._in_flight[ticket] = (self._clock(), payload_bytes)
         return ticket
 
     def settled(self, ticket: int) -> None:
         """The request's reply came, or it failed: it no longer holds the link."""
         self._in_flight.pop(ticket, None)
 
-    def overdue(self, now: float | None = None) -> float | None:
+    def overdue(self) -> float | None:
         """The rate bound (bit/s) an overdue upload sets, or None when none is overdue.
 
         Requests share one connection in order, so the oldest one in flight is the one the
@@ -90,7 +94,7 @@ class LinkMeter:
         if not self._in_flight or rate is None:
             return None
         sent, payload = self._in_flight[min(self._in_flight)]
-        elapsed = (time.perf_counter() if now is None else now) - max(sent, self._upload_done)
+        elapsed = self._clock() - max(sent, self._upload_done)
         fixed = self.estimator.base_rtt_s + self._host_s
         if elapsed <= fixed + OVERDUE_FACTOR * 8.0 * payload / rate + OVERDUE_SLACK_S:
             return None
@@ -113,4 +117,4 @@ class LinkMeter:
 
     def stale(self, max_age_s: float) -> bool:
         """True when the estimate is older than ``max_age_s``: time to probe."""
-        return self.estimator.age_s(time.monotonic()) > max_age_s
+        return self.estimator.age_s() > max_age_s

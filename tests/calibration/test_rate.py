@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 import random
-import time
 
 import pytest
 
 from calibration import MIN_SAMPLE_BYTES, CalibrationError, RateEstimator
+from tests.calibration.test_timing import ManualClock
 
 TRUE_BPS = 2e7  # 20 Mbit/s
 BASE_RTT_S = 0.004
@@ -73,7 +73,7 @@ def test_alpha_weighs_the_new_sample() -> None:
 
 def test_a_short_sample_can_only_raise_the_estimate() -> None:
     """Half of ``full_weight_s`` on the wire: half a unit, weight 1 - 0.5 ** 0.5, and only upwards."""
-    estimator = RateEstimator(alpha=0.5, initial_bps=1e7, full_weight_s=0.01)
+    estimator = RateEstimator(alpha=0.5, initial_bps=1e7, full_weight_s=0.01, clock=ManualClock())
     up = 7 + 2 * (1 - 0.5**0.5)  # log10: a 1e9 bit/s sample pulls 1e7 this far
     assert estimator.observe_transfer(625_000, 0.005) == pytest.approx(10**up)
     assert estimator.age_s() == math.inf  # not a full-weight sample: the estimate is still stale
@@ -81,7 +81,7 @@ def test_a_short_sample_can_only_raise_the_estimate() -> None:
     assert estimator.rate_bps == pytest.approx(10**up)
     # 1e7 bit/s for one unit: weight 0.5, taken though it falls
     assert estimator.observe_transfer(12_500, 0.01) == pytest.approx(10 ** (up - 0.5 * (up - 7)))
-    assert estimator.age_s() < 1.0
+    assert estimator.age_s() == 0.0
 
 
 def test_a_stream_of_short_payloads_does_not_hold_back_the_probes() -> None:
@@ -108,10 +108,15 @@ def test_a_long_sample_weighs_up_to_three_units() -> None:
         assert math.log10(rate) == pytest.approx(9 - weight)
 
 
-def test_age_counts_from_the_last_sample() -> None:
-    estimator = RateEstimator()
+def test_age_counts_from_the_last_full_weight_sample() -> None:
+    clock = ManualClock()
+    estimator = RateEstimator(clock=clock)
     estimator.observe_transfer(100_000, 0.1)
-    assert 5.0 <= estimator.age_s(now=time.monotonic() + 5.0) < 6.0
+    clock.now += 5.0
+    assert estimator.age_s() == 5.0
+    estimator.observe_transfer(100_000, 0.001)  # 1 ms on the wire: too short to date the estimate
+    clock.now += 1.0
+    assert estimator.age_s() == 6.0
 
 
 def test_glitched_pings_are_dropped() -> None:

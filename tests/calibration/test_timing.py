@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -13,38 +13,54 @@ from splitedge.words import LOCAL
 from tests.calibration.models import corners
 
 
+class ManualClock:
+    """A clock only the test moves (seconds): ``sleep`` advances it, and so do the calls it times."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def _taking(clock: ManualClock, durations: list[float], starts: list[float]) -> Callable[[], None]:
+    """A call that starts at ``clock``'s time and takes the next of ``durations`` on it."""
+    left = iter(durations)
+
+    def call() -> None:
+        starts.append(clock())
+        clock.now += next(left)
+
+    return call
+
+
 def test_measure_ms_warms_up_then_takes_the_median() -> None:
-    calls = []
-    delays = iter([0.0] * 2 + [0.002, 0.002, 0.05])  # 2 warm-up calls, then one 50 ms stall
-
-    def fn() -> None:
-        calls.append(1)
-        time.sleep(next(delays))
-
-    ms = measure_ms(fn, repeats=3, warmup=2)
-    assert len(calls) == 5
-    assert 2.0 <= ms < 40.0  # the stall does not move the median
+    clock, starts = ManualClock(), []
+    # 2 warm-up calls (slow: cold caches), then one 50 ms stall among 2 ms runs
+    ms = measure_ms(_taking(clock, [0.5, 0.5, 0.002, 0.002, 0.05], starts), repeats=3, warmup=2, clock=clock,
+                    sleep=clock.sleep)
+    assert len(starts) == 5
+    assert ms == pytest.approx(2.0)  # neither the warm-up nor the stall moves the median
 
 
 def test_measure_ms_paces_the_runs_as_a_camera_would() -> None:
-    starts: list[float] = []
-    durations = iter([0.0] * 3 + [0.0, 0.25, 0.0, 0.0])  # warm-up, then one run longer than a frame
-
-    def fn() -> None:
-        starts.append(time.perf_counter())
-        time.sleep(next(durations))
-
-    measure_ms(fn, repeats=4, warmup=3, fps=10)
-    gaps = np.diff(starts)
+    clock, starts = ManualClock(), []
+    durations = [0.0] * 3 + [0.01, 0.25, 0.01, 0.01]  # warm-up, then one run longer than a frame
+    ms = measure_ms(_taking(clock, durations, starts), repeats=4, warmup=3, fps=10, clock=clock, sleep=clock.sleep)
     # 100 ms apart, the timed ones too; after the 250 ms run the next starts at once.
-    assert all(0.099 <= g < 0.16 for i, g in enumerate(gaps) if i != 4), gaps
-    assert 0.25 <= gaps[4] < 0.31, gaps
+    assert np.diff(starts) == pytest.approx([0.1, 0.1, 0.1, 0.1, 0.25, 0.1])
+    assert ms == pytest.approx(10.0)
 
 
 def test_measure_ms_back_to_back_by_default_and_refuses_a_negative_rate() -> None:
-    starts: list[float] = []
-    measure_ms(lambda: starts.append(time.perf_counter()), repeats=5, warmup=0)
-    assert max(np.diff(starts)) < 0.01
+    clock, starts = ManualClock(), []
+    measure_ms(_taking(clock, [0.003] * 5, starts), repeats=5, warmup=0, clock=clock, sleep=clock.sleep)
+    assert np.diff(starts) == pytest.approx([0.003] * 4) and clock.slept == []
     with pytest.raises(CalibrationError, match=r"fps: expected a finite number >= 0, got -1"):
         measure_ms(lambda: None, repeats=1, fps=-1)
 

@@ -2,40 +2,40 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
 from calibration import RateEstimator
 from device_runtime.hosts.client import InferResult
 from device_runtime.hosts.link_meter import OVERDUE_FACTOR, OVERDUE_SLACK_S, LinkMeter
+from tests.calibration.test_timing import ManualClock
 
 PAYLOAD = 602_112  # a 224x224 float32 image: a full offload
 
 
-def _meter(rate_bps: float) -> LinkMeter:
-    return LinkMeter(RateEstimator(initial_bps=rate_bps))
+def _meter(rate_bps: float) -> tuple[LinkMeter, ManualClock]:
+    clock = ManualClock()
+    return LinkMeter(RateEstimator(initial_bps=rate_bps, clock=clock), clock=clock), clock
 
 
 def test_an_upload_on_time_sets_no_bound() -> None:
-    meter = _meter(100e6)
-    start = time.perf_counter()
+    meter, clock = _meter(100e6)
     meter.sending(PAYLOAD)
     # 602 KB at 100 Mbit/s: 48 ms; overdue only after 2 x 48 + 20 = 116 ms.
-    assert meter.overdue(now=start + 0.100) is None
+    clock.now += 0.115
+    assert meter.overdue() is None
     assert meter.rate_bps == pytest.approx(100e6)
+    clock.now += 0.002
+    assert meter.overdue() is not None
 
 
 def test_an_overdue_upload_bounds_the_rate_by_its_bytes_over_its_time() -> None:
-    meter = _meter(100e6)
-    start = time.perf_counter()
+    meter, clock = _meter(100e6)
     ticket = meter.sending(PAYLOAD)
-    bound = meter.overdue(now=start + 0.2)
-    # Not across in 0.2 s (less the µs between start and sending): slower than 24.1 Mbit/s.
-    assert bound == pytest.approx(8 * PAYLOAD / 0.2, rel=1e-3)
-    time.sleep(0.15)
-    assert meter.rate_bps <= 8 * PAYLOAD / 0.15  # what the pipeline decides with, now
+    clock.now += 0.2
+    # Not across in 0.2 s: slower than 24.1 Mbit/s, and that is what the pipeline decides with.
+    assert meter.overdue() == pytest.approx(8 * PAYLOAD / 0.2)
+    assert meter.rate_bps == pytest.approx(8 * PAYLOAD / 0.2)
     meter.settled(ticket)
     assert meter.overdue() is None and meter.rate_bps == pytest.approx(100e6)
 
@@ -45,52 +45,68 @@ def test_the_hosts_usual_time_is_not_taken_for_the_links() -> None:
     time on a fast link; only what is left after the host's time counts against the link, and
     the host's measured time is not scaled with the link's: a frame 200 ms after a 602 KB one
     on a 100 Mbit/s link with a 40 ms host finds it overdue (40 + 2 x 48 + 20 = 156 ms)."""
-    meter = _meter(1e9)
-    now = time.perf_counter()
+    meter, clock = _meter(1e9)
+    now = clock()
     meter.observe_reply(PAYLOAD, _reply(sent=now - 0.2, received=now - 0.05, host_ms=100.0))
     meter.observe_reply(PAYLOAD, _reply(sent=now - 0.16, received=now - 0.01, host_ms=100.0))
     host_s = 0.051  # 0.3 and then 0.3 more of the way to 100 ms: 51 ms
-    start = time.perf_counter()
     meter.sending(PAYLOAD)
     limit = host_s + OVERDUE_FACTOR * 8 * PAYLOAD / meter.estimator.rate_bps + OVERDUE_SLACK_S
-    assert meter.overdue(now=start + limit - 0.005) is None
-    bound = meter.overdue(now=start + limit + 0.005)
-    assert bound == pytest.approx(8 * PAYLOAD / (limit + 0.005 - host_s), rel=1e-2)
+    clock.now += limit - 0.005
+    assert meter.overdue() is None
+    clock.now += 0.010
+    assert meter.overdue() == pytest.approx(8 * PAYLOAD / (limit + 0.005 - host_s))
 
 
 def test_a_frame_interval_later_a_slow_full_offload_is_overdue() -> None:
-    meter = _meter(100e6)
-    now = time.perf_counter()
+    meter, clock = _meter(100e6)
+    now = clock()
     for _ in range(20):  # ResNet-18's full model on the host: 40 ms
         meter.observe_reply(PAYLOAD, _reply(sent=now - 0.1, received=now - 0.012, host_ms=40.0))
     assert meter.estimator.rate_bps == pytest.approx(100e6, rel=0.01)
-    start = time.perf_counter()
     meter.sending(PAYLOAD)
-    assert meter.overdue(now=start + 0.15) is None
-    assert meter.overdue(now=start + 0.2) == pytest.approx(8 * PAYLOAD / (0.2 - 0.04), rel=0.01)
+    clock.now += 0.15
+    assert meter.overdue() is None
+    clock.now += 0.05
+    assert meter.overdue() == pytest.approx(8 * PAYLOAD / (0.2 - 0.04), rel=0.01)
 
 
 def test_a_queued_upload_is_timed_from_the_end_of_the_one_before() -> None:
     """Requests share one connection in order: the second one's clock starts when the link is
     done with the first, not when it was queued behind it."""
-    meter = _meter(100e6)
-    start = time.perf_counter()
+    meter, clock = _meter(100e6)
+    start = clock()
     first = meter.sending(PAYLOAD)
     meter.sending(PAYLOAD)
-    assert meter.overdue(now=start + 0.2) == pytest.approx(8 * PAYLOAD / 0.2, rel=1e-3)  # the first is late
+    clock.now = start + 0.2
+    assert meter.overdue() == pytest.approx(8 * PAYLOAD / 0.2)  # the first is late
     meter.observe_reply(PAYLOAD, _reply(sent=start, received=start + 0.3, host_ms=0.0))
     meter.settled(first)
     # Timed from its send, the second would be 0.4 s old at +0.4 and overdue at the new estimate
     # (~30 Mbit/s: 2 x 160 ms + 20 ms); timed from the first's end, it is 0.1 s old.
-    assert meter.overdue(now=start + 0.4) is None
-    assert meter.overdue(now=start + 1.3) == pytest.approx(8 * PAYLOAD / 1.0, rel=1e-3)
+    clock.now = start + 0.4
+    assert meter.overdue() is None
+    clock.now = start + 1.3
+    assert meter.overdue() == pytest.approx(8 * PAYLOAD / 1.0)
 
 
 def test_nothing_is_overdue_before_the_first_estimate() -> None:
-    meter = LinkMeter()
-    start = time.perf_counter()
+    clock = ManualClock()
+    meter = LinkMeter(clock=clock)
     meter.sending(PAYLOAD)
-    assert meter.overdue(now=start + 10.0) is None and meter.rate_bps is None
+    clock.now += 10.0
+    assert meter.overdue() is None and meter.rate_bps is None
+
+
+def test_the_estimate_goes_stale_on_the_meters_clock() -> None:
+    """What makes an idle pipeline probe: a second without a full-weight sample."""
+    meter, clock = _meter(100e6)
+    assert meter.stale(1.0)  # no sample yet
+    meter.observe_probe(65_536, 50.0)
+    clock.now += 1.0
+    assert not meter.stale(1.0)
+    clock.now += 0.001
+    assert meter.stale(1.0)
 
 
 def _reply(sent: float, received: float, host_ms: float) -> InferResult:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +9,7 @@ import pytest
 
 from device_runtime.stream.camera import IMAGE_SUFFIXES, Synthetic, open_source
 from splitedge.errors import CameraError
+from tests.calibration.test_timing import ManualClock
 
 cv2 = pytest.importorskip("cv2", reason="camera sources need splitedge[camera]")
 
@@ -43,13 +43,19 @@ def test_video_file(tmp_path: Path) -> None:
 
 
 def test_synthetic_paces_itself_like_a_camera() -> None:
-    source = Synthetic(height=48, width=64, fps=50)
-    start = time.monotonic()
-    frames = [f for _, f in zip(range(11), source)]
-    elapsed = time.monotonic() - start
-    assert 0.19 <= elapsed < 0.5  # 10 frame periods of 20 ms
-    assert frames[0].image.shape == (48, 64, 3) and frames[0].image.dtype == np.uint8
-    assert not np.array_equal(frames[0].image, frames[1].image)  # it moves
+    """20 ms apart; a frame read late does not make the next one come early (a sensor does not
+    catch up): after a reader 50 ms late, the next frame is 20 ms after that one."""
+    clock = ManualClock()
+    source = Synthetic(height=48, width=64, fps=50, clock=clock, sleep=clock.sleep)
+    frames = iter(source)
+    captured = [next(frames).captured for _ in range(3)]
+    clock.now += 0.05  # the reader is busy
+    captured += [next(frames).captured for _ in range(2)]
+    assert np.diff(captured) == pytest.approx([0.02, 0.02, 0.05, 0.02])
+    assert source.frame_interval_s == pytest.approx(0.02)
+    first, second = [f.image for _, f in zip(range(2), Synthetic(height=48, width=64, fps=0))]
+    assert first.shape == (48, 64, 3) and first.dtype == np.uint8
+    assert not np.array_equal(first, second)  # it moves
 
 
 def test_missing_camera_is_named() -> None:
