@@ -4,13 +4,13 @@ to the tail run on that request alone; other tails and other bundles are never m
 from __future__ import annotations
 
 import asyncio
-import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from device_runtime.bundle import Bundle
+from device_runtime.bundle import Bundle, write_manifest
 from host_runtime.batcher import BatchConfig
 from tests.conftest import TEST_SPLITS, start_host
 from tests.host_runtime.helpers import cut, infer, run_with_client, unbatched
@@ -73,14 +73,14 @@ def test_lone_request_waits_for_company_no_longer_than_max_wait(mobilenet_bundle
 
 @pytest.fixture(scope="module")
 def second_bundle(mobilenet_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same network under another bundle id: its artifacts linked, its manifest renamed."""
+    """The same network under another bundle id: its artifacts linked, its manifest re-written
+    by the contract's own writer (which gives it an identity of its own)."""
     root = tmp_path_factory.mktemp("second-bundle")
     for entry in Path(mobilenet_bundle).iterdir():
         if entry.name != "manifest.json":
             (root / entry.name).symlink_to(entry.resolve())
-    manifest = json.loads((Path(mobilenet_bundle) / "manifest.json").read_text())
-    manifest["bundle_id"] += "-second"
-    (root / "manifest.json").write_text(json.dumps(manifest))
+    manifest = Bundle.load(mobilenet_bundle, roles=()).manifest
+    write_manifest(root, replace(manifest, created_by="splitedge (second)"))
     return root
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from calibration import FILENAME, load
 from device_runtime.board.calibrate import calibration_for, manifest_sha256
-from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
+from device_runtime.bundle import LOCAL, OFFLOAD, Bundle, write_manifest
 from device_runtime.cli import main
 from splitedge.errors import BundleError
 from tests.conftest import TEST_SPLITS, RunningHost
@@ -74,9 +75,8 @@ def test_plan_prints_and_plots_the_table(calibrated: Path, tmp_path: Path, capsy
 def test_calibration_of_another_bundle_is_refused(calibrated: Path, tmp_path: Path, capsys) -> None:
     other = tmp_path / "other"
     shutil.copytree(calibrated, other)
-    manifest = json.loads((other / "manifest.json").read_text())
-    manifest["model"]["labels"] = list(reversed(manifest["model"]["labels"]))  # a different bundle, same files
-    (other / "manifest.json").write_text(json.dumps(manifest))
+    manifest = Bundle.load(other, roles=()).manifest  # a different bundle, same files:
+    write_manifest(other, replace(manifest, model=replace(manifest.model, labels=manifest.model.labels[::-1])))
     with pytest.raises(BundleError, match=r"was calibrated for bundle .* not for"):
         calibration_for(Bundle.load(other, roles=()))
     assert main(["plan", str(other)]) == 2
