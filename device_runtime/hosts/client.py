@@ -7,7 +7,12 @@ pending request at once, so the caller can fall back without losing a frame.
 
 :class:`Credentials` carry what a device proves and trusts: the pre-shared key (every frame
 authenticated, see :mod:`device_runtime.wire.auth`) and the TLS context (see :mod:`device_runtime.wire.tls`).
-A failure of either raises :class:`AuthenticationError`, whose message names what to fix.
+A failure of either raises :class:`AuthenticationError`, whose message names what to fix; so
+does a device without TLS that dials a host serving TLS.
+
+Requests are built and replies parsed only by the typed ops of :mod:`device_runtime.wire.ops`:
+a reply missing a field, or with one of the wrong type, is a malformed reply
+(:class:`HostUnavailableError`), never a ``KeyError`` here or a wrong number downstream.
 """
 
 from __future__ import annotations
@@ -23,7 +28,23 @@ import numpy as np
 
 from device_runtime.wire.auth import DeviceAuth
 from device_runtime.wire.connection import FramedProtocol
-from device_runtime.wire.protocol import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION, Oversized, decode
+from device_runtime.wire.ops import (
+    ErrorReply,
+    HelloReply,
+    HelloRequest,
+    InferReply,
+    InferRequest,
+    Parts,
+    PingRequest,
+    ProfileReply,
+    ProfileRequest,
+    Quantization,
+    Reply,
+    Request,
+    StatsRequest,
+    parse_reply,
+)
+from device_runtime.wire.protocol import DEFAULT_MAX_FRAME_BYTES, Oversized, decode
 from splitedge.errors import AuthenticationError, FrameRefused, HostUnavailableError, ProtocolError, RemoteError
 
 
@@ -52,16 +73,44 @@ class Credentials:
 
 
 NEEDS_KEY = "requires authenticated frames: give this device the host's key (split-device --key-file)"
+PASS_TLS_CA = "pass its CA certificate with --tls-ca"
+#: A TLS record starts with its content type (change_cipher_spec, alert, handshake, application
+#: data) and the major version 3. As a frame's length prefix it would claim over 335 MB.
+TLS_RECORD_TYPES = range(0x14, 0x18)
+
+
+def looks_like_tls(first: memoryview) -> bool:
+    """Whether the first bytes a host sent are a TLS record rather than a frame."""
+    return len(first) >= 1 and first[0] in TLS_RECORD_TYPES and (len(first) < 2 or first[1] == 0x03)
 
 
 class _ClientProtocol(FramedProtocol):
-    def __init__(self, max_frame_bytes: int, address: str, auth: DeviceAuth | None = None) -> None:
+    def __init__(self, max_frame_bytes: int, address: str, auth: DeviceAuth | None = None, tls: bool = False) -> None:
         super().__init__(max_frame_bytes, auth)
         self.address = address
+        self.tls = tls
         self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.lost: Exception | None = None
         # Resolved when the host's challenge has been answered: only then may requests be sealed.
         self.ready: asyncio.Future[None] | None = asyncio.get_running_loop().create_future() if auth else None
+        self.heard = False  # any bytes from the host yet
+        self._first_read: memoryview | None = None
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        buffer = super().get_buffer(sizehint)
+        if not self.heard:
+            self._first_read = buffer
+        return buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if not self.heard:
+            self.heard = True
+            first, self._first_read = self._first_read, None
+            # A plain device that dialled a TLS host: say so, rather than "a reply too large".
+            if not self.tls and first is not None and looks_like_tls(first[:nbytes]):
+                self._fail_all(AuthenticationError(f"host {self.address} speaks TLS: {PASS_TLS_CA}"))
+                return
+        super().buffer_updated(nbytes)
 
     def handshake(self) -> None:
         assert isinstance(self.auth, DeviceAuth)
@@ -76,24 +125,42 @@ class _ClientProtocol(FramedProtocol):
         try:
             reply = decode(body)
         except ProtocolError as exc:
-            self._fail_all(HostUnavailableError(f"host sent a malformed reply: {exc}"))
+            self._fail_all(HostUnavailableError(f"host {self.address} sent a malformed reply: {exc}"))
             return
         if reply.get("op") == "challenge":  # this device has no key; the host wants one
             self._fail_all(AuthenticationError(f"host {self.address} {NEEDS_KEY}"))
             return
-        error = reply.get("error")
-        if isinstance(error, dict) and error.get("code") == "unauthorized":  # the host closes after it
-            self._fail_all(AuthenticationError(f"host {self.address} refused this device: {error.get('message')}"))
+        request_id = reply.get("id")
+        if request_id is None and reply.get("ok") is False:  # about the connection, not one request
+            self._connection_error(reply)
             return
-        future = self.pending.pop(reply.get("id"), None)  # type: ignore[arg-type]
+        future = self.pending.pop(request_id, None) if type(request_id) is int else None  # our ids are ints
         if future is not None and not future.done():
             future.set_result(reply)
+
+    def _connection_error(self, reply: dict[str, Any]) -> None:
+        """An error reply with no id: an authentication refusal ends the connection (the host closes
+        after it); any other (a frame of ours the host could not read) concerns no pending request."""
+        try:
+            error = ErrorReply.parse(reply)
+        except ProtocolError as exc:
+            self._fail_all(HostUnavailableError(f"host {self.address} sent a malformed reply: {exc}"))
+            return
+        if error.code == "unauthorized":
+            self._fail_all(AuthenticationError(f"host {self.address} refused this device: {error.message}"))
 
     def oversized(self, event: Oversized) -> None:
         self._fail_all(HostUnavailableError(f"host sent a reply too large: {event.message}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._fail_all(HostUnavailableError(f"connection to host lost{f': {exc}' if exc else ''}"))
+        super().connection_lost(exc)
+        if not self.heard and not self.tls and self.auth is None:
+            # Our plain hello went out and the host hung up without a byte: what a TLS host does.
+            self._fail_all(AuthenticationError(
+                f"host {self.address} closed the connection during hello: it speaks TLS, most likely; {PASS_TLS_CA}"
+            ))
+        else:
+            self._fail_all(HostUnavailableError(f"connection to host lost{f': {exc}' if exc else ''}"))
 
     def _fail_all(self, error: Exception) -> None:
         # The first cause is the one to report (a refusal), not the lost connection that follows it.
@@ -115,7 +182,12 @@ class HostClient:
         self.address = address
         self._protocol = protocol
         self._ids = itertools.count(1)
-        self.server_info: dict[str, Any] = {}
+        self.hello: HelloReply | None = None  # the host's answer to hello, once connected
+
+    @property
+    def server_info(self) -> dict[str, Any]:
+        """The hello reply as a map (``bundles``, ``auth``, ``device``...); :attr:`hello` is the typed one."""
+        return {} if self.hello is None else self.hello.parts()[0]
 
     @classmethod
     async def connect(
@@ -123,7 +195,7 @@ class HostClient:
         credentials: Credentials = Credentials(),
     ) -> "HostClient":
         """Open the connection (TLS, then the key's handshake, when ``credentials`` have them) and
-        exchange ``hello``; the host's answer is kept in ``server_info``."""
+        exchange ``hello``; the host's answer is kept in :attr:`hello`."""
         loop = asyncio.get_running_loop()
         address = f"{host}:{port}"
         auth = DeviceAuth(credentials.key) if credentials.key is not None else None
@@ -131,7 +203,7 @@ class HostClient:
         try:
             _, protocol = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: _ClientProtocol(max_frame_bytes, address, auth), host, port,
+                    lambda: _ClientProtocol(max_frame_bytes, address, auth, tls=tls is not None), host, port,
                     ssl=tls, server_hostname=host if tls is not None else None,
                 ),
                 timeout,
@@ -149,11 +221,13 @@ class HostClient:
         try:
             if protocol.ready is not None:
                 await client._answer_challenge(protocol.ready, timeout)
-            client.server_info = await client.request({"op": "hello", "protocol": PROTOCOL_VERSION}, timeout)
+            hello = await client._call(HelloRequest(client._next_id()), timeout)
         except BaseException:
             await client.close()
             raise
-        if auth is not None and client.server_info.get("auth") is not True:
+        assert isinstance(hello, HelloReply)
+        client.hello = hello
+        if auth is not None and not hello.auth:
             await client.close()
             raise AuthenticationError(f"host {address} says it does not authenticate frames; this device has a key")
         return client
@@ -170,27 +244,50 @@ class HostClient:
                 "with a key talks only to hosts that authenticate frames"
             ) from None
 
-    async def request(
-        self, message: dict[str, Any], timeout: float, tensor: np.ndarray | None = None, **tensor_fields: Any
-    ) -> dict[str, Any]:
-        """Send one request and wait for its reply; typed error replies raise :class:`RemoteError`."""
+    def _next_id(self) -> int:
+        return next(self._ids)
+
+    async def _exchange(self, request_id: int, op: object, parts: Parts, timeout: float) -> dict[str, Any]:
+        """Send one request's frame and wait for the reply map carrying its id."""
         if self._protocol.lost is not None:
             raise self._protocol.lost
-        request_id = next(self._ids)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._protocol.pending[request_id] = future
-        self._protocol.send({**message, "id": request_id}, tensor, **tensor_fields)
+        message, tensor, tensor_fields = parts
+        self._protocol.send(message, tensor, **tensor_fields)
         # A bare timer rather than asyncio.wait_for: this is the per-frame hot path, and the
         # timer is all wait_for would add here.
-        timer = loop.call_later(timeout, self._expire, request_id, message.get("op"), timeout)
+        timer = loop.call_later(timeout, self._expire, request_id, op, timeout)
         try:
-            reply = await future
+            return await future
         finally:
             timer.cancel()
-        if not reply.get("ok"):
-            error = reply.get("error") or {}
-            raise RemoteError(str(error.get("code", "internal")), str(error.get("message", "")))
+
+    async def _call(self, request: Request, timeout: float) -> Reply:
+        """Send a typed request and parse its reply: the op's ok reply, or :class:`RemoteError`."""
+        return self._parsed(request.op, await self._exchange(request.id, request.op, request.parts(), timeout))
+
+    def _parsed(self, op: str, reply: dict[str, Any]) -> Reply:
+        try:
+            parsed = parse_reply(op, reply)
+        except ProtocolError as exc:
+            raise HostUnavailableError(f"host {self.address} sent a malformed reply: {exc}") from exc
+        if isinstance(parsed, ErrorReply):
+            raise RemoteError(parsed.code, parsed.message)
+        return parsed
+
+    async def request(
+        self, message: dict[str, Any], timeout: float, tensor: np.ndarray | None = None, **tensor_fields: Any
+    ) -> dict[str, Any]:
+        """Send a request map as it is (given an id) and return the reply map, for requests made by
+        hand: tests, benchmarks, malformed ones on purpose. The device's own requests go through the
+        typed methods. An error reply raises :class:`RemoteError`."""
+        request_id = self._next_id()
+        op = message.get("op")
+        reply = await self._exchange(request_id, op, ({**message, "id": request_id}, tensor, tensor_fields), timeout)
+        if reply.get("ok") is not True:
+            self._parsed(str(op), reply)  # raises: RemoteError, or a malformed reply
         return reply
 
     def _expire(self, request_id: int, op: object, timeout: float) -> None:
@@ -203,21 +300,16 @@ class HostClient:
     async def infer(
         self, bundle_id: str, split_id: str, tensor: np.ndarray, timeout: float = 10.0, **tensor_fields: Any
     ) -> InferResult:
-        """Run the tail of ``split_id`` on the host for a cut tensor (B, ...)."""
+        """Run the tail of ``split_id`` on the host for a cut tensor (B, ...); ``tensor_fields``
+        (``scale``, ``zero_point``) for an affine uint8 one."""
+        quantization = Quantization(**tensor_fields) if tensor_fields else None
+        request = InferRequest(self._next_id(), bundle_id, split_id, tensor, timeout * 1000.0, quantization)
         start = time.perf_counter()
-        reply = await self.request(
-            {"op": "infer", "bundle": bundle_id, "split": split_id, "deadline_ms": timeout * 1000.0},
-            timeout,
-            tensor,
-            **tensor_fields,
-        )
+        reply = await self._call(request, timeout)
         end = time.perf_counter()
-        output = reply.get("tensor")
-        if not isinstance(output, np.ndarray):
-            raise HostUnavailableError(f"host {self.address} answered infer without a tensor")
+        assert isinstance(reply, InferReply)
         return InferResult(
-            output, float(reply.get("compute_ms", 0.0)), (end - start) * 1000.0, float(reply.get("queue_ms", 0.0)),
-            sent=start, received=end,
+            reply.tensor, reply.compute_ms, (end - start) * 1000.0, reply.queue_ms, sent=start, received=end
         )
 
     async def profile(
@@ -225,21 +317,21 @@ class HostClient:
         timeout: float = 300.0,
     ) -> dict[str, dict[int, float]]:
         """The host's own median tail ms per split and batch size (its compute, measured there)."""
-        message = {"op": "profile", "bundle": bundle_id, "batches": list(batches), "repeats": repeats}
-        if splits is not None:
-            message["splits"] = list(splits)
-        reply = await self.request(message, timeout)
-        return {split: {int(b): float(ms) for b, ms in times.items()} for split, times in reply["tail_ms"].items()}
+        chosen = None if splits is None else tuple(splits)
+        reply = await self._call(ProfileRequest(self._next_id(), bundle_id, tuple(batches), repeats, chosen), timeout)
+        assert isinstance(reply, ProfileReply)
+        return reply.tail_ms
 
     async def ping(self, payload_bytes: int = 0, timeout: float = 5.0) -> float:
         """Round trip in ms; a payload makes it a link-rate probe (the host answers with a small reply)."""
-        payload = np.zeros(payload_bytes, dtype=np.uint8) if payload_bytes else None
+        request = PingRequest(self._next_id(), np.zeros(payload_bytes, dtype=np.uint8) if payload_bytes else None)
         start = time.perf_counter()
-        await self.request({"op": "ping"}, timeout, payload)
+        await self._call(request, timeout)
         return (time.perf_counter() - start) * 1000.0
 
     async def stats(self, timeout: float = 5.0) -> dict[str, Any]:
-        return await self.request({"op": "stats"}, timeout)
+        """The host's stats reply as a map: ``["stats"]`` holds its figures (docs/protocol.md)."""
+        return (await self._call(StatsRequest(self._next_id()), timeout)).parts()[0]
 
     async def close(self) -> None:
         transport = self._protocol.transport
