@@ -34,7 +34,9 @@ from device_runtime.wire.framing import LENGTH
 from device_runtime.wire.msgpack_view import unpack
 from splitedge.errors import CredentialsError, FrameRefused, ProtocolError
 
-__all__ = ["DeviceAuth", "FrameAuth", "HostAuth", "load_key", "MIN_KEY_BYTES", "REFUSAL_KINDS", "SCHEME"]
+__all__ = [
+    "DeviceAuth", "FrameAuth", "HostAuth", "load_key", "MAX_HANDSHAKE_BYTES", "MIN_KEY_BYTES", "REFUSAL_KINDS", "SCHEME",
+]
 
 SCHEME = "hmac-sha256"
 LABEL = b"splitedge-frame-v1"  # domain separation: these tags mean nothing anywhere else
@@ -45,6 +47,10 @@ NONCE_BYTES = 16
 MIN_KEY_BYTES = 16  # 128 bits; `openssl rand -hex 32` gives 64 characters
 #: A plain frame is only ever a challenge or a refusal: a few dozen bytes. Nothing larger is parsed.
 MAX_PLAIN_BYTES = 4096
+#: Until the handshake is complete a frame is a challenge, a refusal, the device's auth frame or
+#: the hello sent right behind it: a few dozen bytes each. A longer length prefix is refused at
+#: once, so a peer without the key never makes the other side allocate a frame buffer.
+MAX_HANDSHAKE_BYTES = 4096
 SENT_BY_DEVICE, SENT_BY_HOST = b"D", b"H"
 #: Why a host refuses a frame (``FrameRefused.kind``): a closed set, for the host's stats.
 REFUSAL_KINDS = ("unauthenticated", "bad_mac", "replayed", "handshake")

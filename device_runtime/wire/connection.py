@@ -9,7 +9,14 @@ Writing sends the codec's prefix and the tensor's own memory without joining the
 
 With a pre-shared key, a :class:`~device_runtime.wire.auth.FrameAuth` seals every frame on the way
 out and opens it on the way in (sans-IO, like the codec); a frame that does not verify goes to
-:meth:`FramedProtocol.refused` and nothing read after it on that connection is looked at.
+:meth:`FramedProtocol.refused` and nothing read after it on that connection is looked at. Until
+the handshake is complete only handshake-sized frames are taken (a larger length prefix is
+refused at once, before anything is allocated for it): a peer that has not shown the key
+cannot make the other side hold a frame buffer.
+
+Reading stops for a reason and resumes when every reason has gone (:meth:`FramedProtocol.pause`):
+a host stops reading a connection with too many requests in flight, and any side stops while
+a frame waits for the host-wide :class:`~device_runtime.wire.framing.FrameBudget`.
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from device_runtime.wire.auth import FrameAuth
+from device_runtime.wire.auth import MAX_HANDSHAKE_BYTES, FrameAuth
+from device_runtime.wire.framing import FrameBudget
 from device_runtime.wire.protocol import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, Oversized, encode
 from splitedge.errors import FrameRefused
 
@@ -40,11 +48,19 @@ class FramedProtocol(asyncio.BufferedProtocol):
     """Base protocol: subclasses implement :meth:`frame_received` and :meth:`oversized`
     (and, with ``auth``, may override :meth:`handshake` and :meth:`refused`)."""
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, auth: FrameAuth | None = None) -> None:
-        self.decoder = FrameDecoder(max_frame_bytes)
+    def __init__(
+        self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, auth: FrameAuth | None = None,
+        budget: FrameBudget | None = None,
+    ) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        limit = max_frame_bytes if auth is None else min(max_frame_bytes, MAX_HANDSHAKE_BYTES)
+        self.decoder = FrameDecoder(limit, budget=budget)
+        self.decoder.on_granted = self._granted
         self.auth = auth
         self.refusing = False  # a frame failed authentication: read nothing more
         self.transport: asyncio.Transport | None = None
+        self.pauses: set[str] = set()  # why reading is stopped; empty while reading
+        self.frames_read = 0  # frames cut from the stream, oversized ones included
         self._socket: Any = None
         self._lowat = 1
 
@@ -62,19 +78,57 @@ class FramedProtocol(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.decoder.get_buffer()
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.decoder.close()  # what it held of the budget goes back
+
     def buffer_updated(self, nbytes: int) -> None:
         for event in self.decoder.buffer_updated(nbytes):
-            if self.refusing:
-                break
+            if self.refusing:  # nothing after a refused frame is looked at (the decoder is still run out)
+                continue
+            self.frames_read += 1
             if isinstance(event, Oversized):
-                if self.auth is not None:
-                    self.auth.skipped()
-                self.oversized(event)
+                self._oversized(event)
             elif self.auth is None:
                 self.frame_received(event)
             else:
                 self._open(event)
+        if self.decoder.stalled:
+            self.pause("budget")
         self._set_low_water(min(max(self.decoder.body_remaining, 1), MAX_RCVLOWAT))
+
+    def pause(self, reason: str) -> None:
+        """Stop reading until :meth:`resume` has been called for ``reason`` (and every other reason)."""
+        if not self.pauses and self.transport is not None:
+            self.transport.pause_reading()
+        self.pauses.add(reason)
+
+    def resume(self, reason: str) -> None:
+        if reason not in self.pauses:
+            return
+        self.pauses.discard(reason)
+        if not self.pauses and self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def _granted(self) -> None:
+        """The budget now covers the stalled frame; cut it on the next turn of the loop, not
+        inside the callback of the connection whose frame freed the bytes."""
+        asyncio.get_running_loop().call_soon(self._cut_granted)
+
+    def _cut_granted(self) -> None:
+        self.buffer_updated(0)
+        self.resume("budget")
+
+    def _oversized(self, event: Oversized) -> None:
+        if self.auth is not None and not self.auth.established:
+            self.refusing = True
+            self.refused(FrameRefused(
+                f"a frame of {event.length} bytes before the handshake is complete (at most {event.limit})",
+                "handshake", f"a {event.length}-byte length prefix before authenticating",
+            ))
+            return
+        if self.auth is not None:
+            self.auth.skipped()
+        self.oversized(event)
 
     def _set_low_water(self, nbytes: int) -> None:
         if nbytes == self._lowat or self._socket is None:
@@ -95,6 +149,8 @@ class FramedProtocol(asyncio.BufferedProtocol):
             self.refused(exc)
             return
         if content is None:
+            if self.auth.established:  # the key is proven: frames up to the configured size from now on
+                self.decoder.max_frame_bytes = self.max_frame_bytes
             self.handshake()
         else:
             self.frame_received(content)

@@ -6,13 +6,20 @@ its own (uninitialised, no zero-fill) and the socket then reads *directly into i
 megabyte tensor is copied once, by the kernel, and the decoded array is a view of that
 buffer. An oversized frame is refused from its 4-byte prefix — before its body arrives —
 and its body is read into scratch and dropped, so the connection stays usable.
+
+A body buffer is allocated from a length prefix, before the body arrives, so a peer that
+sends prefixes and little else could make the receiver hold memory it never uses (twenty
+connections once held 1.28 GB of a host that way). A :class:`FrameBudget` shared by every
+connection bounds that: a decoder reserves its body there first and, when the budget cannot
+cover it, stalls with the prefix kept until another frame completes or its connection goes.
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Iterator, Union
+from collections import OrderedDict
+from typing import Callable, Iterator, Union
 
 import numpy as np
 
@@ -40,17 +47,80 @@ class Oversized:
 Event = Union[memoryview, Oversized]
 
 
+class FrameBudget:
+    """Bytes that all decoders together may hold in frames still arriving (a host-wide bound).
+
+    Waiters are served first come, first served: a large frame is not overtaken for ever by
+    small ones. A waiter's bytes are reserved for it before it is woken, so nothing can take
+    them in between.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        assert capacity >= 1, f"a frame budget needs at least one byte, got {capacity}"
+        self.capacity = capacity
+        self.held = 0
+        self._waiters: OrderedDict[FrameDecoder, int] = OrderedDict()
+
+    def reserve(self, nbytes: int) -> bool:
+        """Take ``nbytes`` if they fit and nobody waits ahead (False: call :meth:`wait`)."""
+        if self._waiters or self.held + nbytes > self.capacity:
+            return False
+        self.held += nbytes
+        return True
+
+    def release(self, nbytes: int) -> None:
+        self.held -= nbytes
+        assert self.held >= 0, f"released more than was reserved ({self.held} bytes held)"
+        while self._waiters:
+            decoder, wanted = next(iter(self._waiters.items()))
+            if self.held + wanted > self.capacity:
+                return
+            del self._waiters[decoder]
+            self.held += wanted
+            decoder.granted(wanted)
+
+    def wait(self, decoder: "FrameDecoder", nbytes: int) -> None:
+        self._waiters[decoder] = nbytes
+
+    def cancel(self, decoder: "FrameDecoder") -> None:
+        self._waiters.pop(decoder, None)
+
+    @property
+    def waiting(self) -> int:
+        """Decoders stalled until the budget covers their frame."""
+        return len(self._waiters)
+
+
 class FrameDecoder:
     """Incremental framing. Transports call :meth:`get_buffer` / :meth:`buffer_updated`;
     :meth:`feed` does the same from bytes already read (tests, other transports)."""
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, scratch_bytes: int = SCRATCH_BYTES) -> None:
-        self.max_frame_bytes = max_frame_bytes
+    def __init__(
+        self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, scratch_bytes: int = SCRATCH_BYTES,
+        budget: FrameBudget | None = None,
+    ) -> None:
+        self.max_frame_bytes = max_frame_bytes  # the owner may change it between reads (a handshake's)
+        self.budget = budget
+        #: Called when a stalled frame's bytes have been granted: the owner reads again and
+        #: calls ``buffer_updated(0)`` to cut the frame now.
+        self.on_granted: Callable[[], None] = lambda: None
         self._scratch = bytearray(max(scratch_bytes, LENGTH.size))
         self._pending = 0  # bytes at the start of scratch not yet cut into frames (< 4 between reads)
         self._body: np.ndarray | None = None  # the frame being read in place
         self._filled = 0
         self._skip = 0  # body bytes of an oversized frame still to drop
+        self._stalled = 0  # length of the frame waiting for the budget (its prefix kept in scratch)
+        self._granted = 0  # bytes the budget reserved for the stalled frame
+
+    @property
+    def stalled(self) -> bool:
+        """True while a frame waits for the budget: read nothing more until :attr:`on_granted`."""
+        return self._stalled != 0 and self._granted == 0
+
+    @property
+    def held(self) -> int:
+        """Bytes of the frame body allocated and still arriving (what this decoder holds of the budget)."""
+        return 0 if self._body is None else len(self._body)
 
     @property
     def idle(self) -> bool:
@@ -70,28 +140,34 @@ class FrameDecoder:
             return memoryview(self._scratch)[: min(self._skip, len(self._scratch))]
         return memoryview(self._scratch)[self._pending :]
 
-    def buffer_updated(self, nbytes: int) -> list[Event]:
-        """``nbytes`` were written into the last :meth:`get_buffer`; returns the frames completed."""
+    def buffer_updated(self, nbytes: int) -> Iterator[Event]:
+        """``nbytes`` were written into the last :meth:`get_buffer`; yields the frames completed.
+
+        Lazily, and it must be consumed to the end: each length prefix is checked against
+        :attr:`max_frame_bytes` as it is when that frame's turn comes, so a limit the consumer
+        changes on one frame (the end of a handshake) applies to the frames behind it.
+        """
         if self._body is not None:
             self._filled += nbytes
             if self._filled < len(self._body):
-                return []
+                return iter(())
             body, self._body = self._body, None
-            return [memoryview(body)]
+            if self.budget is not None:
+                self.budget.release(len(body))  # complete: what holds it now is bounded per request
+            return iter((memoryview(body),))
         if self._skip:
             self._skip -= nbytes
-            return []
+            return iter(())
         self._pending += nbytes
         return self._cut_scratch()
 
-    def _cut_scratch(self) -> list[Event]:
-        events: list[Event] = []
+    def _cut_scratch(self) -> Iterator[Event]:
         scratch, start, end = self._scratch, 0, self._pending
         while end - start >= LENGTH.size:
             (length,) = LENGTH.unpack_from(scratch, start)
             start += LENGTH.size
             if length > self.max_frame_bytes:
-                events.append(Oversized(length, self.max_frame_bytes))
+                yield Oversized(length, self.max_frame_bytes)
                 dropped = min(length, end - start)
                 start += dropped
                 self._skip = length - dropped
@@ -99,18 +175,50 @@ class FrameDecoder:
                     break
             elif end - start >= length:
                 # Complete in scratch: copy it out, scratch is reused by the next read.
-                events.append(memoryview(bytes(scratch[start : start + length])))
+                frame = memoryview(bytes(scratch[start : start + length]))
                 start += length
+                yield frame
+            elif not self._reserve(length):
+                start -= LENGTH.size  # cut again, prefix and all, once the budget grants it
+                break
             else:
                 body = np.empty(length, dtype=np.uint8)
                 have = end - start
                 body[:have] = np.frombuffer(scratch, dtype=np.uint8, count=have, offset=start)
                 self._body, self._filled = body, have
                 start = end
-        leftover = end - start  # a partial length prefix, at most 3 bytes
+        leftover = end - start  # a partial length prefix (at most 3 bytes), or a stalled frame's start
         scratch[:leftover] = scratch[start:end]
         self._pending = leftover
-        return events
+
+    def _reserve(self, length: int) -> bool:
+        """The budget's bytes for a body of ``length``: already granted, taken now, or waited for."""
+        if self.budget is None:
+            return True
+        if self._granted:
+            assert self._granted == length, f"granted {self._granted} bytes for a frame of {length}"
+            self._granted = self._stalled = 0
+            return True
+        if self.budget.reserve(length):
+            return True
+        self._stalled = length
+        self.budget.wait(self, length)
+        return False
+
+    def granted(self, nbytes: int) -> None:
+        """The budget reserved ``nbytes`` for the stalled frame (called by :class:`FrameBudget`)."""
+        self._granted = nbytes
+        self.on_granted()
+
+    def close(self) -> None:
+        """The connection is gone: give back what this decoder holds or waits for."""
+        if self.budget is None:
+            return
+        self.budget.cancel(self)
+        held = self.held + self._granted
+        self._body, self._granted, self._stalled = None, 0, 0
+        if held:
+            self.budget.release(held)
 
     def feed(self, data: Buffer) -> Iterator[Event]:
         view = memoryview(data).cast("B")
