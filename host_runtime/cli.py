@@ -15,6 +15,7 @@ from device_runtime.wire.tls import server_context
 from host_runtime.advertise import Advertiser, local_address_for
 from host_runtime.batcher import BatchConfig
 from host_runtime.event_loop import LOOPS, loop_runner
+from host_runtime.limits import fit_fd_limit
 from host_runtime.server import HostServer, ServerConfig
 from host_runtime.tails import DEVICES, TailRegistry
 from splitedge.errors import SplitEdgeError
@@ -28,6 +29,7 @@ examples:
   split-host serve bundle/ --max-batch 32 --max-wait-ms 5   # bigger batches for a busy fleet
   split-host serve bundle/ --max-batch 1 --max-queue 64     # no batching, refuse sooner
   split-host serve bundle/ --device cpu            # keep the tails off the GPU
+  split-host serve bundle/ --max-connections 256 --idle-timeout 60   # a smaller host, stricter
   split-host serve bundle/ --loop asyncio          # asyncio's own event loop even where uvloop is installed
   openssl rand -hex 32 > host.key && chmod 600 host.key   # a pre-shared key; copy it to the boards
   split-host serve bundle/ --key-file host.key     # every frame authenticated (HMAC-SHA256), replays refused
@@ -66,11 +68,38 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=7767, help="TCP port (0 picks a free one; default 7767)")
     serve.add_argument("--interface", default="0.0.0.0", help="address to listen and advertise on (default: all)")
     serve.add_argument("--no-zeroconf", action="store_true", help="do not advertise the host")
-    serve.add_argument("--workers", type=int, default=ServerConfig.workers, help="tail worker threads")
+    serve.add_argument("--workers", type=int, default=ServerConfig.workers,
+                       help=f"tail worker threads (default: one per CPU, {ServerConfig.workers})")
     serve.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads per tail")
     serve.add_argument(
-        "--max-frame-mb", type=float, default=DEFAULT_MAX_FRAME_BYTES / 2**20,
-        help="refuse frames larger than this (MiB)",
+        "--max-frame-mb", type=_at_least(0.001, float), default=DEFAULT_MAX_FRAME_BYTES / 2**20,
+        help=f"refuse frames larger than this (MiB; default {DEFAULT_MAX_FRAME_BYTES / 2**20:g})",
+    )
+    serve.add_argument(
+        "--max-partial-mb", type=_at_least(0.001, float), default=None,
+        help="memory all connections together may hold in frames still arriving (MiB); a connection whose "
+        "frame does not fit is not read until it does (default: 4 x --max-frame-mb, 256)",
+    )
+    config = ServerConfig()
+    serve.add_argument(
+        "--max-connections", type=_at_least(1, int), default=config.max_connections,
+        help="connections kept in all; more are refused with a log line (a fleet is tens of boards, one "
+        f"connection each; default {config.max_connections})",
+    )
+    serve.add_argument(
+        "--max-connections-per-address", type=_at_least(1, int), default=config.max_connections_per_address,
+        help="connections kept from one IP address (boards behind one NAT share it; default "
+        f"{config.max_connections_per_address})",
+    )
+    serve.add_argument(
+        "--idle-timeout", type=_at_least(0.001, float), default=config.idle_timeout,
+        help="close a connection that sent nothing and waits for nothing this long, s (boards reconnect "
+        f"by themselves; default {config.idle_timeout:g})",
+    )
+    serve.add_argument(
+        "--frame-timeout", type=_at_least(0.001, float), default=config.frame_timeout,
+        help="close a connection whose frame stays unfinished this long, s (a 64 MiB frame at 10 Mbit/s "
+        f"takes 54; default {config.frame_timeout:g})",
     )
     serve.add_argument(
         "--device", choices=DEVICES, default="auto",
@@ -112,10 +141,17 @@ async def serve(args: argparse.Namespace) -> None:
     key = load_key(args.key_file) if args.key_file else None  # checked before the bundles load
     tls = server_context(args.tls_cert, args.tls_key) if args.tls_cert or args.tls_key else None
     registry = TailRegistry.from_paths(args.bundles, threads=args.threads, device=args.device)
+    max_connections, fd_warning = fit_fd_limit(args.max_connections)
+    if fd_warning is not None:
+        print(fd_warning, file=sys.stderr, flush=True)
+    max_frame_bytes = int(args.max_frame_mb * 2**20)
     config = ServerConfig(
-        host=args.interface, port=args.port, workers=args.workers, max_frame_bytes=int(args.max_frame_mb * 2**20),
+        host=args.interface, port=args.port, workers=args.workers, max_frame_bytes=max_frame_bytes,
         batching=BatchConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue),
-        metrics_port=args.metrics_port, key=key, tls=tls,
+        metrics_port=args.metrics_port, key=key, tls=tls, max_connections=max_connections,
+        max_connections_per_address=args.max_connections_per_address, idle_timeout=args.idle_timeout,
+        frame_timeout=args.frame_timeout,
+        max_partial_bytes=4 * max_frame_bytes if args.max_partial_mb is None else int(args.max_partial_mb * 2**20),
     )
     server = HostServer(registry, config)
     stop = asyncio.Event()
@@ -130,6 +166,9 @@ async def serve(args: argparse.Namespace) -> None:
     event_loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # "uvloop" or "asyncio"
     print(f"tails run on {registry.device}; batches of up to {args.max_batch} samples, waiting at most "
           f"{args.max_wait_ms:g} ms; queue of {args.max_queue} samples; {event_loop} event loop", flush=True)
+    print(f"limits: {config.max_connections} connections ({config.max_connections_per_address} per address), "
+          f"idle {config.idle_timeout:g} s, frames finished within {config.frame_timeout:g} s, "
+          f"{config.max_partial_bytes / 2**20:g} MiB of frames arriving", flush=True)
     if server.metrics is not None:
         print(f"metrics on http://{host}:{server.metrics.port}/metrics", flush=True)
     try:
@@ -154,6 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve" and bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
+    if args.command == "serve" and args.max_partial_mb is not None and args.max_partial_mb < args.max_frame_mb:
+        parser.error(f"--max-partial-mb {args.max_partial_mb:g} cannot hold one frame of --max-frame-mb {args.max_frame_mb:g}")
     try:
         runner = loop_runner(args.loop)
     except SplitEdgeError as exc:

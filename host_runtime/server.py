@@ -8,25 +8,36 @@ in-flight requests are bounded: past the limit the host stops reading from that 
 (backpressure) until replies drain. Across connections, :class:`~host_runtime.batcher.Batcher`
 batches requests per tail and bounds the host's queue; :class:`~host_runtime.metrics.HostStats`
 counts everything once, for ``stats`` and for Prometheus.
+
+The host's walls (:mod:`host_runtime.limits`): connections are capped in all and per address,
+closed when idle or when a frame stays unfinished too long; the frames still arriving on all
+connections together hold at most ``max_partial_bytes`` (a connection whose frame does not fit
+stops being read until it does); ``profile`` runs on a thread of its own, bounded
+(:mod:`host_runtime.profiling`). Stopping refuses new work at once (``overloaded``), so a
+loaded host drains instead of waiting out its timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 from prometheus_client import Counter as PromCounter
+from prometheus_client import Gauge as PromGauge
 
 from device_runtime.wire.auth import REFUSAL_KINDS, HostAuth
 from device_runtime.wire.connection import FramedProtocol
+from device_runtime.wire.framing import FrameBudget
 from device_runtime.wire.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     OPS,
@@ -37,9 +48,19 @@ from device_runtime.wire.protocol import (
 )
 from device_runtime.wire.quantization import dequantize
 from host_runtime.batcher import BatchConfig, Batcher, BatchResult, TailKey, absolute_deadline
+from host_runtime.limits import (
+    DEFAULT_FRAME_TIMEOUT_S,
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+    AcceptFailures,
+    Activity,
+    ConnectionGate,
+)
 from host_runtime.metrics import PREFIX, HostStats, MetricsEndpoint
-from host_runtime.tails import TailRegistry, profile_tails
-from splitedge.errors import FrameRefused, ProtocolError
+from host_runtime.profiling import Profiler, plan_profile
+from host_runtime.tails import TailRegistry
+from splitedge.errors import FrameRefused, ProtocolError, SplitEdgeError
 
 log = logging.getLogger("splitedge.host")
 
@@ -56,22 +77,76 @@ class ServerConfig:
     metrics_port: int | None = None  # Prometheus text on host:metrics_port (0: a free port); None: off
     key: bytes | None = field(default=None, repr=False)  # --key-file: every frame authenticated (device_runtime.wire.auth)
     tls: ssl.SSLContext | None = None  # --tls-cert/--tls-key (device_runtime.wire.tls.server_context)
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # in all; past it a new connection is refused
+    max_connections_per_address: int = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S  # s with nothing read and nothing in flight: closed
+    frame_timeout: float = DEFAULT_FRAME_TIMEOUT_S  # s a frame may stay unfinished: closed
+    # Frames still arriving, all connections together (FrameBudget): room for four of the largest.
+    max_partial_bytes: int = 4 * DEFAULT_MAX_FRAME_BYTES
+
+    def __post_init__(self) -> None:
+        assert self.max_partial_bytes >= self.max_frame_bytes, (
+            f"max_partial_bytes ({self.max_partial_bytes}) must hold one frame of max_frame_bytes ({self.max_frame_bytes})"
+        )
+        assert self.idle_timeout > 0 and self.frame_timeout > 0, "timeouts must be positive"
 
 
 class _HostProtocol(FramedProtocol):
     def __init__(self, server: "HostServer") -> None:
         key = server.config.key
-        super().__init__(server.config.max_frame_bytes, HostAuth(key) if key is not None else None)
+        super().__init__(server.config.max_frame_bytes, HostAuth(key) if key is not None else None, server.budget)
         self.server = server
         self.in_flight = 0
-        self.paused = False
+        self.profiling = False
+        self.address = ""  # the peer's IP address, once admitted
+        self.activity = Activity(server.clock())
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        refusal = self.server.gate.admit(address)
+        if refusal is not None:
+            kind, reason = refusal
+            self.server.connections_closed.labels(kind).inc()
+            log.warning("refused a connection from %s: %s", peer, reason)
+            transport.close()
+            return
+        self.address = address
         self.server.connections.add(self)
+        super().connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.server.connections.discard(self)
+        super().connection_lost(exc)
+        if self in self.server.connections:
+            self.server.connections.discard(self)
+            self.server.gate.leave(self.address)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        frames = self.frames_read
+        super().buffer_updated(nbytes)
+        self.activity.read(self.server.clock(), not self.decoder.idle, self.frames_read != frames)
+
+    def resume(self, reason: str) -> None:
+        paused = bool(self.pauses)
+        super().resume(reason)
+        if paused and not self.pauses:
+            self.activity.resumed(self.server.clock())
+
+    def check_timeouts(self, now: float) -> None:
+        """Close this connection if it has been idle, or left a frame unfinished, too long. Not
+        while the host itself holds it paused: that wait is the host's, not the peer's."""
+        if self.pauses or self.transport is None or self.transport.is_closing():
+            return
+        config = self.server.config
+        expired = self.activity.expired(now, config.idle_timeout, config.frame_timeout,
+                                        busy=self.in_flight > 0 or self.profiling)
+        if expired is None:
+            return
+        kind, reason = expired
+        self.server.connections_closed.labels(kind).inc()
+        peer = self.transport.get_extra_info("peername")
+        log.log(logging.INFO if kind == "idle_timeout" else logging.WARNING, "closed the connection from %s: %s", peer, reason)
+        self.transport.close()
 
     def reply_error(self, request_id: Any, code: str, message: str) -> None:
         self.server.stats.error(code)
@@ -100,7 +175,9 @@ class _HostProtocol(FramedProtocol):
         request_id = message.get("id")
         op = message.get("op")
         self.server.stats.request(op)
-        if op == "infer":
+        if op in ("infer", "profile") and self.server.draining:
+            self.reply_error(request_id, "overloaded", "this host is shutting down; use another host")
+        elif op == "infer":
             self.start_infer(request_id, message, received)
         elif op == "hello":
             if message.get("protocol") != PROTOCOL_VERSION:
@@ -143,24 +220,16 @@ class _HostProtocol(FramedProtocol):
             self.reply_error(request_id, exc.code, str(exc))
             return
         self.in_flight += 1
-        if self.in_flight >= self.server.config.max_in_flight and not self.paused and self.transport:
-            self.transport.pause_reading()
-            self.paused = True
+        if self.in_flight >= self.server.config.max_in_flight:
+            self.pause("in_flight")
         result.add_done_callback(partial(self.finish_infer, request_id, key, received))
 
     async def profile(self, request_id: Any, message: dict[str, Any]) -> None:
-        """Time tails here for a board's calibration; bounded by :func:`profile_tails`."""
-        loop = asyncio.get_running_loop()
-        splits, batches = message.get("splits"), message.get("batches")
+        """Time tails here for a board's calibration, on the profiler's own thread (bounded and
+        one at a time: :mod:`host_runtime.profiling`)."""
+        self.profiling = True  # the connection waits for the reply: not idle
         try:
-            if splits is not None and not (isinstance(splits, list) and all(isinstance(s, str) for s in splits)):
-                raise ProtocolError(f"profile splits must be a list of split ids, got {splits!r}", code="bad_request")
-            if not isinstance(batches, list):
-                raise ProtocolError(f"profile batches must be a list of batch sizes, got {batches!r}", code="bad_request")
-            times = await loop.run_in_executor(
-                self.server.executor, profile_tails, self.server.registry, message.get("bundle"), splits, batches,
-                message.get("repeats", 10),
-            )
+            times = await self.server.profiler.run(plan_profile(self.server.registry, message))
         except ProtocolError as exc:
             self.reply_error(request_id, exc.code, str(exc))
         except Exception as exc:
@@ -168,13 +237,14 @@ class _HostProtocol(FramedProtocol):
             self.reply_error(request_id, "internal", f"profile failed: {exc}")
         else:
             self.send({"id": request_id, "ok": True, "tail_ms": times})
+        finally:
+            self.profiling = False
 
     def finish_infer(self, request_id: Any, key: TailKey, received: float, result: asyncio.Future[BatchResult]) -> None:
         """Reply with this request's slice of its batch, or the typed error it ended with."""
         self.in_flight -= 1
-        if self.paused and self.in_flight < self.server.config.max_in_flight // 2 and self.transport:
-            self.transport.resume_reading()
-            self.paused = False
+        if self.in_flight < self.server.config.max_in_flight // 2:
+            self.resume("in_flight")
         if result.cancelled():  # the host is shutting down; the connection goes with it
             return
         error = result.exception()
@@ -190,6 +260,19 @@ class _HostProtocol(FramedProtocol):
         self.server.stats.served(key, done.queue_ms / 1000.0, done.compute_ms / 1000.0, time.perf_counter() - received)
 
 
+@contextmanager
+def _port_in_use(host: str, port: int, flag: str) -> Iterator[None]:
+    """A port another process holds becomes one line that says what to do, not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        raise SplitEdgeError(
+            f"port {port} on {host} is in use; stop the other host or pass {flag} 0 for a free one"
+        ) from exc
+
+
 class HostServer:
     """Serve the tails of a :class:`TailRegistry` on TCP until :meth:`close`."""
 
@@ -199,6 +282,11 @@ class HostServer:
         self.connections: set[_HostProtocol] = set()
         self.tasks: set[asyncio.Future[None]] = set()
         self.executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="tail")
+        self.profiler = Profiler()
+        self.budget = FrameBudget(config.max_partial_bytes)
+        self.gate = ConnectionGate(config.max_connections, config.max_connections_per_address)
+        self.clock = time.monotonic  # the event loop's clock once started
+        self.draining = False  # stopping: new infer and profile requests are refused
         self.stats = HostStats(  # the gauges read the batcher when collected
             connections=lambda: len(self.connections),
             in_flight=lambda: self.batcher.pending,
@@ -211,8 +299,18 @@ class HostServer:
         )
         for kind in REFUSAL_KINDS:
             self.frames_refused.labels(kind)
+        self.connections_closed = PromCounter(
+            PREFIX + "connections_closed", "Connections the host refused or closed itself, by the limit that did it.",
+            ["reason"], registry=self.stats.registry,
+        )
+        for kind in ("max_connections", "max_connections_per_address", "idle_timeout", "frame_timeout"):
+            self.connections_closed.labels(kind)
+        PromGauge(PREFIX + "partial_frame_bytes", "Bytes held for frames still arriving, all connections (bounded "
+                  "by max_partial_bytes).", registry=self.stats.registry).set_function(lambda: self.budget.held)
         self.metrics: MetricsEndpoint | None = None
         self._server: asyncio.AbstractServer | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._accept_failures: AcceptFailures | None = None
 
     def hello(self) -> dict[str, Any]:
         return {
@@ -230,19 +328,44 @@ class HostServer:
     async def start(self) -> tuple[str, int]:
         """Bind and listen; returns the bound address (port 0 picks a free port)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _HostProtocol(self), self.config.host, self.config.port, reuse_address=True, ssl=self.config.tls
-        )
+        self.clock = loop.time
+        with _port_in_use(self.config.host, self.config.port, "--port"):
+            self._server = await loop.create_server(
+                lambda: _HostProtocol(self), self.config.host, self.config.port, reuse_address=True, ssl=self.config.tls
+            )
         host, port = self._server.sockets[0].getsockname()[:2]
         if self.config.metrics_port is not None:
-            self.metrics = self.stats.serve_http(self.config.host, self.config.metrics_port)
+            try:
+                with _port_in_use(self.config.host, self.config.metrics_port, "--metrics-port"):
+                    self.metrics = self.stats.serve_http(self.config.host, self.config.metrics_port)
+            except SplitEdgeError:
+                self._server.close()
+                raise
+        self._accept_failures = AcceptFailures(loop.get_exception_handler())
+        loop.set_exception_handler(self._accept_failures)
+        self._watchdog = asyncio.ensure_future(self._watch())
         return host, port
 
+    async def _watch(self) -> None:
+        """Close connections idle or with a frame unfinished past their timeouts; checked every
+        quarter of the shorter timeout, so a connection is closed at most a quarter late."""
+        period = min(self.config.idle_timeout, self.config.frame_timeout) / 4
+        while True:
+            await asyncio.sleep(period)
+            now = self.clock()
+            for connection in list(self.connections):
+                connection.check_timeouts(now)
+
     async def close(self) -> None:
-        """Stop accepting, let requests in flight finish (bounded), then drop connections."""
+        """Stop accepting and refuse new work (``overloaded``), stop a profile within one tail
+        run, let infers in flight finish (bounded), then drop connections."""
+        self.draining = True
         if self._server is not None:
             self._server.close()
-        await self.batcher.close(self.config.shutdown_timeout)
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        timeout = self.config.shutdown_timeout
+        await asyncio.gather(self.batcher.close(timeout), self.profiler.close(timeout))
         if self.tasks:
             await asyncio.wait(set(self.tasks), timeout=self.config.shutdown_timeout)
         if self.metrics is not None:
@@ -253,3 +376,5 @@ class HostServer:
         if self._server is not None:
             await asyncio.wait_for(self._server.wait_closed(), self.config.shutdown_timeout)
         self.executor.shutdown(wait=False, cancel_futures=True)
+        if self._accept_failures is not None:
+            asyncio.get_running_loop().set_exception_handler(self._accept_failures.previous)

@@ -6,8 +6,8 @@ code the device receives (``unknown_bundle``, ``unknown_split``, ``bad_request``
 
 A bundle with its full model is also served as the split ``offload`` (DSC Eq. 5: the
 input crosses the link and the whole network runs here), the other corner of the table a
-board calibrates. The host times its own tails for that table (:func:`profile_tails`): a
-board cannot measure the host's compute.
+board calibrates. The host times its own tails for that table
+(:mod:`host_runtime.profiling`): a board cannot measure the host's compute.
 
 Tails run on onnxruntime's CUDA provider when the host has one (``--device auto``, the
 default) and on the CPU otherwise; the device actually used is read back from the sessions,
@@ -22,14 +22,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from calibration import measure_ms
 from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
 from device_runtime.engine.backend import Backend, OnnxBackend, check_input
 from splitedge.errors import BackendError, BundleError, ProtocolError
-
-#: Bounds of one ``profile`` request: it blocks a worker, so a board cannot make it run for long.
-MAX_PROFILE_BATCH = 64
-MAX_PROFILE_REPEATS = 50
 
 DEVICES = ("auto", "cpu", "cuda")
 CUDA = "CUDAExecutionProvider"
@@ -123,34 +118,3 @@ def run_batch(tail: Backend, tensors: Sequence[np.ndarray]) -> tuple[np.ndarray,
     if output.shape[:1] != x.shape[:1]:
         raise BackendError(f"{tail.name} returned {output.shape[:1]} samples for a batch of {x.shape[0]}")
     return output, start, compute_ms
-
-
-def profile_tails(
-    registry: TailRegistry, bundle_id: object, splits: Sequence[str] | None, batches: Sequence[int], repeats: int
-) -> dict[str, dict[str, float]]:
-    """Median ms of each tail at each batch size, measured here (the ``profile`` request).
-
-    Inputs are seeded noise of the tail's shape: convolution and matmul time do not depend
-    on the values. Requests outside the bounds are ``bad_request``, never a long stall.
-    """
-    served = registry.served()
-    if not isinstance(bundle_id, str) or bundle_id not in served:
-        registry.lookup(bundle_id, None)  # raises unknown_bundle with the list
-    chosen = list(served[bundle_id]) if splits is None else list(splits)
-    bad_batches = [b for b in batches if not isinstance(b, int) or not 1 <= b <= MAX_PROFILE_BATCH]
-    if not batches or bad_batches:
-        raise ProtocolError(f"profile batches must be integers in 1..{MAX_PROFILE_BATCH}, got {list(batches)}", code="bad_request")
-    if not isinstance(repeats, int) or not 1 <= repeats <= MAX_PROFILE_REPEATS:
-        raise ProtocolError(f"profile repeats must be an integer in 1..{MAX_PROFILE_REPEATS}, got {repeats!r}", code="bad_request")
-    rng = np.random.default_rng(0)
-    times: dict[str, dict[str, float]] = {}
-    for split_id in chosen:
-        tail = registry.lookup(bundle_id, split_id)
-        sample = tuple(d for d in tail.input_shape[1:])
-        if not all(isinstance(d, int) for d in sample):
-            raise ProtocolError(f"tail of split {split_id} has a dynamic shape {list(sample)}: cannot profile it", code="internal")
-        times[split_id] = {}
-        for batch in batches:
-            x = rng.standard_normal((batch, *sample)).astype(tail.input_dtype)
-            times[split_id][str(batch)] = measure_ms(lambda: tail.run(x), repeats)
-    return times

@@ -1,8 +1,14 @@
-"""What the host-under-load tests share: cut tensors, the tails run directly, raw infer replies."""
+"""What the host-under-load tests share: cut tensors, the tails run directly, raw infer replies,
+and ``split-host serve`` in a process of its own."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,3 +51,25 @@ def run_with_client(host: RunningHost, session) -> Any:
             await client.close()
 
     return asyncio.run(go())
+
+
+def serve_process(bundle_dir: Path, log: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``split-host serve`` on 127.0.0.1, a free port, no zeroconf, its output in ``log``: a file,
+    not a pipe, which nobody would read and which would block the host once full."""
+    command = [sys.executable, "-m", "host_runtime.cli", "serve", str(bundle_dir), "--interface", "127.0.0.1",
+               "--port", "0", "--no-zeroconf", *args]
+    with log.open("wb") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **(env or {})})
+
+
+def port_from_log(process: subprocess.Popen, log: Path, timeout: float = 60.0) -> int:
+    """The port the host printed it listens on (``listening on 127.0.0.1:PORT; ...``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("listening on "):
+                return int(line.split()[2].rstrip(";").rsplit(":", 1)[1])
+        assert process.poll() is None, f"split-host serve exited ({process.returncode}):\n{log.read_text()}"
+        time.sleep(0.05)
+    raise AssertionError(f"split-host serve did not listen within {timeout:g} s:\n{log.read_text()}")

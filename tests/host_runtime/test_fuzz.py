@@ -18,8 +18,11 @@ by reply:
   and logged no traceback (asyncio logs one when a protocol callback raises, and drops the
   connection without a reply), its RSS is within RSS_BOUND_BYTES of what it was after the
   warm-up, and a fresh connection gets a correct infer answer;
-- at the end: the fuzzed frames replayed twice more leave the host's RSS flat (within
-  REPLAY_BOUND_BYTES), and no connection, request or queued sample is left over.
+- at the end: no connection, request, queued sample or partial-frame byte is left over.
+
+Whether the host keeps anything per frame is measured apart, on a host of its own started for
+that test: a fixed mix of frames of every kind (:func:`replay_scripts`), sent again and
+again, must leave its RSS flat (within REPLAY_BOUND_BYTES), whatever tests ran before.
 
 Frames the fuzzing found to break the host are also kept as fixed cases (FOUND), sent on
 every run whatever hypothesis draws.
@@ -34,13 +37,12 @@ example's draws and a ``@reproduce_failure`` blob.
 from __future__ import annotations
 
 import math
-import os
 import signal
 import socket
 import struct
 import subprocess
-import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import lru_cache
@@ -58,6 +60,7 @@ from device_runtime.engine.backend import OnnxBackend
 from device_runtime.wire.protocol import DTYPES, ERROR_CODES, MAX_NDIM, OPS, PROTOCOL_VERSION
 from device_runtime.wire.quantization import dequantize
 from tests.conftest import TEST_SPLITS
+from tests.host_runtime.helpers import port_from_log, serve_process
 
 EARLY, LATE = TEST_SPLITS
 SPLITS = (LATE, EARLY)  # LATE first: hypothesis shrinks towards it, the smaller cut (31 KB a sample)
@@ -72,11 +75,10 @@ START_TIMEOUT_S = 60.0
 #: hundred examples. Keeping one cut tensor per infer would be 40-150 MB; one 1 MiB frame
 #: buffer per oversized or unfinished frame, over 50 MB.
 RSS_BOUND_BYTES = 16 << 20
-#: Over passes of the recorded frames once the host has seen them all, the level must stay flat:
-#: REPLAYS passes of up to REPLAYED_SCRIPTS connections are about 840 frames. Measured:
-#: +0.02-0.03 MiB. 1 MiB catches anything of 1.3 KB or more kept per frame (a future, a reply,
-#: a message map); a 3 KB-per-frame leak put in on purpose was measured at 2.9 KB a frame.
-REPLAYED_SCRIPTS, REPLAYS = 100, 2
+#: Over passes of the replayed frames once the host has seen them all, the level must stay flat:
+#: REPLAYS passes of the REPLAYED_SCRIPTS connections are about 800 frames. 1 MiB catches
+#: anything of 1.3 KB or more kept per frame (a future, a reply, a message map).
+REPLAYED_SCRIPTS, REPLAYS = 50, 4
 REPLAY_BOUND_BYTES = 1 << 20
 
 pytestmark = pytest.mark.timeout(300)
@@ -102,7 +104,6 @@ class FuzzHost:
         self.process, self.port, self.log, self.bundle, self.tails = process, port, log, bundle, tails
         self.rss_start = self.rss_peak = 0
         self.log_seen = 0  # bytes of the log already checked for tracebacks
-        self.replayable: list[list[Step]] = []  # fuzzed connections that passed, replayed to look for leaks
         self._references: dict[tuple[Any, ...], np.ndarray] = {}
 
     def reference(self, split: str, shape: tuple[int, ...], seed: int, quantized: Any, x: np.ndarray) -> np.ndarray:
@@ -152,43 +153,26 @@ class FuzzHost:
 
 
 def _start_host(bundle_dir: Path, log: Path) -> subprocess.Popen:
-    command = [
-        sys.executable, "-m", "host_runtime.cli", "serve", str(bundle_dir), "--interface", "127.0.0.1", "--port", "0",
-        "--no-zeroconf", "--workers", "2", "--threads", "1", "--max-frame-mb", str(MAX_FRAME_BYTES / 2**20),
-    ]
     # glibc's mmap threshold grows to the largest block freed, after which freed frame buffers
     # (up to 1 MiB) stay resident in the heap and a leak fills that slack before RSS moves. A
     # fixed threshold gives every buffer of 64 KiB or more its own mapping, unmapped when freed,
     # so RSS follows what the host holds. A measuring aid only; other allocators ignore it.
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 << 10)}
-    # Output to a file, not a pipe: a pipe nobody reads would block the host once it fills.
-    with log.open("wb") as out:
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    return serve_process(
+        bundle_dir, log, "--workers", "2", "--threads", "1", "--max-frame-mb", str(MAX_FRAME_BYTES / 2**20),
+        env={"MALLOC_MMAP_THRESHOLD_": str(64 << 10)},
+    )
 
 
-def _port_from_log(process: subprocess.Popen, log: Path) -> int:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        for line in log.read_text(errors="replace").splitlines():
-            if line.startswith("listening on "):  # listening on 127.0.0.1:PORT; ...
-                return int(line.split()[2].rstrip(";").rsplit(":", 1)[1])
-        assert process.poll() is None, f"split-host serve exited ({process.returncode}):\n{log.read_text()}"
-        time.sleep(0.05)
-    raise AssertionError(f"split-host serve did not listen within {START_TIMEOUT_S:g} s:\n{log.read_text()}")
-
-
-@pytest.fixture(scope="module")
-def host(mobilenet_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzHost]:
-    """For this module, instead of conftest's in-thread host: ``split-host serve`` in a process of
-    its own, warmed up, shared by every test here, and stopped with SIGINT at the end (it must
-    exit 0)."""
+@contextmanager
+def _running_host(bundle_dir: Path, log: Path) -> Iterator[FuzzHost]:
+    """``split-host serve`` in a process of its own, warmed up, stopped with SIGINT at the end
+    (it must exit 0)."""
     if not Path("/proc/self/status").exists():
         pytest.skip("the host's memory is read from /proc (Linux)")
-    log = tmp_path_factory.mktemp("fuzz-host") / "host.log"
-    bundle = Bundle.load(mobilenet_bundle)
-    process = _start_host(mobilenet_bundle, log)
+    bundle = Bundle.load(bundle_dir)
+    process = _start_host(bundle_dir, log)
     try:
-        port = _port_from_log(process, log)
+        port = port_from_log(process, log, START_TIMEOUT_S)
         tails = {split: OnnxBackend(bundle.artifact(split, "tail"), threads=1) for split in SPLITS}
         fuzz_host = FuzzHost(process, port, log, bundle, tails)
         _warm_up(fuzz_host)
@@ -205,6 +189,13 @@ def host(mobilenet_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> It
                 process.wait(5)
                 raise AssertionError(f"the host did not stop within 15 s of SIGINT:\n{log.read_text()}") from None
     assert process.returncode == 0, f"the host exited with {process.returncode}:\n{log.read_text()}"
+
+
+@pytest.fixture(scope="module")
+def host(mobilenet_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzHost]:
+    """For this module, instead of conftest's in-thread host: one host process shared by the fuzzing tests."""
+    with _running_host(mobilenet_bundle, tmp_path_factory.mktemp("fuzz-host") / "host.log") as fuzz_host:
+        yield fuzz_host
 
 
 def _warm_up(host: FuzzHost) -> None:
@@ -481,11 +472,13 @@ def valid_other(draw: st.DrawFn, host: FuzzHost, request_id: Any) -> Step:
     elif op == "stats":
         def ok(reply: dict[str, Any]) -> None:
             assert isinstance(reply["stats"], dict) and "requests" in reply["stats"]
-    else:  # the smallest profile: one run of one tail, a few ms of a worker
+    else:  # the smallest profile: one run of one tail, a few ms of the profiling thread
         request.update({"bundle": host.bundle_id, "splits": [LATE], "batches": [1], "repeats": 1})
 
         def ok(reply: dict[str, Any]) -> None:
             assert reply["tail_ms"][LATE]["1"] > 0
+        # One profile runs at a time: another sent while it runs (the same script) is refused.
+        return Step(op, frame(pack(request)), Expect(request_id, {"overloaded"}, ok=ok))
     return Step(op, frame(pack(request)), Expect(request_id, ok=ok))
 
 
@@ -788,8 +781,6 @@ def test_interleaved_valid_and_invalid_frames_on_one_connection(host: FuzzHost, 
             if last.label == "long prefix":
                 assert not after, f"{last}: replies to a frame that never completed"
     host.check()
-    if last is None and len(host.replayable) < REPLAYED_SCRIPTS:
-        host.replayable.append(steps)
 
 
 @settings(FUZZ, max_examples=60)
@@ -859,33 +850,63 @@ def test_frames_the_fuzzing_found_get_typed_errors(host: FuzzHost, name: str) ->
     host.check()
 
 
-def _replay(host: FuzzHost) -> int:
-    """Send every recorded connection's frames again, on one connection; returns the frame count."""
+def replay_scripts(host: FuzzHost) -> list[list[Step]]:
+    """REPLAYED_SCRIPTS connections' worth of frames, the same on every run: infers of both splits,
+    batch sizes 1-3, float32 and uint8, every other op, every kind of refusal (a field wrong, a
+    map that cannot be read, an oversized frame) and the frames the fuzzing found."""
+    scripts = []
+    for i in range(REPLAYED_SCRIPTS):
+        split = SPLITS[i % 2]
+        quantized = (0.05, 128) if i % 3 == 0 else None
+        request, expect = valid_infer_request(host, split, 1 + i % 3, i % 6, f"v{i}", quantized)
+        steps = [Step("infer", frame(pack(request)), expect)]
+        for j, op in enumerate(("hello", "ping", "stats", "profile")[: 1 + i % 4]):
+            other = {"id": f"o{i}-{j}", "op": op, "protocol": PROTOCOL_VERSION}
+            if op == "profile":
+                other.update(bundle=host.bundle_id, splits=[LATE], batches=[1], repeats=1)
+            steps.append(Step(op, frame(pack(other)), Expect(other["id"], ok=lambda reply: None)))
+        mutate, codes = list(FOUND.values())[i % len(FOUND)]
+        bad, _ = valid_infer_request(host, LATE, 1, 0, f"m{i}")
+        mutate(bad)
+        steps.append(Step("found", frame(pack(bad)), Expect(bad["id"], codes)))
+        body = pack(valid_infer_request(host, LATE, 1, 0, 0)[0])
+        unreadable = (body[: i % len(body)], pack([i, "not a map"]), body + bytes(1 + i % 7))[i % 3]
+        steps.append(Step("unreadable", frame(unreadable), Expect(None, {"bad_request"})))
+        if i % 10 == 0:
+            steps.append(Step("oversized", frame(b"", claimed=MAX_FRAME_BYTES + 1) + bytes(MAX_FRAME_BYTES + 1),
+                              Expect(None, {"bad_request"})))
+        scripts.append(steps)
+    return scripts
+
+
+def _replay(host: FuzzHost, scripts: list[list[Step]]) -> int:
+    """Send every script's frames, on one connection; returns the frame count."""
     frames = 0
     with Connection(host.port) as conn:
-        for steps in host.replayable:
+        for steps in scripts:
             conn.send(b"".join(s.data for s in steps))
             _match([conn.reply() for s in steps if s.expect is not None], steps)
             frames += len(steps)
     return frames
 
 
-def test_replaying_the_fuzzed_frames_leaves_no_memory_behind(host: FuzzHost) -> None:
-    """The same frames again and again: a host that keeps anything per frame grows with each pass.
-    The first pass lets the allocator and onnxruntime's arena settle on what these frames need."""
-    if not host.replayable:
-        pytest.skip("run with the interleaving test: it records the frames replayed here")
-    host.begin()
-    _replay(host)
-    before = host.rss()
-    frames = sum(_replay(host) for _ in range(REPLAYS))
-    grown = host.rss() - before
-    print(f"replayed {frames} frames: host RSS {grown / 2**20:+.2f} MiB (bound {REPLAY_BOUND_BYTES / 2**20:g})")
-    assert grown <= REPLAY_BOUND_BYTES, (
-        f"host RSS grew by {grown / 2**20:.1f} MiB over {frames} replayed frames: about "
-        f"{grown / frames:.0f} bytes a frame"
-    )
-    host.check()
+def test_replaying_frames_leaves_no_memory_behind(mobilenet_bundle: Path, tmp_path: Path) -> None:
+    """The same frames again and again, on a host of its own (so what other tests did to a host
+    is no part of the figure): a host that keeps anything per frame grows with each pass. The
+    first pass lets the allocator and onnxruntime's arena settle on what these frames need."""
+    with _running_host(mobilenet_bundle, tmp_path / "host.log") as host:
+        scripts = replay_scripts(host)
+        host.begin()
+        _replay(host, scripts)
+        before = host.rss()
+        frames = sum(_replay(host, scripts) for _ in range(REPLAYS))
+        grown = host.rss() - before
+        print(f"replayed {frames} frames: host RSS {grown / 2**20:+.2f} MiB (bound {REPLAY_BOUND_BYTES / 2**20:g})")
+        assert grown <= REPLAY_BOUND_BYTES, (
+            f"host RSS grew by {grown / 2**20:.1f} MiB over {frames} replayed frames: about "
+            f"{grown / frames:.0f} bytes a frame"
+        )
+        host.check()
 
 
 def test_after_the_fuzzing_the_host_holds_nothing_and_still_serves(host: FuzzHost) -> None:
@@ -901,7 +922,7 @@ def test_after_the_fuzzing_the_host_holds_nothing_and_still_serves(host: FuzzHos
             break
         time.sleep(0.05)
     assert stats["connections"] == 1, f"{stats['connections']} connections still open (only this one should be)"
-    assert stats["in_flight"] == 0 and stats["queue_depth"] == 0, stats
+    assert stats["in_flight"] == 0 and stats["queue_depth"] == 0 and stats["partial_frame_bytes"] == 0, stats
     host.check()
     grown = (host.rss_peak - host.rss_start) / 2**20
     print(f"host RSS: {host.rss_start / 2**20:.1f} MiB after warm-up, peak {host.rss_peak / 2**20:.1f} MiB "

@@ -1,0 +1,157 @@
+"""How many connections the host keeps, from whom, and for how long.
+
+Probing a running host found 500 slowloris and 1,000 idle connections kept for ever, and a
+host at its file-descriptor limit resetting every new board without a word in its log. So a
+connection is refused, with a log line naming the peer and the limit, past
+``max_connections`` in all or ``max_connections_per_address`` from one address; and closed
+when it has been idle (nothing read, nothing in flight) for ``idle_timeout`` seconds or has
+left a frame unfinished for ``frame_timeout`` seconds. The defaults are far above what a
+fleet of boards does (one connection per board, a frame every few hundred ms) and far below
+what a host can hold. Time is the event loop's clock, so tests configure small timeouts.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable
+
+log = logging.getLogger("splitedge.host")
+
+#: A fleet is tens of boards, each with one connection; 1024 leaves room for a large one and
+#: for boards reconnecting while their old connection is not yet closed.
+DEFAULT_MAX_CONNECTIONS = 1024
+#: Boards behind one NAT share an address; 64 lets a lab's fleet through while one machine
+#: cannot take the whole host.
+DEFAULT_MAX_CONNECTIONS_PER_ADDRESS = 64
+#: A board streams a frame every few hundred ms; one idle for 5 minutes has stopped, and it
+#: reconnects by itself when it starts again.
+DEFAULT_IDLE_TIMEOUT_S = 300.0
+#: A 64 MiB frame (the largest by default) takes 54 s at 10 Mbit/s; a board's cut, well under
+#: a second on the slowest Wi-Fi.
+DEFAULT_FRAME_TIMEOUT_S = 60.0
+#: Descriptors the host needs besides its connections: listening sockets, metrics, zeroconf,
+#: onnxruntime's files, logs.
+FD_HEADROOM = 64
+#: One warning per this many seconds while accept() fails for want of descriptors.
+ACCEPT_WARNING_PERIOD_S = 10.0
+
+
+class ConnectionGate:
+    """Counts connections in all and per address, and says why one may not be kept."""
+
+    def __init__(self, max_connections: int, max_per_address: int) -> None:
+        self.max_connections = max_connections
+        self.max_per_address = max_per_address
+        self.total = 0
+        self.per_address: Counter[str] = Counter()
+
+    def admit(self, address: str) -> tuple[str, str] | None:
+        """Count a connection from ``address`` and return None, or return why it is refused
+        (a metric label and a sentence for the log)."""
+        if self.total >= self.max_connections:
+            return "max_connections", f"{self.total} connections open (--max-connections {self.max_connections})"
+        if self.per_address[address] >= self.max_per_address:
+            return "max_connections_per_address", (
+                f"{self.per_address[address]} connections from {address} open "
+                f"(--max-connections-per-address {self.max_per_address})"
+            )
+        self.total += 1
+        self.per_address[address] += 1
+        return None
+
+    def leave(self, address: str) -> None:
+        self.total -= 1
+        self.per_address[address] -= 1
+        if not self.per_address[address]:
+            del self.per_address[address]
+
+
+@dataclass
+class Activity:
+    """When a connection last read, and since when it has a frame unfinished (loop time)."""
+
+    last_read: float
+    frame_since: float | None = None
+
+    def read(self, now: float, frame_open: bool, frames_completed: bool) -> None:
+        """Bytes were read; ``frame_open``: a frame is unfinished now; ``frames_completed``: this
+        read finished at least one, so the unfinished one began now."""
+        self.last_read = now
+        if not frame_open:
+            self.frame_since = None
+        elif self.frame_since is None or frames_completed:
+            self.frame_since = now
+
+    def resumed(self, now: float) -> None:
+        """Reading starts again after the host paused it: the time paused is the host's, not the peer's."""
+        self.last_read = now
+        if self.frame_since is not None:
+            self.frame_since = now
+
+    def expired(self, now: float, idle_timeout: float, frame_timeout: float, busy: bool) -> tuple[str, str] | None:
+        """Why the connection should be closed now, as a metric label and a sentence for the log
+        (None: it should not). ``busy``: requests of it in flight, which it may wait for in silence."""
+        if self.frame_since is not None and now - self.frame_since > frame_timeout:
+            return "frame_timeout", (f"a frame begun {now - self.frame_since:.1f} s ago is unfinished "
+                                     f"(--frame-timeout {frame_timeout:g})")
+        if self.frame_since is None and not busy and now - self.last_read > idle_timeout:
+            return "idle_timeout", f"idle for {now - self.last_read:.1f} s (--idle-timeout {idle_timeout:g})"
+        return None
+
+
+def fit_fd_limit(max_connections: int) -> tuple[int, str | None]:
+    """Raise this process's soft descriptor limit towards what ``max_connections`` needs.
+
+    Returns the connections the limit allows (``max_connections`` or fewer) and, if fewer, a
+    warning: past the limit accept() fails and a new board is reset without a word, so the
+    cap is lowered to where the host still refuses with a log line.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max_connections + FD_HEADROOM
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError):
+            pass
+    allowed = max_connections if soft == resource.RLIM_INFINITY else min(max_connections, soft - FD_HEADROOM)
+    if allowed >= max_connections:
+        return max_connections, None
+    allowed = max(allowed, 1)
+    return allowed, (f"warning: the file-descriptor limit ({soft}) allows {allowed} connections, not "
+                     f"--max-connections {max_connections}; raise it (ulimit -n {wanted}) or lower --max-connections")
+
+
+class AcceptFailures:
+    """A loop exception handler that turns asyncio's "socket.accept() out of system resource"
+    (logged once per failed accept, hundreds a second) into one warning per period that says
+    what to do; anything else goes to the handler that was there before."""
+
+    MESSAGE = "socket.accept() out of system resource"
+
+    def __init__(self, previous: Callable[[Any, dict[str, Any]], None] | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.previous = previous
+        self.clock = clock
+        self.failed = 0  # accept() failures since the last warning
+        self._warned = -ACCEPT_WARNING_PERIOD_S
+
+    def __call__(self, loop: Any, context: dict[str, Any]) -> None:
+        if context.get("message") != self.MESSAGE:
+            if self.previous is not None:
+                self.previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+            return
+        self.failed += 1
+        now = self.clock()
+        if now - self._warned >= ACCEPT_WARNING_PERIOD_S:
+            log.warning("cannot accept connections: %s (%d failed accepts); new boards are refused until "
+                        "connections close: raise the descriptor limit (ulimit -n) or lower --max-connections",
+                        context.get("exception"), self.failed)
+            self._warned, self.failed = now, 0
