@@ -72,9 +72,9 @@ def _in_range(value: Any, path: str, low: int, high: int) -> int:
     return value
 
 
-def _tensor(value: Any, path: str) -> np.ndarray:
+def _tensor(value: Any, path: str, needs: str = "expected") -> np.ndarray:
     if type(value) is not np.ndarray:
-        raise ProtocolError(f"{path}: expected a tensor map, got {'nothing' if value is None else shown(value)}")
+        raise ProtocolError(f"{path}: {needs} a tensor map, got {'nothing' if value is None else shown(value)}")
     return value
 
 
@@ -85,10 +85,10 @@ def _budget_ms(value: Any) -> float | None:
         return None
     if type(value) is float:
         if math.isnan(value):
-            raise ProtocolError(f"infer.deadline_ms: expected a number of milliseconds, got {value!r}")
+            raise ProtocolError(f"infer.deadline_ms must be a number of milliseconds, got {value!r}")
         return value
     if type(value) is not int:
-        raise ProtocolError(f"infer.deadline_ms: expected a number of milliseconds, got {shown(value)}")
+        raise ProtocolError(f"infer.deadline_ms must be a number of milliseconds, got {shown(value)}")
     return float(value)
 
 
@@ -119,7 +119,8 @@ class HelloRequest:
         protocol = message.get("protocol")
         if type(protocol) is not int or protocol != PROTOCOL_VERSION:
             raise ProtocolError(
-                f"hello.protocol: version {shown(protocol)} is not spoken here; this host speaks {PROTOCOL_VERSION}"
+                f"hello.protocol: protocol version {shown(protocol)} is not spoken here; "
+                f"this host speaks {PROTOCOL_VERSION}"
             )
         return cls(message.get("id"), protocol)
 
@@ -146,7 +147,7 @@ class InferRequest:
 
     @classmethod
     def parse(cls, message: Mapping[str, Any]) -> InferRequest:
-        tensor = _tensor(message.get("tensor"), "infer.tensor")
+        tensor = _tensor(message.get("tensor"), "infer.tensor", "infer needs")
         quantization = message.get("quantization")  # decode() sets it from the tensor's own fields
         if quantization is not None:
             if tensor.dtype != np.uint8:
