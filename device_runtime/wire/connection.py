@@ -115,6 +115,8 @@ class FramedProtocol(asyncio.BufferedProtocol):
         asyncio.get_running_loop().call_soon(self._cut_granted)
 
     def _cut_granted(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return  # gone meanwhile: connection_lost gives the grant back
         self.buffer_updated(0)
         self.resume("budget")
 

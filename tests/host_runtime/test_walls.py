@@ -20,6 +20,7 @@ import logging
 import signal
 import socket
 import struct
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -28,7 +29,10 @@ import pytest
 
 from device_runtime.bundle import OFFLOAD, Bundle
 from device_runtime.wire.protocol import decode, encode_bytes
+from host_runtime import limits
 from host_runtime.cli import main
+from host_runtime.limits import ACCEPT_WARNING_PERIOD_S, AcceptFailures
+from host_runtime.profiling import MAX_PROFILE_SAMPLES
 from tests.conftest import TEST_SPLITS, RunningHost, start_host
 from tests.host_runtime.helpers import cut, port_from_log, serve_process
 from tests.host_runtime.test_admission import infer_frame
@@ -113,8 +117,6 @@ def test_a_profile_past_its_budget_is_refused_before_it_runs(mobilenet_bundle, b
         with raw_connection(host) as sock:
             sock.sendall(frame({"id": 1, "op": "profile", "bundle": bundle.id, "batches": [64, 32], "repeats": 50}))
             reply = read_reply(sock)
-            from host_runtime.profiling import MAX_PROFILE_SAMPLES
-
             assert reply["error"]["code"] == "bad_request", reply
             assert "profile of 15264 samples" in reply["error"]["message"]
             assert f"limit of {MAX_PROFILE_SAMPLES} per request" in reply["error"]["message"]
@@ -141,7 +143,7 @@ def test_sigterm_during_a_profile_stops_the_host_within_its_bound(mobilenet_bund
             process.send_signal(signal.SIGTERM)
             try:
                 process.wait(5.0 + BOUND_S)
-            except Exception:
+            except subprocess.TimeoutExpired:
                 raise AssertionError(f"the host did not stop within {5.0 + BOUND_S:g} s of SIGTERM:\n"
                                      f"{log.read_text()}") from None
             reply = read_reply(sock)
@@ -289,8 +291,6 @@ def test_an_idle_connection_is_closed_after_the_idle_timeout(mobilenet_bundle) -
 def test_accept_failures_for_want_of_descriptors_are_one_warning_a_period(caplog) -> None:
     """asyncio reports each failed accept() (hundreds a second at the descriptor limit); the host
     says it once per period, with what to do, and passes anything else to the handler before it."""
-    from host_runtime.limits import ACCEPT_WARNING_PERIOD_S, AcceptFailures
-
     caplog.set_level(logging.WARNING, logger="splitedge.host")
     now = [100.0]
     others: list[dict[str, Any]] = []
@@ -306,8 +306,6 @@ def test_accept_failures_for_want_of_descriptors_are_one_warning_a_period(caplog
 
 
 def test_the_connection_cap_is_lowered_to_what_the_descriptor_limit_allows(monkeypatch) -> None:
-    from host_runtime import limits
-
     monkeypatch.setattr(limits.resource, "getrlimit", lambda which: (256, 256))
     monkeypatch.setattr(limits.resource, "setrlimit", lambda which, value: None)
     allowed, warning = limits.fit_fd_limit(1024)
