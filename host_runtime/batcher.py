@@ -75,19 +75,6 @@ class BatchResult:
     batch: int  # samples in the batch that ran
 
 
-def absolute_deadline(budget_ms: object, received: float) -> float:
-    """A request's ``deadline_ms`` (its budget, relative to its arrival) as a perf_counter time.
-
-    No budget means no deadline; a budget of zero or less is already spent, and the
-    admission check answers it ``deadline_exceeded``.
-    """
-    if budget_ms is None:
-        return math.inf
-    if isinstance(budget_ms, bool) or not isinstance(budget_ms, (int, float)) or math.isnan(budget_ms):
-        raise ProtocolError(f"deadline_ms must be a number of milliseconds, got {budget_ms!r}", code="bad_request")
-    return received + budget_ms / 1000.0
-
-
 @dataclass(eq=False)  # identity equality: deque.remove must find this request, not compare arrays
 class _Request:
     tensor: np.ndarray  # (B, ...)

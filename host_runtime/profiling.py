@@ -21,18 +21,15 @@ import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from calibration import measure_ms
 from device_runtime.engine.backend import Backend
+from device_runtime.wire.ops import ProfileRequest
 from host_runtime.tails import TailRegistry
 from splitedge.errors import ProtocolError
 
-#: Bounds of one entry of a ``profile`` request.
-MAX_PROFILE_BATCH = 64
-MAX_PROFILE_REPEATS = 50
 #: Untimed runs before each batch size's timed ones (onnxruntime plans its memory on the first).
 PROFILE_WARMUP = 3
 #: Samples one request may run in all (tails × Σ batches × (repeats + warm-up)). A board's
@@ -63,26 +60,16 @@ class ProfilePlan:
         return len(self.tails) * sum(self.batches) * (self.repeats + PROFILE_WARMUP)
 
 
-def plan_profile(registry: TailRegistry, message: dict[str, Any]) -> ProfilePlan:
-    """Check a ``profile`` request (typed :class:`ProtocolError` if it is bad or too big).
+def plan_profile(registry: TailRegistry, request: ProfileRequest) -> ProfilePlan:
+    """Check a ``profile`` request against this host (typed :class:`ProtocolError` if it names what is
+    not served, or is too big; its fields' types and ranges are checked by its parser).
 
     Splits and batch sizes named twice are timed once: the reply has one figure for each.
     """
-    bundle_id, splits, batches = message.get("bundle"), message.get("splits"), message.get("batches")
-    repeats = message.get("repeats", 10)
+    bundle_id, splits, batches, repeats = request.bundle, request.splits, request.batches, request.repeats
     served = registry.served()
-    if not isinstance(bundle_id, str) or bundle_id not in served:
+    if bundle_id not in served:
         registry.lookup(bundle_id, None)  # raises unknown_bundle with the list
-    if splits is not None and not (isinstance(splits, list) and all(isinstance(s, str) for s in splits)):
-        raise ProtocolError(f"profile splits must be a list of split ids, got {splits!r}", code="bad_request")
-    if not isinstance(batches, list) or not batches or not all(
-        isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= MAX_PROFILE_BATCH for b in batches
-    ):
-        raise ProtocolError(f"profile batches must be a list of integers in 1..{MAX_PROFILE_BATCH}, got {batches!r}",
-                            code="bad_request")
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= MAX_PROFILE_REPEATS:
-        raise ProtocolError(f"profile repeats must be an integer in 1..{MAX_PROFILE_REPEATS}, got {repeats!r}",
-                            code="bad_request")
     tails = {split_id: registry.lookup(bundle_id, split_id) for split_id in (served[bundle_id] if splits is None else splits)}
     for split_id, tail in tails.items():
         if not all(isinstance(d, int) for d in tail.input_shape[1:]):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import math
 import os
 import ssl
 import time
@@ -29,25 +30,33 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-import numpy as np
 from prometheus_client import Counter as PromCounter
 from prometheus_client import Gauge as PromGauge
 
 from device_runtime.wire.auth import REFUSAL_KINDS, HostAuth
 from device_runtime.wire.connection import FramedProtocol
 from device_runtime.wire.framing import FrameBudget
-from device_runtime.wire.protocol import (
-    DEFAULT_MAX_FRAME_BYTES,
-    OPS,
-    PROTOCOL_VERSION,
-    Oversized,
-    decode,
-    error_reply,
+from device_runtime.wire.ops import (
+    ErrorReply,
+    HelloReply,
+    HelloRequest,
+    InferReply,
+    InferRequest,
+    PingReply,
+    PingRequest,
+    ProfileReply,
+    ProfileRequest,
+    Reply,
+    Request,
+    StatsReply,
+    StatsRequest,
+    parse_request,
 )
+from device_runtime.wire.protocol import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION, Oversized, decode
 from device_runtime.wire.quantization import dequantize
-from host_runtime.batcher import BatchConfig, Batcher, BatchResult, TailKey, absolute_deadline
+from host_runtime.batcher import BatchConfig, Batcher, BatchResult, TailKey
 from host_runtime.limits import (
     DEFAULT_FRAME_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,
@@ -151,7 +160,11 @@ class _HostProtocol(FramedProtocol):
     def reply_error(self, request_id: Any, code: str, message: str) -> None:
         self.server.stats.error(code)
         log.debug("error reply %s: %s", code, message)
-        self.send(error_reply(request_id, code, message))
+        self.send_reply(ErrorReply(request_id, code, message))
+
+    def send_reply(self, reply: Reply) -> None:
+        message, tensor, tensor_fields = reply.parts()
+        self.send(message, tensor, **tensor_fields)
 
     def oversized(self, event: Oversized) -> None:
         self.reply_error(None, "bad_request", event.message)
@@ -169,74 +182,60 @@ class _HostProtocol(FramedProtocol):
         received = time.perf_counter()  # the frame is all here: queue_ms and deadlines count from now
         try:
             message = decode(body)
+            op = message.get("op")
+            self.server.stats.request(op)
+            if op in ("infer", "profile") and self.server.draining:
+                raise ProtocolError("this host is shutting down; use another host", "overloaded", message.get("id"))
+            request = parse_request(message)
         except ProtocolError as exc:
             self.reply_error(exc.request_id, exc.code, str(exc))
             return
-        request_id = message.get("id")
-        op = message.get("op")
-        self.server.stats.request(op)
-        if op in ("infer", "profile") and self.server.draining:
-            self.reply_error(request_id, "overloaded", "this host is shutting down; use another host")
-        elif op == "infer":
-            self.start_infer(request_id, message, received)
-        elif op == "hello":
-            if message.get("protocol") != PROTOCOL_VERSION:
-                self.reply_error(
-                    request_id, "bad_request",
-                    f"protocol version {message.get('protocol')!r} is not spoken here; this host speaks {PROTOCOL_VERSION}",
-                )
-                return
-            self.send({"id": request_id, "ok": True, **self.server.hello()})
-        elif op == "ping":
-            payload = message.get("tensor")
-            self.send({"id": request_id, "ok": True, "bytes": 0 if payload is None else int(payload.nbytes)})
-        elif op == "stats":
-            self.send({"id": request_id, "ok": True, "stats": self.server.stats.as_dict()})
-        elif op == "profile":
-            task = asyncio.ensure_future(self.profile(request_id, message))
-            self.server.tasks.add(task)
-            task.add_done_callback(self.server.tasks.discard)
-        else:
-            self.reply_error(request_id, "bad_request", f"unknown op {op!r}; ops: {', '.join(OPS)}")
+        _HANDLERS[type(request)](self, request, received)
 
-    def start_infer(self, request_id: Any, message: dict[str, Any], received: float) -> None:
-        tensor = message.get("tensor")
-        if not isinstance(tensor, np.ndarray):
-            self.reply_error(request_id, "bad_request", "infer needs a tensor")
-            return
-        quantization = message.get("quantization")
-        if quantization is not None:
-            if tensor.dtype != np.uint8:
-                self.reply_error(request_id, "bad_request", f"a quantized tensor must be uint8, got {tensor.dtype.name}")
-                return
-            # The tail takes float32: the board sent uint8 to save the link three quarters of the bytes.
-            tensor = dequantize(tensor, quantization["scale"], quantization["zero_point"])
+    def on_hello(self, request: HelloRequest, received: float) -> None:
+        self.send_reply(HelloReply(request.id, **self.server.hello()))
+
+    def on_ping(self, request: PingRequest, received: float) -> None:
+        self.send_reply(PingReply(request.id, 0 if request.tensor is None else request.tensor.nbytes))
+
+    def on_stats(self, request: StatsRequest, received: float) -> None:
+        self.send_reply(StatsReply(request.id, self.server.stats.as_dict()))
+
+    def on_profile(self, request: ProfileRequest, received: float) -> None:
+        task = asyncio.ensure_future(self.profile(request))
+        self.server.tasks.add(task)
+        task.add_done_callback(self.server.tasks.discard)
+
+    def on_infer(self, request: InferRequest, received: float) -> None:
+        tensor, q = request.tensor, request.quantization
+        if q is not None:  # the tail takes float32: the board sent uint8 to save the link three quarters of the bytes
+            tensor = dequantize(tensor, q.scale, q.zero_point)
+        key: TailKey = (request.bundle, request.split)
+        deadline = math.inf if request.deadline_ms is None else received + request.deadline_ms / 1000.0
         try:
-            tail = self.server.registry.lookup_for(message.get("bundle"), message.get("split"), tensor)
-            key: TailKey = (message["bundle"], message["split"])
-            deadline = absolute_deadline(message.get("deadline_ms"), received)
+            tail = self.server.registry.lookup_for(request.bundle, request.split, tensor)
             result = self.server.batcher.submit(key, tail, tensor, received, deadline)
         except ProtocolError as exc:  # refused at once: bad, overloaded, or too late already
-            self.reply_error(request_id, exc.code, str(exc))
+            self.reply_error(request.id, exc.code, str(exc))
             return
         self.in_flight += 1
         if self.in_flight >= self.server.config.max_in_flight:
             self.pause("in_flight")
-        result.add_done_callback(partial(self.finish_infer, request_id, key, received))
+        result.add_done_callback(partial(self.finish_infer, request.id, key, received))
 
-    async def profile(self, request_id: Any, message: dict[str, Any]) -> None:
+    async def profile(self, request: ProfileRequest) -> None:
         """Time tails here for a board's calibration, on the profiler's own thread (bounded and
         one at a time: :mod:`host_runtime.profiling`)."""
         self.profiling = True  # the connection waits for the reply: not idle
         try:
-            times = await self.server.profiler.run(plan_profile(self.server.registry, message))
+            times = await self.server.profiler.run(plan_profile(self.server.registry, request))
         except ProtocolError as exc:
-            self.reply_error(request_id, exc.code, str(exc))
+            self.reply_error(request.id, exc.code, str(exc))
         except Exception as exc:
             log.exception("profile failed")
-            self.reply_error(request_id, "internal", f"profile failed: {exc}")
+            self.reply_error(request.id, "internal", f"profile failed: {exc}")
         else:
-            self.send({"id": request_id, "ok": True, "tail_ms": times})
+            self.send_reply(ProfileReply(request.id, times))
         finally:
             self.profiling = False
 
@@ -253,11 +252,15 @@ class _HostProtocol(FramedProtocol):
             return
         assert error is None, f"the batcher fails requests with ProtocolError only, got {error!r}"
         done = result.result()
-        self.send(
-            {"id": request_id, "ok": True, "compute_ms": done.compute_ms, "queue_ms": done.queue_ms, "batch": done.batch},
-            done.output,
-        )
+        self.send_reply(InferReply(request_id, done.output, done.compute_ms, done.queue_ms, done.batch))
         self.server.stats.served(key, done.queue_ms / 1000.0, done.compute_ms / 1000.0, time.perf_counter() - received)
+
+
+#: The dispatch table: one handler per request type of device_runtime.wire.ops.REQUESTS.
+_HANDLERS: dict[type[Request], Callable[[_HostProtocol, Any, float], None]] = {
+    HelloRequest: _HostProtocol.on_hello, InferRequest: _HostProtocol.on_infer, PingRequest: _HostProtocol.on_ping,
+    StatsRequest: _HostProtocol.on_stats, ProfileRequest: _HostProtocol.on_profile,
+}
 
 
 @contextmanager

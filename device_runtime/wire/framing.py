@@ -17,8 +17,8 @@ cover it, stalls with the prefix kept until another frame completes or its conne
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Callable, Iterator, Union
 
 import numpy as np
