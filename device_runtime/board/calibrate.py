@@ -12,11 +12,12 @@ the bundle, with the bundle's identity, so a board never uses another bundle's t
 
 from __future__ import annotations
 
+import asyncio
 import math
 import statistics
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import numpy as np
 
@@ -33,14 +34,18 @@ from calibration import (
 from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
 from device_runtime.engine.runner import DeviceRunner
 from device_runtime.hosts.client import HostClient
-from splitedge.errors import BundleError
+from device_runtime.wire.ops import MAX_PROFILE_REPEATS
+from splitedge.errors import BundleError, RemoteError
 
-__all__ = ["DEFAULT_BATCHES", "calibrate", "calibration_for", "manifest_sha256", "measure_link"]
+__all__ = ["DEFAULT_BATCHES", "calibrate", "calibration_for", "manifest_sha256", "measure_link", "profile_host"]
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
 RTT_PINGS = 20
 PROBE_BYTES = (256 * 1024, 1024 * 1024)  # two sizes: the rate is the slope, free of per-request costs
 PROBE_REPEATS = 3
+#: A host times one board's tails at a time: how long to wait for another board's calibration.
+BUSY_WAIT_S = 300.0
+BUSY_RETRY_S = 5.0
 
 Progress = Callable[[str], None]
 
@@ -119,6 +124,36 @@ def latency_model(
     return LatencyModel(tuple(splits), rtt_ms)
 
 
+async def profile_host(
+    client: HostClient, bundle_id: str, batches: Sequence[int], repeats: int, progress: Progress,
+    busy_wait_s: float = BUSY_WAIT_S, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> dict[str, dict[int, float]]:
+    """The host's tail times, one ``profile`` request per tail.
+
+    A host bounds the work of one request and runs one profile at a time (docs/protocol.md,
+    "Host limits"), so a bundle with many cuts is timed tail by tail, and a host busy with
+    another board's calibration (``overloaded``) is asked again every few seconds, for at most
+    ``busy_wait_s`` in all.
+    """
+    tails: dict[str, dict[int, float]] = {}
+    waited = 0.0
+    for split_id in client.hello.bundles.get(bundle_id, ()):
+        while True:
+            try:
+                times = await client.profile(bundle_id, batches, repeats, splits=[split_id])
+                break
+            except RemoteError as exc:
+                if exc.code != "overloaded" or waited >= busy_wait_s:
+                    raise
+                progress(f"host busy ({exc.message}); asking again in {BUSY_RETRY_S:g} s")
+                await sleep(BUSY_RETRY_S)
+                waited += BUSY_RETRY_S
+        tails.update(times)
+        for split, by_batch in times.items():
+            progress(f"host   {split:24s} " + "  ".join(f"B={b}: {ms:8.2f} ms" for b, ms in by_batch.items()))
+    return tails
+
+
 async def calibrate(
     runner: DeviceRunner,
     client: HostClient | None,
@@ -138,9 +173,7 @@ async def calibrate(
     tails: dict[str, dict[int, float]] = {}
     link = None
     if client is not None:
-        tails = await client.profile(runner.bundle.id, batches, min(repeats, 50))
-        for split_id, times in tails.items():
-            progress(f"host   {split_id:24s} " + "  ".join(f"B={b}: {ms:8.2f} ms" for b, ms in times.items()))
+        tails = await profile_host(client, runner.bundle.id, batches, min(repeats, MAX_PROFILE_REPEATS), progress)
         link = await measure_link(client, progress)
     model = latency_model(runner, heads, tails, link["rtt_ms"] if link else 0.0)
     table = SplitTable.build(model, batches)

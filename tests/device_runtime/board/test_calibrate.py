@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from dataclasses import replace
@@ -10,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from calibration import FILENAME, load
-from device_runtime.board.calibrate import calibration_for, manifest_sha256
+from device_runtime.board.calibrate import calibration_for, manifest_sha256, profile_host
 from device_runtime.bundle import LOCAL, OFFLOAD, Bundle, write_manifest
 from device_runtime.cli import main
-from splitedge.errors import BundleError
+from device_runtime.wire.ops import HelloReply
+from splitedge.errors import BundleError, RemoteError
 from tests.conftest import TEST_SPLITS, RunningHost
 
 
@@ -27,7 +29,47 @@ def calibrated(mobilenet_bundle: Path, tmp_path_factory: pytest.TempPathFactory)
     for host in start_host([root]):
         assert main(["calibrate", str(root), "--host", f"{host.host}:{host.port}", "--batch", "1,2",
                      "--repeats", "3", "--threads", "1"]) == 0
+        profiles = host.server.stats.as_dict()["requests"]["profile"]
+    # One bounded profile request per tail (the host refuses one request past its budget).
+    assert profiles == len(TEST_SPLITS) + 1  # every cut, and the full model for offload
     return root
+
+
+class BusyHost:
+    """A host client's stand-in whose host is timing another board's tails for a while: its
+    ``profile`` answers ``overloaded`` ``busy`` times, then the real figures."""
+
+    def __init__(self, busy: int) -> None:
+        self.busy = busy
+        self.hello = HelloReply(1, 1, {"b": ["s1", "s2"]}, False, 1 << 20, "cpu")
+        self.asked: list[list[str]] = []
+
+    async def profile(self, bundle_id, batches, repeats, splits):
+        self.asked.append(list(splits))
+        if self.busy:
+            self.busy -= 1
+            raise RemoteError("overloaded", "another profile is running; try again shortly")
+        return {splits[0]: {b: 1.0 for b in batches}}
+
+
+@pytest.mark.parametrize("busy, waits", [(0, 0), (2, 2)])
+def test_a_busy_host_is_asked_again_tail_by_tail(busy: int, waits: int) -> None:
+    client, slept = BusyHost(busy), []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    tails = asyncio.run(profile_host(client, "b", (1, 2), 5, lambda line: None, busy_wait_s=60, sleep=sleep))
+    assert tails == {"s1": {1: 1.0, 2: 1.0}, "s2": {1: 1.0, 2: 1.0}}
+    assert client.asked == [["s1"]] * (busy + 1) + [["s2"]] and len(slept) == waits
+
+
+def test_a_host_busy_for_too_long_is_an_error() -> None:
+    async def sleep(seconds: float) -> None:
+        pass
+
+    with pytest.raises(RemoteError, match="overloaded"):
+        asyncio.run(profile_host(BusyHost(100), "b", (1,), 5, lambda line: None, busy_wait_s=20, sleep=sleep))
 
 
 def test_calibration_has_every_option_at_every_batch(calibrated: Path, capsys) -> None:
