@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from splitedge.words import FORMATS
+
 #: Artifact formats a profile may recommend; the names match the bundle's artifact formats.
-BACKENDS = ("onnx", "tflite")
+BACKENDS = FORMATS
 
 #: Python of each current Raspberry Pi OS release (64-bit), oldest first. A board-side wheel
 #: must exist for these, so they are the versions the profiles promise.

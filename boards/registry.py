@@ -13,12 +13,13 @@ from types import MappingProxyType
 from typing import Mapping
 
 from boards.profile import BoardProfile
+from splitedge.words import ONNX, TFLITE
 
 #: Resident MB of a board-side process with the backend imported and no artifact loaded.
 #: Measured with Python 3.11 (VmRSS): interpreter + numpy + msgpack + zeroconf 39 MB,
 #: OpenCV (the camera) 16 MB, onnxruntime 1.31 20 MB, ai-edge-litert 2.3 13 MB. Measured on
 #: x86_64; the aarch64 builds of the same packages are of the same size.
-_RUNTIME_MB = {"onnx": 75, "tflite": 68}
+_RUNTIME_MB = {ONNX: 75, TFLITE: 68}
 
 _WHEELS = (
     "PyPI has aarch64 wheels of numpy, onnxruntime, ai-edge-litert and opencv-python-headless "
@@ -44,11 +45,11 @@ def _pi4(gb: int, os_mb: int) -> BoardProfile:
         # ONNX on the 4 and 5: it is the format every bundle carries (the host runs the same
         # ONNX tails) and onnxruntime's NEON kernels are fast on the A72; with 2 GB or more its
         # heavier import (20 MB against 13 MB for LiteRT) does not matter.
-        backend="onnx",
+        backend=ONNX,
         # All four cores: with a heatsink the 4 sustains them, and the rest of the process
         # (camera, asyncio loop, socket) mostly waits on I/O.
         threads=4,
-        os_mb=os_mb, runtime_mb=_RUNTIME_MB["onnx"], models=(_PI4,), wheel_notes=_WHEELS,
+        os_mb=os_mb, runtime_mb=_RUNTIME_MB[ONNX], models=(_PI4,), wheel_notes=_WHEELS,
     )
 
 
@@ -58,9 +59,9 @@ def _pi5(gb: int, os_mb: int) -> BoardProfile:
         clock_mhz=2400, memory_mb=gb * 1024,
         # ONNX, as on the 4; the A76 adds the dot-product instructions that onnxruntime's
         # int8 kernels use, so quantized heads gain most here.
-        backend="onnx",
+        backend=ONNX,
         threads=4,  # the active cooler (or the case fan) sustains four cores at 2.4 GHz
-        os_mb=os_mb, runtime_mb=_RUNTIME_MB["onnx"], models=(_PI5,), wheel_notes=_WHEELS,
+        os_mb=os_mb, runtime_mb=_RUNTIME_MB[ONNX], models=(_PI5,), wheel_notes=_WHEELS,
     )
 
 
@@ -70,24 +71,24 @@ _PROFILES = (
         memory_mb=512,
         # TFLite on the small boards: ai-edge-litert imports lighter than onnxruntime and
         # XNNPACK is tuned for the in-order A53, and here every MB counts.
-        backend="tflite",
+        backend=TFLITE,
         # Three of four cores: the Zero has no heatsink and throttles under a sustained
         # four-core load, each XNNPACK thread adds its own scratch buffers to 512 MB, and
         # the camera, preprocessing and the socket need a core of their own or frames jitter.
         threads=3,
         # ~90 MB firmware carve-out and kernel (MemTotal reads ~420 MB) + ~60 MB OS Lite.
-        os_mb=150, runtime_mb=_RUNTIME_MB["tflite"], models=(_ZERO2W,),
+        os_mb=150, runtime_mb=_RUNTIME_MB[TFLITE], models=(_ZERO2W,),
         wheel_notes=_WHEELS + _SMALL_MEMORY_WHEELS,
     ),
     BoardProfile(
         id="rpi3b+", name="Raspberry Pi 3 Model B+", soc="BCM2837B0", cpu="Cortex-A53", cores=4,
         clock_mhz=1400, memory_mb=1024,
-        backend="tflite",  # as on the Zero 2 W: the same A53 cores, 1 GB to share
+        backend=TFLITE,  # as on the Zero 2 W: the same A53 cores, 1 GB to share
         # All four cores: the 3B+ has a heat spreader and drops to 1.2 GHz above 60 °C
         # rather than stalling, which still beats three cores at full clock.
         threads=4,
         # ~110 MB firmware carve-out and kernel + ~70 MB OS Lite.
-        os_mb=180, runtime_mb=_RUNTIME_MB["tflite"], models=(_PI3BPLUS,),
+        os_mb=180, runtime_mb=_RUNTIME_MB[TFLITE], models=(_PI3BPLUS,),
         wheel_notes=_WHEELS + _SMALL_MEMORY_WHEELS,
     ),
     # The 4's MemTotal falls short of the nominal RAM by ~200, ~300 and ~380 MB (firmware

@@ -22,7 +22,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
+from device_runtime.bundle import FULL, LOCAL, OFFLOAD, TAIL, Bundle
 from device_runtime.engine.backend import Backend, OnnxBackend, check_input
 from splitedge.errors import BackendError, BundleError, ProtocolError
 
@@ -63,10 +63,10 @@ class TailRegistry:
                 raise BundleError(f"{bundle.root}: bundle {bundle.id} is already served from {self.bundles[bundle.id].root}")
             self.bundles[bundle.id] = bundle
             for split in bundle.manifest.splits:
-                if bundle.has(split.id, "tail"):
-                    self.tails[(bundle.id, split.id)] = OnnxBackend(bundle.artifact(split.id, "tail"), threads, providers)
-            if bundle.has(LOCAL, "full"):
-                self.tails[(bundle.id, OFFLOAD)] = OnnxBackend(bundle.artifact(LOCAL, "full"), threads, providers)
+                if bundle.has(split.id, TAIL):
+                    self.tails[(bundle.id, split.id)] = OnnxBackend(bundle.artifact(split.id, TAIL), threads, providers)
+            if bundle.has(LOCAL, FULL):
+                self.tails[(bundle.id, OFFLOAD)] = OnnxBackend(bundle.artifact(LOCAL, FULL), threads, providers)
         on_cuda = [CUDA in tail.session.get_providers() for tail in self.tails.values()]
         if device == "cuda" and not all(on_cuda):
             raise BackendError(f"--device cuda: onnxruntime fell back to the CPU for {on_cuda.count(False)} tails "
@@ -76,7 +76,7 @@ class TailRegistry:
 
     @classmethod
     def from_paths(cls, paths: Iterable[str | Path], threads: int | None = None, device: str = "auto") -> "TailRegistry":
-        return cls((Bundle.load(p, roles=("tail", "full")) for p in paths), threads=threads, device=device)
+        return cls((Bundle.load(p, roles=(TAIL, FULL)) for p in paths), threads=threads, device=device)
 
     def served(self) -> dict[str, list[str]]:
         """bundle id → split ids with a tail here (what ``hello`` and zeroconf announce)."""

@@ -31,7 +31,7 @@ from calibration import (
     load,
     measure_ms,
 )
-from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
+from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle
 from device_runtime.engine.runner import DeviceRunner
 from device_runtime.hosts.client import HostClient
 from device_runtime.wire.ops import MAX_PROFILE_REPEATS
@@ -71,7 +71,7 @@ def measure_heads(
     at most ``fps`` runs a second (0: back to back; :func:`calibration.measure_ms`)."""
     shape = runner.bundle.manifest.model.input_shape
     rng = np.random.default_rng(0)
-    targets = [(s.id, "head") for s in runner.bundle.manifest.splits] + [(LOCAL, "full")]
+    targets = [(s.id, HEAD) for s in runner.bundle.manifest.splits] + [(LOCAL, FULL)]
     times: dict[str, dict[int, float]] = {}
     for split_id, role in targets:
         session = runner.session(split_id, role)
@@ -103,8 +103,8 @@ def _precision(runner: DeviceRunner) -> str:
     """The precision the heads were timed at (``auto`` resolves per artifact; heads decide the table)."""
     splits = runner.bundle.manifest.splits
     if not splits:
-        return runner.artifact_precision(LOCAL, "full")
-    return runner.artifact_precision(splits[0].id, "head")
+        return runner.artifact_precision(LOCAL, FULL)
+    return runner.artifact_precision(splits[0].id, HEAD)
 
 
 def latency_model(
