@@ -23,6 +23,7 @@ samples.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Callable
 
@@ -108,12 +109,20 @@ class LinkMeter:
         self._upload_done = result.received - host_s - self.estimator.base_rtt_s / 2
         self._host_s += HOST_ALPHA * (host_s - self._host_s)
 
-    def observe_probe(self, payload_bytes: int, round_trip_ms: float) -> None:
-        """A ``ping`` with a payload: no host compute, nothing else in flight."""
-        if payload_bytes:
-            self.estimator.observe_transfer(payload_bytes, round_trip_ms / 1000.0)
-        else:
-            self.estimator.observe_rtt(round_trip_ms / 1000.0)
+    def observe_probe(self, payload_bytes: int, round_trip_ms: float) -> float | None:
+        """A ``ping`` with a payload: no host compute, nothing else in flight.
+
+        Returns the probe's own rate in bit/s (its payload over its time on the wire; ``inf``
+        when it came back no later than a bare ping: the link is faster than it can show),
+        None for a bare ping.
+        """
+        round_trip_s = round_trip_ms / 1000.0
+        if not payload_bytes:
+            self.estimator.observe_rtt(round_trip_s)
+            return None
+        self.estimator.observe_transfer(payload_bytes, round_trip_s)
+        wire_s = round_trip_s - self.estimator.base_rtt_s
+        return 8.0 * payload_bytes / wire_s if wire_s > 0 else math.inf
 
     def stale(self, max_age_s: float) -> bool:
         """True when the estimate is older than ``max_age_s``: time to probe."""

@@ -342,16 +342,19 @@ class Pipeline:
         """A small ping (round trip) and a payload ping (rate), sized for the current estimate.
 
         A payload crossing much faster than the estimate said is too short to measure the link
-        (fixed costs dominate it), so one longer payload follows when the first one's rate
+        (fixed costs dominate it), so one longer payload follows when the first one's own rate
         asks for a probe twice its size: on a 1 Gbit/s link the first, 64 KB, probe read
-        ~300 Mbit/s from the board.
+        ~300 Mbit/s from the board. Its own rate, not the estimate after it: a short sample
+        barely moves the estimate (or none, crossing within a bare ping's time), and after a
+        link that was 0.5 Mbit/s came back, 16 KB probes alone held the estimate there for
+        seconds on end.
         """
         timeout = self.config.request_timeout_s
         try:
             self.meter.observe_probe(0, await client.ping(0, timeout=timeout))
             size = probe_bytes(self.meter.rate_bps)
-            self.meter.observe_probe(size, await client.ping(size, timeout=timeout))
-            longer = probe_bytes(self.meter.rate_bps)
+            measured = self.meter.observe_probe(size, await client.ping(size, timeout=timeout))
+            longer = probe_bytes(measured)
             if longer >= 2 * size:
                 self.meter.observe_probe(longer, await client.ping(longer, timeout=timeout))
         except HostUnavailableError as exc:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from calibration import RateEstimator
 from device_runtime.hosts.client import InferResult
-from device_runtime.hosts.link_meter import OVERDUE_FACTOR, OVERDUE_SLACK_S, LinkMeter
+from device_runtime.hosts.link_meter import OVERDUE_FACTOR, OVERDUE_SLACK_S, PROBE_MAX_BYTES, LinkMeter, probe_bytes
 from tests.calibration.test_timing import ManualClock
 
 PAYLOAD = 602_112  # a 224x224 float32 image: a full offload
@@ -107,6 +109,16 @@ def test_the_estimate_goes_stale_on_the_meters_clock() -> None:
     assert not meter.stale(1.0)
     clock.now += 0.001
     assert meter.stale(1.0)
+
+
+def test_a_probe_reports_its_own_rate_and_a_link_too_fast_for_it() -> None:
+    """What sizes the next probe (Pipeline.probe): a 16 KB probe back as soon as a bare ping
+    says nothing of the rate but that it is faster than 16 KB can show."""
+    meter, _ = _meter(0.5e6)
+    assert meter.observe_probe(0, 1.0) is None  # a bare ping: the base round trip, 1 ms
+    assert meter.observe_probe(16_384, 1.0) == math.inf
+    assert meter.rate_bps == pytest.approx(0.5e6) and probe_bytes(math.inf) == PROBE_MAX_BYTES
+    assert meter.observe_probe(1_000_000, 81.0) == pytest.approx(1e8)  # 8 Mbit in 80 ms on the wire
 
 
 def _reply(sent: float, received: float, host_ms: float) -> InferResult:
