@@ -4,7 +4,10 @@ away moves to the other without losing a frame (zeroconf bound to 127.0.0.1)."""
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
+
+import pytest
 
 from device_runtime.bundle import LOCAL, Bundle
 from device_runtime.engine.runner import DeviceRunner
@@ -13,6 +16,7 @@ from device_runtime.stream.camera import Synthetic
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig
 from device_runtime.stream.policy import StaticPolicy
 from host_runtime.advertise import Advertiser
+from splitedge.errors import HostUnavailableError
 from tests.conftest import TEST_SPLITS, run_stream, start_host
 
 LOOPBACK = ["127.0.0.1"]
@@ -59,3 +63,9 @@ def test_device_moves_to_the_other_host_and_answers_every_frame(mobilenet_bundle
     used = [r.host for r in results if r.where == "remote"]
     assert used[0] == first and used[-1] == f"{busy.host}:{busy.port}"  # moved to the other host
     assert losses == 1
+
+
+@pytest.mark.parametrize("spec", ["127.0.0.1", "127.0.0.1:", ":7767", "127.0.0.1:http", "127.0.0.1:70000"])
+def test_a_host_link_refuses_an_address_no_retry_can_mend(mobilenet_bundle: Path, spec: str) -> None:
+    with pytest.raises(HostUnavailableError, match=rf"^{re.escape(spec)}: expected IP:PORT or auto"):
+        HostLink(Bundle.load(mobilenet_bundle, roles=()), spec)
