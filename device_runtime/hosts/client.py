@@ -298,12 +298,19 @@ class HostClient:
             )
 
     async def infer(
-        self, bundle_id: str, split_id: str, tensor: np.ndarray, timeout: float = 10.0, **tensor_fields: Any
+        self, bundle_id: str, split_id: str, tensor: np.ndarray, timeout: float = 10.0,
+        deadline_ms: float | None = None, **tensor_fields: Any,
     ) -> InferResult:
         """Run the tail of ``split_id`` on the host for a cut tensor (B, ...); ``tensor_fields``
-        (``scale``, ``zero_point``) for an affine uint8 one."""
+        (``scale``, ``zero_point``) for an affine uint8 one.
+
+        ``deadline_ms`` is the host's budget for the request (its queue and tail; None: none), and
+        ``timeout`` how long this device waits for the reply: apart, because a frame's budget is far
+        shorter than the time after which a silent host is taken for gone, and a frame the host says
+        it cannot answer in time must not cost the connection.
+        """
         quantization = Quantization(**tensor_fields) if tensor_fields else None
-        request = InferRequest(self._next_id(), bundle_id, split_id, tensor, timeout * 1000.0, quantization)
+        request = InferRequest(self._next_id(), bundle_id, split_id, tensor, deadline_ms, quantization)
         start = time.perf_counter()
         reply = await self._call(request, timeout)
         end = time.perf_counter()

@@ -304,8 +304,9 @@ class Pipeline:
         """One remote request, holding one of the ``in_flight`` slots and known to the meter until it settles."""
         ticket = self.meter.sending(tensor.nbytes)
         try:
-            return await _infer(client, self.runner.bundle.id, split, tensor, fields, self._deadline_ms,
-                                self.config.request_timeout_s)
+            return await client.infer(
+                self.runner.bundle.id, split, tensor, self.config.request_timeout_s, self._deadline_ms, **fields
+            )
         finally:
             self.meter.settled(ticket)
             self._remote -= 1
@@ -362,27 +363,6 @@ class Pipeline:
                 await self.hosts.lost(client, exc)
         except RemoteError:
             return
-
-
-async def _infer(
-    client: HostClient, bundle_id: str, split: str, tensor: np.ndarray, fields: dict[str, float],
-    deadline_ms: float | None, timeout_s: float,
-) -> InferResult:
-    """:meth:`HostClient.infer` with the deadline apart from the wait.
-
-    ``infer`` sends its timeout as the deadline; a frame's budget is far shorter than the time
-    after which a silent host is taken for gone, and a frame the host answers late (or says it
-    cannot answer in time) must not cost the connection. Keep in step with ``infer``.
-    """
-    start = time.perf_counter()
-    message = {"op": "infer", "bundle": bundle_id, "split": split, "deadline_ms": deadline_ms}
-    reply = await client.request(message, timeout_s, tensor, **fields)
-    end = time.perf_counter()
-    output = reply.get("tensor")
-    if not isinstance(output, np.ndarray):
-        raise HostUnavailableError(f"host {client.address} answered infer without a tensor")
-    return InferResult(output, float(reply.get("compute_ms", 0.0)), (end - start) * 1000.0,
-                       float(reply.get("queue_ms", 0.0)), sent=start, received=end)
 
 
 def _dropped(frame: Frame) -> FrameResult:
