@@ -25,7 +25,7 @@ from device_runtime.board.detect import (
     installed_backends,
     resolve_backend,
 )
-from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
+from device_runtime.bundle import FORMATS, FULL, HEAD, LOCAL, OFFLOAD, Bundle
 from device_runtime.engine.runner import PRECISIONS, DeviceRunner, default_split
 from device_runtime.hosts.client import Credentials
 from device_runtime.hosts.connect import connect_host, host_address
@@ -174,7 +174,7 @@ def _credentials(args: argparse.Namespace) -> Credentials:
 def _runtime_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="inference threads (default: the board profile's, else the runtime's)")
-    parser.add_argument("--backend", choices=("auto", "onnx", "tflite"), default="auto",
+    parser.add_argument("--backend", choices=("auto", *FORMATS), default="auto",
                         help="artifact format to run here (default auto: the board profile's, if the bundle has it)")
     parser.add_argument("--precision", choices=PRECISIONS, default="auto",
                         help="head and full-model precision (default auto: int8 where the bundle has it)")
@@ -225,7 +225,7 @@ def _runner(args: argparse.Namespace, bundle: Bundle, split_id: str, board: Dete
 
 async def run(args: argparse.Namespace) -> None:
     credentials = _credentials(args)
-    bundle = Bundle.load(args.bundle, roles=("head", "full"))
+    bundle = Bundle.load(args.bundle, roles=(HEAD, FULL))
     board = detect_board()
     policy, calibration = _policy(args.split, bundle)
     first = default_split(bundle) if args.split == "auto" else args.split
@@ -297,7 +297,7 @@ def _run_record(args: argparse.Namespace, bundle: Bundle, calibration: Calibrati
 
 
 async def calibrate_command(args: argparse.Namespace) -> None:
-    bundle = Bundle.load(args.bundle, roles=("head", "full"))
+    bundle = Bundle.load(args.bundle, roles=(HEAD, FULL))
     board = detect_board()
     runner = _runner(args, bundle, bundle.manifest.splits[0].id if bundle.manifest.splits else LOCAL, board)
     print(f"{board.describe()}: {runner.backend} backend, {runner.threads or 'default'} threads; "

@@ -42,7 +42,7 @@ than every earlier cut, DSC Eq. 3); `--splits auto` exports the compressive ones
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))
@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Find the cut points of a network and export split bundles (head for the board, tail for the host).",

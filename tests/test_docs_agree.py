@@ -47,7 +47,7 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
     if HAS_EXPORTER:
         from exporter import cli as export_cli
 
-        found["split-export"] = export_cli._parser()
+        found["split-export"] = export_cli.build_parser()
     return found
 
 

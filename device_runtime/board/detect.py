@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from boards import BoardProfile, identify
-from device_runtime.bundle import LOCAL, Bundle
+from device_runtime.bundle import FULL, HEAD, LOCAL, ONNX, TFLITE, Bundle
 
 _GB = 2**30
 
@@ -79,9 +79,9 @@ class InstalledBackend:
 #: distribution name because scanning every installed distribution for the module's owner
 #: (importlib.metadata.packages_distributions) takes most of a second in a large environment.
 _BACKEND_MODULES = (
-    ("onnxruntime", "onnx", ("onnxruntime", "onnxruntime-gpu")),
-    ("ai_edge_litert", "tflite", ("ai-edge-litert", "ai-edge-litert-nightly")),
-    ("tflite_runtime", "tflite", ("tflite-runtime",)),
+    ("onnxruntime", ONNX, ("onnxruntime", "onnxruntime-gpu")),
+    ("ai_edge_litert", TFLITE, ("ai-edge-litert", "ai-edge-litert-nightly")),
+    ("tflite_runtime", TFLITE, ("tflite-runtime",)),
 )
 
 
@@ -163,9 +163,9 @@ def resolve_backend(requested: str, bundle: Bundle, split_id: str, board: Detect
     when the bundle has that artifact for this split and its runtime is installed, else ONNX."""
     if requested != "auto":
         return requested
-    preferred = board.profile.backend if board.profile is not None else "onnx"
-    role = "full" if split_id == LOCAL else "head"
+    preferred = board.profile.backend if board.profile is not None else ONNX
+    role = FULL if split_id == LOCAL else HEAD
     installed = {b.format for b in installed_backends()}
     if preferred in installed and bundle.has(split_id, role, fmt=preferred):
         return preferred
-    return "onnx"
+    return ONNX
