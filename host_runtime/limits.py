@@ -24,9 +24,9 @@ log = logging.getLogger("splitedge.host")
 #: A fleet is tens of boards, each with one connection; 1024 leaves room for a large one and
 #: for boards reconnecting while their old connection is not yet closed.
 DEFAULT_MAX_CONNECTIONS = 1024
-#: Boards behind one NAT share an address; 64 lets a lab's fleet through while one machine
-#: cannot take the whole host.
-DEFAULT_MAX_CONNECTIONS_PER_ADDRESS = 64
+#: Boards behind one NAT share an address (a site's cameras reaching a host elsewhere); 256
+#: lets such a fleet through while one machine cannot take more than a quarter of the host.
+DEFAULT_MAX_CONNECTIONS_PER_ADDRESS = 256
 #: A board streams a frame every few hundred ms; one idle for 5 minutes has stopped, and it
 #: reconnects by itself when it starts again.
 DEFAULT_IDLE_TIMEOUT_S = 300.0

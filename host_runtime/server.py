@@ -54,7 +54,7 @@ from device_runtime.wire.ops import (
     StatsRequest,
     parse_request,
 )
-from device_runtime.wire.protocol import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION, Oversized, decode
+from device_runtime.wire.protocol import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION, Oversized, decode, encode_message
 from device_runtime.wire.quantization import dequantize
 from host_runtime.batcher import BatchConfig, Batcher, BatchResult, TailKey
 from host_runtime.limits import (
@@ -118,6 +118,9 @@ class _HostProtocol(FramedProtocol):
             kind, reason = refusal
             self.server.connections_closed.labels(kind).inc()
             log.warning("refused a connection from %s: %s", peer, reason)
+            # Said in the clear, before any handshake, so that a device (with a key or without)
+            # reports the limit instead of guessing at a lost connection; no worse than a reset.
+            transport.writelines(encode_message(ErrorReply(None, "overloaded", f"refused the connection: {reason}")))
             transport.close()
             return
         self.address = address

@@ -148,6 +148,8 @@ class _ClientProtocol(FramedProtocol):
             return
         if error.code == "unauthorized":
             self._fail_all(AuthenticationError(f"host {self.address} refused this device: {error.message}"))
+        elif error.code == "overloaded":  # past a connection limit of the host's, which closes now
+            self._fail_all(HostUnavailableError(f"host {self.address} {error.message}; try another host or later"))
 
     def oversized(self, event: Oversized) -> None:
         self._fail_all(HostUnavailableError(f"host sent a reply too large: {event.message}"))

@@ -241,4 +241,7 @@ class DeviceAuth(FrameAuth):
         if message.get("ok") is False and isinstance(error, dict) and error.get("code") == "unauthorized":
             hint = " (the device's --key-file must hold the host's key)" if error.get("message") == AUTH_FAILED else ""
             raise FrameRefused(f"refused this device: {error.get('message')}{hint}", "refused_by_host")
+        if message.get("ok") is False and isinstance(error, dict) and error.get("code") == "overloaded":
+            # Before any handshake a host past its connection limits says so in the clear.
+            raise FrameRefused(f"{error.get('message')}; try another host or later", "refused_by_host")
         raise FrameRefused("sent a frame that is not authenticated", "unauthenticated")

@@ -28,11 +28,13 @@ from typing import Any, Callable
 import pytest
 
 from device_runtime.bundle import OFFLOAD, Bundle
+from device_runtime.hosts.client import Credentials, HostClient
 from device_runtime.wire.protocol import decode, encode_bytes
 from host_runtime import limits
 from host_runtime.cli import main
 from host_runtime.limits import ACCEPT_WARNING_PERIOD_S, AcceptFailures
 from host_runtime.profiling import MAX_PROFILE_SAMPLES
+from splitedge.errors import HostUnavailableError
 from tests.conftest import TEST_SPLITS, RunningHost, start_host
 from tests.host_runtime.helpers import cut, port_from_log, serve_process
 from tests.host_runtime.test_admission import infer_frame
@@ -71,10 +73,13 @@ def eventually(host: RunningHost, read: Callable[[], Any], until: Callable[[Any]
 
 
 def closed_by_host(sock: socket.socket) -> bool:
-    """True once the host closes ``sock`` (within BOUND_S); False if it is still open then."""
+    """True once the host closes ``sock`` (within BOUND_S), whatever it said first (a refused
+    connection is told why); False if it is still open then."""
     sock.settimeout(BOUND_S)
     try:
-        return sock.recv(1) == b""
+        while sock.recv(1 << 16):
+            pass
+        return True
     except ConnectionResetError:
         return True
     except socket.timeout:
@@ -265,6 +270,27 @@ def test_connections_past_the_caps_are_refused_with_a_log_line(mobilenet_bundle,
     text = caplog.text
     assert "refused a connection from ('127.0.0.1'" in text and "(--max-connections-per-address 2)" in text
     assert "refused a connection from ('127.0.0.3'" in text and "4 connections open (--max-connections 4)" in text
+
+
+@pytest.mark.parametrize("key", [None, KEY], ids=["plain", "keyed"])
+def test_a_device_past_the_caps_is_told_which_limit(mobilenet_bundle, key) -> None:
+    """The refusal is said, in the clear and before any handshake: a device reports the limit,
+    not a lost connection (nor a guess at TLS)."""
+    for host in start_host([mobilenet_bundle], key=key, max_connections_per_address=1):
+
+        async def second_device() -> str:
+            credentials = Credentials(key=key)
+            first = await HostClient.connect(host.host, host.port, timeout=5, credentials=credentials)
+            try:
+                with pytest.raises(HostUnavailableError) as caught:
+                    await HostClient.connect(host.host, host.port, timeout=5, credentials=credentials)
+                return str(caught.value)
+            finally:
+                await first.close()
+
+        message = asyncio.run(second_device())
+    assert "refused the connection: 1 connections from 127.0.0.1 open (--max-connections-per-address 1)" in message
+    assert "try another host or later" in message and "TLS" not in message
 
 
 def test_a_frame_left_unfinished_is_closed_after_the_frame_timeout(mobilenet_bundle, caplog) -> None:
