@@ -4,7 +4,6 @@ Sessions are created once per artifact and kept (:class:`DeviceRunner`); the cam
 becomes the model input as torchvision would make it (:func:`preprocess`).
 """
 
-
 from device_runtime.engine.backend import Backend, OnnxBackend, load_backend
 from device_runtime.engine.litert_backend import LiteRTBackend
 from device_runtime.engine.preprocess import preprocess

@@ -1,7 +1,6 @@
 """The board's side of its hosts: the client, zeroconf discovery, connecting and failing over,
 and the link meter that turns replies into a rate estimate."""
 
-
 from device_runtime.hosts.client import Credentials, HostClient, InferResult
 from device_runtime.hosts.connect import connect_host
 from device_runtime.hosts.discovery import HostAdvert, discover

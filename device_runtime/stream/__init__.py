@@ -1,7 +1,6 @@
 """The stream: frame sources, the frame queue, the split policy, the pipeline that overlaps
 capture, head, transfer and tail, each frame's result, and the trace writer."""
 
-
 from device_runtime.stream.camera import Frame, FrameSource, open_source
 from device_runtime.stream.frame_queue import FrameQueue
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig, PipelineStats

@@ -6,7 +6,6 @@ asyncio connection that feeds the codec, and the zeroconf TXT record. The host i
 package (and ``device_runtime.bundle``), nothing else of the board runtime. See docs/protocol.md.
 """
 
-
 from device_runtime.wire.auth import DeviceAuth, FrameAuth, HostAuth, load_key
 from device_runtime.wire.connection import FramedProtocol
 from device_runtime.wire.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, Oversized
