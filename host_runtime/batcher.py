@@ -31,7 +31,9 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Executor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable
@@ -143,6 +145,7 @@ class Batcher:
         self.queued = 0  # samples waiting, all tails
         self.running = 0  # samples in batches on a worker
         self.pending = 0  # requests admitted and not yet answered
+        self.other = 0  # samples of the host's own work running beside the tails (a profile's batch)
         self._slots = asyncio.Semaphore(workers)
         self._idle = asyncio.Event()
         self._idle.set()
@@ -157,18 +160,7 @@ class Batcher:
         samples = int(tensor.shape[0])
         if samples < 1:
             raise ProtocolError("infer needs at least one sample in the batch axis", code="bad_request")
-        if samples > self.config.max_queue:  # no retry can help: say so rather than "later"
-            raise ProtocolError(
-                f"a request of {samples} samples can never fit this host's queue of {self.config.max_queue}; "
-                "send fewer samples per request",
-                code="overloaded",
-            )
-        if self.queued + samples > self.config.max_queue:
-            raise ProtocolError(
-                f"host queue is full: {self.queued} samples waiting, {samples} more would pass the limit of "
-                f"{self.config.max_queue}; retry later or use another host",
-                code="overloaded",
-            )
+        self._check_room(samples)
         tail = self._tail(key, backend)
         now = time.perf_counter()
         ahead_ms = tail.work_ahead_ms(samples)
@@ -186,6 +178,38 @@ class Batcher:
         self._count(tail, queued=samples, pending=1)
         tail.arrived.set()
         return request.future
+
+    def _check_room(self, samples: int) -> None:
+        """Refuse (``overloaded``) work of ``samples`` that the queue could not take now, or ever."""
+        if samples > self.config.max_queue:  # no retry can help: say so rather than "later"
+            raise ProtocolError(
+                f"a request of {samples} samples can never fit this host's queue of {self.config.max_queue}; "
+                "send fewer samples per request",
+                code="overloaded",
+            )
+        if self.queued + samples > self.config.max_queue:
+            raise ProtocolError(
+                f"host queue is full: {self.queued} samples waiting, {samples} more would pass the limit of "
+                f"{self.config.max_queue}; retry later or use another host",
+                code="overloaded",
+            )
+
+    @contextmanager
+    def other_work(self, samples: int) -> Iterator[None]:
+        """Work of the host's own beside the tails (a ``profile``): admitted as an infer of ``samples``
+        would be (refused ``overloaded`` when the queue is full) and counted in the load it announces
+        while it runs, so that boards choose another host meanwhile."""
+        self._check_room(samples)
+        self.other += samples
+        self._count_load()
+        try:
+            yield
+        finally:
+            self.other -= samples
+            self._count_load()
+
+    def _count_load(self) -> None:
+        self._load.set(self.queued + self.running + self.other)
 
     def load(self) -> float:
         """Mean samples queued or running per worker since the previous call (what zeroconf announces)."""
@@ -218,7 +242,7 @@ class Batcher:
         self.queued += queued
         self.running += running
         self.pending += pending
-        self._load.set(self.queued + self.running)
+        self._count_load()
         if self.pending:
             self._idle.clear()
         else:

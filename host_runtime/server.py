@@ -231,7 +231,9 @@ class _HostProtocol(FramedProtocol):
         one at a time: :mod:`host_runtime.profiling`)."""
         self.profiling = True  # the connection waits for the reply: not idle
         try:
-            times = await self.server.profiler.run(plan_profile(self.server.registry, request))
+            plan = plan_profile(self.server.registry, request)
+            with self.server.batcher.other_work(max(plan.batches)):
+                times = await self.server.profiler.run(plan)
         except ProtocolError as exc:
             self.reply_error(request.id, exc.code, str(exc))
         except Exception as exc:

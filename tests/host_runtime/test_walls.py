@@ -241,6 +241,31 @@ def test_frames_arriving_on_all_connections_together_stay_within_the_budget(mobi
         assert eventually(host, state, lambda s: s == (0, 0, 0)) == (0, 0, 0)
 
 
+def test_a_profile_counts_against_admission_and_load_like_other_work() -> None:
+    """A profile is admitted as an infer of its largest batch would be, and the host announces its
+    load while it runs: refused when the queue is full, counted in ``load()`` meanwhile."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from host_runtime.batcher import BatchConfig, Batcher
+    from splitedge.errors import ProtocolError
+
+    with ThreadPoolExecutor(1) as executor:
+        batcher = Batcher(BatchConfig(max_queue=8), executor, workers=2, on_batch=lambda n: None)
+        with batcher.other_work(4):
+            batcher.load()  # the window starts with the profile running
+            assert batcher.load() == pytest.approx(4 / 2)  # samples per worker, as an infer batch would count
+        batcher.load()
+        assert batcher.load() == 0.0
+        with pytest.raises(ProtocolError, match="can never fit this host's queue of 8") as never:
+            with batcher.other_work(9):
+                pass
+        batcher.queued = 6  # six samples of infers waiting (as submit counts them)
+        with pytest.raises(ProtocolError, match="host queue is full: 6 samples waiting") as full:
+            with batcher.other_work(4):
+                pass
+    assert never.value.code == full.value.code == "overloaded" and batcher.other == 0
+
+
 # -- 4. connection caps and timeouts --------------------------------------------------------------
 
 
