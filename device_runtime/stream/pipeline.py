@@ -2,11 +2,14 @@
 
 Stages, each its own worker so that they overlap::
 
-    camera ─▶ preprocess ─▶ [FrameQueue] ─▶ batch ─▶ head ─▶ send ─▶ host: tail ─▶ reply
-    (capture thread)         drops by policy   (compute thread)  (up to ``in_flight`` batches)
+    camera ─▶ [FrameQueue] ─▶ batch ─▶ preprocess ─▶ head ─▶ send ─▶ host: tail ─▶ reply
+    (capture    drops by policy          (compute thread)           (up to ``in_flight`` batches)
+     thread)
 
 While batch *n* travels and runs on the host, batch *n+1* is already in the head, and the
 camera keeps filling the queue; throughput is that of the slowest stage, not of their sum.
+Frames are preprocessed after the queue has decided which of them to keep: a camera faster
+than the head has most of its frames dropped, and those never cost a resize.
 A full queue drops frames by policy (newest wins for a live camera) and every drop is
 reported as a result of its own. A remote batch that fails (host gone, timeout, refusal)
 is run again here with the full model, so every captured frame gets an answer; the host is
@@ -30,7 +33,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator
 
 import numpy as np
 
@@ -147,7 +150,7 @@ class Pipeline:
         """One result per captured frame (dropped ones included), in order within each kind,
         until the source ends, ``frames`` were captured, or ``stop`` is set."""
         out: asyncio.Queue[object] = asyncio.Queue()
-        queue: FrameQueue[_Captured] = FrameQueue(*self.config.frame_queue(source.live))
+        queue: FrameQueue[Frame] = FrameQueue(*self.config.frame_queue(source.live))
         jobs: asyncio.Queue[asyncio.Future[list[FrameResult]] | None] = asyncio.Queue()
         self._slots = asyncio.Semaphore(self.config.in_flight)
         self._deadline_ms = self.config.deadline_for(source)
@@ -186,42 +189,48 @@ class Pipeline:
             self.stats.fallbacks += 1
 
     async def _capture(
-        self, source: FrameSource, queue: FrameQueue[_Captured], frames: int | None, stop: asyncio.Event | None,
+        self, source: FrameSource, queue: FrameQueue[Frame], frames: int | None, stop: asyncio.Event | None,
         out: asyncio.Queue[object],
     ) -> None:
-        """Camera and preprocessing, in their own thread: they overlap with the head."""
+        """The camera, in its own thread: it overlaps with the head."""
         loop = asyncio.get_running_loop()
         captured = iter(source)
         count = 0
         try:
             while (frames is None or count < frames) and not (stop is not None and stop.is_set()):
-                item = await loop.run_in_executor(self._camera, self._next, captured)
-                if item is None:
+                frame = await loop.run_in_executor(self._camera, next, captured, None)
+                if frame is None:
                     break
                 count += 1
-                victim = await queue.put(item)
+                victim = await queue.put(frame)
                 if victim is not None:
-                    out.put_nowait(_dropped(victim.frame))
+                    out.put_nowait(_dropped(victim))
         except Exception as exc:  # a dead camera: reported after the frames already taken are answered
             self._fail(exc)
         finally:
             queue.close()
 
-    def _next(self, captured: Iterator[Frame]) -> _Captured | None:
-        frame = next(captured, None)
-        if frame is None:
-            return None
-        start = time.perf_counter()
-        x = self.runner.preprocess(frame.image)
-        return _Captured(frame, x, (time.perf_counter() - start) * 1000.0)
+    def _preprocess(self, frames: list[Frame]) -> list[_Captured]:
+        captured = []
+        for frame in frames:
+            start = time.perf_counter()
+            x = self.runner.preprocess(frame.image)
+            captured.append(_Captured(frame, x, (time.perf_counter() - start) * 1000.0))
+        return captured
 
-    async def _process(self, queue: FrameQueue[_Captured], jobs: asyncio.Queue) -> None:
-        """Batch, choose the split, run the head; remote batches go on while the next head runs."""
+    async def _process(self, queue: FrameQueue[Frame], jobs: asyncio.Queue) -> None:
+        """Batch, preprocess, choose the split, run the head; remote batches go on while the next head runs.
+
+        Frames are preprocessed here, in the head's thread, once the queue has kept them: a dropped
+        frame is never resized. Preprocessing no longer overlaps with the previous head; for a
+        live camera that is the price of the freshest frame (one taken from the queue early is older)."""
+        loop = asyncio.get_running_loop()
         try:
             while True:
-                batch = await queue.get_batch(self.config.batch)
-                if not batch:
+                frames = await queue.get_batch(self.config.batch)
+                if not frames:
                     return
+                batch = await loop.run_in_executor(self._compute, self._preprocess, frames)
                 jobs.put_nowait(await self._start(batch))  # bounded by the head's pace and the remote slots
         except Exception as exc:  # a head that fails, a bundle that cannot send: end the stream with it
             self._fail(exc)
