@@ -6,13 +6,13 @@ the benchmarks all use it, so it sits below the runtimes (DESIGN.md, "Latency mo
 switching"). Its one error, :class:`CalibrationError`, is a ``SplitEdgeError`` and a ``ValueError``.
 """
 
-from calibration.calibration_file import FILENAME, SCHEMA, Calibration, load, save
+from calibration.calibration_file import FILENAME, SCHEMA, Calibration, Calibrations, load, load_all, save
 from calibration.gain import gains_over_static, relative_gain
 from calibration.latency import LatencyModel, SplitTimings
 from calibration.rate import MIN_SAMPLE_BYTES, RateEstimator
 from calibration.switching import SplitSelector, decision_cost_us
 from calibration.table import POINTS_PER_DECADE, RATE_MAX_BPS, RATE_MIN_BPS, SplitTable
-from calibration.timing import RunningTimes, measure_ms
+from calibration.timing import RunningTimes, Spread, measure_ms, measure_round_robin
 from splitedge.errors import CalibrationError
 
 __all__ = [
@@ -24,16 +24,20 @@ __all__ = [
     "SCHEMA",
     "Calibration",
     "CalibrationError",
+    "Calibrations",
     "LatencyModel",
     "RateEstimator",
     "RunningTimes",
     "SplitSelector",
     "SplitTable",
     "SplitTimings",
+    "Spread",
     "decision_cost_us",
     "gains_over_static",
     "load",
+    "load_all",
     "measure_ms",
+    "measure_round_robin",
     "relative_gain",
     "save",
 ]

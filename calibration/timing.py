@@ -2,6 +2,8 @@
 
 Medians, not means: on a board a single frame can stall for tens of ms (thermal throttling,
 the camera's own interrupts), and one such frame must not move a split's predicted time.
+Beside each median, calibration keeps the spread (p10, p50, p90): a wide one says the board
+was not quiet while it was timed, which no median can show.
 """
 
 from __future__ import annotations
@@ -11,13 +13,23 @@ import math
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from calibration.latency import LatencyModel
 from splitedge.errors import CalibrationError
-from splitedge.fields import Fields
+from splitedge.fields import Fields, join
 
 _fields = Fields(CalibrationError)  # field checks raising this package's error
+
+K = TypeVar("K", bound=Hashable)
+
+#: A spread is wide when its p90 is more than this many times its p10 ...
+WIDE_RATIO = 1.5
+#: ... and more than this many ms above it: sub-ms runs jitter by whole multiples (the
+#: scheduler's tick, a cache miss) without saying anything about the board.
+WIDE_MIN_MS = 1.0
 
 #: Running samples kept per (split, batch): about two seconds of frames at 30 fps.
 WINDOW = 64
@@ -53,6 +65,108 @@ def measure_ms(
         if i >= warmup:
             times.append((clock() - started) * 1000.0)
     return statistics.median(times)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """p10, p50 (the median: what the latency model uses) and p90 of repeated timings, in ms.
+
+    Deciles by linear interpolation (``statistics.quantiles(..., method="inclusive")``, numpy's
+    default), so one sample is all three, and two are their ends and middle.
+    """
+
+    p10: float
+    p50: float
+    p90: float
+
+    def __post_init__(self) -> None:
+        for name in ("p10", "p50", "p90"):
+            object.__setattr__(self, name, _fields.number(getattr(self, name), name))
+        if not self.p10 <= self.p50 <= self.p90:
+            raise CalibrationError(f"expected p10 <= p50 <= p90, got {self.p10!r}, {self.p50!r}, {self.p90!r}")
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Spread:
+        """The spread of ``samples`` (at least one)."""
+        if not samples:
+            raise CalibrationError("a spread needs at least one sample")
+        if len(samples) == 1:
+            return cls(samples[0], samples[0], samples[0])
+        deciles = statistics.quantiles(samples, n=10, method="inclusive")
+        # Clamped to the median: interpolation of floats may land a hair past it.
+        median = statistics.median(samples)
+        return cls(min(deciles[0], median), median, max(deciles[8], median))
+
+    @property
+    def ratio(self) -> float:
+        """p90 / p10: 1.0 for a board that ran every repeat alike."""
+        if self.p10 > 0:
+            return self.p90 / self.p10
+        return 1.0 if self.p90 == 0 else math.inf
+
+    def wide(self, ratio: float = WIDE_RATIO, min_ms: float = WIDE_MIN_MS) -> bool:
+        """Whether p90 exceeds p10 by more than ``ratio`` times and by more than ``min_ms``."""
+        return self.ratio > ratio and self.p90 - self.p10 > min_ms
+
+    def to_dict(self) -> dict[str, float]:
+        return {"p10": self.p10, "p50": self.p50, "p90": self.p90}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> Spread:
+        """Read :meth:`to_dict`'s output; errors name the field under ``where``."""
+        d = _fields.obj(d, where)
+        args = {name: _fields.number(_fields.member(d, name, where), join(where, name)) for name in ("p10", "p50", "p90")}
+        if not args["p10"] <= args["p50"] <= args["p90"]:
+            raise CalibrationError(f"{where}: expected p10 <= p50 <= p90, got {args['p10']!r}, {args['p50']!r}, {args['p90']!r}")
+        return cls(**args)
+
+
+def measure_round_robin(
+    calls: Mapping[K, Callable[[], object]], repeats: int, warmup: int = 3, fps: float = 0.0,
+    clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], object] = time.sleep,
+    on_cycle: Callable[[int], object] | None = None,
+) -> dict[K, list[float]]:
+    """Wall times in ms of ``repeats`` calls of every option in ``calls``, taken round robin.
+
+    Every cycle runs every option once, so a slow spell of the machine (another program, a
+    thermal throttle, a cron job) lands on all options alike instead of on whichever one was
+    being timed then, and the table compares options measured under the same conditions. The
+    order rotates by one option per cycle, so no option always runs right after the same
+    other one (whose weights have just pushed its own out of the cache). ``warmup`` untimed
+    cycles come first (see :func:`measure_ms`); ``fps``, ``clock`` and ``sleep`` pace and time
+    each call as there. ``on_cycle(i)`` is called after timed cycle i (1-based), for progress.
+    Returns each option's samples in the order they were taken.
+    """
+    _fields.integer(repeats, "repeats", minimum=1)
+    warmup = _fields.integer(warmup, "warmup", minimum=0)
+    fps = _fields.number(fps, "fps")
+    interval = 1.0 / fps if fps > 0 else 0.0
+    keys = list(calls)
+    if not keys:
+        raise CalibrationError("nothing to time: no options given")
+    samples: dict[K, list[float]] = {key: [] for key in keys}
+    started = -math.inf
+    for cycle in range(warmup + repeats):
+        shift = cycle % len(keys)
+        for key in keys[shift:] + keys[:shift]:
+            delay = started + interval - clock()
+            if delay > 0:
+                sleep(delay)
+            started = clock()
+            calls[key]()
+            if cycle >= warmup:
+                samples[key].append((clock() - started) * 1000.0)
+        if cycle >= warmup and on_cycle is not None:
+            on_cycle(cycle - warmup + 1)
+    return samples
+
+
+def widest(spreads: Mapping[K, Spread], ratio: float = WIDE_RATIO, min_ms: float = WIDE_MIN_MS) -> tuple[K, Spread] | None:
+    """The option whose spread is widest (largest p90 / p10) among the wide ones; None if none is wide."""
+    wide = [(key, spread) for key, spread in spreads.items() if spread.wide(ratio, min_ms)]
+    if not wide:
+        return None
+    return max(wide, key=lambda item: item[1].ratio)
 
 
 class RunningTimes:

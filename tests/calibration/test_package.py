@@ -9,6 +9,7 @@ def test_public_names() -> None:
     assert sorted(calibration.__all__) == [
         "Calibration",
         "CalibrationError",
+        "Calibrations",
         "FILENAME",
         "LatencyModel",
         "MIN_SAMPLE_BYTES",
@@ -21,10 +22,13 @@ def test_public_names() -> None:
         "SplitSelector",
         "SplitTable",
         "SplitTimings",
+        "Spread",
         "decision_cost_us",
         "gains_over_static",
         "load",
+        "load_all",
         "measure_ms",
+        "measure_round_robin",
         "relative_gain",
         "save",
     ]

@@ -1,4 +1,5 @@
-"""Measured times: the median of repeats, and running medians that refine the model's head times."""
+"""Measured times: the median of repeats, round robin over options with their spread, and running
+medians that refine the model's head times."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from calibration import CalibrationError, RunningTimes, measure_ms
-from calibration.timing import MIN_SAMPLES, WINDOW
+from calibration import CalibrationError, RunningTimes, Spread, measure_ms, measure_round_robin
+from calibration.timing import MIN_SAMPLES, WIDE_MIN_MS, WIDE_RATIO, WINDOW, widest
 from splitedge.words import LOCAL
 from tests.calibration.models import corners
 
@@ -63,6 +64,96 @@ def test_measure_ms_back_to_back_by_default_and_refuses_a_negative_rate() -> Non
     assert np.diff(starts) == pytest.approx([0.003] * 4) and clock.slept == []
     with pytest.raises(CalibrationError, match=r"fps: expected a finite number >= 0, got -1"):
         measure_ms(lambda: None, repeats=1, fps=-1)
+
+
+class Board:
+    """Options that take a fixed time each on a clock the test drives, except during a slow spell
+    (another program on the board) when every run takes ``slowdown`` times as long; records the
+    order of the calls and which of them the spell hit."""
+
+    def __init__(self, clock: ManualClock, durations: dict[str, float], spell: tuple[float, float] = (0.0, 0.0),
+                 slowdown: float = 4.0) -> None:
+        self.clock, self.durations, self.spell, self.slowdown = clock, durations, spell, slowdown
+        self.order: list[str] = []
+        self.slowed: list[str] = []
+
+    def calls(self) -> dict[str, Callable[[], None]]:
+        return {name: (lambda name=name: self.run(name)) for name in self.durations}
+
+    def run(self, name: str) -> None:
+        self.order.append(name)
+        slow = self.spell[0] <= self.clock() < self.spell[1]
+        if slow:
+            self.slowed.append(name)
+        self.clock.now += self.durations[name] * (self.slowdown if slow else 1.0)
+
+
+def test_round_robin_cycles_through_every_option_each_repeat() -> None:
+    clock = ManualClock()
+    board = Board(clock, {"a": 0.001, "b": 0.002, "c": 0.003})
+    cycles: list[int] = []
+    samples = measure_round_robin(board.calls(), repeats=3, warmup=1, clock=clock, sleep=clock.sleep,
+                                  on_cycle=cycles.append)
+    # One warm-up cycle, then three timed ones; each cycle starts one option later than the last,
+    # so no option always runs right after the same other one.
+    assert board.order == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
+    assert cycles == [1, 2, 3]
+    assert samples == {"a": pytest.approx([1.0] * 3), "b": pytest.approx([2.0] * 3), "c": pytest.approx([3.0] * 3)}
+
+
+def test_a_slow_spell_lands_on_every_option_not_on_one() -> None:
+    options = {f"split{i}": 0.010 for i in range(4)}  # four options of 10 ms, 20 repeats: 0.8 s in all
+    spell = (100.2, 100.7)  # half a second of a busy board, in the middle of the run
+    clock = ManualClock()
+    board = Board(clock, options, spell)
+    samples = measure_round_robin(board.calls(), repeats=20, warmup=0, clock=clock, sleep=clock.sleep)
+    hits = {name: board.slowed.count(name) for name in options}
+    assert max(hits.values()) - min(hits.values()) <= 1 and min(hits.values()) >= 1  # shared out
+    for name in options:
+        spread = Spread.of(samples[name])
+        assert spread.p50 == pytest.approx(10.0)  # every median as on a quiet board
+        assert spread.p90 > spread.p10  # and the spell is visible in every spread
+    # Timed one option after the other (20 repeats each), the same spell lands on one option and
+    # makes it look 4x slower than it is: the table would never choose it.
+    clock = ManualClock()
+    board = Board(clock, options, spell)
+    medians = {name: measure_ms(call, 20, warmup=0, clock=clock, sleep=clock.sleep)
+               for name, call in board.calls().items()}
+    assert set(board.slowed) == {"split1"}
+    assert medians["split1"] == pytest.approx(40.0) and medians["split0"] == pytest.approx(10.0)
+
+
+def test_round_robin_paces_every_call_as_a_camera_would() -> None:
+    clock, starts = ManualClock(), []
+    calls = {name: (lambda: (starts.append(clock()), setattr(clock, "now", clock.now + 0.01))) for name in "ab"}
+    measure_round_robin(calls, repeats=2, warmup=1, fps=10, clock=clock, sleep=clock.sleep)
+    assert np.diff(starts) == pytest.approx([0.1] * 5)
+
+
+def test_round_robin_refuses_nothing_to_time() -> None:
+    with pytest.raises(CalibrationError, match="nothing to time"):
+        measure_round_robin({}, repeats=3)
+
+
+def test_spread_is_p10_median_p90() -> None:
+    spread = Spread.of([float(ms) for ms in range(1, 12)])  # 1..11 ms
+    assert (spread.p10, spread.p50, spread.p90) == pytest.approx((2.0, 6.0, 10.0))
+    assert spread.ratio == pytest.approx(5.0)
+    assert Spread.of([3.0]) == Spread(3.0, 3.0, 3.0) and Spread.of([3.0]).ratio == 1.0
+    two = Spread.of([2.0, 4.0])
+    assert (two.p10, two.p50, two.p90) == pytest.approx((2.2, 3.0, 3.8))
+    with pytest.raises(CalibrationError, match="p10 <= p50 <= p90"):
+        Spread(5.0, 4.0, 6.0)
+
+
+def test_wide_is_a_ratio_and_more_than_a_millisecond() -> None:
+    assert WIDE_RATIO == 1.5 and WIDE_MIN_MS == 1.0
+    assert not Spread(10.0, 11.0, 14.9).wide()  # 1.49x
+    assert Spread(10.0, 11.0, 15.1).wide()  # 1.51x
+    assert not Spread(0.2, 0.3, 0.9).wide()  # 4.5x, but 0.7 ms: timer and scheduler jitter
+    spreads = {"a": Spread(10.0, 11.0, 12.0), "b": Spread(10.0, 12.0, 30.0), "c": Spread(10.0, 12.0, 20.0)}
+    assert widest(spreads) == ("b", spreads["b"])
+    assert widest({"a": spreads["a"]}) is None
 
 
 def test_running_median_over_a_bounded_window() -> None:
