@@ -96,9 +96,8 @@ class Calibration:
             link = {key: _fields.number(_fields.member(raw, key, "link"), f"link.{key}") for key in LINK_FIELDS}
             object.__setattr__(self, "link", link)
         heads = {}
+        # Every head timed, the model's options or not (without a host, only local is one).
         for split, by_batch in _fields.obj(self.head_spread, "spread.heads").items():
-            if split not in self.model.names:
-                raise CalibrationError(f"spread.heads: {split!r} not in the model's splits")
             for batch, spread in _fields.obj(by_batch, f"spread.heads.{split}").items():
                 _fields.integer(batch, f"spread.heads.{split}[{batch!r}]", minimum=1)
                 if not isinstance(spread, Spread):

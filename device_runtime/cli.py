@@ -16,8 +16,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
 
-from calibration import FILENAME, Calibration, CalibrationError, save
-from device_runtime.board.calibrate import DEFAULT_BATCHES, calibrate, calibration_for
+from calibration import FILENAME, Calibration, CalibrationError, Calibrations, save
+from device_runtime.board.calibrate import (
+    DEFAULT_BATCHES,
+    calibrate,
+    calibration_for,
+    calibrations_for,
+    precision_of,
+    spread_warning,
+)
 from device_runtime.board.detect import (
     DetectedBoard,
     InstalledBackend,
@@ -227,11 +234,14 @@ async def run(args: argparse.Namespace) -> None:
     credentials = _credentials(args)
     bundle = Bundle.load(args.bundle, roles=(HEAD, FULL))
     board = detect_board()
-    policy, calibration = _policy(args.split, bundle)
     first = default_split(bundle) if args.split == "auto" else args.split
-    if calibration is not None and args.backend == "auto":
-        args.backend = calibration.backend  # the table's timings are this backend's
-    runner = _runner(args, bundle, LOCAL if first == OFFLOAD else first, board)
+    start_split = LOCAL if first == OFFLOAD else first
+    tables = _tables(args.split, bundle)
+    if tables is not None and args.backend == "auto":
+        args.backend = _calibrated_backend(tables, bundle, start_split, board)
+    runner = _runner(args, bundle, start_split, board)
+    calibration = _table_for(runner, tables, args.bundle) if tables is not None else None
+    policy: SplitPolicy = AutoPolicy(calibration) if calibration is not None else StaticPolicy(first, bundle)
     warm = list(calibration.table.splits) if calibration is not None else [first]
     for split_id in {*warm, LOCAL}:
         runner.warm_up(split_id)
@@ -257,7 +267,7 @@ async def run(args: argparse.Namespace) -> None:
     if calibration is not None and calibration.link is not None:
         meter.estimator.observe_rtt(calibration.link["rtt_ms"] / 1000.0)
     pipeline = Pipeline(runner, policy, hosts, config, meter)
-    trace = TraceWriter(args.trace, _run_record(args, bundle, calibration)) if args.trace else None
+    trace = TraceWriter(args.trace, _run_record(args, bundle, runner, calibration)) if args.trace else None
     try:
         with open_source(args.camera, loop=args.loop) as source:
             async for result in pipeline.run(source, frames=args.frames, stop=stop):
@@ -276,22 +286,60 @@ async def run(args: argparse.Namespace) -> None:
           f"locally after a host failure{switches}; by split: {per_split}", flush=True)
 
 
-def _policy(split: str, bundle: Bundle) -> tuple[SplitPolicy, Calibration | None]:
+def _tables(split: str, bundle: Bundle) -> Calibrations | None:
+    """The bundle's calibration tables for ``--split auto`` (None otherwise, or with a warning when
+    there are none: the run then holds the smallest cut)."""
     if split != "auto":
-        return StaticPolicy(split, bundle), None
+        return None
     try:
-        calibration = calibration_for(bundle)
+        return calibrations_for(bundle)
     except BundleError as exc:
-        fallback = default_split(bundle)
-        print(f"warning: {exc}; using split {fallback} (the smallest cut) until then", file=sys.stderr, flush=True)
-        return StaticPolicy(fallback, bundle), None
-    return AutoPolicy(calibration), calibration
+        print(f"warning: {exc}; using split {default_split(bundle)} (the smallest cut) until then",
+              file=sys.stderr, flush=True)
+        return None
 
 
-def _run_record(args: argparse.Namespace, bundle: Bundle, calibration: Calibration | None) -> dict[str, object]:
+def _calibrated_backend(tables: Calibrations, bundle: Bundle, split_id: str, board: DetectedBoard) -> str:
+    """``--backend auto`` with a calibration: the board profile's backend when it was calibrated, else the
+    backend of the latest table that can run here (the table's timings are its backend's)."""
+    preferred = resolve_backend("auto", bundle, split_id, board)
+    if any(t.backend == preferred for t in tables.tables):
+        return preferred
+    installed = {b.format for b in installed_backends()}
+    role = FULL if split_id == LOCAL else HEAD
+    usable = [t for t in tables.tables if t.backend in installed and bundle.has(split_id, role, fmt=t.backend)]
+    if not usable:
+        return preferred
+    return Calibrations(tables.bundle_id, tables.manifest_sha256, tuple(usable)).latest().backend
+
+
+def _table_for(runner: DeviceRunner, tables: Calibrations, bundle_dir: str) -> Calibration:
+    """The table of the backend and precision ``runner`` runs. Without one, a one-line warning naming
+    both and the command that measures it, and the nearest table (the same backend, else the same
+    precision): its link and host times hold for any backend, and the head times of the splits
+    this run takes are replaced by the ones it measures (AutoPolicy), which holds the cut better
+    than no table at all would."""
+    backend, precision = runner.backend, precision_of(runner)
+    table = tables.get(backend, precision)
+    if table is not None:
+        return table
+    table = tables.nearest(backend, precision)
+    print(f"warning: {Path(bundle_dir) / FILENAME} was measured for {tables.describe()}, not for "
+          f"{backend}/{precision}, which this run uses; choosing splits with the {'/'.join(table.key)} table "
+          f"(its head times corrected as this run measures its own) — to measure this one, run split-device "
+          f"calibrate {bundle_dir} --backend {backend} --precision {precision}", file=sys.stderr, flush=True)
+    return table
+
+
+def _run_record(
+    args: argparse.Namespace, bundle: Bundle, runner: DeviceRunner, calibration: Calibration | None,
+) -> dict[str, object]:
     return {
         "bundle_id": bundle.id, "policy": args.split, "batch": args.batch, "source": args.camera,
         "calibration": str(Path(args.bundle) / FILENAME) if calibration is not None else None,
+        # The table the run chose its splits with, and what it ran: the report compares with the same table.
+        "calibration_key": list(calibration.key) if calibration is not None else None,
+        "backend": runner.backend, "precision": precision_of(runner),
         "host": args.host, "queue": args.queue, "drop": args.drop,
     }
 
@@ -312,16 +360,21 @@ async def calibrate_command(args: argparse.Namespace) -> None:
     finally:
         if client is not None:
             await client.close()
+    warning = spread_warning(result.head_spread)
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
     path = bundle.root / FILENAME
-    save(result, path)
-    print(f"wrote {path}")
+    tables = save(result, path)
+    others = [f"{'/'.join(t.key)} ({t.created})" for t in tables.tables if t.key != result.key]
+    print(f"wrote {path}: the {'/'.join(result.key)} table" + (f", kept {', '.join(others)}" if others else ""))
     print(_table_text(result))
 
 
 def plan(args: argparse.Namespace) -> None:
     bundle = Bundle.load(args.bundle, roles=())
-    calibration = calibration_for(bundle)
-    print(_table_text(calibration))
+    for table in calibrations_for(bundle).tables:
+        print(_table_text(table))
+    calibration = calibration_for(bundle)  # the latest table is the one plotted
     if args.out:
         from fieldtrial.plots import plot_table
 
@@ -335,7 +388,8 @@ def plan(args: argparse.Namespace) -> None:
 def _table_text(calibration: Calibration) -> str:
     """For each batch size, the rate ranges over which each split is best (DSC Eq. 6)."""
     table = calibration.table
-    lines = [f"best split by batch size and link rate (bundle {calibration.bundle_id}):"]
+    lines = [f"best split by batch size and link rate (bundle {calibration.bundle_id}, "
+             f"{'/'.join(calibration.key)} heads, calibrated {calibration.created}):"]
     for batch in table.batches:
         edges = table.boundaries(batch)
         first = table.lookup(batch, table.rates_bps[0])

@@ -3,21 +3,28 @@
 DSC (Eq. 4-6) needs the head time of every split and the full model on the board at every
 batch size (not linear in the batch: measured, not extrapolated), the tail times on the
 host, and the link. Each of these is measured where it runs: the board times its own
-sessions (warm-up, then the median of ``repeats``, with the threads the board profile
-says), the host times its tails itself (the ``profile`` request), and the link is timed
-with pings: a small one for the round trip, payloads for the rate. The table
+sessions (warm-up, then ``repeats`` runs of each, with the threads the board profile says),
+the host times its tails itself (the ``profile`` request), and the link is timed with
+pings: a small one for the round trip, payloads for the rate. The table
 best_split[batch][rate] is computed from these and stored in ``calibration.json`` beside
-the bundle, with the bundle's identity, so a board never uses another bundle's timings.
+the bundle, with the bundle's identity, so a board never uses another bundle's timings, and
+under the backend and precision that ran the heads, beside the tables of the others.
+
+The board's options are timed round robin (every repeat runs every head at every batch
+size once), so a slow spell of the board spreads over all of them rather than making one
+look slow; each median is kept with its p10 and p90, and a wide spread is reported: it
+means the board was busy while it was timed, and its table is worth measuring again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import statistics
 import time
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -25,19 +32,26 @@ from calibration import (
     FILENAME,
     Calibration,
     CalibrationError,
+    Calibrations,
     LatencyModel,
     SplitTable,
     SplitTimings,
+    Spread,
     load,
-    measure_ms,
+    load_all,
+    measure_round_robin,
 )
+from calibration.timing import WIDE_MIN_MS, WIDE_RATIO, widest
 from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle
 from device_runtime.engine.runner import DeviceRunner
 from device_runtime.hosts.client import HostClient
 from device_runtime.wire.ops import MAX_PROFILE_REPEATS
 from splitedge.errors import BundleError, RemoteError
 
-__all__ = ["DEFAULT_BATCHES", "calibrate", "calibration_for", "manifest_sha256", "measure_link", "profile_host"]
+__all__ = [
+    "DEFAULT_BATCHES", "calibrate", "calibration_for", "calibrations_for", "manifest_sha256", "measure_heads",
+    "measure_link", "precision_of", "profile_host", "spread_warning",
+]
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
 RTT_PINGS = 20
@@ -56,51 +70,97 @@ def manifest_sha256(bundle: Bundle) -> str:
     return bundle.manifest.manifest_sha256
 
 
-def calibration_for(bundle: Bundle) -> Calibration:
-    """The bundle's ``calibration.json``, refused if missing, malformed or made for another bundle."""
+def calibration_for(bundle: Bundle, backend: str | None = None, precision: str | None = None) -> Calibration:
+    """The bundle's ``calibration.json`` table for ``backend`` and ``precision`` (the latest table
+    when not given), refused if missing, malformed or made for another bundle."""
     try:
-        return load(bundle.root / FILENAME, bundle.id, manifest_sha256(bundle))
+        return load(bundle.root / FILENAME, bundle.id, manifest_sha256(bundle), backend, precision)
+    except CalibrationError as exc:
+        raise BundleError(str(exc)) from exc
+
+
+def calibrations_for(bundle: Bundle) -> Calibrations:
+    """Every table of the bundle's ``calibration.json``, refused as :func:`calibration_for` refuses."""
+    try:
+        return load_all(bundle.root / FILENAME, bundle.id, manifest_sha256(bundle))
     except CalibrationError as exc:
         raise BundleError(str(exc)) from exc
 
 
 def measure_heads(
-    runner: DeviceRunner, batches: Sequence[int], repeats: int, progress: Progress, fps: float = 0.0
-) -> dict[str, dict[int, float]]:
-    """Median ms of every split's head and of the full model (``local``) at every batch size, here,
-    at most ``fps`` runs a second (0: back to back; :func:`calibration.measure_ms`)."""
+    runner: DeviceRunner, batches: Sequence[int], repeats: int, progress: Progress, fps: float = 0.0,
+    clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], object] = time.sleep,
+) -> dict[str, dict[int, Spread]]:
+    """p10/p50/p90 ms of every split's head and of the full model (``local``) at every batch
+    size, here, timed round robin (:func:`calibration.measure_round_robin`: every repeat runs
+    every option once), at most ``fps`` runs a second (0: back to back)."""
     shape = runner.bundle.manifest.model.input_shape
     rng = np.random.default_rng(0)
+    inputs = {batch: rng.standard_normal((batch, *shape)).astype(np.float32) for batch in batches}
     targets = [(s.id, HEAD) for s in runner.bundle.manifest.splits] + [(LOCAL, FULL)]
-    times: dict[str, dict[int, float]] = {}
-    for split_id, role in targets:
-        session = runner.session(split_id, role)
-        times[split_id] = {}
-        for batch in batches:
-            x = rng.standard_normal((batch, *shape)).astype(np.float32)
-            times[split_id][batch] = measure_ms(lambda: session.run(x), repeats, fps=fps)
-        progress(f"board  {split_id:24s} " + "  ".join(f"B={b}: {ms:8.2f} ms" for b, ms in times[split_id].items()))
+    calls = {
+        (split_id, batch): functools.partial(runner.session(split_id, role).run, inputs[batch])
+        for split_id, role in targets for batch in batches
+    }
+    quarters = {max(1, round(repeats * q / 4)) for q in (1, 2, 3)}
+
+    def cycle_done(cycle: int) -> None:
+        if cycle in quarters and cycle < repeats:
+            progress(f"board  {cycle}/{repeats} rounds of {len(calls)} runs (every head at every batch size)")
+
+    samples = measure_round_robin(calls, repeats, fps=fps, clock=clock, sleep=sleep, on_cycle=cycle_done)
+    times: dict[str, dict[int, Spread]] = {}
+    for split_id, _ in targets:
+        times[split_id] = {batch: Spread.of(samples[(split_id, batch)]) for batch in batches}
+        progress(f"board  {split_id:24s} " + "  ".join(
+            f"B={b}: {s.p50:8.2f} ms ({s.p10:.2f}–{s.p90:.2f})" for b, s in times[split_id].items()
+        ))
     return times
 
 
-async def measure_link(client: HostClient, progress: Progress) -> dict[str, float]:
-    """Round trip (median of small pings) and rate (slope of payload time over payload size)."""
+def spread_warning(heads: Mapping[str, Mapping[int, Spread]]) -> str | None:
+    """One line naming the option timed with the widest spread, when any is wide (p90 more than
+    WIDE_RATIO times p10 and WIDE_MIN_MS above it); None for a board that ran its repeats alike."""
+    found = widest({(split, batch): s for split, by_batch in heads.items() for batch, s in by_batch.items()})
+    if found is None:
+        return None
+    (split, batch), s = found
+    return (
+        f"warning: head times spread widely: {split} at B={batch} took {s.p10:.2f}–{s.p90:.2f} ms (p10–p90, "
+        f"{s.ratio:.1f}x; wide above {WIDE_RATIO:g}x and {WIDE_MIN_MS:g} ms): the board was busy while timed; "
+        "quiet it (stop other programs, let it cool, keep the camera off) and calibrate again; the table uses "
+        "the medians"
+    )
+
+
+async def measure_link(client: HostClient, progress: Progress) -> tuple[dict[str, float], dict[str, Spread]]:
+    """Round trip (median of small pings) and rate (slope of payload time over payload size),
+    and the spread of each.
+
+    The two payload sizes alternate, as the heads do, so a busy spell of the link or the host
+    slows both sizes alike and leaves the slope (the rate) as it was.
+    """
     rtts = [await client.ping(0) for _ in range(RTT_PINGS)]
     rtt_ms = statistics.median(rtts)
-    medians = []
-    for size in PROBE_BYTES:
-        medians.append(statistics.median([await client.ping(size) for _ in range(PROBE_REPEATS)]))
+    probes: dict[int, list[float]] = {size: [] for size in PROBE_BYTES}
+    for _ in range(PROBE_REPEATS):
+        for size in PROBE_BYTES:
+            probes[size].append(await client.ping(size))
+    medians = [statistics.median(probes[size]) for size in PROBE_BYTES]
     slope_ms_per_byte = (medians[1] - medians[0]) / (PROBE_BYTES[1] - PROBE_BYTES[0])
     if slope_ms_per_byte <= 0:  # faster than the timer can tell: the largest probe over its time
         slope_ms_per_byte = max(medians[1] - rtt_ms, 1e-6) / PROBE_BYTES[1]
     rate_bps = 8.0 / (slope_ms_per_byte / 1000.0)
-    progress(f"link   round trip {rtt_ms:.2f} ms, rate {rate_bps / 1e6:.1f} Mbit/s "
-             f"({PROBE_BYTES[1] // 1024} KiB in {medians[1]:.1f} ms)")
-    return {"rtt_ms": rtt_ms, "probe_bytes": float(PROBE_BYTES[1]), "probe_ms": medians[1], "rate_bps": rate_bps}
+    spread = {"rtt_ms": Spread.of(rtts), "probe_ms": Spread.of(probes[PROBE_BYTES[1]])}
+    progress(f"link   round trip {rtt_ms:.2f} ms ({spread['rtt_ms'].p10:.2f}–{spread['rtt_ms'].p90:.2f}), "
+             f"rate {rate_bps / 1e6:.1f} Mbit/s ({PROBE_BYTES[1] // 1024} KiB in {medians[1]:.1f} ms)")
+    link = {"rtt_ms": rtt_ms, "probe_bytes": float(PROBE_BYTES[1]), "probe_ms": medians[1], "rate_bps": rate_bps}
+    return link, spread
 
 
-def _precision(runner: DeviceRunner) -> str:
-    """The precision the heads were timed at (``auto`` resolves per artifact; heads decide the table)."""
+def precision_of(runner: DeviceRunner) -> str:
+    """The precision ``runner`` runs the heads at (``auto`` resolves per artifact; heads decide the
+    table): with its backend, the key of the calibration table that describes it."""
     splits = runner.bundle.manifest.splits
     if not splits:
         return runner.artifact_precision(LOCAL, FULL)
@@ -163,18 +223,20 @@ async def calibrate(
     progress: Progress = lambda line: None,
     fps: float = 0.0,
 ) -> Calibration:
-    """Measure everything and build the table. Without a host, only ``local`` is an option.
+    """Measure everything and build the table. Without a host, only ``local`` is an option. The model
+    takes the medians; the spreads are kept beside them (:func:`spread_warning` says when one is wide).
 
     ``fps`` paces the board's timed runs as a camera would (0: back to back); the host's tails
     are timed back to back whatever it is: a host serving a fleet is never idle for long.
     """
     started = time.perf_counter()
-    heads = measure_heads(runner, batches, repeats, progress, fps)
+    head_spread = measure_heads(runner, batches, repeats, progress, fps)  # the caller warns of a wide one
+    heads = {split: {b: s.p50 for b, s in by_batch.items()} for split, by_batch in head_spread.items()}
     tails: dict[str, dict[int, float]] = {}
-    link = None
+    link, link_spread = None, {}
     if client is not None:
         tails = await profile_host(client, runner.bundle.id, batches, min(repeats, MAX_PROFILE_REPEATS), progress)
-        link = await measure_link(client, progress)
+        link, link_spread = await measure_link(client, progress)
     model = latency_model(runner, heads, tails, link["rtt_ms"] if link else 0.0)
     table = SplitTable.build(model, batches)
     progress(f"done in {time.perf_counter() - started:.1f} s")
@@ -184,7 +246,7 @@ async def calibrate(
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         board=board or {},
         backend=runner.backend,
-        precision=_precision(runner),
+        precision=precision_of(runner),
         threads=runner.threads,
         repeats=repeats,
         fps=fps,
@@ -192,4 +254,6 @@ async def calibrate(
         link=link,
         model=model,
         table=table,
+        head_spread=head_spread,
+        link_spread=link_spread,
     )

@@ -7,12 +7,19 @@ import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from calibration import FILENAME, load
-from device_runtime.board.calibrate import calibration_for, manifest_sha256, profile_host
-from device_runtime.bundle import LOCAL, OFFLOAD, Bundle, write_manifest
+from calibration import FILENAME, Spread, load, load_all
+from device_runtime.board.calibrate import (
+    calibration_for,
+    manifest_sha256,
+    measure_heads,
+    profile_host,
+    spread_warning,
+)
+from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle, write_manifest
 from device_runtime.cli import main
 from device_runtime.wire.ops import HelloReply
 from splitedge.errors import BundleError, RemoteError
@@ -151,3 +158,138 @@ def test_auto_runs_from_the_table_and_traces(calibrated: Path, tmp_path: Path, c
     assert {f["split"] for f in frames} <= set(calibration.table.splits)
     assert all(f["rate_bps"] for f in frames if f["where"] == "remote")
     assert "20 frames: 0 dropped" in capsys.readouterr().out
+
+
+class Clock:
+    """Seconds that only the sessions below move."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class RecordingRunner:
+    """A DeviceRunner's stand-in: its sessions log (split, batch) and take ``ms[split] * batch`` on the
+    clock, ``slowdown`` times that while the clock is inside ``spell`` (the board busy elsewhere)."""
+
+    def __init__(self, clock: Clock, ms: dict[str, float], spell: tuple[float, float] = (0.0, 0.0)) -> None:
+        splits = [SimpleNamespace(id=name) for name in ms if name != LOCAL]
+        self.bundle = SimpleNamespace(manifest=SimpleNamespace(model=SimpleNamespace(input_shape=(3, 4, 4)), splits=splits))
+        self.clock, self.ms, self.spell = clock, ms, spell
+        self.calls: list[tuple[str, int]] = []
+        self.slowed: list[tuple[str, int]] = []
+
+    def session(self, split_id: str, role: str) -> SimpleNamespace:
+        assert role == (FULL if split_id == LOCAL else HEAD)
+        return SimpleNamespace(run=lambda x: self._run(split_id, x))
+
+    def _run(self, split_id: str, x) -> None:
+        key = (split_id, x.shape[0])
+        self.calls.append(key)
+        slow = self.spell[0] <= self.clock() < self.spell[1]
+        if slow:
+            self.slowed.append(key)
+        self.clock.now += self.ms[split_id] * x.shape[0] / 1000.0 * (4.0 if slow else 1.0)
+
+
+def test_heads_are_timed_round_robin_with_their_spread() -> None:
+    clock = Clock()
+    runner = RecordingRunner(clock, {"a": 2.0, "b": 5.0, LOCAL: 10.0})
+    lines: list[str] = []
+    spreads = measure_heads(runner, (1, 4), repeats=8, progress=lines.append, clock=clock, sleep=clock.sleep)
+    options = [(s, b) for s in ("a", "b", LOCAL) for b in (1, 4)]
+    # 3 warm-up rounds and 8 timed ones; every round runs each of the 6 options once.
+    assert len(runner.calls) == 6 * 11
+    for i in range(11):
+        assert sorted(runner.calls[6 * i: 6 * i + 6]) == sorted(options)
+    b4 = spreads["b"][4]
+    assert (b4.p10, b4.p50, b4.p90) == pytest.approx((20.0, 20.0, 20.0)) and spreads[LOCAL][1].p50 == pytest.approx(10.0)
+    assert "board  2/8 rounds" in lines[0] and lines[-1].startswith("board  local")
+    assert spread_warning(spreads) is None
+
+
+def test_a_busy_spell_of_the_board_spreads_over_every_head() -> None:
+    clock = Clock()
+    # 23 rounds (3 of warm-up) of 2+5+10 ms at B=1 and 8+20+40 ms at B=4: 2 s; the board is busy (4x slower)
+    # for 1 s of it, about 3 of the 20 timed rounds.
+    runner = RecordingRunner(clock, {"a": 2.0, "b": 5.0, LOCAL: 10.0}, spell=(0.6, 1.6))
+    spreads = measure_heads(runner, (1, 4), repeats=20, progress=lambda line: None, clock=clock, sleep=clock.sleep)
+    assert {key for key in runner.slowed} == {(s, b) for s in ("a", "b", LOCAL) for b in (1, 4)}
+    for split, ms in (("a", 2.0), ("b", 5.0), (LOCAL, 10.0)):
+        assert spreads[split][1].p50 == pytest.approx(ms) and spreads[split][4].p50 == pytest.approx(4 * ms)
+    # The medians hold; the spreads show the spell, and the warning names the widest option.
+    warning = spread_warning(spreads)
+    assert warning is not None and warning.startswith("warning: head times spread widely: ")
+    assert "quiet it" in warning and "the table uses the medians" in warning and "\n" not in warning
+
+
+def test_spread_warning_names_the_worst_option() -> None:
+    heads = {"a": {1: Spread(10.0, 10.5, 11.0), 4: Spread(30.0, 40.0, 75.0)}, LOCAL: {1: Spread(20.0, 25.0, 40.0)}}
+    assert spread_warning(heads) == (
+        "warning: head times spread widely: a at B=4 took 30.00–75.00 ms (p10–p90, 2.5x; wide above 1.5x and 1 ms): "
+        "the board was busy while timed; quiet it (stop other programs, let it cool, keep the camera off) and "
+        "calibrate again; the table uses the medians"
+    )
+
+
+def test_calibration_keeps_each_heads_spread_beside_its_median(calibrated: Path) -> None:
+    calibration = load(calibrated)
+    assert set(calibration.head_spread) == {LOCAL, *TEST_SPLITS}
+    for timings in calibration.model.splits:
+        for batch, ms in timings.head_ms.items():
+            spread = calibration.head_spread[timings.split][batch]
+            assert spread.p10 <= spread.p50 == ms <= spread.p90
+    assert set(calibration.link_spread) == {"rtt_ms", "probe_ms"}
+    assert calibration.link_spread["rtt_ms"].p50 == calibration.link["rtt_ms"]
+
+
+def relabelled(calibrated: Path, tmp_path: Path, backend: str, precision: str, keep: bool) -> Path:
+    """A copy of the calibrated bundle whose table says it was measured with ``backend``/``precision``
+    (beside the original one when ``keep``)."""
+    root = tmp_path / "relabelled"
+    shutil.copytree(calibrated, root)
+    data = json.loads((root / FILENAME).read_text())
+    other = json.loads(json.dumps(data["calibrations"][0]))
+    other.update(backend=backend, precision=precision, created="2020-01-01T00:00:00+00:00")
+    data["calibrations"] = data["calibrations"] + [other] if keep else [other]
+    (root / FILENAME).write_text(json.dumps(data))
+    return root
+
+
+def test_a_table_of_another_backend_warns_and_stands_in(calibrated: Path, tmp_path: Path, host: RunningHost,
+                                                        capsys) -> None:
+    root = relabelled(calibrated, tmp_path, "tflite", "float32", keep=False)
+    trace = tmp_path / "run.jsonl"
+    assert main(["run", str(root), "--camera", "synthetic", "--frames", "2", "--backend", "onnx", "--threads", "1",
+                 "--host", f"{host.host}:{host.port}", "--trace", str(trace)]) == 0
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        f"warning: {root / FILENAME} was measured for tflite/float32, not for onnx/float32, which this run uses; "
+        "choosing splits with the tflite/float32 table (its head times corrected as this run measures its own) — "
+        f"to measure this one, run split-device calibrate {root} --backend onnx --precision float32"
+    ]
+    record = json.loads(trace.read_text().splitlines()[0])
+    assert (record["backend"], record["precision"], record["calibration_key"]) == ("onnx", "float32", ["tflite", "float32"])
+
+
+def test_the_table_of_the_backend_in_use_is_taken(calibrated: Path, tmp_path: Path, host: RunningHost, capsys) -> None:
+    root = relabelled(calibrated, tmp_path, "tflite", "int8", keep=True)  # newer onnx table, an older tflite one
+    trace = tmp_path / "run.jsonl"
+    assert main(["run", str(root), "--camera", "synthetic", "--frames", "2", "--threads", "1",
+                 "--host", f"{host.host}:{host.port}", "--trace", str(trace)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert json.loads(trace.read_text().splitlines()[0])["calibration_key"] == ["onnx", "float32"]
+
+
+def test_calibrating_one_backend_keeps_the_others_table(calibrated: Path, tmp_path: Path, capsys) -> None:
+    root = relabelled(calibrated, tmp_path, "tflite", "int8", keep=False)
+    assert main(["calibrate", str(root), "--no-host", "--batch", "1", "--repeats", "2", "--threads", "1",
+                 "--backend", "onnx"]) == 0
+    assert "the onnx/float32 table, kept tflite/int8 (2020-01-01T00:00:00+00:00)" in capsys.readouterr().out
+    assert load_all(root).keys == (("tflite", "int8"), ("onnx", "float32"))
