@@ -11,6 +11,12 @@ board's CPU share (a 640x480 frame under a 0.25-core cgroup cap on this machine:
 two dense products, 13 ms banded; 3.4 ms uncapped, one thread). The taps are cached per
 (input size, output size), so a camera stream pays for them once, and the centre crop is
 applied to the taps, so pixels the crop throws away are never computed.
+
+A frame may be a view: OpenCV's BGR image read with its channel axis reversed is the RGB
+frame the camera sources hand over (no copy). Gathering pixels through that negative stride
+is slow in numpy (a 640x480 frame: 14 ms against 4 ms), so the filters run over the memory
+as it lies and the channels of the small (3, crop, crop) result are reversed instead: each
+channel is filtered on its own, so the order they are filtered in changes nothing.
 """
 
 from __future__ import annotations
@@ -86,6 +92,9 @@ def preprocess(frame: np.ndarray, spec: Preprocess) -> np.ndarray:
     """
     if frame.ndim != 3 or frame.shape[2] != 3:
         raise ValueError(f"frame must be (H, W, 3) RGB, got shape {frame.shape}")
+    reversed_channels = frame.strides[2] < 0  # an RGB view of BGR memory
+    if reversed_channels:
+        frame = frame[..., ::-1]  # the memory as it lies: BGR
     h, w = frame.shape[:2]
     # torchvision: the shorter side becomes `resize`, the other keeps the aspect (truncated).
     new_h, new_w = (spec.resize, int(spec.resize * w / h)) if h <= w else (int(spec.resize * h / w), spec.resize)
@@ -94,6 +103,8 @@ def preprocess(frame: np.ndarray, spec: Preprocess) -> np.ndarray:
     rows = resize_taps(h, new_h, spec.interpolation, top, spec.crop)
     cols = resize_taps(w, new_w, spec.interpolation, left, spec.crop)
     crop = _filter(_filter(frame, 0, rows), 1, cols).transpose(2, 0, 1)  # (3, crop, crop)
+    if reversed_channels:
+        crop = crop[::-1]  # BGR -> RGB, on the crop rather than the frame
     # torchvision resizes the uint8 image and rounds before converting to float.
     crop = np.clip(np.rint(crop), 0, 255) * (1.0 / 255.0)
     mean = np.asarray(spec.mean, dtype=np.float32)[:, None, None]

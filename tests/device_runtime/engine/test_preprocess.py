@@ -54,3 +54,18 @@ def test_banded_taps_equal_the_dense_filter(n_in: int, n_out: int, first: int, c
 def test_frame_must_be_rgb() -> None:
     with pytest.raises(ValueError, match=r"must be \(H, W, 3\) RGB, got shape \(10, 10\)"):
         preprocess(np.zeros((10, 10), np.uint8), Preprocess(**IMAGENET))
+
+
+def test_views_of_camera_memory_give_the_same_input() -> None:
+    """The sources hand over views, not copies: OpenCV's BGR read with its channels reversed,
+    and a Pi camera's rows stepping over their padding. Both preprocess to exactly what a
+    contiguous RGB copy does."""
+    spec = Preprocess(**IMAGENET)
+    bgr = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    rgb_view = bgr[..., ::-1]
+    padded = np.random.default_rng(1).integers(0, 256, (480, 1984), dtype=np.uint8)[:, :1920].reshape(480, 640, 3)
+    for view in (rgb_view, padded):
+        assert not view.flags.c_contiguous
+        expected = preprocess(np.ascontiguousarray(view), spec)
+        np.testing.assert_array_equal(preprocess(view, spec), expected)
+    assert not np.array_equal(preprocess(bgr, spec), preprocess(rgb_view, spec))  # the channel order counts
