@@ -4,7 +4,13 @@ Every source yields ``Frame`` objects holding an RGB uint8 (H, W, 3) array and c
 device on exit (they are context managers). A camera that stops delivering raises
 :class:`CameraError` instead of yielding nothing, so a dead camera is reported, not
 mistaken for the end of the stream. The synthetic source paces itself at its frame rate,
-like a real camera, so pipelines and drop policies see realistic timing in tests.
+like a real camera, so pipelines and drop policies see realistic timing in tests; a video
+file can be paced at its own frame rate (``realtime``), so a recording replays like a live
+camera. The Pi camera (Picamera2) is :mod:`device_runtime.stream.picamera`.
+
+OpenCV decodes to BGR; the RGB image is a view of the decoded one with the channel axis
+reversed (``[..., ::-1]``), not a copy: preprocessing reads it once to resize it, and a
+copy would cost a frame's worth of memory traffic for nothing.
 """
 
 from __future__ import annotations
@@ -25,8 +31,34 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".tif", ".tiff", ".we
 class Frame:
     index: int
     name: str  # file name, or "camera:0#17"
-    image: np.ndarray  # (H, W, 3) RGB uint8
+    image: np.ndarray  # (H, W, 3) RGB uint8; may be a strided view (BGR memory read backwards)
     captured: float  # time.monotonic() at capture
+
+
+def _rgb(bgr: np.ndarray) -> np.ndarray:
+    """OpenCV's (H, W, 3) BGR image as RGB, a view of the same memory."""
+    return bgr[..., ::-1]
+
+
+class _Pace:
+    """Frames one period apart, like a sensor: a frame read late does not make the next one
+    come early (a sensor does not catch up), it comes one period after the late one."""
+
+    def __init__(self, fps: float, clock: Callable[[], float], sleep: Callable[[float], object]) -> None:
+        self.period = 1.0 / fps if fps > 0 else 0.0
+        self.clock, self.sleep = clock, sleep
+        self.next_due: float | None = None
+
+    def wait(self) -> float:
+        """Sleep until the next frame is due; its capture time."""
+        now = self.clock()
+        if self.next_due is None:
+            self.next_due = now
+        elif self.next_due > now:
+            self.sleep(self.next_due - now)
+        captured = self.clock()
+        self.next_due = max(self.next_due, captured) + self.period  # the period runs from a late frame
+        return captured
 
 
 def _cv2():
@@ -86,31 +118,47 @@ class ImageFiles(FrameSource):
                 bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
                 if bgr is None:
                     raise CameraError(f"{path}: not a readable image")
-                yield Frame(index, path.name, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), time.monotonic())
+                yield Frame(index, path.name, _rgb(bgr), time.monotonic())
                 index += 1
             if not self.loop:
                 return
 
 
 class VideoCapture(FrameSource):
-    """An OpenCV camera index or video file. A camera that stops returning frames is an error."""
+    """An OpenCV camera index or video file. A camera that stops returning frames is an error.
 
-    def __init__(self, target: int | str) -> None:
+    A video file is read as fast as its reader asks (a recording waits for the pipeline), or
+    with ``realtime`` at the file's own frame rate: then it stands for a live camera, frames
+    the pipeline cannot keep up with are dropped, and each gets the frame interval as its
+    budget. ``clock`` and ``sleep`` are the pace's (a test passes a clock it drives).
+    """
+
+    def __init__(
+        self, target: int | str, realtime: bool = False,
+        clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], object] = time.sleep,
+    ) -> None:
         cv2 = _cv2()
         self.target = target
         self.is_camera = isinstance(target, int)
+        self.clock = clock
         self.capture = cv2.VideoCapture(target)
         if not self.capture.isOpened():
             self.capture.release()
             kind = "camera" if self.is_camera else "video file"
             raise CameraError(f"cannot open {kind} {target!r}")
         self.description = f"camera {target}" if self.is_camera else f"video {target}"
-        self.live = self.is_camera
-        fps = self.capture.get(cv2.CAP_PROP_FPS) if self.is_camera else 0.0  # 0 where the driver does not say
+        fps = self.capture.get(cv2.CAP_PROP_FPS) if self.is_camera or realtime else 0.0  # 0: the driver does not say
+        self._pace: _Pace | None = None
+        if realtime and not self.is_camera:
+            if not fps > 0:
+                self.capture.release()
+                raise CameraError(f"video {target!r} does not say its frame rate: it cannot be replayed in real time")
+            self._pace = _Pace(fps, clock, sleep)
+            self.description += f" at its {fps:g} fps"
+        self.live = self.is_camera or self._pace is not None
         self.frame_interval_s = 1.0 / fps if fps > 0 else None
 
     def __iter__(self) -> Iterator[Frame]:
-        cv2 = _cv2()
         index = 0
         while True:
             ok, bgr = self.capture.read()
@@ -118,8 +166,10 @@ class VideoCapture(FrameSource):
                 if self.is_camera:
                     raise CameraError(f"camera {self.target} stopped delivering frames after {index}")
                 return  # end of the video file
+            # Paced after decoding: a frame is ready when it is due, its decoding hidden in the wait.
+            captured = self._pace.wait() if self._pace is not None else self.clock()
             name = f"camera:{self.target}#{index}" if self.is_camera else f"{Path(str(self.target)).name}#{index}"
-            yield Frame(index, name, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), time.monotonic())
+            yield Frame(index, name, _rgb(bgr), captured)
             index += 1
 
     def close(self) -> None:
@@ -129,10 +179,10 @@ class VideoCapture(FrameSource):
 class Synthetic(FrameSource):
     """Moving colour gradients at a fixed frame rate; endless, deterministic, no hardware.
 
-    Paced like a camera: a frame read late does not make the next one come early (a sensor
-    does not catch up), so a slow reader sees the same gaps it would on a Pi camera. Like a
-    camera's DMA, delivering a frame costs the reader nearly nothing: a cycle of
-    :data:`CYCLE` frames is drawn once, then handed out in turn.
+    Paced like a camera (:class:`_Pace`): a frame read late does not make the next one come
+    early, so a slow reader sees the same gaps it would on a Pi camera. Like a camera's DMA,
+    delivering a frame costs the reader nearly nothing: a cycle of :data:`CYCLE` frames is
+    drawn once, then handed out in turn.
     """
 
     live = True
@@ -170,20 +220,18 @@ class Synthetic(FrameSource):
     def __iter__(self) -> Iterator[Frame]:
         if self._frames is None:
             self._frames = self._draw()
-        period = 1.0 / self.fps if self.fps > 0 else 0.0
-        next_due = self.clock()
+        pace = _Pace(self.fps, self.clock, self.sleep)
         index = 0
         while True:
-            delay = next_due - self.clock()
-            if delay > 0:
-                self.sleep(delay)
-            yield Frame(index, f"synthetic#{index}", self._frames[index % self.CYCLE], self.clock())
+            captured = pace.wait()
+            yield Frame(index, f"synthetic#{index}", self._frames[index % self.CYCLE], captured)
             index += 1
-            next_due = max(next_due + period, self.clock())
 
 
-def open_source(spec: str, loop: bool = False) -> FrameSource:
-    """``synthetic[:FPS]`` (FPS 0: as fast as it can), a camera index (``0``), a video file, or a folder of images."""
+def open_source(spec: str, loop: bool = False, realtime: bool = False) -> FrameSource:
+    """``synthetic[:FPS]`` (FPS 0: as fast as it can), a camera index (``0``), the Pi camera
+    (``picam[N][:WxH][@FPS]``, see :func:`device_runtime.stream.picamera.open_picamera`), a video
+    file (``realtime``: paced at its own frame rate), or a folder of images."""
     if spec == "synthetic":
         return Synthetic()
     if spec.startswith("synthetic:"):
@@ -195,13 +243,23 @@ def open_source(spec: str, loop: bool = False) -> FrameSource:
         if fps < 0:
             raise CameraError(f"camera source {spec!r}: the frame rate cannot be negative")
         return Synthetic(fps=fps)
+    if spec.startswith("picam"):
+        from device_runtime.stream.picamera import open_picamera  # Picamera2 only where asked for
+
+        return open_picamera(spec)
     if spec.isdigit():
         return VideoCapture(int(spec))
     path = Path(spec)
     if path.is_dir():
+        if realtime:
+            raise CameraError(f"{spec}: images have no frame rate to replay in real time (--realtime is for videos)")
         return ImageFiles.from_folder(path, loop=loop)
     if path.is_file():
         if path.suffix.lower() in IMAGE_SUFFIXES:
+            if realtime:
+                raise CameraError(f"{spec}: an image has no frame rate to replay in real time (--realtime is for videos)")
             return ImageFiles([path], loop=loop)
-        return VideoCapture(str(path))
-    raise CameraError(f"camera source {spec!r}: not 'synthetic', a camera index, a video file or a folder of images")
+        return VideoCapture(str(path), realtime=realtime)
+    raise CameraError(
+        f"camera source {spec!r}: not 'synthetic', 'picam', a camera index, a video file or a folder of images"
+    )

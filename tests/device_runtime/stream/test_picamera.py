@@ -1,0 +1,177 @@
+"""The Pi camera source against a stand-in Picamera2 (``fake_picamera2/``) with the real one's
+interface and timing: RGB frames at the requested size with one copy, sensor timestamps as
+capture times, pacing, a clean stop, and the errors of a missing or dead camera."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from device_runtime.stream.camera import open_source
+from device_runtime.stream.picamera import FORMAT, PiCamera, open_picamera, pi_camera_absent
+from splitedge.errors import CameraError
+from tests.calibration.test_timing import ManualClock
+
+STAND_IN = Path(__file__).parent / "fake_picamera2"
+
+
+@pytest.fixture
+def picamera2(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """The stand-in as ``picamera2``, on a clock the test drives, fresh for each test."""
+    monkeypatch.syspath_prepend(str(STAND_IN))
+    monkeypatch.delitem(sys.modules, "picamera2", raising=False)
+    import picamera2
+
+    assert Path(picamera2.__file__).is_relative_to(STAND_IN)
+    picamera2.reset()
+    clock = ManualClock()
+    picamera2.use_clock(clock, clock.sleep)
+    picamera2.clock = clock
+    yield picamera2
+    monkeypatch.delitem(sys.modules, "picamera2", raising=False)
+
+
+def _camera(picamera2: ModuleType) -> object:
+    (camera,) = picamera2.OPENED
+    return camera
+
+
+def test_frames_are_rgb_at_the_requested_size_in_one_copy(picamera2: ModuleType) -> None:
+    """100x60: rows of 300 bytes padded to 320 in the DMA buffer. The frame is a view of the one
+    copy ``make_buffer`` made, stepping over the padding, with red, green and blue where the
+    sensor saw them."""
+    with PiCamera(size=(100, 60), fps=30) as source:
+        frame = next(iter(source))
+        camera = _camera(picamera2)
+        assert camera.camera_config["main"]["format"] == FORMAT and camera.camera_config["main"]["stride"] == 320
+    assert frame.image.shape == (60, 100, 3) and frame.image.dtype == np.uint8
+    np.testing.assert_array_equal(frame.image, picamera2.stripes(0, 60, 100))  # RGB, not BGR; no padding bytes
+    assert tuple(frame.image[30, 10]) == (255, 0, 0) and tuple(frame.image[30, 90]) == (0, 0, 255)
+    (buffer,) = camera.buffers_made
+    assert np.shares_memory(frame.image, buffer)  # no copy after make_buffer's
+    assert frame.name == "picam:0#0" and source.description == "Pi camera 0 (imx708) 100x60 at 30 fps"
+
+
+def test_the_byte_order_the_stand_in_keeps_is_picamera2s(picamera2: ModuleType) -> None:
+    """What the test above relies on: RGB888 is [B, G, R] in memory, BGR888 [R, G, B]."""
+    camera = picamera2.Picamera2(0)
+    for fmt, red in (("RGB888", (0, 0, 255)), ("BGR888", (255, 0, 0)), ("XBGR8888", (255, 0, 0, 255))):
+        camera.configure(camera.create_video_configuration(main={"size": (64, 48), "format": fmt}))
+        camera.start()
+        assert tuple(camera.capture_array("main", wait=1.0)[0, 0]) == red
+        camera.stop()
+    camera.close()
+
+
+def test_capture_times_are_the_sensors_and_the_pace_its_own(picamera2: ModuleType) -> None:
+    """50 fps: frames exposed 20 ms apart, each handed over one frame later. A reader 50 ms late
+    gets the newest completed frame at once, stamped when it was exposed, not when it was read."""
+    clock = picamera2.clock
+    with PiCamera(size=(64, 48), fps=50) as source:
+        frames = iter(source)
+        start = clock.now
+        captured, read = [], []
+        for late in (0.0, 0.0, 0.0, 0.05, 0.0):
+            clock.now += late  # the reader is busy
+            captured.append(next(frames).captured)
+            read.append(clock.now)
+    assert np.array(captured) - start == pytest.approx([0.0, 0.02, 0.04, 0.08, 0.10])
+    assert np.array(read) - start == pytest.approx([0.02, 0.04, 0.06, 0.11, 0.12])
+    assert source.frame_interval_s == pytest.approx(0.02) and source.live
+
+
+def test_the_camera_is_stopped_and_closed_on_exit_and_on_an_exception(picamera2: ModuleType) -> None:
+    with PiCamera(size=(64, 48)) as source:
+        next(iter(source))
+    first = _camera(picamera2)
+    assert not first.started and not first.is_open and first.held == 0  # every request released
+    with pytest.raises(ValueError, match="the head failed"):
+        with PiCamera(size=(64, 48)) as source:
+            for _ in source:
+                raise ValueError("the head failed")
+    second = picamera2.OPENED[-1]
+    assert second is not first and not second.started and not second.is_open
+    source.close()  # twice is harmless
+
+
+def test_requests_are_released_at_once_or_the_camera_stalls(picamera2: ModuleType) -> None:
+    """Two buffers: one held request stalls the stand-in, as a starved camera stalls. Frames
+    keep coming because each request goes back before the frame is handed on."""
+    with PiCamera(size=(64, 48), fps=30, buffer_count=2) as source:
+        frames = [f for _, f in zip(range(5), source)]
+    assert len(frames) == 5 and _camera(picamera2).held == 0
+    camera = picamera2.Picamera2(0)
+    camera.configure(camera.create_video_configuration(main={"size": (64, 48), "format": FORMAT}, buffer_count=2))
+    camera.start()
+    camera.capture_request(wait=1.0)  # held, never released
+    with pytest.raises(TimeoutError):
+        camera.capture_request(wait=1.0)
+    camera.close()
+
+
+def test_a_dead_camera_is_an_error_not_a_hang(picamera2: ModuleType) -> None:
+    """The camera goes silent after 3 frames: the fourth is waited for ``timeout_s``, then the
+    stream ends with a CameraError saying so."""
+    picamera2.DIE_AFTER = 3
+    clock = picamera2.clock
+    frames = []
+    with pytest.raises(CameraError, match="Pi camera 0 stopped delivering frames after 3 .*TimeoutError"):
+        with PiCamera(size=(64, 48), fps=10, timeout_s=1.5) as source:
+            for frame in source:
+                frames.append(frame)
+    assert len(frames) == 3
+    assert clock.slept[-1] == pytest.approx(1.5)  # waited as long as it was told, no longer
+    assert not _camera(picamera2).is_open
+
+
+def test_a_missing_picamera2_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "picamera2", None)  # import picamera2 raises ImportError
+    with pytest.raises(CameraError, match=r"sudo apt install python3-picamera2.*--system-site-packages"):
+        open_source("picam")
+    assert "sudo apt install python3-picamera2" in (pi_camera_absent() or "")
+
+
+def test_no_camera_module_and_bad_configurations(picamera2: ModuleType) -> None:
+    picamera2.CAMERAS.clear()
+    assert pi_camera_absent() == "libcamera lists no camera module"
+    with pytest.raises(CameraError, match="libcamera lists 0 camera module"):
+        PiCamera()
+    picamera2.reset()
+    assert pi_camera_absent() is None
+    with pytest.raises(CameraError, match="lists 1 camera module"):
+        open_source("picam1")
+    picamera2.FORMATS.discard(FORMAT)  # a camera that cannot give this format
+    with pytest.raises(CameraError, match=f"Pi camera 0 \\(imx708\\): .*no {FORMAT} output"):
+        PiCamera()
+    assert not picamera2.OPENED[-1].is_open  # freed on the way out
+    picamera2.reset()
+    with pytest.raises(CameraError, match="width and height should be even"):
+        PiCamera(size=(101, 60))
+    with pytest.raises(CameraError, match="frame rate must be above 0"):
+        PiCamera(fps=0)
+
+
+@pytest.mark.parametrize(
+    ("spec", "camera", "size", "fps"),
+    [
+        ("picam", 0, (640, 480), 30.0),
+        ("picam:1280x720", 0, (1280, 720), 30.0),
+        ("picam@15", 0, (640, 480), 15.0),
+        ("picam1:320x240@7.5", 1, (320, 240), 7.5),
+    ],
+)
+def test_picam_specs(picamera2: ModuleType, spec: str, camera: int, size: tuple[int, int], fps: float) -> None:
+    picamera2.CAMERAS.append(dict(picamera2.IMX708))
+    with open_picamera(spec) as source:
+        assert (source.number, (source.width, source.height), source.fps) == (camera, size, fps)
+
+
+def test_bad_picam_specs(picamera2: ModuleType) -> None:
+    for spec in ("picam:640", "picam@", "picamera", "picam:640x480@fast"):
+        with pytest.raises(CameraError, match=r"expected picam\[N\]\[:WIDTHxHEIGHT\]\[@FPS\]"):
+            open_source(spec)
