@@ -40,6 +40,7 @@ from device_runtime.hosts.host_link import HostLink
 from device_runtime.hosts.link_meter import LinkMeter
 from device_runtime.lifecycle import run_command, stop_on_signals
 from device_runtime.stream.camera import open_source
+from device_runtime.stream.picamera import pi_camera_absent
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig
 from device_runtime.stream.policy import AutoPolicy, SplitPolicy, StaticPolicy
 from device_runtime.stream.trace import TraceWriter
@@ -50,8 +51,10 @@ from splitedge.errors import BundleError, HostUnavailableError, SplitEdgeError
 EXAMPLES = """\
 examples:
   split-device calibrate bundle/ --host auto                # once per board and bundle: writes bundle/calibration.json
-  split-device run bundle/ --camera 0                       # Pi camera, split chosen from the table as the link changes
-  split-device run bundle/ --camera 0 --batch 4 --trace run.jsonl
+  split-device run bundle/                                  # the Pi camera module (else camera 0), split from the table
+  split-device run bundle/ --camera picam:1280x720@15       # the Pi camera at another size and frame rate
+  split-device run bundle/ --camera 0 --batch 4 --trace run.jsonl  # OpenCV camera 0 (a USB webcam)
+  split-device run bundle/ --camera clip.mp4 --realtime     # a recording replayed at its own frame rate, like a camera
   split-device run bundle/ --camera photos/ --host 192.168.1.20:7767 --split features_14_conv_2
   split-device run bundle/ --camera clip.mp4 --split local  # full model on the board, no host
   split-device report run.jsonl --out report/               # latency over time, CDFs, drops, gain over static splits
@@ -87,8 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("bundle", help="bundle directory written by split-export build")
     run.add_argument(
-        "--camera", default="0", help="OpenCV camera index, video file, folder of images, or 'synthetic[:FPS]' (default 0)"
+        "--camera", default="auto",
+        help="'picam[N][:WIDTHxHEIGHT][@FPS]' (the Pi camera module via Picamera2; 640x480 at 30 fps unless given), "
+        "an OpenCV camera index, a video file, a folder of images, or 'synthetic[:FPS]' (default auto: picam on a "
+        "Raspberry Pi with a camera module, else 0)",
     )
+    run.add_argument("--realtime", action="store_true",
+                     help="replay a video file at its own frame rate, as a live camera (frames the board cannot keep "
+                     "up with are dropped); default: as fast as the pipeline reads it")
     _host_arguments(run)
     run.add_argument(
         "--split", default="auto",
@@ -234,6 +243,7 @@ async def run(args: argparse.Namespace) -> None:
     credentials = _credentials(args)
     bundle = Bundle.load(args.bundle, roles=(HEAD, FULL))
     board = detect_board()
+    args.camera, chosen = _camera(args.camera, board)
     first = default_split(bundle) if args.split == "auto" else args.split
     start_split = LOCAL if first == OFFLOAD else first
     tables = _tables(args.split, bundle)
@@ -269,7 +279,8 @@ async def run(args: argparse.Namespace) -> None:
     pipeline = Pipeline(runner, policy, hosts, config, meter)
     trace = TraceWriter(args.trace, _run_record(args, bundle, runner, calibration)) if args.trace else None
     try:
-        with open_source(args.camera, loop=args.loop) as source:
+        with open_source(args.camera, loop=args.loop, realtime=args.realtime) as source:
+            print(f"camera: {source.description}{chosen}", flush=True)
             async for result in pipeline.run(source, frames=args.frames, stop=stop):
                 print(result.line(), flush=True)
                 if trace is not None:
@@ -284,6 +295,18 @@ async def run(args: argparse.Namespace) -> None:
     switches = f", {policy.switches} split switches" if isinstance(policy, AutoPolicy) else ""
     print(f"{stats.frames} frames: {stats.dropped} dropped ({stats.drop_rate:.1%}), {stats.fallbacks} answered "
           f"locally after a host failure{switches}; by split: {per_split}", flush=True)
+
+
+def _camera(spec: str, board: DetectedBoard) -> tuple[str, str]:
+    """The source ``--camera auto`` stands for here, and a note saying why (empty when named)."""
+    if spec != "auto":
+        return spec, ""
+    if not (board.model or "").startswith("Raspberry Pi"):
+        return "0", " (auto: not a Raspberry Pi, so OpenCV camera 0)"
+    absent = pi_camera_absent()
+    if absent is None:
+        return "picam", " (auto: a Raspberry Pi with a camera module)"
+    return "0", f" (auto: OpenCV camera 0, no Pi camera: {absent})"
 
 
 def _tables(split: str, bundle: Bundle) -> Calibrations | None:

@@ -5,6 +5,7 @@ capture times, pacing, a clean stop, and the errors of a missing or dead camera.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Iterator
@@ -12,6 +13,8 @@ from typing import Iterator
 import numpy as np
 import pytest
 
+from device_runtime import cli as device_cli
+from device_runtime.board.detect import DetectedBoard
 from device_runtime.stream.camera import open_source
 from device_runtime.stream.picamera import FORMAT, PiCamera, open_picamera, pi_camera_absent
 from splitedge.errors import CameraError
@@ -175,3 +178,38 @@ def test_bad_picam_specs(picamera2: ModuleType) -> None:
     for spec in ("picam:640", "picam@", "picamera", "picam:640x480@fast"):
         with pytest.raises(CameraError, match=r"expected picam\[N\]\[:WIDTHxHEIGHT\]\[@FPS\]"):
             open_source(spec)
+
+
+def _board(model: str | None) -> DetectedBoard:
+    return DetectedBoard(profile=None, model=model, architecture="aarch64", cores=4, memory_bytes=None, python="3.11")
+
+
+def test_split_device_run_chooses_the_pi_camera_on_a_pi_with_one(
+    picamera2: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--camera auto`` (the default): picam on a Raspberry Pi whose libcamera lists a camera
+    module; OpenCV camera 0 anywhere else, with the reason; a named source as it is."""
+    pi = _board("Raspberry Pi 4 Model B Rev 1.5")
+    assert device_cli.build_parser().parse_args(["run", "bundle/"]).camera == "auto"
+    assert device_cli._camera("auto", pi) == ("picam", " (auto: a Raspberry Pi with a camera module)")
+    assert device_cli._camera("auto", _board(None)) == ("0", " (auto: not a Raspberry Pi, so OpenCV camera 0)")
+    assert device_cli._camera("clip.mp4", pi) == ("clip.mp4", "")
+    picamera2.CAMERAS.clear()
+    assert device_cli._camera("auto", pi) == ("0", " (auto: OpenCV camera 0, no Pi camera: libcamera lists no camera module)")
+    monkeypatch.setitem(sys.modules, "picamera2", None)
+    spec, why = device_cli._camera("auto", pi)
+    assert spec == "0" and "sudo apt install python3-picamera2" in why
+
+
+def test_split_device_run_streams_from_the_pi_camera(
+    picamera2: ModuleType, mobilenet_bundle: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The whole command on the stand-in, on the real clock: frames answered, the camera said, and
+    the camera stopped and closed at the end."""
+    picamera2.use_clock(time.monotonic, time.sleep)
+    assert device_cli.main(["run", str(mobilenet_bundle), "--camera", "picam:320x240@30", "--split", "local",
+                            "--frames", "4", "--threads", "1", "--drop", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "camera: Pi camera 0 (imx708) 320x240 at 30 fps\n" in out and "4 frames: 0 dropped" in out
+    camera = _camera(picamera2)
+    assert not camera.started and not camera.is_open
