@@ -160,6 +160,19 @@ class LatencyModel:
         transfer_ms = _BITS_PER_BYTE * timings.bytes_per_sample * batch * _MS_PER_S / rate_bps
         return timings.head_at(batch) + transfer_ms + timings.tail_at(batch) + self.rtt_ms
 
+    def terms_ms(self, split: str, batch: int, rate_bps: float) -> dict[str, float]:
+        """:meth:`predict_ms` term by term, as a run measures them: ``head`` (the board's part),
+        ``transfer`` (8 * bytes_per_sample * B / r plus the round trip: what a request's round trip
+        takes less the host's time) and ``tail`` (the host's compute). They add up to
+        :meth:`predict_ms` (DSC Eq. 4); LOCAL has only its head (T_L)."""
+        timings = self.timings(split)
+        if split == LOCAL:
+            return {"head": timings.head_at(batch), "transfer": 0.0, "tail": 0.0}
+        if not rate_bps > 0:  # also refuses NaN
+            raise CalibrationError(f"link rate must be > 0 bit/s, got {rate_bps!r}")
+        transfer_ms = _BITS_PER_BYTE * timings.bytes_per_sample * batch * _MS_PER_S / rate_bps + self.rtt_ms
+        return {"head": timings.head_at(batch), "transfer": transfer_ms, "tail": timings.tail_at(batch)}
+
     def best(self, batch: int, rate_bps: float, allowed: Collection[str] | None = None) -> str:
         """DSC Eq. 6: the split of least predicted time, among ``allowed`` when given.
 

@@ -5,7 +5,13 @@ it and plots it. The plots need matplotlib, the ``report`` extra (``pip install
 'splitedge[report]'``), so a board installs none; importing this package does not need it.
 """
 
-from fieldtrial.plots import plot_drop_rate, plot_latency_cdf, plot_latency_over_time, plot_table
+from fieldtrial.plots import (
+    plot_drop_rate,
+    plot_latency_cdf,
+    plot_latency_over_time,
+    plot_measured_vs_model,
+    plot_table,
+)
 from fieldtrial.report import format_summary, summarize, write_report
 from fieldtrial.trace import read_trace
 
@@ -14,6 +20,7 @@ __all__ = [
     "plot_drop_rate",
     "plot_latency_cdf",
     "plot_latency_over_time",
+    "plot_measured_vs_model",
     "plot_table",
     "read_trace",
     "summarize",

@@ -26,6 +26,7 @@ __all__ = [
     "plot_drop_rate",
     "plot_latency_cdf",
     "plot_latency_over_time",
+    "plot_measured_vs_model",
     "plot_table",
     "split_label",
 ]
@@ -252,4 +253,60 @@ def plot_drop_rate(frames: Sequence[dict[str, Any]], path: str | Path, window_s:
     ax.set_ylabel(f"dropped per {window_s:g} s window (%)")
     ax.set_ylim(0, 105)
     ax.set_title(f"drop rate: {int(dropped.sum())} of {len(frames)} frames dropped ({100.0 * dropped.mean():.1f} %)")
+    _save(plt, fig, path)
+
+
+#: Stage and wait colours of the measured-vs-model bars: stages solid, waits hatched.
+_STAGE_COLOURS = {"head": "tab:blue", "transfer": "tab:orange", "tail": "tab:green"}
+_WAIT_COLOURS = {"queue": "lightgrey", "slot": "silver", "host_queue": "darkgrey"}
+_WAIT_LABELS = {"queue": "wait: board queue", "slot": "wait: in-flight slot", "host_queue": "wait: host queue"}
+
+
+def plot_measured_vs_model(comparison: dict[str, dict[str, Any]], path: str | Path) -> None:
+    """Per split, two stacked bars: the model's DSC Eq. 4 stages (head, transfer, tail) and the
+    measured ones, with the measured waits (board queue, in-flight slot, host queue) hatched on
+    top. Medians of the summary's ``predicted_vs_measured``; the ratio above each pair is the
+    stages' alone, so queueing shows as its own height rather than as a model that is off.
+    """
+    if not comparison:
+        raise SplitEdgeError("nothing to plot (measured vs model): no split with a model and frames")
+    plt = _pyplot()
+    splits = list(comparison)
+    x = np.arange(len(splits), dtype=float)
+    width = 0.38
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(splits) + 2.5), 4.8))
+    labelled: set[str] = set()
+
+    def bar(position: float, height: float, bottom: float, colour: Any, label: str, hatch: str | None = None) -> None:
+        ax.bar(position, height, width, bottom=bottom, color=colour, edgecolor="white", hatch=hatch,
+               label=None if label in labelled else label)
+        labelled.add(label)
+
+    for i, split in enumerate(splits):
+        c = comparison[split]
+        bottom = 0.0
+        for stage, colour in _STAGE_COLOURS.items():
+            height = c["stages"][stage]["predicted_ms"]
+            bar(x[i] - width / 2, height, bottom, colour, f"{stage}, model", hatch="..")
+            bottom += height
+        top = bottom
+        bottom = 0.0
+        for stage, colour in _STAGE_COLOURS.items():
+            height = c["stages"][stage]["measured_ms"]
+            bar(x[i] + width / 2, height, bottom, colour, f"{stage}, measured")
+            bottom += height
+        for wait, key in (("queue", "queue"), ("slot", "slot"), ("host_queue", "host_queue")):
+            if c["waits_ms"] is not None and c["waits_ms"][key] > 0:
+                bar(x[i] + width / 2, c["waits_ms"][key], bottom, _WAIT_COLOURS[wait], _WAIT_LABELS[wait], hatch="//")
+                bottom += c["waits_ms"][key]
+        ratio = "-" if c["ratio"] is None else f"stages ×{c['ratio']:.2f}"
+        ax.text(x[i], max(top, bottom), ratio, ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x)
+    ax.set_xticklabels([f"{split_label(s)}\nmodel | measured" for s in splits], fontsize=8)
+    ax.set_ylabel("ms (medians)")
+    handles, labels = ax.get_legend_handles_labels()  # model stages, then measured, then waits
+    order = sorted(range(len(labels)), key=lambda k: (not labels[k].endswith("model"), k))
+    ax.legend([handles[k] for k in order], [labels[k] for k in order], fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
+    ax.set_title("measured vs model: stages (DSC Eq. 4), waits apart", fontsize=10)
     _save(plt, fig, path)

@@ -4,6 +4,12 @@ The summary answers the questions a run is made to answer: how fast (latency per
 frames per second), how lossy (drop rate), where the frames ran and for how long, how often
 the split moved, and, given the board's calibration, what the switching was worth against
 each split held static (DSC Eq. 7) and how far the latency model is from what was measured.
+
+The model (DSC Eq. 4) predicts the stages of one batch on an idle pipeline: head, transfer,
+tail. A frame of a real run also waits (in the board's queue for its head, for an in-flight
+slot, in the host's queue), and those waits grow with the load, not with the split: the
+comparison sets the measured stages against the model and shows the waits beside them, so a
+run that queued is not read as a model 5x off.
 """
 
 from __future__ import annotations
@@ -16,10 +22,10 @@ from typing import Any
 import numpy as np
 
 import calibration as cal
-from calibration import Calibration, CalibrationError, gains_over_static
+from calibration import Calibration, CalibrationError, Calibrations, gains_over_static
 from device_runtime.bundle import LOCAL
 from fieldtrial import plots
-from fieldtrial.trace import read_trace
+from fieldtrial.trace import read_trace, records_waits
 from splitedge.errors import SplitEdgeError
 
 __all__ = ["PLOTS", "SUMMARY_FILE", "format_summary", "summarize", "write_report"]
@@ -30,7 +36,12 @@ PLOTS = {
     "latency_cdf.png": plots.plot_latency_cdf,
     "drop_rate.png": plots.plot_drop_rate,
 }
-_RUN_FIELDS = ("bundle_id", "policy", "batch", "source", "started_unix")
+_RUN_FIELDS = ("bundle_id", "policy", "batch", "source", "started_unix", "backend", "precision", "calibration_key")
+MODEL_PLOT = "measured_vs_model.png"
+#: The stages DSC Eq. 4 sums (:meth:`calibration.LatencyModel.terms_ms`), as the trace names them.
+STAGES = ("head", "transfer", "tail")
+#: The waits a trace records (schema 2), as the summary names them.
+WAITS = {"queue": "queue_ms", "slot": "slot_ms", "host_queue": "host_queue_ms"}
 
 
 def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
@@ -67,7 +78,7 @@ def _per_split(answered: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _gain(calibration: Calibration, answered: list[dict[str, Any]]) -> dict[str, Any]:
+def _gain(calibration: Calibration, answered: list[dict[str, Any]], waits: bool) -> dict[str, Any]:
     """DSC Eq. 7 over the run's own states, and the model's prediction against the measurement.
 
     The scenario S is the run itself: one state (batch, rate) per answered frame, with the
@@ -98,34 +109,65 @@ def _gain(calibration: Calibration, answered: list[dict[str, Any]]) -> dict[str,
             "without_rate": len(modelled) - len(states),
             "unmodelled_split": len(answered) - len(modelled),
         },
-        "predicted_vs_measured": _predicted_vs_measured(calibration, modelled),
+        "predicted_vs_measured": _predicted_vs_measured(calibration, modelled, waits),
     }
 
 
-def _predicted_vs_measured(calibration: Calibration, modelled: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per split: median measured ms (total minus preprocessing, which the model leaves out)
-    against the median of the model's DSC Eq. 4 prediction at each frame's (batch, rate).
+def _median(values: Sequence[float]) -> float:
+    return float(np.median(values))
 
-    ``ratio`` is measured / predicted: above 1 the board, link or host ran slower than
-    calibrated. LOCAL needs no rate (T_L = head); the other splits use the frames with one.
+
+def _predicted_vs_measured(
+    calibration: Calibration, modelled: list[dict[str, Any]], waits: bool,
+) -> dict[str, dict[str, Any]]:
+    """Per split, medians over its frames: the model's DSC Eq. 4 prediction at each frame's
+    (batch, rate) against the stage times measured, stage by stage, and the waits beside them.
+
+    ``ratio`` is measured stages / predicted: above 1 the board, link or host ran slower than
+    calibrated; it leaves out the waits, which the model does not predict (a frame that waits
+    in a queue says the pipeline was loaded, not that a stage was slow). ``waits_ms`` has the
+    median of each wait and of their sum (``all``); ``end_to_end_ms`` is capture to answer
+    less preprocessing (which the model leaves out too) and ``end_to_end_ratio`` its ratio to
+    the prediction, the figure that mixed both. A schema 1 trace recorded no waits (None)
+    and counted the host's queue in its tail. LOCAL needs no rate (T_L = head); the other
+    splits use the frames with one. Frames answered here after a failed offload are left
+    out: their head time holds the failed attempt's head and the full model.
     """
     out: dict[str, dict[str, Any]] = {}
-    for split in plots.graph_order((f["split"] for f in modelled), calibration.model.names):
-        mine = [f for f in modelled if f["split"] == split and (split == LOCAL or f.get("rate_bps"))]
+    model = calibration.model
+    for split in plots.graph_order((f["split"] for f in modelled), model.names):
+        mine = [f for f in modelled if f["split"] == split and not f.get("error") and (split == LOCAL or f.get("rate_bps"))]
         if not mine:
             continue
-        measured = float(np.median([f["total_ms"] - f["preprocess_ms"] for f in mine]))
-        predicted = float(np.median([calibration.model.predict_ms(split, f["batch"], f["rate_bps"]) for f in mine]))
+        terms = [model.terms_ms(split, f["batch"], f["rate_bps"] or 0.0) for f in mine]
+        stages = {
+            stage: {"measured_ms": _median([f[f"{stage}_ms"] for f in mine]),
+                    "predicted_ms": _median([t[stage] for t in terms])}
+            for stage in STAGES
+        }
+        predicted = _median([sum(t.values()) for t in terms])
+        measured = _median([sum(f[f"{stage}_ms"] for stage in STAGES) for f in mine])
+        end_to_end = _median([f["total_ms"] - f["preprocess_ms"] for f in mine])
+        waited = None
+        if waits:
+            waited = {name: _median([f.get(key, 0.0) for f in mine]) for name, key in WAITS.items()}
+            waited["all"] = _median([sum(f.get(key, 0.0) for key in WAITS.values()) for f in mine])
         out[split] = {
             "frames": len(mine),
-            "measured_ms": measured,
             "predicted_ms": predicted,
+            "stages_ms": measured,
             "ratio": measured / predicted if predicted > 0 else None,
+            "waits_ms": waited,
+            "end_to_end_ms": end_to_end,
+            "end_to_end_ratio": end_to_end / predicted if predicted > 0 else None,
+            "stages": stages,
         }
     return out
 
 
-def summarize(run: dict[str, Any], frames: list[dict[str, Any]], calibration: Calibration | None) -> dict[str, Any]:
+def summarize(
+    run: dict[str, Any], frames: list[dict[str, Any]], calibration: Calibration | None, waits: bool = True,
+) -> dict[str, Any]:
     """The numbers of one traced run (see the module docstring); JSON-ready.
 
     Latencies are over answered frames only: a dropped frame was never classified. ``fps`` is
@@ -137,7 +179,9 @@ def summarize(run: dict[str, Any], frames: list[dict[str, Any]], calibration: Ca
     choices over that split held static, computed with the calibrated model at the rates the
     run estimated; None when no frame had a rate), ``gain_scenario`` (how many states that
     used and how many frames were left out: no rate estimate, or a split the model lacks) and
-    ``predicted_vs_measured`` (split -> measured and predicted medians and their ratio).
+    ``predicted_vs_measured`` (split -> the model's prediction against the measured stages,
+    stage by stage, with the waits beside them: :func:`_predicted_vs_measured`). ``waits``
+    says whether the frames record their waits (trace schema 2).
     """
     if not frames:
         raise SplitEdgeError("no frames to summarize")
@@ -159,46 +203,58 @@ def summarize(run: dict[str, Any], frames: list[dict[str, Any]], calibration: Ca
         "calibration": None,
     }
     if calibration is not None:
-        summary["calibration"] = {"bundle_id": calibration.bundle_id, "created": calibration.created}
+        summary["calibration"] = {"bundle_id": calibration.bundle_id, "created": calibration.created,
+                                  "backend": calibration.backend, "precision": calibration.precision}
         try:
-            summary.update(_gain(calibration, answered))
+            summary.update(_gain(calibration, answered, waits))
         except CalibrationError as exc:  # a trace value the model refuses (a batch of 0, say)
             raise SplitEdgeError(f"cannot compare the run with its calibration: {exc}") from exc
     return summary
 
 
-def _calibration_for(run: dict[str, Any], trace_path: Path, given: Calibration | None) -> Calibration | None:
-    """The given calibration, else the one the run recorded if its file is still there.
+def _calibration_for(
+    run: dict[str, Any], trace_path: Path, given: Calibration | Calibrations | None,
+) -> Calibration | None:
+    """The given calibration, else the one the run recorded if its file is still there; of a file's
+    tables, the one the run chose its splits with (its ``calibration_key``), else the latest.
 
     Either way it must be the run's bundle's: another bundle's timings describe another network.
     """
-    calibration = given
+    tables: Calibration | Calibrations | None = given
     recorded = run.get("calibration")
-    if calibration is None and recorded and Path(recorded).exists():
+    if tables is None and recorded and Path(recorded).exists():
         try:
-            calibration = cal.load(recorded)
+            tables = cal.load_all(recorded)
         except CalibrationError as exc:
             raise SplitEdgeError(f"{trace_path}: the run's calibration {recorded}: {exc}") from exc
-    if calibration is not None and calibration.bundle_id != run.get("bundle_id"):
+    if tables is not None and tables.bundle_id != run.get("bundle_id"):
         raise SplitEdgeError(
-            f"{trace_path}: the calibration is for bundle {calibration.bundle_id}, "
+            f"{trace_path}: the calibration is for bundle {tables.bundle_id}, "
             f"the run was of bundle {run.get('bundle_id')}"
         )
-    return calibration
+    if isinstance(tables, Calibrations):
+        key = run.get("calibration_key")
+        table = tables.get(*key) if isinstance(key, list) and len(key) == 2 else None
+        return table if table is not None else tables.latest()
+    return tables
 
 
-def write_report(trace_path: str | Path, out_dir: str | Path, calibration: Calibration | None = None) -> dict[str, Any]:
-    """Read a trace, write ``summary.json`` and the three plots into ``out_dir``; return the summary.
+def write_report(
+    trace_path: str | Path, out_dir: str | Path, calibration: Calibration | Calibrations | None = None,
+) -> dict[str, Any]:
+    """Read a trace, write ``summary.json`` and the plots into ``out_dir``; return the summary.
 
     Without ``calibration``, the file the run recorded is used when it still exists (a trace
-    copied off the board usually travels without it; the report then has no gains). A relative
-    recorded path is taken from the current directory, as the run took it.
+    copied off the board usually travels without it; the report then has no gains and no
+    comparison with the model). Of a file's tables, the one the run used is taken. A relative
+    recorded path is taken from the current directory, as the run took it. With a
+    calibration, :data:`MODEL_PLOT` shows the model against the measured stages and waits.
     """
     trace_path = Path(trace_path)
     run, frames = read_trace(trace_path)
     if not frames:
         raise SplitEdgeError(f"no frames in {trace_path}")
-    summary = summarize(run, frames, _calibration_for(run, trace_path, calibration))
+    summary = summarize(run, frames, _calibration_for(run, trace_path, calibration), records_waits(run))
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -207,6 +263,8 @@ def write_report(trace_path: str | Path, out_dir: str | Path, calibration: Calib
         raise SplitEdgeError(f"cannot write the report into {out_dir}: {exc}") from exc
     for name, plot in PLOTS.items():
         plot(frames, out_dir / name)
+    if summary.get("predicted_vs_measured"):
+        plots.plot_measured_vs_model(summary["predicted_vs_measured"], out_dir / MODEL_PLOT)
     return summary
 
 
@@ -244,10 +302,23 @@ def format_summary(summary: dict[str, Any]) -> str:
             lines.append(f"  {plots.split_label(split):28s} {100.0 * gains[split]:7.1f} %")
     comparison = summary.get("predicted_vs_measured")
     if comparison:
-        lines += ["", f"{'measured vs model (median)':28s} {'frames':>7s} {'measured':>9s} {'model':>9s} {'ratio':>6s}"]
+        lines += [
+            "",
+            "measured vs model (medians, ms): the model's stages (DSC Eq. 4: head + transfer + tail) against the "
+            "measured ones; the waits (board queue, in-flight slot, host queue) apart",
+            f"{'split':28s} {'frames':>7s} {'model':>8s} {'stages':>8s} {'ratio':>6s} {'waits':>8s} "
+            f"{'end-to-end':>10s} {'ratio':>6s}",
+        ]
         for split, c in comparison.items():
-            ratio = "-" if c["ratio"] is None else f"{c['ratio']:.2f}"
+            waits = c["waits_ms"]["all"] if c["waits_ms"] is not None else None
             lines.append(
-                f"{plots.split_label(split):28s} {c['frames']:7d} {c['measured_ms']:9.1f} {c['predicted_ms']:9.1f} {ratio:>6s}"
+                f"{plots.split_label(split):28s} {c['frames']:7d} {c['predicted_ms']:8.1f} {c['stages_ms']:8.1f} "
+                f"{_ratio(c['ratio']):>6s} {_ms(waits):>8s} {c['end_to_end_ms']:10.1f} {_ratio(c['end_to_end_ratio']):>6s}"
             )
+        if any(c["waits_ms"] is None for c in comparison.values()):
+            lines.append("  (a schema 1 trace: no waits recorded; the host's queue is counted in the tail)")
     return "\n".join(lines)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"

@@ -9,7 +9,11 @@ from typing import Any, Iterator
 from device_runtime.stream.trace import TRACE_SCHEMA
 from splitedge.errors import SplitEdgeError
 
-__all__ = ["read_trace"]
+__all__ = ["TRACE_SCHEMA_1", "read_trace", "records_waits"]
+
+#: Traces before the waits were recorded: ``tail_ms`` held the host's queue, and nothing else
+#: told queueing from the stages.
+TRACE_SCHEMA_1 = "splitedge.trace/1"
 
 
 def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -22,8 +26,10 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     records = list(_parse(path, lines))
     if not records or records[0].get("type") != "run":
         raise SplitEdgeError(f"{path}: not a splitedge trace (the first line must be the run record)")
-    if records[0].get("schema") != TRACE_SCHEMA:
-        raise SplitEdgeError(f"{path}: trace schema {records[0].get('schema')!r}; this version reads {TRACE_SCHEMA}")
+    if records[0].get("schema") not in (TRACE_SCHEMA, TRACE_SCHEMA_1):
+        raise SplitEdgeError(
+            f"{path}: trace schema {records[0].get('schema')!r}; this version reads {TRACE_SCHEMA} and {TRACE_SCHEMA_1}"
+        )
     frames = [r for r in records[1:] if r.get("type") == "frame"]
     return records[0], frames
 
@@ -41,3 +47,8 @@ def _parse(path: Path, lines: list[str]) -> Iterator[dict[str, Any]]:
         if not isinstance(record, dict):
             raise SplitEdgeError(f"{path}:{number}: expected a JSON object")
         yield record
+
+
+def records_waits(run: dict[str, Any]) -> bool:
+    """Whether the run's frames record their waits apart from their stage times (trace schema 2)."""
+    return run.get("schema") != TRACE_SCHEMA_1

@@ -38,8 +38,8 @@ FACES = {
     ],
     "host_runtime": ["BatchConfig", "HostServer", "ServerConfig", "TailRegistry"],
     "fieldtrial": [
-        "format_summary", "plot_drop_rate", "plot_latency_cdf", "plot_latency_over_time", "plot_table", "read_trace",
-        "summarize", "write_report",
+        "format_summary", "plot_drop_rate", "plot_latency_cdf", "plot_latency_over_time", "plot_measured_vs_model",
+        "plot_table", "read_trace", "summarize", "write_report",
     ],
     "testbed": [
         "DelayRelay", "EmulatedLink", "LinkEmulationError", "LinkEmulationUnavailable", "RateSchedule", "RateStep",

@@ -277,22 +277,25 @@ class Pipeline:
             logits, ms = await loop.run_in_executor(self._compute, self.runner.run_full, x)
             self.policy.observe_head(LOCAL, len(batch), ms)
             done: asyncio.Future[list[FrameResult]] = loop.create_future()
-            done.set_result(self._results(batch, logits, LOCAL, rate, head_ms=ms))
+            done.set_result(self._results(batch, logits, LOCAL, rate, head_ms=ms, started=time.monotonic() - ms / 1e3))
             return done
         if split == OFFLOAD:
             cut, head_ms = x, 0.0
         else:
             cut, head_ms = await loop.run_in_executor(self._compute, self.runner.run_head, split, x)
             self.policy.observe_head(split, len(batch), head_ms)
+        started = time.monotonic() - head_ms / 1e3  # the head's start: the frames' queueing ends there
         tensor, fields = self.runner.payload(split, cut)
         assert self._slots is not None
+        waiting = time.monotonic()
         await self._slots.acquire()  # released by _send when the reply (or the failure) comes
+        waits = {"started": started, "slot_ms": (time.monotonic() - waiting) * 1e3}
         self._remote += 1
-        return asyncio.ensure_future(self._offload(batch, x, split, tensor, fields, head_ms, rate, client))
+        return asyncio.ensure_future(self._offload(batch, x, split, tensor, fields, head_ms, rate, client, waits))
 
     async def _offload(
         self, batch: list[_Captured], x: np.ndarray, split: str, tensor: np.ndarray, fields: dict[str, float],
-        head_ms: float, rate: float | None, client: HostClient,
+        head_ms: float, rate: float | None, client: HostClient, waits: dict[str, float],
     ) -> list[FrameResult]:
         """Send the cut and wait for the tail; on any failure answer the batch here instead."""
         loop = asyncio.get_running_loop()
@@ -302,11 +305,12 @@ class Pipeline:
             if isinstance(exc, HostUnavailableError) and self.hosts is not None:
                 await self.hosts.lost(client, exc)
             logits, ms = await loop.run_in_executor(self._compute, self.runner.run_full, x)
-            return self._results(batch, logits, LOCAL, rate, head_ms=head_ms + ms, error=f"{split}: {exc}")
+            return self._results(batch, logits, LOCAL, rate, head_ms=head_ms + ms, error=f"{split}: {exc}", **waits)
         self.meter.observe_reply(tensor.nbytes, result)
         return self._results(
             batch, result.output, split, rate, head_ms=head_ms, transfer_ms=result.transfer_ms,
-            tail_ms=result.compute_ms + result.queue_ms, sent_bytes=tensor.nbytes, host=client.address,
+            tail_ms=result.compute_ms, host_queue_ms=result.queue_ms, sent_bytes=tensor.nbytes, host=client.address,
+            **waits,
         )
 
     async def _send(self, client: HostClient, split: str, tensor: np.ndarray, fields: dict[str, float]) -> InferResult:
@@ -325,8 +329,10 @@ class Pipeline:
     def _results(
         self, batch: list[_Captured], logits: np.ndarray, split: str, rate: float | None, head_ms: float,
         transfer_ms: float = 0.0, tail_ms: float = 0.0, sent_bytes: int = 0, host: str | None = None,
-        error: str | None = None,
+        error: str | None = None, started: float | None = None, slot_ms: float = 0.0, host_queue_ms: float = 0.0,
     ) -> list[FrameResult]:
+        """One result per frame; ``started`` (monotonic s) is when the batch's head started: each frame
+        waited in the queue from its preprocessing's end until then."""
         now = time.monotonic()
         results = []
         for captured, row in zip(batch, logits):
@@ -335,6 +341,9 @@ class Pipeline:
                 index=captured.frame.index, name=captured.frame.name, label=label, probability=probability,
                 split=split, preprocess_ms=captured.preprocess_ms, head_ms=head_ms, transfer_ms=transfer_ms,
                 tail_ms=tail_ms, total_ms=(now - captured.frame.captured) * 1000.0, captured=captured.frame.captured,
+                queue_ms=0.0 if started is None else max(
+                    (started - captured.frame.captured) * 1000.0 - captured.preprocess_ms, 0.0),
+                slot_ms=slot_ms, host_queue_ms=host_queue_ms,
                 batch=len(batch), bytes=sent_bytes // len(batch), rate_bps=rate,
                 where="local" if host is None else "remote", host=host, error=error,
             ))

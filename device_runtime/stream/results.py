@@ -23,10 +23,16 @@ class FrameResult:
     label: str | None  # None for a dropped frame
     probability: float | None
     split: str  # the split that ran ("local": the full model here; "offload": the full model on the host)
+    # Stage times of the batch (DSC Eq. 4's terms, as the model predicts them) ...
     preprocess_ms: float = 0.0
-    head_ms: float = 0.0
-    transfer_ms: float = 0.0
-    tail_ms: float = 0.0
+    head_ms: float = 0.0  # the head here (the full model for local)
+    transfer_ms: float = 0.0  # the request's round trip less the host's queue and compute
+    tail_ms: float = 0.0  # the host's compute for the tail
+    # ... and the frame's waits, which the model leaves out: in the board's queue until its head
+    # started (batching, the compute thread busy), for a free in-flight slot, in the host's queue.
+    queue_ms: float = 0.0
+    slot_ms: float = 0.0
+    host_queue_ms: float = 0.0
     total_ms: float = 0.0  # capture done → result known
     captured: float = 0.0  # time.monotonic() at capture
     batch: int = 1
@@ -37,6 +43,11 @@ class FrameResult:
     dropped: bool = False  # dropped from the queue by policy: never classified
     error: str | None = None  # why a remote batch fell back to local
 
+    @property
+    def waits_ms(self) -> float:
+        """All the frame's queueing: the board's queue, an in-flight slot, the host's queue."""
+        return self.queue_ms + self.slot_ms + self.host_queue_ms
+
     def line(self) -> str:
         if self.dropped:
             return f"#{self.index:<4d} {self.name[:24]:24s} dropped (the pipeline was full; newest frames win)"
@@ -45,7 +56,7 @@ class FrameResult:
         return (
             f"#{self.index:<4d} {self.name[:24]:24s} {str(self.label)[:24]:24s} {self.probability:6.3f}  "
             f"split={self.split:<20s} pre {self.preprocess_ms:6.2f} ms  head {self.head_ms:7.2f} ms  transfer {self.transfer_ms:7.2f} ms  "
-            f"tail {self.tail_ms:7.2f} ms  total {self.total_ms:7.2f} ms{rate}{fallback}"
+            f"tail {self.tail_ms:7.2f} ms  waits {self.waits_ms:7.2f} ms  total {self.total_ms:7.2f} ms{rate}{fallback}"
         )
 
 

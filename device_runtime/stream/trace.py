@@ -4,11 +4,18 @@ The writer lives with the stream (a board writes traces); the reader and the rep
 ``fieldtrial`` (anywhere), which reads what :data:`TRACE_SCHEMA` names.
 
 The first line describes the run (``type: run``: bundle, policy, batch size, the
-calibration used, the wall-clock start); every other line is one frame (``type: frame``):
-``t`` (seconds from the start, at capture), the split, batch, bytes on the link, the rate
-estimate, head / transfer / tail / total ms, whether it was dropped, local or remote, the
-host, and the error that made a remote batch fall back. Lines are flushed as they are
-written, so a run cut short (a Pi losing power) leaves a readable trace.
+calibration file and the (backend, precision) of its table that chose the splits, the
+backend and precision that ran, the wall-clock start); every other line is one frame
+(``type: frame``): ``t`` (seconds from the start, at capture), the split, batch, bytes on
+the link, the rate estimate, the stage times (preprocess / head / transfer / tail ms: the
+tail is the host's compute alone), the waits (``queue_ms`` in the board's queue before the
+head, ``slot_ms`` for an in-flight slot, ``host_queue_ms`` in the host's queue), the total
+ms from capture to answer, whether it was dropped, local or remote, the host, and the error
+that made a remote batch fall back. Lines are flushed as they are written, so a run cut
+short (a Pi losing power) leaves a readable trace.
+
+Schema 2 added the waits and took the host's queue out of ``tail_ms`` (schema 1 counted it
+there and recorded no other wait); the report reads both.
 """
 
 from __future__ import annotations
@@ -24,10 +31,10 @@ from splitedge.errors import SplitEdgeError
 
 __all__ = ["TRACE_SCHEMA", "TraceWriter"]
 
-TRACE_SCHEMA = "splitedge.trace/1"
+TRACE_SCHEMA = "splitedge.trace/2"
 _FRAME_FIELDS = (
     "index", "name", "label", "probability", "split", "batch", "bytes", "rate_bps", "preprocess_ms", "head_ms",
-    "transfer_ms", "tail_ms", "total_ms", "dropped", "where", "host", "error",
+    "transfer_ms", "tail_ms", "queue_ms", "slot_ms", "host_queue_ms", "total_ms", "dropped", "where", "host", "error",
 )
 
 

@@ -24,6 +24,17 @@ def test_offload_is_eq5_and_local_pays_neither_link_nor_round_trip() -> None:
     assert model.predict_ms(LOCAL, 1, 1e5) == model.predict_ms(LOCAL, 1, 1e9) == 50.0
 
 
+def test_terms_are_eq4_term_by_term() -> None:
+    model = corners()
+    # mid at 2e7: head 10; transfer 8 * 20_000 * 1000 / 2e7 + the 5 ms round trip; tail 3
+    assert model.terms_ms("mid", 1, 2e7) == pytest.approx({"head": 10.0, "transfer": 13.0, "tail": 3.0})
+    assert sum(model.terms_ms("mid", 1, 2e7).values()) == pytest.approx(model.predict_ms("mid", 1, 2e7))
+    assert model.terms_ms(OFFLOAD, 1, 2e7) == pytest.approx({"head": 0.0, "transfer": 65.2112, "tail": 2.0})
+    assert model.terms_ms(LOCAL, 1, 1e5) == {"head": 50.0, "transfer": 0.0, "tail": 0.0}
+    with pytest.raises(CalibrationError, match="link rate must be > 0"):
+        model.terms_ms("mid", 1, 0.0)
+
+
 def test_transfer_scales_with_batch() -> None:
     # early at B = 4, 2e8: 8 + 8 * 100_000 * 4 * 1000 / 2e8 + 40 = 8 + 16 + 40
     assert two_cuts().predict_ms("early", 4, 2e8) == pytest.approx(64.0)

@@ -18,7 +18,8 @@ from device_runtime.bundle import LOCAL, OFFLOAD
 from device_runtime.stream.results import FrameResult
 from device_runtime.stream.trace import TRACE_SCHEMA, TraceWriter
 from fieldtrial import plots
-from fieldtrial.report import PLOTS, SUMMARY_FILE, format_summary, summarize, write_report
+from fieldtrial.report import MODEL_PLOT, PLOTS, SUMMARY_FILE, format_summary, summarize, write_report
+from fieldtrial.trace import TRACE_SCHEMA_1
 from splitedge.errors import SplitEdgeError
 
 BUNDLE = "tiny-0123456789ab"
@@ -139,13 +140,77 @@ def test_gain_over_static_is_dsc_eq7_by_hand() -> None:
     assert s["gain_scenario"] == {"states": 5, "without_rate": 1, "unmodelled_split": 0}
 
 
-def test_predicted_vs_measured() -> None:
-    comparison = summarize(run_record(), known_frames(), tiny_calibration())["predicted_vs_measured"]
-    # Measured is total minus the 2 ms of preprocessing; local needs no rate, so both local frames count.
-    assert comparison[LOCAL] == {"frames": 2, "measured_ms": 128.0, "predicted_ms": 100.0, "ratio": 1.28}
-    assert comparison["cut"]["measured_ms"] == 40.0 and comparison["cut"]["predicted_ms"] == pytest.approx(36.0)
-    assert comparison["cut"]["ratio"] == pytest.approx(40.0 / 36.0)
-    assert comparison[OFFLOAD]["ratio"] == pytest.approx(26.0 / 21.0)
+def staged(i: int, t: float, split: str, rate: float | None, head: float, transfer: float, tail: float,
+           queue: float = 0.0, slot: float = 0.0, host_queue: float = 0.0, other: float = 0.5,
+           error: str | None = None) -> dict:
+    """A frame whose total is its preprocessing, stages, waits and ``other`` (hand-offs) added up."""
+    total = PREPROCESS_MS + head + transfer + tail + queue + slot + host_queue + other
+    record = frame_record(i, t, split, total, rate, False, error)
+    record.update(head_ms=head, transfer_ms=transfer, tail_ms=tail, queue_ms=queue, slot_ms=slot,
+                  host_queue_ms=host_queue, where="local" if split == LOCAL else "remote")
+    return record
+
+
+def queued_frames() -> list[dict]:
+    """A run that backs up: the board's queue grows by 10 ms a frame (a recording read faster than
+    the head runs) and the host queues too, while every stage runs as calibrated, give or take.
+
+    The tiny model at 8e5 bit/s predicts cut = 20 + (10 + 1) + 5 = 36 ms, local = 100 ms.
+    """
+    frames = [
+        staged(i, 0.1 * i, "cut", 8e5, head=21.0, transfer=11.5, tail=5.0, queue=100.0 + 10.0 * i, slot=20.0,
+               host_queue=30.0)
+        for i in range(20)
+    ]
+    frames += [staged(20 + i, 2.0 + 0.1 * i, LOCAL, None, head=100.0, transfer=0.0, tail=0.0, queue=50.0)
+               for i in range(3)]
+    # Answered here after the host failed: its head time holds the failed attempt; left out.
+    frames.append(staged(23, 2.5, LOCAL, 8e5, head=500.0, transfer=0.0, tail=0.0, error="cut: host went away"))
+    return frames
+
+
+def test_measured_vs_model_sets_the_waits_apart_from_the_stages() -> None:
+    comparison = summarize(run_record(), queued_frames(), tiny_calibration())["predicted_vs_measured"]
+    cut = comparison["cut"]
+    assert cut["frames"] == 20 and cut["predicted_ms"] == pytest.approx(36.0)
+    # The stages ran as the model said: 21 + 11.5 + 5 = 37.5 ms against 36.
+    assert cut["stages_ms"] == pytest.approx(37.5) and cut["ratio"] == pytest.approx(37.5 / 36.0)
+    assert cut["stages"] == {
+        "head": {"measured_ms": 21.0, "predicted_ms": pytest.approx(20.0)},
+        "transfer": {"measured_ms": 11.5, "predicted_ms": pytest.approx(11.0)},
+        "tail": {"measured_ms": 5.0, "predicted_ms": pytest.approx(5.0)},
+    }
+    # The waits, apart: the board's queue (median of 100..290 ms), the slot, the host's queue.
+    assert cut["waits_ms"] == {"queue": 195.0, "slot": 20.0, "host_queue": 30.0, "all": 245.0}
+    # End to end, as the report used to compare it: the model looked 7.8x off.
+    assert cut["end_to_end_ms"] == pytest.approx(37.5 + 245.0 + 0.5)
+    assert cut["end_to_end_ratio"] == pytest.approx(283.0 / 36.0) and cut["end_to_end_ratio"] > 7
+    # Local: its head is the full model; the fallback frame is not compared.
+    assert comparison[LOCAL]["frames"] == 3 and comparison[LOCAL]["ratio"] == pytest.approx(1.0)
+    assert comparison[LOCAL]["waits_ms"]["queue"] == 50.0
+
+
+def test_measured_vs_model_in_the_printed_summary_and_its_plot(tmp_path: Path) -> None:
+    trace = write_jsonl(tmp_path / "run.jsonl", [run_record()] + queued_frames())
+    summary = write_report(trace, tmp_path / "out", calibration=tiny_calibration())
+    assert_png(tmp_path / "out" / MODEL_PLOT)
+    text = format_summary(summary)
+    assert "measured vs model (medians, ms)" in text
+    row = [line for line in text.splitlines() if line.startswith("cut ")][-1]  # after the per-split table
+    assert row.split() == ["cut", "20", "36.0", "37.5", "1.04", "245.0", "283.0", "7.86"]
+
+
+def test_a_schema_1_trace_has_no_waits(tmp_path: Path) -> None:
+    # Before the waits were recorded: the host's queue was in tail_ms, the board's nowhere.
+    frames = [staged(i, 0.1 * i, "cut", 8e5, head=20.0, transfer=11.0, tail=5.0 + 30.0, queue=0.0) for i in range(5)]
+    for f in frames:
+        for key in ("queue_ms", "slot_ms", "host_queue_ms"):
+            del f[key]
+    trace = write_jsonl(tmp_path / "old.jsonl", [{**run_record(), "schema": TRACE_SCHEMA_1}] + frames)
+    summary = write_report(trace, tmp_path / "out", calibration=tiny_calibration())
+    cut = summary["predicted_vs_measured"]["cut"]
+    assert cut["waits_ms"] is None and cut["stages_ms"] == pytest.approx(66.0)
+    assert "a schema 1 trace: no waits recorded" in format_summary(summary)
 
 
 def test_frames_on_a_split_the_model_lacks_are_left_out_of_the_gain() -> None:
@@ -153,6 +218,7 @@ def test_frames_on_a_split_the_model_lacks_are_left_out_of_the_gain() -> None:
     s = summarize(run_record(), frames, tiny_calibration())
     assert s["gain_scenario"] == {"states": 5, "without_rate": 1, "unmodelled_split": 1}
     assert "other_cut" in s["per_split"] and "other_cut" not in s["predicted_vs_measured"]
+    assert set(s["predicted_vs_measured"]) == {OFFLOAD, "cut", LOCAL}
 
 
 def test_write_report_files_and_round_trip(tmp_path: Path) -> None:
@@ -184,8 +250,11 @@ def test_a_trace_written_by_trace_writer(tmp_path: Path) -> None:
             w.frame(FrameResult(
                 index=i, name=f"f{i}", label=None if dropped else "cat", probability=None if dropped else 0.5,
                 split="" if dropped else "cut", total_ms=20.0 + i, captured=start + 0.1 * i, rate_bps=8e5,
-                dropped=dropped, preprocess_ms=1.0,
+                dropped=dropped, preprocess_ms=1.0, queue_ms=3.0, slot_ms=2.0, host_queue_ms=1.0,
             ))
+    record = json.loads(path.read_text().splitlines()[1])
+    assert record["type"] == "frame"
+    assert (record["queue_ms"], record["slot_ms"], record["host_queue_ms"]) == (3.0, 2.0, 1.0)
     summary = write_report(path, tmp_path / "out")
     assert (summary["frames"], summary["answered"], summary["drop_rate"]) == (10, 8, 0.2)
     assert summary["duration_s"] == pytest.approx(0.9) and summary["fps"] == pytest.approx(8 / 0.9)
