@@ -68,6 +68,7 @@ examples:
   split-device calibrate bundle/ --host 192.168.1.20:7767 --batch 1,4 --repeats 50
   split-device calibrate bundle/ --key-file host.key        # a host started with --key-file
   split-device calibrate bundle/ --fps 5 --batch 1          # heads timed as a 5 frames/s camera paces them
+  split-device calibrate bundle/ --backend tflite --precision int8  # a second table; run takes the one it runs
   split-device plan bundle/ --out plan/                     # the table it wrote, as text and a plot
 """
 
