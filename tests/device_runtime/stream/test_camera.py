@@ -71,9 +71,13 @@ def test_rgb_is_a_view_of_what_opencv_decoded(tmp_path: Path, photos_dir: Path) 
 
     with VideoCapture(str(_clip(tmp_path))) as source:
         source.capture = spy = Spy(source.capture)
-        frame = next(iter(source))
-    assert np.shares_memory(frame.image, spy.decoded[0])
-    np.testing.assert_array_equal(frame.image, spy.decoded[0][..., ::-1])
+        frames = iter(source)
+        first, second = next(frames), next(frames)
+    assert np.shares_memory(first.image, spy.decoded[0])
+    # Each read decodes into fresh memory: a frame waiting in the queue is not overwritten by the next.
+    assert not np.shares_memory(first.image, second.image)
+    np.testing.assert_array_equal(first.image, spy.decoded[0][..., ::-1])
+    assert first.image[24, 8, 2] != second.image[24, 8, 2]
     coffee = next(f for f in open_source(str(photos_dir)) if f.name == "coffee.png")
     assert not coffee.image.flags.c_contiguous  # a view: preprocessing reads it as it is (test_preprocess)
 

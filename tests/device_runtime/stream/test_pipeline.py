@@ -85,8 +85,8 @@ def test_the_frame_queue_follows_the_source(config: PipelineConfig, live: bool, 
 
 
 class _InstantCamera(FrameSource):
-    """A live camera whose next frame is always ready: capture costs only preprocessing a
-    small image, far less than the full model, whatever else the machine is doing."""
+    """A live camera whose next frame is always ready: capture costs nearly nothing, far less
+    than the full model, whatever else the machine is doing."""
 
     live = True
 

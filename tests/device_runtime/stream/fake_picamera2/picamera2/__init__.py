@@ -30,8 +30,8 @@ What it keeps of the real one (picamera2 0.3 on libcamera; ``picamera2/picamera2
   ``FrameDuration`` (µs).
 
 Knobs for tests, module-level and reset by :func:`reset`: :data:`CAMERAS`, :data:`FORMATS`
-(the formats the camera accepts), :data:`DIE_AFTER` (frames a camera delivers before it goes
-silent), :func:`use_clock` and :data:`SCENE` (what the sensor sees, RGB). Every camera
+(the formats the camera accepts), :data:`DIE_AFTER` (the sensor's frame number from which a
+camera goes silent), :func:`use_clock` and :data:`SCENE` (what the sensor sees, RGB). Every camera
 made is in :data:`OPENED`.
 """
 
