@@ -161,6 +161,12 @@ class PiCamera(FrameSource):
         camera, self.camera = self.camera, None
         if camera is not None:
             try:
+                # A capture that timed out (or still waits, in the capture thread) is a job in
+                # Picamera2's list, and stop() queues behind it for ever: clear them first
+                # (where this Picamera2 has it: older releases do not).
+                flush = getattr(camera, "cancel_all_and_flush", None)
+                if flush is not None:
+                    flush()
                 camera.stop()
             finally:
                 camera.close()

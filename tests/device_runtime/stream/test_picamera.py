@@ -114,12 +114,16 @@ def test_requests_are_released_at_once_or_the_camera_stalls(picamera2: ModuleTyp
     camera.capture_request(wait=1.0)  # held, never released
     with pytest.raises(TimeoutError):
         camera.capture_request(wait=1.0)
+    with pytest.raises(AssertionError, match="waits for ever"):
+        camera.stop()  # queued behind the capture that timed out
+    camera.cancel_all_and_flush()
     camera.close()
 
 
 def test_a_dead_camera_is_an_error_not_a_hang(picamera2: ModuleType) -> None:
     """The camera goes silent after 3 frames: the fourth is waited for ``timeout_s``, then the
-    stream ends with a CameraError saying so."""
+    stream ends with a CameraError saying so, and the camera still stops (its timed-out
+    capture job cleared first, or Picamera2's stop would wait behind it)."""
     picamera2.DIE_AFTER = 3
     clock = picamera2.clock
     frames = []

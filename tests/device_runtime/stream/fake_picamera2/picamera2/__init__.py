@@ -18,7 +18,9 @@ What it keeps of the real one (picamera2 0.3 on libcamera; ``picamera2/picamera2
   completed frame not yet handed out (Picamera2 keeps one queued), else waits for the next,
   and raises ``TimeoutError`` after S seconds when none comes: a dead camera, or one whose
   buffers are all held. (Without a timeout the real one waits forever; here that fails the
-  test instead of hanging it.)
+  test instead of hanging it.) The timed-out job stays in the camera's job list, and
+  ``stop`` (a job itself while the event loop runs) waits behind it for ever unless
+  ``cancel_all_and_flush()`` cleared it first: here that too fails the test.
 * A request holds one of ``buffer_count`` buffers until ``release()``; the camera needs one
   free buffer to expose into and Picamera2 keeps one queued, so ``buffer_count - 1`` held
   requests stall it. ``make_buffer`` copies the buffer out (1-D, with the row padding);
@@ -156,6 +158,7 @@ class Picamera2:
         self.handed = -1  # the last frame handed out
         self.buffers_made: list[np.ndarray] = []
         self.stop_count = 0
+        self.stuck_jobs = 0  # capture jobs that timed out and still wait in the job list
         self._start = 0.0
         OPENED.append(self)
 
@@ -202,8 +205,13 @@ class Picamera2:
 
     def stop(self) -> None:
         if self.started:
+            if self.stuck_jobs:
+                raise AssertionError("stop() queued behind a timed-out capture job: the real Picamera2 waits for ever")
             self.started = False
             self.stop_count += 1
+
+    def cancel_all_and_flush(self) -> None:
+        self.stuck_jobs = 0
 
     def close(self) -> None:
         self.stop()
@@ -223,6 +231,7 @@ class Picamera2:
             if timeout is None:
                 raise AssertionError("capture_request without a timeout: the real Picamera2 would wait forever here")
             _sleep(timeout)
+            self.stuck_jobs += 1
             raise TimeoutError()
         if ready > now:
             _sleep(ready - now)
