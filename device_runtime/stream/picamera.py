@@ -132,7 +132,7 @@ class PiCamera(FrameSource):
         except Exception as exc:  # TimeoutError when no frame comes; RuntimeError from libcamera
             raise CameraError(
                 f"Pi camera {self.number} stopped delivering frames after {index} "
-                f"({type(exc).__name__}: {exc or f'no frame in {self.timeout_s:g} s'})"
+                f"({type(exc).__name__}: {str(exc) or f'no frame in {self.timeout_s:g} s'})"
             ) from exc
         try:
             return request.make_buffer("main"), request.get_metadata()
