@@ -250,14 +250,13 @@ def open_source(spec: str, loop: bool = False, realtime: bool = False) -> FrameS
     if spec.isdigit():
         return VideoCapture(int(spec))
     path = Path(spec)
+    images = path.is_dir() or (path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES)
+    if images and realtime:
+        raise CameraError(f"{spec}: images have no frame rate to replay in real time (--realtime is for videos)")
     if path.is_dir():
-        if realtime:
-            raise CameraError(f"{spec}: images have no frame rate to replay in real time (--realtime is for videos)")
         return ImageFiles.from_folder(path, loop=loop)
     if path.is_file():
-        if path.suffix.lower() in IMAGE_SUFFIXES:
-            if realtime:
-                raise CameraError(f"{spec}: an image has no frame rate to replay in real time (--realtime is for videos)")
+        if images:
             return ImageFiles([path], loop=loop)
         return VideoCapture(str(path), realtime=realtime)
     raise CameraError(

@@ -127,7 +127,8 @@ def test_a_dead_camera_is_an_error_not_a_hang(picamera2: ModuleType) -> None:
     picamera2.DIE_AFTER = 3
     clock = picamera2.clock
     frames = []
-    with pytest.raises(CameraError, match=r"Pi camera 0 stopped delivering frames after 3 \(TimeoutError: no frame in 1.5 s\)"):
+    dead = r"Pi camera 0 stopped delivering frames after 3 \(TimeoutError: no frame in 1.5 s\)"
+    with pytest.raises(CameraError, match=dead):
         with PiCamera(size=(64, 48), fps=10, timeout_s=1.5) as source:
             for frame in source:
                 frames.append(frame)
@@ -199,7 +200,8 @@ def test_split_device_run_chooses_the_pi_camera_on_a_pi_with_one(
     assert device_cli._camera("auto", _board(None)) == ("0", " (auto: not a Raspberry Pi, so OpenCV camera 0)")
     assert device_cli._camera("clip.mp4", pi) == ("clip.mp4", "")
     picamera2.CAMERAS.clear()
-    assert device_cli._camera("auto", pi) == ("0", " (auto: OpenCV camera 0, no Pi camera: libcamera lists no camera module)")
+    no_module = " (auto: OpenCV camera 0, no Pi camera: libcamera lists no camera module)"
+    assert device_cli._camera("auto", pi) == ("0", no_module)
     monkeypatch.setitem(sys.modules, "picamera2", None)
     spec, why = device_cli._camera("auto", pi)
     assert spec == "0" and "sudo apt install python3-picamera2" in why
