@@ -364,7 +364,7 @@ def _run_record(
         # The table the run chose its splits with, and what it ran: the report compares with the same table.
         "calibration_key": list(calibration.key) if calibration is not None else None,
         "backend": runner.backend, "precision": precision_of(runner),
-        "host": args.host, "queue": args.queue, "drop": args.drop,
+        "host": args.host, "queue": args.queue, "drop": args.drop, "realtime": args.realtime,
     }
 
 
