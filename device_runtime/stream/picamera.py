@@ -101,8 +101,12 @@ class PiCamera(FrameSource):
         self.camera: Any = None
         try:
             self.camera = module.Picamera2(camera)
+            # The frame duration both ways (µs) fixes the rate: every Picamera2 knows it, where
+            # "FrameRate" is a newer shorthand for it.
+            period_us = round(1e6 / fps)
             config = self.camera.create_video_configuration(
-                main={"size": tuple(size), "format": FORMAT}, controls={"FrameRate": fps}, buffer_count=buffer_count
+                main={"size": tuple(size), "format": FORMAT}, controls={"FrameDurationLimits": (period_us, period_us)},
+                buffer_count=buffer_count,
             )
             self.camera.configure(config)
             main = self.camera.camera_config["main"]

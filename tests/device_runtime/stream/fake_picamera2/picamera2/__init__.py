@@ -191,10 +191,13 @@ class Picamera2:
         main["stride"] = math.ceil(size[0] * channels / 64) * 64
         main["framesize"] = main["stride"] * size[1]
         controls = config.get("controls", {})
-        if "FrameRate" in controls:
+        if "FrameRate" in controls:  # newer Picamera2: a shorthand for FrameDurationLimits
             self.period = 1.0 / controls["FrameRate"]
         else:
-            self.period = controls["FrameDurationLimits"][0] / 1e6
+            shortest, longest = controls["FrameDurationLimits"]
+            if shortest != longest:
+                raise AssertionError("the stand-in runs at one frame rate: FrameDurationLimits (d, d)")
+            self.period = shortest / 1e6
         self.camera_config = {**config, "main": main}
 
     def start(self) -> None:
