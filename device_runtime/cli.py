@@ -331,10 +331,10 @@ def _calibrated_backend(tables: Calibrations, bundle: Bundle, split_id: str, boa
         return preferred
     installed = {b.format for b in installed_backends()}
     role = FULL if split_id == LOCAL else HEAD
-    usable = [t for t in tables.tables if t.backend in installed and bundle.has(split_id, role, fmt=t.backend)]
+    usable = tuple(t for t in tables.tables if t.backend in installed and bundle.has(split_id, role, fmt=t.backend))
     if not usable:
         return preferred
-    return Calibrations(tables.bundle_id, tables.manifest_sha256, tuple(usable)).latest().backend
+    return Calibrations(tables.bundle_id, tables.manifest_sha256, usable).latest().backend
 
 
 def _table_for(runner: DeviceRunner, tables: Calibrations, bundle_dir: str) -> Calibration:
@@ -431,10 +431,10 @@ def _mbit(rate_bps: float) -> str:
 
 
 def report_command(args: argparse.Namespace) -> None:
-    from calibration import load
+    from calibration import load_all
     from fieldtrial.report import format_summary, write_report
 
-    calibration = load(args.calibration) if args.calibration else None
+    calibration = load_all(args.calibration) if args.calibration else None  # the report takes the run's table
     summary = write_report(args.trace, args.out, calibration)
     print(format_summary(summary))
     print(f"wrote {args.out}")

@@ -241,6 +241,22 @@ def test_write_report_loads_the_runs_calibration(tmp_path: Path) -> None:
     assert set(summary["gain_over_static"]) == {LOCAL, "cut", OFFLOAD}
 
 
+def test_the_report_compares_with_the_table_the_run_used(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    path = tmp_path / "calibration.json"
+    cal.save(tiny_calibration(), path)  # onnx/float32: the run's
+    cal.save(replace(tiny_calibration(), backend="tflite", precision="int8", created="2025-06-01T12:00:00+00:00"), path)
+    record = {**run_record(str(path)), "calibration_key": ["onnx", "float32"]}
+    trace = write_jsonl(tmp_path / "run.jsonl", [record] + known_frames())
+    assert write_report(trace, tmp_path / "out")["calibration"]["backend"] == "onnx"
+    given = write_report(trace, tmp_path / "out", calibration=cal.load_all(path))
+    assert (given["calibration"]["backend"], given["calibration"]["precision"]) == ("onnx", "float32")
+    # A run that recorded no table (older traces): the latest.
+    trace = write_jsonl(tmp_path / "old.jsonl", [run_record(str(path))] + known_frames())
+    assert write_report(trace, tmp_path / "out")["calibration"]["backend"] == "tflite"
+
+
 def test_a_trace_written_by_trace_writer(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
     with TraceWriter(path, {"bundle_id": BUNDLE, "policy": "cut", "batch": 1, "calibration": None, "source": "synthetic"}) as w:
