@@ -39,14 +39,14 @@ from device_runtime.hosts.connect import connect_host, host_address
 from device_runtime.hosts.host_link import HostLink
 from device_runtime.hosts.link_meter import LinkMeter
 from device_runtime.lifecycle import run_command, stop_on_signals
-from device_runtime.stream.camera import open_source
+from device_runtime.stream.camera import FrameSource, open_source
 from device_runtime.stream.picamera import pi_camera_absent
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig
 from device_runtime.stream.policy import AutoPolicy, SplitPolicy, StaticPolicy
 from device_runtime.stream.trace import TraceWriter
 from device_runtime.wire.auth import load_key
 from device_runtime.wire.tls import client_context
-from splitedge.errors import BundleError, HostUnavailableError, SplitEdgeError
+from splitedge.errors import BundleError, CameraError, HostUnavailableError, SplitEdgeError
 
 EXAMPLES = """\
 examples:
@@ -280,7 +280,7 @@ async def run(args: argparse.Namespace) -> None:
     pipeline = Pipeline(runner, policy, hosts, config, meter)
     trace = TraceWriter(args.trace, _run_record(args, bundle, runner, calibration)) if args.trace else None
     try:
-        with open_source(args.camera, loop=args.loop, realtime=args.realtime) as source:
+        with _open_camera(args, chosen) as source:
             print(f"camera: {source.description}{chosen}", flush=True)
             async for result in pipeline.run(source, frames=args.frames, stop=stop):
                 print(result.line(), flush=True)
@@ -296,6 +296,13 @@ async def run(args: argparse.Namespace) -> None:
     switches = f", {policy.switches} split switches" if isinstance(policy, AutoPolicy) else ""
     print(f"{stats.frames} frames: {stats.dropped} dropped ({stats.drop_rate:.1%}), {stats.fallbacks} answered "
           f"locally after a host failure{switches}; by split: {per_split}", flush=True)
+
+
+def _open_camera(args: argparse.Namespace, chosen: str) -> FrameSource:
+    try:
+        return open_source(args.camera, loop=args.loop, realtime=args.realtime)
+    except CameraError as exc:
+        raise CameraError(f"{exc}{chosen}") from exc  # with why --camera auto took this one
 
 
 def _camera(spec: str, board: DetectedBoard) -> tuple[str, str]:

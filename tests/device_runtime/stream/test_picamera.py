@@ -219,3 +219,20 @@ def test_split_device_run_streams_from_the_pi_camera(
     assert "camera: Pi camera 0 (imx708) 320x240 at 30 fps\n" in out and "4 frames: 0 dropped" in out
     camera = _camera(picamera2)
     assert not camera.started and not camera.is_open
+
+
+def test_a_camera_auto_could_not_open_says_why_auto_took_it(
+    picamera2: ModuleType, mobilenet_bundle: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Pi without a camera module and without a webcam: the error names camera 0 and why."""
+    picamera2.CAMERAS.clear()
+    monkeypatch.setattr(device_cli, "detect_board", lambda: _board("Raspberry Pi 5 Model B Rev 1.0"))
+    monkeypatch.setattr(device_cli, "open_source", _no_camera_0)
+    assert device_cli.main(["run", str(mobilenet_bundle), "--split", "local", "--frames", "1", "--threads", "1"]) == 2
+    assert ("cannot open camera 0 (auto: OpenCV camera 0, no Pi camera: libcamera lists no camera module)"
+            in capsys.readouterr().err)
+
+
+def _no_camera_0(spec: str, loop: bool = False, realtime: bool = False) -> None:
+    assert spec == "0"
+    raise CameraError("cannot open camera 0")
