@@ -9,8 +9,9 @@ file can be paced at its own frame rate (``realtime``), so a recording replays l
 camera. The Pi camera (Picamera2) is :mod:`device_runtime.stream.picamera`.
 
 OpenCV decodes to BGR; the RGB image is a view of the decoded one with the channel axis
-reversed (``[..., ::-1]``), not a copy: preprocessing reads it once to resize it, and a
-copy would cost a frame's worth of memory traffic for nothing.
+reversed (``[..., ::-1]``), not a copy: preprocessing reads it once to resize it (through
+the memory as it lies, :mod:`device_runtime.engine.preprocess`), and a copy would cost a
+frame's worth of memory traffic for nothing.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".tif", ".tiff", ".we
 @dataclass(frozen=True)
 class Frame:
     index: int
-    name: str  # file name, or "camera:0#17"
-    image: np.ndarray  # (H, W, 3) RGB uint8; may be a strided view (BGR memory read backwards)
-    captured: float  # time.monotonic() at capture
+    name: str  # file name, or "camera:0#17", "picam:0#17"
+    image: np.ndarray  # (H, W, 3) RGB uint8; may be a strided view (BGR memory read backwards, padded rows)
+    captured: float  # on time.monotonic()'s clock: when read, or a Pi camera's sensor timestamp
 
 
 def _rgb(bgr: np.ndarray) -> np.ndarray:
