@@ -17,6 +17,8 @@ have float I/O already; quantized I/O comes from other converters.
 
 from __future__ import annotations
 
+import importlib.metadata
+import itertools
 import threading
 from pathlib import Path
 from typing import Any
@@ -33,15 +35,40 @@ _QUANTIZED = (np.int8, np.uint8, np.int16)
 
 
 def load_interpreter_class() -> type:
-    """``ai_edge_litert``'s Interpreter, else ``tflite_runtime``'s; :class:`BackendError` without either."""
+    """``ai_edge_litert``'s Interpreter, else ``tflite_runtime``'s; :class:`BackendError` without either,
+    or with a tflite-runtime that cannot work beside this numpy."""
     try:
         from ai_edge_litert.interpreter import Interpreter
     except ImportError:
+        _check_tflite_runtime_numpy()
         try:
             from tflite_runtime.interpreter import Interpreter
         except ImportError as exc:
             raise BackendError("no TFLite interpreter is installed: pip install 'splitedge[tflite]'") from exc
     return Interpreter
+
+
+def _check_tflite_runtime_numpy() -> None:
+    """tflite-runtime's last wheels (2.14) were built against numpy 1: beside numpy 2 they import,
+    then fail at the first interpreter with "_ARRAY_API not found" after numpy's page-long warning
+    (found on aarch64 in the board in a box, where ``pip install tflite-runtime`` brings numpy 2)."""
+    try:
+        version = importlib.metadata.version("tflite-runtime")
+    except importlib.metadata.PackageNotFoundError:
+        return  # not installed (the import says so) or installed without metadata: nothing to judge
+    if int(np.__version__.split(".")[0]) >= 2 and _release(version) <= (2, 14):
+        raise BackendError(
+            f"tflite-runtime {version} works only with numpy<2 and numpy {np.__version__} is installed: "
+            "pip install 'splitedge[tflite]' (ai-edge-litert, numpy 2), or pip install 'numpy<2'"
+        )
+
+
+def _release(version: str) -> tuple[int, ...]:
+    numbers = []
+    for part in version.split(".")[:2]:
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        numbers.append(int(digits or 0))
+    return tuple(numbers)
 
 
 class LiteRTBackend:
