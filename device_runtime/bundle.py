@@ -26,12 +26,14 @@ from splitedge.fields import Fields, join
 from splitedge.words import FLOAT32, FORMATS, INT8, LOCAL, OFFLOAD, ONNX, PRECISIONS, TFLITE
 
 __all__ = [
+    "BOARD_PART",
     "BOTTLENECK",
     "CUT",
     "FLOAT32",
     "FORMATS",
     "FULL",
     "HEAD",
+    "HOST_PART",
     "IDENTITY_FIELDS",
     "ID_DIGITS",
     "INPUT",
@@ -43,6 +45,7 @@ __all__ = [
     "MANIFEST_NAME",
     "OFFLOAD",
     "ONNX",
+    "PARTS",
     "PRECISIONS",
     "ROLES",
     "SCHEMA_VERSION",
@@ -56,6 +59,7 @@ __all__ = [
     "ModelInfo",
     "Preprocess",
     "Quantization",
+    "SliceSource",
     "Split",
     "TensorSpec",
     "bundle_id",
@@ -63,6 +67,7 @@ __all__ = [
     "make_artifact",
     "manifest_digest",
     "parse_manifest",
+    "verify_files",
     "write_manifest",
 ]
 
@@ -165,6 +170,28 @@ class ModelInfo:
     accuracy: float | None = None  # top-1 of the full model on the test data, where measured
 
 
+#: The parts a slice is cut for (:mod:`device_runtime.bundle_slice`): what a board runs, what a host serves.
+BOARD_PART, HOST_PART = "board", "host"
+PARTS = (BOARD_PART, HOST_PART)
+
+
+@dataclass(frozen=True)
+class SliceSource:
+    """Where a slice was cut from: the full bundle's identity, and what was kept of it.
+
+    A slice has a manifest of its own (fewer artifacts), hence an identity of its own; the
+    source's ``bundle_id`` is the name every part of one export shares on the wire (see
+    :attr:`Manifest.wire_id`), so a board running the board slice and a host serving the host
+    slice (or the full bundle) find each other.
+    """
+
+    bundle_id: str
+    manifest_sha256: str
+    part: str  # one of PARTS
+    formats: tuple[str, ...]  # the formats kept of heads and full model
+    precision: str | None = None  # the precision asked for (None: every precision kept)
+
+
 @dataclass(frozen=True)
 class Manifest:
     """What a bundle holds. ``bundle_id`` and ``manifest_sha256`` are its identity, derived from the
@@ -178,9 +205,16 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
     bundle_id: str = ""
     manifest_sha256: str = ""
+    source: SliceSource | None = None  # a slice's full bundle; None for a bundle as exported
+
+    @property
+    def wire_id(self) -> str:
+        """The id this bundle answers to on the wire, in ``hello`` and in zeroconf: the source's
+        for a slice (every slice of one export, and the export itself, share it), else its own."""
+        return self.bundle_id if self.source is None else self.source.bundle_id
 
     def to_json(self) -> str:
-        data = asdict(self)
+        data = _content(self)
         leading = {key: data[key] for key in ("schema_version", *IDENTITY_FIELDS)}  # read first by a person
         return json.dumps(leading | data, indent=2)
 
@@ -193,6 +227,15 @@ class Manifest:
 
 
 _fields = Fields(BundleError)
+
+
+def _content(manifest: Manifest) -> dict[str, Any]:
+    """The manifest as JSON data; ``source`` only in a slice, so a bundle as exported reads (and
+    hashes) exactly as it did before slices existed."""
+    data = asdict(manifest)
+    if data["source"] is None:
+        del data["source"]
+    return data
 
 
 def _at(parent: Mapping[str, Any], key: str, path: str) -> tuple[Any, str]:
@@ -265,6 +308,19 @@ def _split(raw: Any, path: str) -> Split:
 def _splits(parent: Mapping[str, Any], path: str) -> tuple[Split, ...]:
     values, where = _at(parent, "splits", path)
     return tuple(_split(s, f"{where}[{i}]") for i, s in enumerate(_fields.array(values, where)))
+
+
+def _source(raw: Any, path: str) -> SliceSource:
+    obj = _fields.obj(raw, path)
+    formats, fpath = _at(obj, "formats", path)
+    precision = obj.get("precision")
+    return SliceSource(
+        bundle_id=_fields.text(*_at(obj, "bundle_id", path)),
+        manifest_sha256=_fields.text(*_at(obj, "manifest_sha256", path)),
+        part=_fields.choice(*_at(obj, "part", path), PARTS),
+        formats=tuple(_fields.choice(v, f"{fpath}[{i}]", FORMATS) for i, v in enumerate(_fields.array(formats, fpath))),
+        precision=None if precision is None else _fields.choice(precision, join(path, "precision"), PRECISIONS),
+    )
 
 
 def _model(raw: Any, path: str) -> ModelInfo:
@@ -344,11 +400,13 @@ def parse_manifest(data: Any, source: str = MANIFEST_NAME) -> Manifest:
     created_by = "unknown" if created_by is None else _fields.text(created_by, join(root, "created_by"))
     model = _model(_fields.member(data, "model", root), join(root, "model"))
     full, splits = _artifacts(data, "full", root), _splits(data, root)
+    origin = data.get("source")
+    origin = None if origin is None else _source(origin, join(root, "source"))
     # Fields first: a manifest that is both malformed and edited is refused naming the field.
     identity, digest = _check_identity(data, model.name, source)
     return Manifest(
         schema_version=version, created_by=created_by, model=model, full=full, splits=splits,
-        bundle_id=identity, manifest_sha256=digest,
+        bundle_id=identity, manifest_sha256=digest, source=origin,
     )
 
 
@@ -362,7 +420,9 @@ class Bundle:
 
     @property
     def id(self) -> str:
-        return self.manifest.bundle_id
+        """The id requests, ``hello`` and zeroconf name it by (:attr:`Manifest.wire_id`): a slice
+        answers to its full bundle's id. Its own identity is ``manifest.bundle_id``."""
+        return self.manifest.wire_id
 
     @classmethod
     def load(cls, root: str | Path, roles: Iterable[str] = ROLES) -> "Bundle":
@@ -432,7 +492,7 @@ def write_manifest(root: str | Path, manifest: Manifest) -> Manifest:
     manifest had is replaced: it is derived from the content, never chosen.
     """
     path = Path(root) / MANIFEST_NAME
-    digest = manifest_digest(asdict(manifest))
+    digest = manifest_digest(_content(manifest))
     stamped = replace(manifest, bundle_id=bundle_id(manifest.model.name, digest), manifest_sha256=digest)
     # Round-trip through the parser so that a writer bug cannot produce a bundle readers refuse.
     parse_manifest(json.loads(stamped.to_json()), str(path))
@@ -446,3 +506,29 @@ def make_artifact(root: str | Path, relpath: str, role: str, fmt: str, precision
     return Artifact(
         role=role, format=fmt, precision=precision, path=relpath, sha256=file_sha256(path), bytes=path.stat().st_size
     )
+
+
+def verify_files(root: str | Path) -> tuple[Manifest | None, list[str]]:
+    """Every problem of the bundle at ``root``, one line each naming the file and what to do.
+
+    Unlike :meth:`Bundle.load`, which stops at the first file it refuses, this checks every
+    artifact the manifest lists (present, size, sha256), for scripts and deploys that must say
+    all that is wrong at once. The manifest is None when it could not be read.
+    """
+    root = Path(root)
+    try:
+        manifest = Bundle.load(root, roles=()).manifest
+    except BundleError as exc:
+        return None, [str(exc)]
+    problems = []
+    for artifact in [*manifest.full, *(a for s in manifest.splits for a in s.artifacts)]:
+        path = root / artifact.path
+        if not path.is_file():
+            problems.append(f"{path}: listed in the manifest but missing; copy the bundle again")
+        elif (size := path.stat().st_size) != artifact.bytes:
+            problems.append(f"{path}: {size:,} bytes, the manifest says {artifact.bytes:,}; the copy is incomplete "
+                            "or the file was replaced: copy the bundle again")
+        elif file_sha256(path) != artifact.sha256:
+            problems.append(f"{path}: sha256 does not match the manifest's; the file is corrupt or was replaced: "
+                            "copy the bundle again")
+    return manifest, problems

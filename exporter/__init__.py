@@ -1,13 +1,30 @@
 """The workstation side of splitedge: find cut points, export and validate split bundles.
 
-Only this package imports torch; the board and the host read what it writes.
+Only this package imports torch; the board and the host read what it writes. Its names are
+imported when first used (PEP 562), so ``split-export slice``, which needs no torch, runs where
+torch is not installed (a deploy from a machine with the runtimes only).
 """
 
-from exporter.build import build_bundle, select_splits
-from exporter.graph import CutPoint, TracedModel, find_cut_points, get_cut_point, split_at, trace
-from exporter.models import LoadedModel, load_model
-from exporter.onnx_export import export_onnx
-from exporter.validate import Case, Chain, OnnxRunner, Runner, compare, validate
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from exporter.build import build_bundle, select_splits
+    from exporter.graph import CutPoint, TracedModel, find_cut_points, get_cut_point, split_at, trace
+    from exporter.models import LoadedModel, load_model
+    from exporter.onnx_export import export_onnx
+    from exporter.validate import Case, Chain, OnnxRunner, Runner, compare, validate
+
+_HOMES = {
+    "exporter.build": ("build_bundle", "select_splits"),
+    "exporter.graph": ("CutPoint", "TracedModel", "find_cut_points", "get_cut_point", "split_at", "trace"),
+    "exporter.models": ("LoadedModel", "load_model"),
+    "exporter.onnx_export": ("export_onnx",),
+    "exporter.validate": ("Case", "Chain", "OnnxRunner", "Runner", "compare", "validate"),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [
     "Case",
@@ -28,3 +45,15 @@ __all__ = [
     "trace",
     "validate",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME_OF:
+        raise AttributeError(f"module 'exporter' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME_OF[name]), name)
+    globals()[name] = value  # once imported, an ordinary attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

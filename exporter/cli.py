@@ -10,16 +10,18 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from boards import BOARDS
-from device_runtime.bundle import FORMATS, HEAD, INT8, ONNX
-from exporter.analysis import analyze, summary_text
-from exporter.bottleneck import BottleneckOptions, BottleneckTraining
-from exporter.build import build_bundle
-from exporter.graph import CutPoint, find_cut_points, trace
-from exporter.models import load_model
+from device_runtime.bundle import FORMATS, HEAD, INT8, ONNX, PARTS, PRECISIONS
+from device_runtime.bundle_slice import slice_bundle
 from splitedge.errors import SplitEdgeError
+
+if TYPE_CHECKING:
+    from exporter.graph import CutPoint
+
+# The commands that need torch import it when they run: `slice` runs where torch is absent (a deploy).
+AE_EPOCHS = 2  # exporter.bottleneck.BottleneckTraining.ae_epochs, checked by tests/exporter/test_cli.py
 
 PROG = "split-export"
 
@@ -34,6 +36,8 @@ examples:
       --bottleneck ae --latent-ratio 0.1 --train-data fashion-mnist --out bundle/
   split-export analyze torchvision:mobilenet_v2 --weights mobilenet_v2-b0353104.pth --data photos/ --out report/
   split-export analyze mypkg.models:fmnist_cnn --weights cnn.pt --data fashion-mnist --classes 5,7,9 --out report/
+  split-export slice bundle/ --for board --formats tflite --precision int8 --out board-bundle/   # no torch needed
+  split-export slice bundle/ --for host --out host-bundle/
 
 A cut point is named by its torch.fx node; `points` lists them. Marks: N = natural
 bottleneck (cut tensor smaller than the input, DSC c_l < 1), C = compressive (smaller
@@ -91,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--test-data", metavar="SPEC", help="measure every variant's accuracy on this data (with "
                        "--bottleneck, default: fashion-mnist's test split, else 20%% of --train-data held out)")
     build.add_argument("--train-images", type=int, metavar="N", help="train on at most N images")
-    build.add_argument("--epochs", type=int, default=BottleneckTraining.ae_epochs,
+    build.add_argument("--epochs", type=int, default=AE_EPOCHS,
                        help="autoencoder epochs (I-SPLIT Eq. 3); one end-to-end fine-tuning epoch follows")
     build.add_argument(
         "--board", choices=sorted(BOARDS), metavar="ID",
@@ -119,6 +123,20 @@ def build_parser() -> argparse.ArgumentParser:
     analyse.add_argument("--seed", type=int, default=0)
     analyse.add_argument("--out", required=True, metavar="DIR", help="report directory (points.json and PNGs)")
     analyse.set_defaults(run=_analyze)
+
+    cut = commands.add_parser(
+        "slice", help="write the part of a bundle a board or a host needs, as a bundle of its own (no torch)",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cut.add_argument("bundle", help="bundle directory written by split-export build")
+    cut.add_argument("--for", dest="part", required=True, choices=PARTS,
+                     help="board: heads and full model, no tails; host: tails and the ONNX full model, no heads")
+    cut.add_argument("--formats", type=_slice_formats, default=None, metavar="onnx|tflite",
+                     help="board: keep only these formats of heads and full model (default: every one)")
+    cut.add_argument("--precision", choices=PRECISIONS, default=None,
+                     help="board: keep only this precision, float32 where an artifact has no other (default: every one)")
+    cut.add_argument("--out", required=True, metavar="DIR", help="directory to write (must not exist, or be empty)")
+    cut.set_defaults(run=_slice)
     return parser
 
 
@@ -131,6 +149,9 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _points(args: argparse.Namespace) -> int:
+    from exporter.graph import find_cut_points, trace
+    from exporter.models import load_model
+
     loaded = load_model(args.model, args.weights)
     cuts = find_cut_points(trace(loaded.module, args.input_shape or loaded.input_shape))
     print(json.dumps([asdict(c) for c in cuts], indent=2) if args.json else format_table(cuts))
@@ -138,6 +159,9 @@ def _points(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
+    from exporter.bottleneck import BottleneckOptions, BottleneckTraining
+    from exporter.build import build_bundle
+
     bottleneck = None
     if args.bottleneck:
         if not args.train_data:
@@ -181,12 +205,22 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _analyze(args: argparse.Namespace) -> int:
+    from exporter.analysis import analyze, summary_text
+
     report = analyze(
         args.model, args.data, args.out, weights=args.weights, classes=args.classes, images=args.images,
         target=args.target, score=args.score, input_shape=args.input_shape, batch_size=args.batch_size, seed=args.seed,
     )
     print(summary_text(report))
     print(f"wrote {args.out}/points.json, cui_curve.png, cui_per_class.png, head_cost.png")
+    return 0
+
+
+def _slice(args: argparse.Namespace) -> int:
+    result = slice_bundle(args.bundle, args.out, args.part, formats=args.formats, precision=args.precision)
+    for note in result.notes:
+        print(f"note: {note}")
+    print(result.summary())
     return 0
 
 
@@ -238,6 +272,15 @@ def _formats(text: str) -> tuple[str, ...]:
     return formats if ONNX in formats else (ONNX, *formats)
 
 
+def _slice_formats(text: str) -> tuple[str, ...]:
+    """Unlike build's --formats, ONNX is not added: a board that runs TFLite needs no ONNX heads."""
+    formats = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown or not formats:
+        raise argparse.ArgumentTypeError(f"format(s) {text!r}: expected some of {', '.join(FORMATS)}")
+    return formats
+
+
 def _splits(text: str) -> str | list[str]:
     if text == "auto":
         return text
@@ -245,3 +288,7 @@ def _splits(text: str) -> str | list[str]:
     if not ids:
         raise argparse.ArgumentTypeError("expected 'auto' or a comma-separated list of cut ids")
     return ids
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -46,13 +46,14 @@ ALLOWED: dict[str, set[str]] = {
 #: Inside the board runtime, each room sees only the rooms below it (the top: cli, lifecycle).
 BOARD_ROOMS: dict[str, set[str]] = {
     "bundle": set(),
+    "bundle_slice": {"bundle"},
     "wire": {"bundle"},
     "engine": {"bundle", "wire"},
     "hosts": {"bundle", "wire"},
     "stream": {"bundle", "wire", "engine", "hosts"},
     "board": {"bundle", "wire", "engine", "hosts"},
     "lifecycle": set(),
-    "cli": {"bundle", "wire", "engine", "hosts", "stream", "board", "lifecycle"},
+    "cli": {"bundle", "bundle_slice", "wire", "engine", "hosts", "stream", "board", "lifecycle"},
 }
 #: The host imports the two contracts, the engine for its sessions, and the shared process lifecycle.
 HOST_SEES = {"bundle", "wire", "engine", "lifecycle"}

@@ -124,3 +124,17 @@ def test_help_has_examples(capsys) -> None:
         main(["--help"])
     assert info.value.code == 0
     assert "split-export build torchvision:mobilenet_v2" in capsys.readouterr().out
+
+
+def test_the_epochs_default_is_the_trainings_own() -> None:
+    """split-export's parser names --epochs' default without importing torch (slice runs without it)."""
+    from exporter.bottleneck import BottleneckTraining
+    from exporter.cli import AE_EPOCHS
+
+    assert AE_EPOCHS == BottleneckTraining.ae_epochs
+
+
+def test_slice_errors_are_one_line(capsys, tmp_path: Path) -> None:
+    assert main(["slice", str(tmp_path / "nothing"), "--for", "board", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("split-export: error: ") and "no manifest" in err and err.count("\n") == 1
