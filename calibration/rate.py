@@ -117,6 +117,28 @@ class RateEstimator:
             self._last_sample_at = self._clock()
         return math.exp(self._log_rate)
 
+    def observe_rate(self, rate_bps: float, span_s: float) -> float | None:
+        """Fold in a rate the kernel measured over ``span_s`` (bytes acknowledged over the time
+        they took, on the kernel's side of the socket); return the new estimate, or None if ignored.
+
+        No fixed latency comes off: the kernel timed the bytes themselves. Nor does a short span
+        weigh less than one unit: what makes a short transfer timed by the device read slow (a
+        scheduler's delay, the head holding the CPU) is not in it. It weighs
+        ``1 - (1 - alpha) ** units``, units = ``span_s`` / ``full_weight_s`` from 1 up to
+        :data:`MAX_UNITS`. Not a positive finite rate: ignored.
+        """
+        if not (math.isfinite(rate_bps) and rate_bps > 0.0 and math.isfinite(span_s)):
+            return None
+        log_sample = math.log(rate_bps)
+        units = min(max(span_s / self._full_weight_s, 1.0), MAX_UNITS) if self._full_weight_s > 0 else 1.0
+        if self._log_rate is None:
+            self._log_rate = log_sample
+        else:
+            self._log_rate += (1.0 - (1.0 - self._alpha) ** units) * (log_sample - self._log_rate)
+        self._samples += 1
+        self._last_sample_at = self._clock()
+        return math.exp(self._log_rate)
+
     def age_s(self) -> float:
         """Seconds since the last full-weight rate sample (on the estimator's clock); inf if none yet.
 

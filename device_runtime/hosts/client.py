@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from device_runtime.hosts.kernel_timing import POLL_FIRST_S, KernelTiming, UploadTiming, UploadWatch
 from device_runtime.wire.auth import DeviceAuth
 from device_runtime.wire.connection import FramedProtocol
 from device_runtime.wire.ops import (
@@ -55,12 +57,38 @@ class InferResult:
     round_trip_ms: float  # send → reply, as the device saw it
     queue_ms: float = 0.0  # the host's wait for a worker before the tail ran
     sent: float = 0.0  # perf_counter when the request was handed to the socket
-    received: float = 0.0  # perf_counter when the reply was read
+    # perf_counter when the reply reached this board: its kernel's receive stamp where there is
+    # one (kernel_timing), else when the reply was read
+    received: float = 0.0
+    upload: UploadTiming | None = None  # what TCP_INFO showed of the request's upload (None: no TCP_INFO)
+    reply_wait_ms: float = 0.0  # how long the reply then waited for this board's CPU (not in round_trip_ms)
 
     @property
     def transfer_ms(self) -> float:
         """Link time: the round trip less the host's queueing and compute (what the rate estimate needs)."""
         return max(self.round_trip_ms - self.compute_ms - self.queue_ms, 0.0)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A ping's round trip and what the kernel measured of it (see :class:`InferResult`)."""
+
+    payload_bytes: int
+    round_trip_ms: float  # sent → the reply reached this board (its kernel's stamp where there is one)
+    upload: UploadTiming | None = None  # what TCP_INFO showed of its upload (None: no TCP_INFO)
+    reply_wait_ms: float = 0.0  # how long the reply then waited for this board's CPU
+
+
+@dataclass(frozen=True)
+class _Timing:
+    sent: float  # perf_counter just before the request was written
+    received: float  # ... when its reply reached this board
+    upload: UploadTiming | None
+    reply_wait_s: float
+
+    @property
+    def round_trip_ms(self) -> float:
+        return (self.received - self.sent) * 1000.0
 
 
 @dataclass(frozen=True)
@@ -95,8 +123,41 @@ class _ClientProtocol(FramedProtocol):
         self.ready: asyncio.Future[None] | None = asyncio.get_running_loop().create_future() if auth else None
         self.heard = False  # any bytes from the host yet
         self._first_read: memoryview | None = None
+        self.kernel: KernelTiming | None = None  # the connection as the kernel sees it (None: not a TCP socket)
+        self.watch: UploadWatch | None = None  # TCP_INFO looks at uploads crossing (plain TCP only)
+        self._look_timer: asyncio.TimerHandle | None = None
+        # Each reply's arrival (perf_counter) and wait for this board's CPU, by request id, until _exchange takes it.
+        self.arrivals: dict[int, tuple[float, float]] = {}
+        self._read_arrival: tuple[float, float] | None = None  # the current read's
+        self.clock = time.perf_counter  # times requests and replies (a test drives its own)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # Receive stamps are peeked off the socket: under TLS the TLS layer reads ahead of us.
+            self.kernel = KernelTiming(sock, stamps=not self.tls)
+            if not self.tls:  # under TLS the kernel counts records, not the frames' bytes
+                self.watch = UploadWatch(self.kernel.tcp_info, lambda: self.clock())
+        super().connection_made(transport)
+
+    def sent(self, request_id: int, start: float) -> None:
+        """A request was written at ``start``: watch its upload, looking again soon if it is crossing."""
+        if self.watch is not None and self.watch.sent(request_id, start, self.bytes_written):
+            if self._look_timer is not None:
+                self._look_timer.cancel()
+            self._look_timer = asyncio.get_running_loop().call_later(POLL_FIRST_S, self._look)
+
+    def _look(self) -> None:
+        self._look_timer = None
+        delay = self.watch.look() if self.watch is not None and self.transport is not None else None
+        if delay is not None and not self.transport.is_closing():
+            self._look_timer = asyncio.get_running_loop().call_later(delay, self._look)
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        # The event loop reads right after this: what is waiting arrived lag seconds ago.
+        lag = self.kernel.reply_lag_s() if self.kernel is not None else None
+        now = self.clock()
+        self._read_arrival = (now, 0.0) if lag is None else (now - lag, lag)
         buffer = super().get_buffer(sizehint)
         if not self.heard:
             self._first_read = buffer
@@ -136,6 +197,8 @@ class _ClientProtocol(FramedProtocol):
             return
         future = self.pending.pop(request_id, None) if type(request_id) is int else None  # our ids are ints
         if future is not None and not future.done():
+            if self._read_arrival is not None:
+                self.arrivals[request_id] = self._read_arrival
             future.set_result(reply)
 
     def _connection_error(self, reply: dict[str, Any]) -> None:
@@ -156,6 +219,10 @@ class _ClientProtocol(FramedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        if self.kernel is not None:
+            self.kernel.close()
+        if self._look_timer is not None:
+            self._look_timer.cancel()
         if not self.heard and not self.tls and self.auth is None:
             # Our plain hello went out and the host hung up without a byte: what a TLS host does.
             self._fail_all(AuthenticationError(
@@ -251,24 +318,41 @@ class HostClient:
 
     async def _exchange(self, request_id: int, op: object, parts: Parts, timeout: float) -> dict[str, Any]:
         """Send one request's frame and wait for the reply map carrying its id."""
-        if self._protocol.lost is not None:
-            raise self._protocol.lost
+        return (await self._exchange_timed(request_id, op, parts, timeout))[0]
+
+    async def _exchange_timed(
+        self, request_id: int, op: object, parts: Parts, timeout: float
+    ) -> tuple[dict[str, Any], _Timing]:
+        """:meth:`_exchange`, and when the request went out and its reply came in."""
+        protocol = self._protocol
+        if protocol.lost is not None:
+            raise protocol.lost
         loop = asyncio.get_running_loop()
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
-        self._protocol.pending[request_id] = future
+        protocol.pending[request_id] = future
         message, tensor, tensor_fields = parts
-        self._protocol.send(message, tensor, **tensor_fields)
+        sent = protocol.clock()
+        protocol.send(message, tensor, **tensor_fields)
+        protocol.sent(request_id, sent)
         # A bare timer rather than asyncio.wait_for: this is the per-frame hot path, and the
         # timer is all wait_for would add here.
         timer = loop.call_later(timeout, self._expire, request_id, op, timeout)
         try:
-            return await future
+            reply = await future
         finally:
             timer.cancel()
+            arrival = protocol.arrivals.pop(request_id, None)
+            upload = protocol.watch.settled(request_id) if protocol.watch is not None else None
+        received, lag = arrival if arrival is not None else (protocol.clock(), 0.0)
+        return reply, _Timing(sent, max(received, sent), upload, lag)
 
     async def _call(self, request: Request, timeout: float) -> Reply:
         """Send a typed request and parse its reply: the op's ok reply, or :class:`RemoteError`."""
-        return self._parsed(request.op, await self._exchange(request.id, request.op, request.parts(), timeout))
+        return (await self._call_timed(request, timeout))[0]
+
+    async def _call_timed(self, request: Request, timeout: float) -> tuple[Reply, _Timing]:
+        reply, timing = await self._exchange_timed(request.id, request.op, request.parts(), timeout)
+        return self._parsed(request.op, reply), timing
 
     def _parsed(self, op: str, reply: dict[str, Any]) -> Reply:
         try:
@@ -313,12 +397,11 @@ class HostClient:
         """
         quantization = Quantization(**tensor_fields) if tensor_fields else None
         request = InferRequest(self._next_id(), bundle_id, split_id, tensor, deadline_ms, quantization)
-        start = time.perf_counter()
-        reply = await self._call(request, timeout)
-        end = time.perf_counter()
+        reply, timing = await self._call_timed(request, timeout)
         assert isinstance(reply, InferReply)
         return InferResult(
-            reply.tensor, reply.compute_ms, (end - start) * 1000.0, reply.queue_ms, sent=start, received=end
+            reply.tensor, reply.compute_ms, timing.round_trip_ms, reply.queue_ms, sent=timing.sent,
+            received=timing.received, upload=timing.upload, reply_wait_ms=timing.reply_wait_s * 1000.0,
         )
 
     async def profile(
@@ -333,10 +416,13 @@ class HostClient:
 
     async def ping(self, payload_bytes: int = 0, timeout: float = 5.0) -> float:
         """Round trip in ms; a payload makes it a link-rate probe (the host answers with a small reply)."""
+        return (await self.probe(payload_bytes, timeout)).round_trip_ms
+
+    async def probe(self, payload_bytes: int = 0, timeout: float = 5.0) -> Probe:
+        """A ``ping`` with ``payload_bytes`` and what the kernel saw of it (:class:`Probe`)."""
         request = PingRequest(self._next_id(), np.zeros(payload_bytes, dtype=np.uint8) if payload_bytes else None)
-        start = time.perf_counter()
-        await self._call(request, timeout)
-        return (time.perf_counter() - start) * 1000.0
+        _, timing = await self._call_timed(request, timeout)
+        return Probe(payload_bytes, timing.round_trip_ms, timing.upload, timing.reply_wait_s * 1000.0)
 
     async def stats(self, timeout: float = 5.0) -> dict[str, Any]:
         """The host's stats reply as a map: ``["stats"]`` holds its figures (docs/protocol.md)."""

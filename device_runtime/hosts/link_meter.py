@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 from calibration import RateEstimator
 from device_runtime.hosts.client import InferResult
+from device_runtime.hosts.kernel_timing import UploadTiming
 
 __all__ = ["LinkMeter", "probe_bytes"]
 
@@ -105,12 +106,19 @@ class LinkMeter:
         """One remote batch: ``payload_bytes`` went up, ``result`` came back."""
         host_s = (result.queue_ms + result.compute_ms) / 1000.0
         start = max(result.sent, self._upload_done)
-        self.estimator.observe_transfer(payload_bytes, result.received - host_s - start)
-        self._upload_done = result.received - host_s - self.estimator.base_rtt_s / 2
+        self._sample(payload_bytes, start, result.received - host_s - start, result.sent, result.upload)
+        upload = result.upload
+        if upload is not None and upload.done_s is not None:
+            self._upload_done = result.sent + upload.done_s  # the kernel saw it acknowledged by then
+        else:
+            self._upload_done = result.received - host_s - self.estimator.base_rtt_s / 2
         self._host_s += HOST_ALPHA * (host_s - self._host_s)
 
-    def observe_probe(self, payload_bytes: int, round_trip_ms: float) -> float | None:
-        """A ``ping`` with a payload: no host compute, nothing else in flight.
+    def observe_probe(
+        self, payload_bytes: int, round_trip_ms: float, upload: UploadTiming | None = None
+    ) -> float | None:
+        """A ``ping`` with a payload: no host compute, nothing else in flight; ``upload`` what
+        ``TCP_INFO`` showed of it (:class:`~device_runtime.hosts.client.Probe`).
 
         Returns the probe's own rate in bit/s (its payload over its time on the wire; ``inf``
         when it came back no later than a bare ping: the link is faster than it can show),
@@ -120,9 +128,42 @@ class LinkMeter:
         if not payload_bytes:
             self.estimator.observe_rtt(round_trip_s)
             return None
-        self.estimator.observe_transfer(payload_bytes, round_trip_s)
+        kernel_bps = self._sample(payload_bytes, 0.0, round_trip_s, 0.0, upload)
+        if kernel_bps is not None:
+            return kernel_bps
+        if upload is not None and upload.done_s is not None:
+            round_trip_s = min(round_trip_s, upload.done_s - upload.min_rtt_s + self.estimator.base_rtt_s)
         wire_s = round_trip_s - self.estimator.base_rtt_s
         return 8.0 * payload_bytes / wire_s if wire_s > 0 else math.inf
+
+    def _sample(
+        self, payload_bytes: int, start: float, transfer_s: float, sent: float, upload: UploadTiming | None
+    ) -> float | None:
+        """One payload into the estimate; returns the kernel's rate when that is what was taken.
+
+        ``transfer_s`` is the device's own timing: from ``start`` (its send, or the end of the
+        upload before it) to its reply's arrival, less the host's time. ``upload`` is what
+        ``TCP_INFO`` showed meanwhile (:class:`UploadTiming`). Each is a lower bound on the
+        rate: whatever delays the device's clock or its looks at the kernel only makes the
+        payload seem slower; so the fastest reading is the one taken.
+
+        * A look that found the payload acknowledged bounds its time on the device's clock, as
+          the reply does (less the path's round trip, ``tcpi_min_rtt``, rather than a ping's,
+          which has the host's handling in it): it weighs as the device's samples do.
+        * The rate the kernel acknowledged bytes at while the payload crossed is timed between
+          two looks that both found the link busy: the board's delays do not enter it, and it
+          weighs by how long it was watched (:meth:`RateEstimator.observe_rate`).
+        """
+        base_s = self.estimator.base_rtt_s
+        if upload is not None and upload.done_s is not None:
+            transfer_s = min(transfer_s, sent + upload.done_s - start - upload.min_rtt_s + base_s)
+        wire_s = transfer_s - base_s
+        device_bps = 8.0 * payload_bytes / wire_s if wire_s > 0 else math.inf
+        if upload is not None and upload.acked_bps is not None and upload.acked_bps >= device_bps:
+            self.estimator.observe_rate(upload.acked_bps, upload.span_s)
+            return upload.acked_bps
+        self.estimator.observe_transfer(payload_bytes, transfer_s)
+        return None
 
     def stale(self, max_age_s: float) -> bool:
         """True when the estimate is older than ``max_age_s``: time to probe."""

@@ -372,10 +372,12 @@ class Pipeline:
         try:
             self.meter.observe_probe(0, await client.ping(0, timeout=timeout))
             size = probe_bytes(self.meter.rate_bps)
-            measured = self.meter.observe_probe(size, await client.ping(size, timeout=timeout))
+            probe = await client.probe(size, timeout=timeout)
+            measured = self.meter.observe_probe(size, probe.round_trip_ms, probe.upload)
             longer = probe_bytes(measured)
             if longer >= 2 * size:
-                self.meter.observe_probe(longer, await client.ping(longer, timeout=timeout))
+                probe = await client.probe(longer, timeout=timeout)
+                self.meter.observe_probe(longer, probe.round_trip_ms, probe.upload)
         except HostUnavailableError as exc:
             if self.hosts is not None:
                 await self.hosts.lost(client, exc)

@@ -61,6 +61,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.pauses: set[str] = set()  # why reading is stopped; empty while reading
         self.frames_read = 0  # frames cut from the stream, oversized ones included
+        self.bytes_written = 0  # handed to the transport, framing and seals included: the stream's write offset
         self._socket: Any = None
         self._lowat = 1
 
@@ -178,6 +179,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         buffers = encode(message, tensor, **tensor_fields)
         if self.auth is not None:
             buffers = self.auth.seal(buffers)  # the tensor stays the array's memoryview
+        self.bytes_written += sum(memoryview(b).nbytes for b in buffers)
         if WRITELINES_IS_ZERO_COPY:
             transport.writelines(buffers)  # prefix and tensor in one sendmsg
         elif len(buffers) > 1 and sum(len(b) for b in buffers) <= JOIN_BELOW_BYTES:

@@ -1,0 +1,355 @@
+"""The link as the kernel sees it: ``TCP_INFO`` and receive timestamps of the host connection.
+
+A board that times its requests with its own clock counts as link time everything its own
+CPU makes the reply wait for: the head in the next thread holding the GIL, the event loop
+busy quantizing the next cut, the scheduler running another process first. On loopback,
+whose 600 KB take ~0.1 ms, a few ms of that read as 0.2-1 Gbit/s where ``calibrate`` had
+measured 33-45 (issue 14). The kernel times the same transfer without waiting for us:
+
+* **receive timestamps** (``SO_TIMESTAMPNS``): each segment is stamped as it arrives, in the
+  softirq, whatever user space is doing. Peeked (``MSG_PEEK``, nothing consumed) just before
+  the event loop reads, the first unread byte's stamp is when the reply reached this board;
+  ``reply_lag_s`` is how long it then waited for us, and comes off the round trip. Linux
+  stamps TCP as any socket (``tcp_recv_timestamp``); the clock is ``CLOCK_REALTIME``.
+* ``TCP_INFO`` (``struct tcp_info``, linux/include/uapi/linux/tcp.h): among others
+  ``tcpi_delivery_rate``, the kernel's own delivery-rate sample (bytes per second: segments
+  acknowledged over the interval they took, timed in µs on the kernel's clock, the larger of
+  the send and the ack interval so that compressed ACKs do not inflate it), with
+  ``tcpi_delivery_rate_app_limited`` when the sample was taken while the sender had nothing
+  queued. ``tcpi_rtt`` / ``tcpi_min_rtt`` (µs), ``tcpi_notsent_bytes``, ``tcpi_unacked`` and
+  ``tcpi_bytes_acked`` come with it. The kernel records an app-limited sample only when it
+  is higher than the one it holds (it shows the link is at least that fast), so after a rate
+  drop under small app-limited frames the recorded figure stays high: a sample counts only
+  when it changed during the request (:func:`delivery_sample`), and only ever as a lower
+  bound on the rate (what the link carried at least).
+
+Each field is read only if the kernel's struct is long enough to have it (``tcpi_delivery_rate``
+since Linux 4.9, ``tcpi_notsent_bytes`` and ``tcpi_min_rtt`` since 4.6 and 4.6, ``tcpi_bytes_acked``
+since 4.1): an older kernel gives a shorter struct, and its missing fields are None.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["KernelTiming", "KernelTimingSupport", "TcpInfo", "delivery_sample", "kernel_timing_support", "parse_tcp_info"]
+
+#: ``SO_TIMESTAMPNS`` (asm-generic/socket.h; also x86 and arm64): Python does not name it.
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+#: Room for everything this module reads and more: a newer kernel's longer struct is cut here.
+TCP_INFO_BYTES = 256
+_TCP_INFO = getattr(socket, "TCP_INFO", None) if sys.platform.startswith("linux") else None
+
+# (name, offset, struct format) in struct tcp_info (linux/include/uapi/linux/tcp.h): eight
+# __u8, then __u32 from tcpi_rto at 8, the __u64 from tcpi_pacing_rate at 104 (naturally
+# aligned), the kernel's own byte order. A field lies past a short struct's end: None.
+_FIELDS = (
+    ("state", 0, "B"),
+    ("snd_mss", 16, "I"),
+    ("unacked", 24, "I"),  # segments sent and not yet acknowledged
+    ("last_data_recv_ms", 52, "I"),  # jiffies: 4 ms steps at HZ=250
+    ("rtt_us", 68, "I"),  # smoothed
+    ("rttvar_us", 72, "I"),
+    ("bytes_acked", 120, "Q"),
+    ("notsent_bytes", 144, "I"),  # written by the application, not yet sent
+    ("min_rtt_us", 148, "I"),
+    ("delivery_rate", 160, "Q"),  # bytes per second
+    ("delivered", 192, "I"),  # segments delivered (acknowledged), cumulative
+)
+#: The byte holding ``tcpi_delivery_rate_app_limited:1`` (its lowest bit: GCC's bit-field order).
+_APP_LIMITED_BYTE = 7
+
+
+@dataclass(frozen=True)
+class TcpInfo:
+    """What this runtime reads of one ``struct tcp_info``; None where the kernel's struct is too short."""
+
+    state: int
+    snd_mss: int | None = None
+    unacked: int | None = None
+    last_data_recv_ms: int | None = None
+    rtt_us: int | None = None
+    rttvar_us: int | None = None
+    bytes_acked: int | None = None
+    notsent_bytes: int | None = None
+    min_rtt_us: int | None = None
+    delivery_rate: int | None = None  # bytes/s
+    delivered: int | None = None
+    app_limited: bool | None = None  # tcpi_delivery_rate_app_limited, with delivery_rate
+
+    @property
+    def delivery_rate_bps(self) -> float | None:
+        """``tcpi_delivery_rate`` in bit/s; None without one (an old kernel, or no sample yet: 0)."""
+        return 8.0 * self.delivery_rate if self.delivery_rate else None
+
+
+def parse_tcp_info(raw: bytes) -> TcpInfo:
+    """``struct tcp_info`` as ``getsockopt(IPPROTO_TCP, TCP_INFO)`` returned it, however long.
+
+    Each field is read only when ``raw`` reaches its end: the kernel copies
+    ``min(len, sizeof(struct tcp_info))`` bytes, so an older kernel's struct ends early. Fewer
+    than 8 bytes (not even the state) is not a tcp_info: ValueError.
+    """
+    if len(raw) < 8:
+        raise ValueError(f"tcp_info of {len(raw)} bytes: shorter than its first 8 fields")
+    values: dict[str, Any] = {}
+    for name, offset, fmt in _FIELDS:
+        if offset + struct.calcsize("=" + fmt) <= len(raw):
+            values[name] = struct.unpack_from("=" + fmt, raw, offset)[0]
+    if "delivery_rate" in values:
+        values["app_limited"] = bool(raw[_APP_LIMITED_BYTE] & 1)
+    return TcpInfo(**values)
+
+
+def read_tcp_info(sock: socket.socket | None) -> TcpInfo | None:
+    """The connection's ``TCP_INFO`` now; None where there is none (not Linux, not TCP, closed)."""
+    if sock is None or _TCP_INFO is None:
+        return None
+    try:
+        return parse_tcp_info(sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, TCP_INFO_BYTES))
+    except (OSError, ValueError):
+        return None
+
+
+def delivery_sample(before: TcpInfo | None, after: TcpInfo | None) -> float | None:
+    """The kernel's delivery rate (bit/s) if it took a new sample between ``before`` (the request
+    sent) and ``after`` (its reply read); None if it did not or cannot say.
+
+    An unchanged figure is the sample of an earlier transfer (after a rate drop the kernel keeps
+    a higher app-limited one), so it says nothing of this one. A changed one is a rate the link
+    carried during this request: a lower bound on its rate.
+    """
+    if before is None or after is None or after.delivery_rate_bps is None:
+        return None
+    if after.delivery_rate == before.delivery_rate:
+        return None
+    return after.delivery_rate_bps
+
+
+def enable_rx_timestamps(sock: socket.socket | None) -> bool:
+    """Ask the kernel to stamp arriving segments; False where it will not."""
+    if sock is None or not sys.platform.startswith("linux"):
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    except OSError:
+        return False
+    return True
+
+
+_CMSG_SPACE = socket.CMSG_SPACE(16)  # one struct timespec (two 64-bit fields; 32-bit: two 32-bit)
+_PEEK = socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0)
+
+
+def arrival_lag_s(sock: socket.socket, clock: Callable[[], float] = time.time) -> float | None:
+    """How long the first unread byte has waited in the kernel for this process: now less its
+    receive timestamp. None when nothing is waiting or no stamp came with it (the stamp is
+    ``CLOCK_REALTIME``, as ``time.time``)."""
+    try:
+        data, ancillary, _, _ = sock.recvmsg(1, _CMSG_SPACE, _PEEK)
+    except OSError:  # nothing to read (EAGAIN), or the connection went: the read says which
+        return None
+    now = clock()
+    if not data:
+        return None
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+            if len(payload) >= 16:
+                seconds, nanoseconds = struct.unpack_from("=qq", payload)
+            elif len(payload) >= 8:
+                seconds, nanoseconds = struct.unpack_from("=ii", payload)
+            else:
+                return None
+            lag = now - (seconds + nanoseconds * 1e-9)
+            # A negative lag is a clock step between the stamp and now; hours, a stamp of 0.
+            return lag if 0.0 <= lag < 60.0 else None
+    return None
+
+
+@dataclass(frozen=True)
+class KernelTimingSupport:
+    """What this machine's kernel gives the link estimate (``split-device info``)."""
+
+    tcp_info: bool  # TCP_INFO with tcpi_delivery_rate
+    rx_timestamps: bool  # SO_TIMESTAMPNS on TCP
+    reason: str | None = None  # why not, when either is missing
+
+    def describe(self) -> str:
+        if self.tcp_info and self.rx_timestamps:
+            return "kernel: reply arrival stamps (SO_TIMESTAMPNS) and TCP_INFO delivery rate"
+        parts = []
+        if self.rx_timestamps:
+            parts.append("reply arrival stamps (SO_TIMESTAMPNS)")
+        if self.tcp_info:
+            parts.append("TCP_INFO delivery rate")
+        kernel = f"kernel: {' and '.join(parts)}; " if parts else ""
+        return f"{kernel}application timing{'' if parts else ' only'} ({self.reason})"
+
+
+def kernel_timing_support() -> KernelTimingSupport:
+    """Try both on a connection to this machine's loopback: the kernel that will carry the link."""
+    missing = []
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen(1)
+            with socket.create_connection(server.getsockname(), timeout=2.0) as client:
+                peer, _ = server.accept()
+                with peer:
+                    info = read_tcp_info(client)
+                    tcp_info = info is not None and info.delivery_rate is not None
+                    if not tcp_info:
+                        missing.append("no TCP_INFO" if info is None else "TCP_INFO without tcpi_delivery_rate (Linux < 4.9)")
+                    stamps = enable_rx_timestamps(client)
+                    if stamps:
+                        peer.sendall(b"x")
+                        client.settimeout(2.0)
+                        _, ancillary, _, _ = client.recvmsg(1, _CMSG_SPACE, socket.MSG_PEEK)
+                        stamps = any(kind == SO_TIMESTAMPNS for _, kind, _ in ancillary)
+                    if not stamps:
+                        missing.append("no receive timestamps on TCP")
+    except OSError as exc:
+        return KernelTimingSupport(False, False, f"loopback connection failed: {exc}")
+    return KernelTimingSupport(tcp_info, stamps, "; ".join(missing) or None)
+
+
+class KernelTiming:
+    """The kernel's view of one connection: its ``TCP_INFO`` and how long a reply has waited.
+
+    The client reads :meth:`tcp_info` before a request goes out and after its reply, and
+    :meth:`reply_lag_s` just before each read. A test gives the client a stand-in with the same
+    two methods, and so decides what the kernel says.
+    """
+
+    def __init__(self, sock: Any, stamps: bool = True) -> None:
+        """``sock``: the transport's socket (asyncio's wrapper is fine for ``getsockopt``);
+        ``stamps``: peek receive timestamps (not under TLS, whose layer reads ahead of us)."""
+        self._sock = sock
+        self._peek: socket.socket | None = None
+        if stamps and sock is not None:
+            try:
+                peek = sock.dup()  # a plain socket on the same connection: asyncio's wrapper cannot recvmsg
+            except (OSError, AttributeError):
+                peek = None
+            if peek is not None and enable_rx_timestamps(peek):
+                self._peek = peek
+            elif peek is not None:
+                peek.close()
+        self.stamps = self._peek is not None
+
+    def tcp_info(self) -> TcpInfo | None:
+        return read_tcp_info(self._sock)
+
+    def reply_lag_s(self) -> float | None:
+        return arrival_lag_s(self._peek) if self._peek is not None else None
+
+    def close(self) -> None:
+        if self._peek is not None:
+            self._peek.close()  # the duplicate only: the connection is the transport's to close
+            self._peek = None
+
+
+#: The first look at an upload in flight, after the one right after its write ...
+POLL_FIRST_S = 0.001
+#: ... then each this share of its age later: the last look before it is done is at most this
+#: much of its time short of the end, whatever the rate, in a handful of looks per upload.
+POLL_GROWTH = 0.25
+#: Acknowledged bytes over at least this long, and this many segments, make a rate sample.
+MIN_SPAN_S = 0.0005
+MIN_SPAN_SEGMENTS = 2
+
+
+@dataclass(frozen=True)
+class UploadTiming:
+    """What ``TCP_INFO`` showed of one request's upload, on the board's clock.
+
+    ``acked_bps`` is the rate at which the kernel saw the link acknowledge bytes while this
+    upload was still crossing: ``tcpi_bytes_acked`` at two looks over the time between them.
+    Both looks found bytes of the request unacknowledged, so the link was busy with queued
+    data all along (this request's or the ones before it) and the rate is the link's, however
+    late the looks came: a look that the board's CPU delays is a later look, not a wrong one.
+    ``done_s`` is when a look first found the whole request acknowledged (before its reply
+    came): the upload took at most that long, a path round trip (``min_rtt_s``) included.
+    """
+
+    done_s: float | None = None  # sent → the first look that found it acknowledged
+    acked_bps: float | None = None  # bytes acknowledged per second while it crossed, in bit/s
+    span_s: float = 0.0  # ... measured over this long
+    min_rtt_s: float = 0.0  # tcpi_min_rtt
+
+
+class UploadWatch:
+    """Looks at ``TCP_INFO`` while requests cross, for :class:`UploadTiming`.
+
+    The client calls :meth:`sent` after writing a request (one look at once), and
+    :meth:`settled` when its reply came; in between :meth:`look` runs on the event loop's timer
+    (``POLL_FIRST_S``, then ``POLL_GROWTH`` of the oldest upload's age) until none is crossing.
+    """
+
+    def __init__(self, info: Callable[[], TcpInfo | None], clock: Callable[[], float] = time.perf_counter) -> None:
+        self._info = info
+        self._clock = clock
+        self._uploads: dict[int, _Upload] = {}
+        self.min_rtt_s = 0.0
+
+    def sent(self, key: int, start: float, end: int) -> bool:
+        """Request ``key`` was written at ``start``, its last byte at stream offset ``end``; one
+        look at once. Returns whether anything is still crossing (another look is due)."""
+        self._uploads[key] = _Upload(start, end)
+        return self.look() is not None
+
+    def look(self) -> float | None:
+        """Read ``TCP_INFO`` once for every upload crossing; returns the delay to the next look
+        (None: nothing is crossing, or there is no ``tcpi_bytes_acked`` here)."""
+        info = self._info()
+        if info is None or info.bytes_acked is None:
+            return None
+        now = self._clock()
+        if info.min_rtt_us:
+            self.min_rtt_s = info.min_rtt_us * 1e-6
+        # The last segment may wait for the reply to carry its ACK (a delayed ACK): up to one
+        # segment short of the end is across.
+        slack = info.snd_mss or 0
+        oldest = None
+        for upload in self._uploads.values():
+            if upload.done is not None:
+                continue
+            if info.bytes_acked + slack >= upload.end:
+                upload.done = now
+            else:
+                upload.looks.append((now, info.bytes_acked, slack))
+                oldest = upload.start if oldest is None else min(oldest, upload.start)
+        if oldest is None:
+            return None
+        return max(POLL_FIRST_S, POLL_GROWTH * (now - oldest))
+
+    def settled(self, key: int) -> UploadTiming | None:
+        """Request ``key``'s reply came (or it failed): what the looks showed of its upload."""
+        upload = self._uploads.pop(key, None)
+        if upload is None:
+            return None
+        done_s = None if upload.done is None else upload.done - upload.start
+        rate, span = None, 0.0
+        # From the first look after the write (the one at the write itself may precede a burst
+        # that a shaper lets through at wire speed) to the last that found it crossing.
+        looks = upload.looks[1:] if len(upload.looks) > 2 else upload.looks
+        if len(looks) >= 2:
+            (t0, acked0, mss), (t1, acked1, _) = looks[0], looks[-1]
+            if t1 - t0 >= MIN_SPAN_S and acked1 - acked0 >= MIN_SPAN_SEGMENTS * max(mss, 1):
+                rate, span = 8.0 * (acked1 - acked0) / (t1 - t0), t1 - t0
+        return UploadTiming(done_s, rate, span, self.min_rtt_s)
+
+
+class _Upload:
+    __slots__ = ("start", "end", "done", "looks")
+
+    def __init__(self, start: float, end: int) -> None:
+        self.start = start
+        self.end = end
+        self.done: float | None = None
+        self.looks: list[tuple[float, int, int]] = []  # (clock, tcpi_bytes_acked, tcpi_snd_mss) while crossing

@@ -1,0 +1,210 @@
+"""The kernel's view of the host link: struct tcp_info parsed by length, receive stamps, upload looks."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import sys
+import time
+
+import pytest
+
+from device_runtime.hosts.kernel_timing import (
+    POLL_FIRST_S,
+    POLL_GROWTH,
+    TcpInfo,
+    UploadTiming,
+    UploadWatch,
+    arrival_lag_s,
+    enable_rx_timestamps,
+    kernel_timing_support,
+    parse_tcp_info,
+    read_tcp_info,
+)
+from tests.calibration.test_timing import ManualClock
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TCP_INFO and SO_TIMESTAMPNS are Linux's")
+
+#: sizeof(struct tcp_info) in Linux 5.4 (up to tcpi_snd_wnd); newer kernels append fields.
+FULL = 232
+
+
+def _raw(length: int = FULL, **fields: int) -> bytes:
+    """A struct tcp_info of ``length`` bytes with ``fields`` at their offsets (uapi/linux/tcp.h)."""
+    raw = bytearray(max(length, 232))
+    offsets = {"state": (0, "B"), "snd_mss": (16, "I"), "unacked": (24, "I"), "last_data_recv_ms": (52, "I"),
+               "rtt_us": (68, "I"), "rttvar_us": (72, "I"), "bytes_acked": (120, "Q"), "notsent_bytes": (144, "I"),
+               "min_rtt_us": (148, "I"), "delivery_rate": (160, "Q"), "delivered": (192, "I")}
+    for name, value in fields.items():
+        offset, fmt = offsets[name]
+        struct.pack_into("=" + fmt, raw, offset, value)
+    return bytes(raw[:length])
+
+
+def test_fields_are_read_at_their_offsets() -> None:
+    raw = bytearray(_raw(state=1, snd_mss=1448, unacked=7, rtt_us=850, rttvar_us=120, bytes_acked=10**10,
+                         notsent_bytes=4096, min_rtt_us=310, delivery_rate=62_500_000, delivered=99))
+    raw[7] |= 1  # tcpi_delivery_rate_app_limited, the lowest bit of the eighth byte
+    info = parse_tcp_info(bytes(raw))
+    assert info == TcpInfo(state=1, snd_mss=1448, unacked=7, last_data_recv_ms=0, rtt_us=850, rttvar_us=120,
+                           bytes_acked=10**10, notsent_bytes=4096, min_rtt_us=310, delivery_rate=62_500_000,
+                           delivered=99, app_limited=True)
+    assert info.delivery_rate_bps == 500e6
+
+
+@pytest.mark.parametrize(("length", "present", "absent"), [
+    (104, "rtt_us", "bytes_acked"),  # Linux < 4.1: up to tcpi_total_retrans
+    (144, "bytes_acked", "notsent_bytes"),  # < 4.6
+    (160, "min_rtt_us", "delivery_rate"),  # < 4.9
+    (192, "delivery_rate", "delivered"),  # < 4.18
+    (280, "delivered", None),  # a newer kernel's longer struct: the rest is not read
+])
+def test_an_older_kernels_shorter_struct_leaves_its_missing_fields_none(length: int, present: str, absent: str | None) -> None:
+    info = parse_tcp_info(_raw(length, state=1, rtt_us=5, bytes_acked=3, min_rtt_us=2, delivery_rate=9, delivered=4))
+    assert getattr(info, present) is not None
+    if absent is not None:
+        assert getattr(info, absent) is None
+    assert (info.app_limited is None) == (info.delivery_rate is None)
+
+
+def test_a_struct_shorter_than_its_first_bytes_is_refused() -> None:
+    with pytest.raises(ValueError, match="3 bytes"):
+        parse_tcp_info(b"\x01\x00\x00")
+    assert read_tcp_info(None) is None
+
+
+@linux_only
+def test_a_real_connection_on_loopback_reads_sensibly() -> None:
+    """What the kernel reports of a connection that carried 200 KB, each field where it should be."""
+    with _pair() as (client, server):
+        before = read_tcp_info(client)
+        client.sendall(b"x" * 200_000)
+        got = 0
+        while got < 200_000:
+            got += len(server.recv(1 << 20))
+        info = read_tcp_info(client)
+        for _ in range(200):  # the last ACK is the receiving kernel's, at once on loopback
+            if info.bytes_acked - before.bytes_acked >= 200_000:
+                break
+            time.sleep(0.005)
+            info = read_tcp_info(client)
+    assert before is not None and info is not None
+    assert info.state == 1  # TCP_ESTABLISHED
+    assert info.bytes_acked - before.bytes_acked == 200_000
+    assert info.snd_mss > 0 and info.unacked == 0 and info.notsent_bytes == 0
+    assert 0 < info.min_rtt_us <= info.rtt_us < 1_000_000  # µs, and the minimum is not above the smoothed one
+    assert info.delivery_rate_bps is not None
+
+
+@linux_only
+def test_a_receive_stamp_tells_how_long_bytes_waited_for_the_reader() -> None:
+    """The stamp is the kernel's, taken as the bytes arrived; the lag is now (here a clock the
+    test sets 30 s on) less it. Peeking consumes nothing."""
+    with _pair() as (client, server):
+        assert enable_rx_timestamps(client)
+        assert arrival_lag_s(client) is None  # nothing waiting
+        before = time.time()
+        server.sendall(b"hello")
+        client.settimeout(5.0)
+        client.recv(1, socket.MSG_PEEK)  # wait for it to be there
+        client.settimeout(0.0)
+        after = time.time()
+        lag = arrival_lag_s(client, clock=lambda: after + 30.0)
+        assert lag is not None and 30.0 <= lag <= 30.0 + (after - before)
+        assert arrival_lag_s(client, clock=lambda: before - 1.0) is None  # a clock step back: no lag
+        client.settimeout(5.0)
+        assert client.recv(5) == b"hello"  # peeking left it all there
+
+
+@linux_only
+def test_this_machines_kernel_gives_both() -> None:
+    support = kernel_timing_support()
+    assert support.tcp_info and support.rx_timestamps, support.reason
+    assert support.describe().startswith("kernel:")
+
+
+class _Kernel:
+    """TCP_INFO as a test wants it: bytes acknowledged so far, one MSS of 1448."""
+
+    def __init__(self) -> None:
+        self.acked = 0
+        self.calls = 0
+
+    def __call__(self) -> TcpInfo:
+        self.calls += 1
+        return TcpInfo(state=1, snd_mss=1448, bytes_acked=self.acked, min_rtt_us=400)
+
+
+def test_looks_give_the_rate_the_link_acknowledged_bytes_at_however_late_they_come() -> None:
+    """600 KB at 50 Mbit/s: the looks come late (a busy board) but each reads the kernel's count
+    as it is then, so the rate between two of them is the link's."""
+    clock, kernel = ManualClock(), _Kernel()
+    watch = UploadWatch(kernel, clock)
+    start = clock()
+    assert watch.sent(1, start, 600_000)  # crossing: a look is due
+    rate_Bps = 50e6 / 8
+    delay = None
+    for late in (0.004, 0.011, 0.0005, 0.020):  # the board's lateness at each look
+        clock.now += (delay or POLL_FIRST_S) + late
+        kernel.acked = int(rate_Bps * (clock() - start))
+        delay = watch.look()
+        assert delay == pytest.approx(max(POLL_FIRST_S, POLL_GROWTH * (clock() - start)))
+    clock.now += 0.100
+    kernel.acked = 600_000 - 1000  # all but the last segment, whose ACK may ride on the reply
+    assert watch.look() is None  # nothing crossing: no more looks
+    done_at = clock() - start
+    timing = watch.settled(1)
+    assert timing.acked_bps == pytest.approx(50e6, rel=1e-3)
+    assert timing.done_s == pytest.approx(done_at) and timing.min_rtt_s == pytest.approx(400e-6)
+    assert timing.span_s > 0.03
+    assert watch.settled(1) is None  # once
+
+
+def test_an_upload_across_within_its_write_is_done_at_the_first_look() -> None:
+    """Loopback carries the bytes inside the write: the look right after it finds them acknowledged."""
+    clock, kernel = ManualClock(), _Kernel()
+    watch = UploadWatch(kernel, clock)
+    kernel.acked = 602_112
+    clock.now += 0.0003
+    assert not watch.sent(7, clock() - 0.0003, 602_112)  # nothing due
+    timing = watch.settled(7)
+    assert timing.done_s == pytest.approx(0.0003) and timing.acked_bps is None
+
+
+def test_a_look_while_an_earlier_request_crosses_counts_for_both() -> None:
+    """Two requests in one stream: the second is done only when the kernel has acknowledged up to its end."""
+    clock, kernel = ManualClock(), _Kernel()
+    watch = UploadWatch(kernel, clock)
+    watch.sent(1, clock(), 100_000)
+    watch.sent(2, clock(), 200_000)
+    clock.now += 0.010
+    kernel.acked = 150_000
+    assert watch.look() is not None
+    assert watch.settled(1).done_s == pytest.approx(0.010)
+    clock.now += 0.010
+    kernel.acked = 200_000
+    assert watch.look() is None
+    assert watch.settled(2).done_s == pytest.approx(0.020)
+
+
+def test_without_tcp_info_nothing_is_looked_at() -> None:
+    watch = UploadWatch(lambda: None, ManualClock())
+    assert not watch.sent(1, 0.0, 1000)
+    assert watch.settled(1) == UploadTiming()  # nothing seen: the device's own timing alone
+    assert UploadWatch(lambda: TcpInfo(state=1), ManualClock()).look() is None  # no tcpi_bytes_acked (Linux < 4.1)
+
+
+class _pair:
+    """A connected TCP pair on 127.0.0.1."""
+
+    def __enter__(self) -> tuple[socket.socket, socket.socket]:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(1)
+        self.client = socket.create_connection(self.listener.getsockname(), timeout=5.0)
+        self.server, _ = self.listener.accept()
+        return self.client, self.server
+
+    def __exit__(self, *exc: object) -> None:
+        for sock in (self.client, self.server, self.listener):
+            sock.close()
