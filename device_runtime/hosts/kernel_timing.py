@@ -59,6 +59,7 @@ _FIELDS = (
     ("notsent_bytes", 144, "I"),  # written by the application, not yet sent
     ("min_rtt_us", 148, "I"),
     ("delivery_rate", 160, "Q"),  # bytes per second
+    ("rwnd_limited_us", 176, "Q"),  # time the peer's receive window held the sender back, cumulative (jiffies)
     ("delivered", 192, "I"),  # segments delivered (acknowledged), cumulative
 )
 #: The byte holding ``tcpi_delivery_rate_app_limited:1`` (its lowest bit: GCC's bit-field order).
@@ -79,6 +80,7 @@ class TcpInfo:
     notsent_bytes: int | None = None
     min_rtt_us: int | None = None
     delivery_rate: int | None = None  # bytes/s
+    rwnd_limited_us: int | None = None
     delivered: int | None = None
     app_limited: bool | None = None  # tcpi_delivery_rate_app_limited, with delivery_rate
 
@@ -281,6 +283,10 @@ class UploadTiming:
     acked_bps: float | None = None  # bytes acknowledged per second while it crossed, in bit/s
     span_s: float = 0.0  # ... measured over this long
     min_rtt_s: float = 0.0  # tcpi_min_rtt
+    # The host's receive window held the upload back meanwhile (tcpi_rwnd_limited grew): the host
+    # did not read (busy, or it stops reading a connection with enough requests in flight), so
+    # the upload's time is partly the host's, and says nothing sure of the link.
+    receiver_limited: bool = False
 
 
 class UploadWatch:
@@ -319,8 +325,11 @@ class UploadWatch:
         for upload in self._uploads.values():
             if upload.done is not None:
                 continue
+            if upload.rwnd is None:
+                upload.rwnd = info.rwnd_limited_us
             if info.bytes_acked + slack >= upload.end:
                 upload.done = now
+                upload.rwnd_done = info.rwnd_limited_us
             else:
                 upload.looks.append((now, info.bytes_acked, slack))
                 oldest = upload.start if oldest is None else min(oldest, upload.start)
@@ -333,6 +342,11 @@ class UploadWatch:
         upload = self._uploads.pop(key, None)
         if upload is None:
             return None
+        rwnd_end = upload.rwnd_done
+        if rwnd_end is None:
+            info = self._info()
+            rwnd_end = info.rwnd_limited_us if info is not None else None
+        limited = upload.rwnd is not None and rwnd_end is not None and rwnd_end > upload.rwnd
         done_s = None if upload.done is None else upload.done - upload.start
         rate, span = None, 0.0
         # From the first look after the write (the one at the write itself may precede a burst
@@ -342,14 +356,16 @@ class UploadWatch:
             (t0, acked0, mss), (t1, acked1, _) = looks[0], looks[-1]
             if t1 - t0 >= MIN_SPAN_S and acked1 - acked0 >= MIN_SPAN_SEGMENTS * max(mss, 1):
                 rate, span = 8.0 * (acked1 - acked0) / (t1 - t0), t1 - t0
-        return UploadTiming(done_s, rate, span, self.min_rtt_s)
+        return UploadTiming(done_s, rate, span, self.min_rtt_s, limited)
 
 
 class _Upload:
-    __slots__ = ("start", "end", "done", "looks")
+    __slots__ = ("start", "end", "done", "looks", "rwnd", "rwnd_done")
 
     def __init__(self, start: float, end: int) -> None:
         self.start = start
         self.end = end
         self.done: float | None = None
         self.looks: list[tuple[float, int, int]] = []  # (clock, tcpi_bytes_acked, tcpi_snd_mss) while crossing
+        self.rwnd: int | None = None  # tcpi_rwnd_limited at the first look ...
+        self.rwnd_done: int | None = None  # ... and at the one that found it acknowledged

@@ -155,6 +155,8 @@ class LinkMeter:
           weighs by how long it was watched (:meth:`RateEstimator.observe_rate`).
         """
         base_s = self.estimator.base_rtt_s
+        if upload is not None and upload.receiver_limited:
+            return None  # the host held it back: its time is the host's as much as the link's
         if upload is not None and upload.done_s is not None:
             transfer_s = min(transfer_s, sent + upload.done_s - start - upload.min_rtt_s + base_s)
         wire_s = transfer_s - base_s

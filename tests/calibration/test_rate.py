@@ -130,3 +130,27 @@ def test_glitched_pings_are_dropped() -> None:
 def test_alpha_must_be_a_fraction(alpha: float) -> None:
     with pytest.raises(CalibrationError, match=r"alpha: expected a number in \(0, 1\]"):
         RateEstimator(alpha=alpha)
+
+
+@pytest.mark.parametrize(("span_s", "units"), [(0.0002, 1.0), (0.005, 1.0), (0.010, 2.0), (0.5, 3.0)])
+def test_a_rate_the_kernel_timed_weighs_by_its_span_from_one_unit(span_s: float, units: float) -> None:
+    """No round trip comes off, and a short span is not discounted: the board's delays are not in it."""
+    estimator = RateEstimator(initial_bps=1e8)
+    estimator.observe_rtt(0.050)  # a slow ping changes nothing here
+    new = estimator.observe_rate(1e9, span_s)
+    assert math.log(new / 1e8) == pytest.approx((1 - 0.7**units) * math.log(10))
+
+
+def test_a_kernel_rate_sets_the_first_estimate_and_refreshes_its_age() -> None:
+    clock = ManualClock()
+    estimator = RateEstimator(clock=clock)
+    assert estimator.observe_rate(4e8, 0.001) == pytest.approx(4e8)
+    clock.now += 0.25
+    assert estimator.age_s() == pytest.approx(0.25) and estimator.samples == 1
+
+
+@pytest.mark.parametrize("rate", [0.0, -1.0, math.inf, math.nan])
+def test_a_kernel_rate_that_is_no_rate_is_ignored(rate: float) -> None:
+    estimator = RateEstimator(initial_bps=1e8)
+    assert estimator.observe_rate(rate, 0.01) is None
+    assert estimator.rate_bps == pytest.approx(1e8) and estimator.samples == 0

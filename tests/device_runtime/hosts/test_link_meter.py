@@ -9,6 +9,7 @@ import pytest
 
 from calibration import RateEstimator
 from device_runtime.hosts.client import InferResult
+from device_runtime.hosts.kernel_timing import UploadTiming
 from device_runtime.hosts.link_meter import OVERDUE_FACTOR, OVERDUE_SLACK_S, PROBE_MAX_BYTES, LinkMeter, probe_bytes
 from tests.calibration.test_timing import ManualClock
 
@@ -121,6 +122,57 @@ def test_a_probe_reports_its_own_rate_and_a_link_too_fast_for_it() -> None:
     assert meter.observe_probe(1_000_000, 81.0) == pytest.approx(1e8)  # 8 Mbit in 80 ms on the wire
 
 
-def _reply(sent: float, received: float, host_ms: float) -> InferResult:
+def _reply(sent: float, received: float, host_ms: float, upload: UploadTiming | None = None) -> InferResult:
     return InferResult(np.zeros(1), compute_ms=host_ms, round_trip_ms=(received - sent) * 1000.0, sent=sent,
-                       received=received)
+                       received=received, upload=upload)
+
+
+def test_a_board_busy_when_the_reply_came_takes_the_kernels_rate() -> None:
+    """The reply says 602 KB took 200 ms less the host's 10: 25 Mbit/s; the kernel saw the link
+    acknowledge 500 Mbit/s between two looks 8 ms apart while it crossed. The kernel's is taken,
+    weighing 8 / 5 = 1.6 units."""
+    meter, clock = _meter(400e6)
+    now = clock()
+    kernel = UploadTiming(acked_bps=500e6, span_s=0.008)
+    meter.observe_reply(PAYLOAD, _reply(sent=now - 0.2, received=now, host_ms=10.0, upload=kernel))
+    assert math.log(meter.estimator.rate_bps / 400e6) == pytest.approx((1 - 0.7**1.6) * math.log(500 / 400))
+
+
+def test_the_device_timing_stands_where_it_reads_faster_than_the_kernel() -> None:
+    """Both are lower bounds: the kernel's looks found 60 Mbit/s, the reply 100 (8 Mbit in 80 ms)."""
+    meter, clock = _meter(50e6)
+    now = clock()
+    kernel = UploadTiming(acked_bps=60e6, span_s=0.02)
+    meter.observe_reply(1_000_000, _reply(sent=now - 0.1, received=now, host_ms=20.0, upload=kernel))
+    assert math.log(meter.estimator.rate_bps / 50e6) == pytest.approx((1 - 0.7**3) * math.log(2))
+
+
+def test_a_look_that_found_the_upload_acknowledged_bounds_its_time() -> None:
+    """The reply came 300 ms after the send, 200 of them the host's; a look 20 ms after the send
+    found the upload acknowledged: it took at most 20 ms less the path's 0.5 ms round trip. And
+    the next request's upload is timed from then, not from the reply."""
+    meter, clock = _meter(50e6)
+    meter.observe_probe(0, 5.0)  # a ping with the host's handling in it: not the path's round trip
+    now = clock()
+    kernel = UploadTiming(done_s=0.020, min_rtt_s=0.0005)
+    meter.observe_reply(PAYLOAD, _reply(sent=now - 0.3, received=now, host_ms=200.0, upload=kernel))
+    # First weighted sample after the initial estimate: 3 units towards 8 * PAYLOAD / 19.5 ms.
+    expected = math.exp(math.log(50e6) + (1 - 0.7**3) * (math.log(8 * PAYLOAD / 0.0195) - math.log(50e6)))
+    assert meter.estimator.rate_bps == pytest.approx(expected)
+    assert meter._upload_done == pytest.approx(now - 0.3 + 0.020)
+
+
+def test_an_upload_the_hosts_window_held_back_says_nothing_of_the_link() -> None:
+    meter, clock = _meter(400e6)
+    now = clock()
+    held = UploadTiming(done_s=0.3, receiver_limited=True)
+    meter.observe_reply(PAYLOAD, _reply(sent=now - 0.4, received=now, host_ms=10.0, upload=held))
+    assert meter.estimator.rate_bps == pytest.approx(400e6) and meter.estimator.samples == 0
+
+
+def test_a_probe_takes_the_kernels_rate_and_reports_it() -> None:
+    meter, _ = _meter(10e6)
+    assert meter.observe_probe(0, 2.0) is None
+    kernel = UploadTiming(acked_bps=80e6, span_s=0.05)
+    assert meter.observe_probe(1_000_000, 400.0, kernel) == pytest.approx(80e6)  # the board's 400 ms: 20 Mbit/s
+    assert math.log(meter.estimator.rate_bps / 10e6) == pytest.approx((1 - 0.7**3) * math.log(8))
