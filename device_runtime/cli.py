@@ -25,6 +25,7 @@ from device_runtime.board.calibrate import (
     precision_of,
     spread_warning,
 )
+from device_runtime.board.commands import add_commands, handler, settings_for
 from device_runtime.board.detect import (
     DetectedBoard,
     InstalledBackend,
@@ -32,6 +33,7 @@ from device_runtime.board.detect import (
     installed_backends,
     resolve_backend,
 )
+from device_runtime.board.status import LastRun
 from device_runtime.bundle import FORMATS, FULL, HEAD, LOCAL, OFFLOAD, Bundle
 from device_runtime.engine.runner import PRECISIONS, DeviceRunner, default_split
 from device_runtime.hosts.client import Credentials
@@ -161,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=INFO_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     info_parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    add_commands(commands)  # verify, status, config
     return parser
 
 
@@ -241,6 +244,18 @@ def _runner(args: argparse.Namespace, bundle: Bundle, split_id: str, board: Dete
 
 
 async def run(args: argparse.Namespace) -> None:
+    """The stream, leaving its summary in ``last-run.json`` beside the bundle (split-device status)."""
+    last_run = LastRun(args.bundle)
+    try:
+        await _run(args, last_run)
+    except BaseException as exc:
+        last_run.failed(exc)
+        raise
+    finally:
+        last_run.write()
+
+
+async def _run(args: argparse.Namespace, last_run: LastRun) -> None:
     credentials = _credentials(args)
     bundle = Bundle.load(args.bundle, roles=(HEAD, FULL))
     board = detect_board()
@@ -278,6 +293,7 @@ async def run(args: argparse.Namespace) -> None:
     if calibration is not None and calibration.link is not None:
         meter.estimator.observe_rtt(calibration.link["rtt_ms"] / 1000.0)
     pipeline = Pipeline(runner, policy, hosts, config, meter)
+    last_run.watch(bundle, pipeline.stats, policy)
     trace = TraceWriter(args.trace, _run_record(args, bundle, runner, calibration)) if args.trace else None
     try:
         with _open_camera(args, chosen) as source:
@@ -481,7 +497,16 @@ def _profile_line(board: DetectedBoard, backends: Sequence[InstalledBackend]) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    admin = handler(args.command, build_parser)
+    try:
+        if admin is not None:
+            return admin(args)
+        settings_for(args, argv, build_parser)  # device.toml and SPLITEDGE_* fill the flags not given
+    except SplitEdgeError as exc:
+        print(f"split-device: error: {exc}", file=sys.stderr)
+        return 2
     if args.command in ("info", "plan", "report"):
         try:
             {"info": info, "plan": plan, "report": report_command}[args.command](args)

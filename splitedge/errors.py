@@ -96,3 +96,8 @@ class CalibrationError(SplitEdgeError, ValueError):
 
 class ValidationError(SplitEdgeError):
     """An exported artifact does not reproduce its reference; the message lists every mismatch."""
+
+
+class ConfigError(SplitEdgeError):
+    """A settings file or variable cannot be used: the message names the file (or variable), the key,
+    what was expected and what was found."""

@@ -29,6 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "device_runtime": {
         "splitedge", "boards", "calibration",
         "numpy", "msgpack", "zeroconf", "onnxruntime", "ai_edge_litert", "tflite_runtime", "cv2", "picamera2", "tqdm",
+        "tomli",  # device.toml on Python 3.10 (3.11 has tomllib)
     },
     "host_runtime": {
         "splitedge", "boards", "calibration", "device_runtime",

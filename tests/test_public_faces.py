@@ -33,8 +33,8 @@ FACES = {
         "PipelineStats", "SplitPolicy", "StaticPolicy", "TRACE_SCHEMA", "TraceWriter", "open_source", "top1",
     ],
     "device_runtime.board": [
-        "DEFAULT_BATCHES", "DetectedBoard", "InstalledBackend", "calibrate", "calibration_for", "detect_board",
-        "installed_backends", "resolve_backend",
+        "DEFAULT_BATCHES", "DetectedBoard", "InstalledBackend", "Layout", "UpdateDeferred", "calibrate",
+        "calibration_for", "default_root", "detect_board", "installed_backends", "resolve_backend",
     ],
     "host_runtime": ["BatchConfig", "HostServer", "ServerConfig", "TailRegistry"],
     "fieldtrial": [

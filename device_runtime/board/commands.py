@@ -1,0 +1,103 @@
+"""``split-device verify``, ``status`` and ``config``: what a script or a deploy asks a board.
+
+Each handler returns the exit status: verify 0 when every file matches its manifest, 1 when
+any does not; status 0 when a whole release is current, 1 otherwise; config 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from device_runtime.board.release import default_root
+from device_runtime.board.settings import apply_settings, describe, load_settings, checker_from, run_defaults
+from device_runtime.board.status import board_status, check_root, format_status, status_exit_code, verify_report
+
+__all__ = ["ADMIN_EXAMPLES", "add_commands", "handler", "settings_for"]
+
+ADMIN_EXAMPLES = """\
+examples:
+  split-device verify bundle/                      # every file against the manifest: exit 0, or 1 and one line per problem
+  split-device verify ~/.local/share/splitedge/current --json   # the same, for scripts and deploys
+  split-device status                              # the release in use, the service, the last run
+  split-device status --root /home/pi/.local/share/splitedge --json
+  split-device config                              # each setting in force and where it came from
+  SPLITEDGE_HOST=192.168.1.20:7767 split-device config --json
+"""
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    common = {"epilog": ADMIN_EXAMPLES, "formatter_class": argparse.RawDescriptionHelpFormatter}
+    verify = commands.add_parser("verify", help="check every file of a bundle against its manifest", **common)
+    verify.add_argument("bundle", help="bundle directory (a release, or current)")
+    verify.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+    status = commands.add_parser("status", help="the release in use, the service state, the last run", **common)
+    status.add_argument("--root", type=Path, default=None,
+                        help="the board's splitedge directory (default: $SPLITEDGE_ROOT, else "
+                        "~/.local/share/splitedge)")
+    status.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+    config = commands.add_parser(
+        "config", help="print the settings in force (device.toml files, environment) and where each came from",
+        **common,
+    )
+    config.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def verify(args: argparse.Namespace) -> int:
+    report = verify_report(args.bundle)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    elif report["ok"]:
+        print(f"bundle {report['bundle_id']} at {args.bundle}: {report['files']} files match the manifest")
+    else:
+        for problem in report["problems"]:
+            print(problem)
+    return 0 if report["ok"] else 1
+
+
+def status(args: argparse.Namespace) -> int:
+    root = args.root if args.root is not None else default_root()
+    check_root(root)
+    found = board_status(root)
+    print(json.dumps(found, indent=2) if args.json else format_status(found))
+    return status_exit_code(found)
+
+
+def config_command(args: argparse.Namespace, parser_factory: Callable[[], argparse.ArgumentParser]) -> int:
+    parser = parser_factory()
+    settings = load_settings(checker_from(parser, "run"))
+    rows = describe(settings, run_defaults(parser))
+    if args.json:
+        print(json.dumps({
+            "settings": {name: {"value": value, "source": source} for name, value, source in rows},
+            "files_read": [str(p) for p in settings.files_read],
+            "files_absent": [str(p) for p in settings.files_absent],
+        }, indent=2))
+        return 0
+    width = max(len(name) for name, _, _ in rows)
+    for name, value, source in rows:
+        shown = ",".join(map(str, value)) if isinstance(value, list) else value
+        print(f"{name:<{width}}  {shown!s:<24}  {source}")
+    print(f"files read: {', '.join(map(str, settings.files_read)) or 'none'}; "
+          f"absent: {', '.join(map(str, settings.files_absent)) or 'none'}")
+    print("flags given to run or calibrate override all of these")
+    return 0
+
+
+def handler(command: str, parser_factory: Callable[[], argparse.ArgumentParser]) -> Callable[[argparse.Namespace], int] | None:
+    """The handler of an admin command, or None for the others."""
+    return {
+        "verify": verify, "status": status,
+        "config": lambda args: config_command(args, parser_factory),
+    }.get(command)
+
+
+def settings_for(args: argparse.Namespace, argv: Sequence[str],
+                 parser_factory: Callable[[], argparse.ArgumentParser]) -> None:
+    """Fill ``run``'s and ``calibrate``'s unset flags from device.toml and the environment."""
+    if args.command in ("run", "calibrate"):
+        apply_settings(args, argv, parser_factory)

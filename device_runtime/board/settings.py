@@ -1,0 +1,237 @@
+"""The board's settings: files, then environment, then flags (later wins), and where each came from.
+
+::
+
+    /etc/splitedge/device.toml            the board's (written by a deploy)
+    ~/.config/splitedge/device.toml       the user's ($XDG_CONFIG_HOME)
+    SPLITEDGE_HOST, SPLITEDGE_KEY_FILE…   the environment (a systemd unit's Environment=)
+    --host, --key-file…                   the command line
+
+A file holds flat keys named like the flags (``key_file = "/etc/splitedge/host.key"``); each
+value is checked as the flag's own value is (the same argparse type and choices), so a file
+cannot say what a flag may not. An unknown key or a wrong type is one line naming the file,
+the key and what is expected. ``SPLITEDGE_CONFIG_DIRS`` (directories, ``:``-separated, lowest
+precedence first) replaces the two directories: tests and unusual boards never touch /etc.
+
+Files are TOML, read with ``tomllib`` (Python 3.11, the board's Bookworm) or ``tomli`` where
+installed on 3.10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from splitedge.errors import ConfigError
+from splitedge.fields import shown
+
+__all__ = ["FILENAME", "KEYS", "Setting", "Settings", "apply_settings", "config_files", "load_settings"]
+
+FILENAME = "device.toml"
+ENV_PREFIX = "SPLITEDGE_"
+
+
+@dataclass(frozen=True)
+class Key:
+    """One setting: the flag it stands for, the TOML type it must have, the commands it applies to."""
+
+    dest: str  # the argparse dest (and the key's name)
+    kind: type | tuple[type, ...]
+    commands: tuple[str, ...] = ("run", "calibrate")
+    many: bool = False  # a list in the file, comma-separated in the environment (--interface, repeatable)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.dest.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.dest.upper()
+
+
+KEYS: dict[str, Key] = {k.dest: k for k in (
+    Key("host", str),
+    Key("interface", str, many=True),
+    Key("timeout", (int, float)),
+    Key("key_file", str),
+    Key("tls_ca", str),
+    Key("backend", str),
+    Key("precision", str),
+    Key("threads", int),
+    Key("camera", (str, int), commands=("run",)),
+    Key("split", str, commands=("run",)),
+    Key("batch", int, commands=("run",)),
+    Key("deadline_ms", (int, float), commands=("run",)),
+)}
+_TYPE_WORDS = {str: "a string", int: "an integer", float: "a number", (int, float): "a number",
+               (str, int): "a string or an integer"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    value: Any
+    source: str  # a file's path, "env SPLITEDGE_HOST", "flag --host" or "default"
+
+
+def config_files(environ: Mapping[str, str] | None = None) -> list[Path]:
+    """The files read, lowest precedence first (whether they exist or not)."""
+    env = os.environ if environ is None else environ
+    if env.get("SPLITEDGE_CONFIG_DIRS"):
+        dirs = [Path(d) for d in env["SPLITEDGE_CONFIG_DIRS"].split(os.pathsep) if d]
+    else:
+        home = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME") or Path.home()) / ".config")
+        dirs = [Path("/etc/splitedge"), Path(home) / "splitedge"]
+    return [d / FILENAME for d in dirs]
+
+
+def _toml(path: Path) -> dict[str, Any]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError:
+            raise ConfigError(f"{path}: reading it needs Python 3.11 (tomllib) or, on 3.10, "
+                              "pip install tomli") from None
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror})") from exc
+
+
+Check = Callable[[str, Any, str], Any]  # (key, value, where) -> the value as the flag would have it
+
+
+class Settings:
+    """Every key's value in force and its source, before the command line (see :func:`apply_settings`)."""
+
+    def __init__(self, values: dict[str, Setting], files_read: list[Path], files_absent: list[Path]) -> None:
+        self.values = values
+        self.files_read = files_read
+        self.files_absent = files_absent
+
+
+def _kind_ok(key: Key, value: Any) -> bool:
+    kinds = key.kind if isinstance(key.kind, tuple) else (key.kind,)
+    return isinstance(value, kinds) and not isinstance(value, bool)
+
+
+def _check_file_value(key: Key, value: Any, where: str, check: Check) -> Any:
+    if key.many:
+        items = value if isinstance(value, list) else [value]
+        if not all(_kind_ok(key, v) for v in items):
+            raise ConfigError(f"{where}: {key.dest}: expected {_TYPE_WORDS[key.kind]} or a list of them, got {shown(value)}")
+        return [check(key.dest, str(v), where) for v in items]
+    if not _kind_ok(key, value):
+        raise ConfigError(f"{where}: {key.dest}: expected {_TYPE_WORDS[key.kind]}, got {shown(value)}")
+    return check(key.dest, str(value), where)
+
+
+def load_settings(check: Check, environ: Mapping[str, str] | None = None,
+                  files: Sequence[Path] | None = None) -> Settings:
+    """Read the files then the environment; ``check`` turns a key's text into the flag's value or
+    raises :class:`ConfigError` (see :func:`checker_from`)."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Setting] = {}
+    read, absent = [], []
+    for path in config_files(env) if files is None else files:
+        if not path.is_file():
+            absent.append(path)
+            continue
+        data = _toml(path)
+        read.append(path)
+        for name, value in data.items():
+            key = KEYS.get(name)
+            if key is None:
+                near = difflib.get_close_matches(name, KEYS, n=1)
+                hint = f" (did you mean {near[0]}?)" if near else f"; keys: {', '.join(KEYS)}"
+                raise ConfigError(f"{path}: unknown key {name!r}{hint}")
+            values[name] = Setting(_check_file_value(key, value, str(path), check), str(path))
+    for key in KEYS.values():
+        text = env.get(key.env)
+        if text is None or text == "":
+            continue
+        where = f"environment variable {key.env}"
+        if key.many:
+            value = [check(key.dest, part.strip(), where) for part in text.split(",") if part.strip()]
+        else:
+            value = check(key.dest, text, where)
+        values[key.dest] = Setting(value, f"env {key.env}")
+    return Settings(values, read, absent)
+
+
+def _actions(parser: argparse.ArgumentParser, command: str) -> dict[str, argparse.Action]:
+    (subs,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return {a.dest: a for a in subs.choices[command]._actions}
+
+
+def checker_from(parser: argparse.ArgumentParser, command: str = "run") -> Check:
+    """A :data:`Check` that applies the flag's own argparse ``type`` and ``choices`` to a setting."""
+    actions = _actions(parser, command)
+
+    def check(dest: str, text: str, where: str) -> Any:
+        action = actions[dest]
+        try:
+            value = action.type(text) if action.type is not None else text
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: {dest}: {exc or 'invalid value'} (as {action.option_strings[0]} takes it), "
+                              f"got {text!r}") from None
+        if action.choices is not None and value not in action.choices:
+            raise ConfigError(f"{where}: {dest}: expected one of {', '.join(map(str, action.choices))}, got {text!r}")
+        return value
+
+    return check
+
+
+def _given(parser_factory: Callable[[], argparse.ArgumentParser], argv: Sequence[str]) -> set[str]:
+    """The dests the command line set itself: ``argv`` parsed again with every default suppressed."""
+    parser = parser_factory()
+    stack = [parser]
+    while stack:
+        current = stack.pop()
+        for action in current._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                stack.extend(action.choices.values())
+            elif action.dest != "help":
+                action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
+
+
+def apply_settings(
+    args: argparse.Namespace, argv: Sequence[str], parser_factory: Callable[[], argparse.ArgumentParser],
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Set on ``args`` every setting of the files and the environment that its command takes and its
+    command line did not give; returns them all with their sources (flags included)."""
+    settings = load_settings(checker_from(parser_factory(), "run"), environ)
+    given = _given(parser_factory, argv)
+    for name, setting in settings.values.items():
+        key = KEYS[name]
+        if args.command not in key.commands or not hasattr(args, key.dest):
+            continue
+        if key.dest in given:
+            settings.values[name] = Setting(getattr(args, key.dest), f"flag {key.flag}")
+        else:
+            setattr(args, key.dest, setting.value)
+    return settings
+
+
+def describe(settings: Settings, defaults: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
+    """(key, value, source) for every key: the setting where one is in force, else the flag's default."""
+    return [
+        (name, settings.values[name].value, settings.values[name].source) if name in settings.values
+        else (name, defaults.get(name), "default")
+        for name in KEYS
+    ]
+
+
+def run_defaults(parser: argparse.ArgumentParser) -> dict[str, Any]:
+    return {dest: action.default for dest, action in _actions(parser, "run").items()}
