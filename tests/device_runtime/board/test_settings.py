@@ -1,0 +1,128 @@
+"""device.toml files, then SPLITEDGE_* variables, then flags: later wins, each value checked as its flag is."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from device_runtime import cli
+from device_runtime.board.settings import apply_settings, config_files
+from device_runtime.bundle import BOARD_PART
+from device_runtime.bundle_slice import slice_bundle
+from splitedge.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
+    system, user = tmp_path / "etc", tmp_path / "user"
+    system.mkdir()
+    user.mkdir()
+    return system, user
+
+
+def env_for(system: Path, user: Path, **variables: str) -> dict[str, str]:
+    return {"SPLITEDGE_CONFIG_DIRS": f"{system}{os.pathsep}{user}", **variables}
+
+
+def settle(argv: list[str], environ: dict[str, str]):
+    args = cli.build_parser().parse_args(argv)
+    settings = apply_settings(args, argv, cli.build_parser, environ)
+    return args, settings
+
+
+def test_later_wins_and_each_value_says_where_it_came_from(dirs) -> None:
+    system, user = dirs
+    (system / "device.toml").write_text('host = "10.0.0.1:7767"\nkey_file = "/etc/splitedge/host.key"\n'
+                                        'threads = 4\ncamera = 0\ninterface = ["10.0.0.5", "10.0.1.5"]\n')
+    (user / "device.toml").write_text('host = "10.0.0.2:7767"\nthreads = 2\n')
+    environ = env_for(system, user, SPLITEDGE_THREADS="3", SPLITEDGE_TLS_CA="/home/pi/ca.pem")
+    args, settings = settle(["run", "bundle/", "--tls-ca", "mine.pem", "--interface", "127.0.0.1"], environ)
+    assert (args.host, args.key_file, args.threads, args.camera) == ("10.0.0.2:7767", "/etc/splitedge/host.key", 3, "0")
+    assert (args.tls_ca, args.interface) == ("mine.pem", ["127.0.0.1"])  # a flag replaces the file's list
+    sources = {name: s.source for name, s in settings.values.items()}
+    assert sources == {
+        "host": str(user / "device.toml"), "key_file": str(system / "device.toml"), "threads": "env SPLITEDGE_THREADS",
+        "tls_ca": "flag --tls-ca", "camera": str(system / "device.toml"), "interface": "flag --interface",
+    }
+
+
+def test_calibrate_takes_what_applies_to_it(dirs) -> None:
+    system, user = dirs
+    (system / "device.toml").write_text('host = "10.0.0.1:7767"\ncamera = "picam"\nbatch = 4\n')
+    args, _ = settle(["calibrate", "bundle/"], env_for(system, user))
+    assert args.host == "10.0.0.1:7767"
+    assert args.batch == (1, 2, 4, 8, 16)  # run's frames per head run is not calibrate's list of batch sizes
+    assert not hasattr(args, "camera")
+
+
+@pytest.mark.parametrize("text, message", [
+    ('hots = "10.0.0.1:7767"\n', "unknown key 'hots' (did you mean host?)"),
+    ('threads = "four"\n', "threads: expected an integer, got 'four'"),
+    ("timeout = true\n", "timeout: expected a number, got True"),
+    ('backend = "coreml"\n', "backend: expected one of auto, onnx, tflite, got 'coreml'"),
+    ('host = "10.0.0.1"\n', "host: "),
+    ("host = \n", "not valid TOML"),
+    ('interface = [1, 2]\n', "interface: expected a string or a list of them, got [1, 2]"),
+])
+def test_a_bad_file_is_one_line_naming_file_and_key(dirs, text: str, message: str) -> None:
+    system, user = dirs
+    (user / "device.toml").write_text(text)
+    with pytest.raises(ConfigError) as info:
+        settle(["run", "bundle/"], env_for(system, user))
+    assert str(info.value).startswith(f"{user / 'device.toml'}: ")
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_bad_variable_is_named(dirs) -> None:
+    with pytest.raises(ConfigError, match="environment variable SPLITEDGE_THREADS: threads: .*got 'x'"):
+        settle(["run", "bundle/"], env_for(*dirs, SPLITEDGE_THREADS="x"))
+
+
+def test_default_files_are_etc_then_the_users(tmp_path: Path) -> None:
+    assert config_files({"HOME": "/home/pi"}) == [Path("/etc/splitedge/device.toml"),
+                                                   Path("/home/pi/.config/splitedge/device.toml")]
+    assert config_files({"HOME": "/home/pi", "XDG_CONFIG_HOME": "/cfg"})[1] == Path("/cfg/splitedge/device.toml")
+
+
+def device(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "device_runtime.cli", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=180, env={**os.environ, **env})
+
+
+def test_split_device_config_prints_values_and_sources(dirs) -> None:
+    system, user = dirs
+    (system / "device.toml").write_text('host = "10.0.0.1:7767"\n')
+    out = device("config", env=env_for(system, user, SPLITEDGE_CAMERA="picam"))
+    assert out.returncode == 0, out.stderr
+    lines = {line.split()[0]: line.split() for line in out.stdout.splitlines()}
+    assert lines["host"][1:] == ["10.0.0.1:7767", str(system / "device.toml")]
+    assert lines["camera"][1:] == ["picam", "env", "SPLITEDGE_CAMERA"]
+    assert lines["batch"][1:] == ["1", "default"]
+    data = json.loads(device("config", "--json", env=env_for(system, user)).stdout)
+    assert data["settings"]["host"] == {"value": "10.0.0.1:7767", "source": str(system / "device.toml")}
+    assert data["files_read"] == [str(system / "device.toml")] and data["files_absent"] == [str(user / "device.toml")]
+
+
+def test_a_bad_file_stops_run_with_one_line(dirs) -> None:
+    system, user = dirs
+    (system / "device.toml").write_text("threads = -\n")
+    out = device("run", "bundle/", env=env_for(system, user))
+    assert out.returncode == 2
+    assert out.stderr.startswith(f"split-device: error: {system / 'device.toml'}: not valid TOML")
+
+
+def test_run_takes_its_flags_from_the_file(dirs, mobilenet_bundle: Path, photos_dir: Path, tmp_path: Path) -> None:
+    system, user = dirs
+    slice_bundle(mobilenet_bundle, tmp_path / "board", BOARD_PART)
+    (user / "device.toml").write_text(f'split = "local"\nthreads = 1\ncamera = "{photos_dir}"\n')
+    out = device("run", str(tmp_path / "board"), env=env_for(system, user))
+    assert out.returncode == 0, out.stderr
+    assert ", 1 threads, split local" in out.stdout
+    assert sum("split=local" in line for line in out.stdout.splitlines()) == 4
