@@ -59,8 +59,8 @@ demo: $(BUILD)/demo-bundle/manifest.json $(BUILD)/photos/.written
 test: test-workstation test-device
 
 $(FASHION_MNIST):
-	$(SUDO) apt-get install -y --no-install-recommends dataset-fashion-mnist || \
-	{ $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends dataset-fashion-mnist; }
+	$(SUDO) apt-get install -y --no-install-recommends dataset-fashion-mnist systemd || \
+	{ $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends dataset-fashion-mnist systemd; }
 
 # What needs torch: the exporter, and the checks of the board's preprocessing against torchvision.
 test-workstation: $(VENV)/.installed $(FASHION_MNIST)

@@ -17,6 +17,7 @@ from host_runtime.batcher import BatchConfig
 from host_runtime.event_loop import LOOPS, loop_runner
 from host_runtime.limits import fit_fd_limit
 from host_runtime.server import HostServer, ServerConfig
+from host_runtime.service import SERVICE_EXAMPLES, install_service, service_arguments
 from host_runtime.tails import DEVICES, TailRegistry
 from splitedge.errors import SplitEdgeError
 
@@ -64,6 +65,18 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="serve the tails of bundles over TCP", epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _serve_arguments(serve)
+    install = commands.add_parser(
+        "install-service", help="write and enable a hardened systemd unit that runs serve with these flags",
+        epilog=SERVICE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _serve_arguments(install)
+    service_arguments(install)
+    return parser
+
+
+def _serve_arguments(serve: argparse.ArgumentParser) -> None:
+    """serve's flags, which install-service takes too (and writes into the unit's ExecStart)."""
     serve.add_argument("bundles", nargs="+", help="bundle directories written by split-export build")
     serve.add_argument("--port", type=int, default=7767, help="TCP port (0 picks a free one; default 7767)")
     serve.add_argument("--interface", default="0.0.0.0", help="address to listen and advertise on (default: all)")
@@ -134,7 +147,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="event loop: auto takes uvloop when installed (the host extra installs it), else asyncio's (default: auto)",
     )
     serve.add_argument("-v", "--verbose", action="store_true", help="log every error reply")
-    return parser
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -191,10 +203,12 @@ async def serve(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "serve" and bool(args.tls_cert) != bool(args.tls_key):
+    if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
-    if args.command == "serve" and args.max_partial_mb is not None and args.max_partial_mb < args.max_frame_mb:
+    if args.max_partial_mb is not None and args.max_partial_mb < args.max_frame_mb:
         parser.error(f"--max-partial-mb {args.max_partial_mb:g} cannot hold one frame of --max-frame-mb {args.max_frame_mb:g}")
+    if args.command == "install-service":
+        return install_service(args, build_parser)
     try:
         runner = loop_runner(args.loop)
     except SplitEdgeError as exc:
