@@ -30,6 +30,16 @@ def offline_weights() -> Path | None:
     return path if path.is_file() else None
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_board_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """This machine's device.toml (/etc/splitedge, ~/.config/splitedge) never reaches a test: split-device
+    reads its settings from an empty directory, here and in the processes tests start."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("SPLITEDGE_CONFIG_DIRS", str(tmp_path_factory.mktemp("no-settings")))
+    yield
+    patch.undo()
+
+
 @pytest.fixture(scope="session")
 def mobilenet_weights() -> Path:
     path = offline_weights()
