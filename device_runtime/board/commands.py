@@ -1,7 +1,9 @@
-"""``split-device verify``, ``status`` and ``config``: what a script or a deploy asks a board.
+"""``split-device verify``, ``status``, ``config``, ``switch`` and ``rollback``: what a script or a deploy asks a board.
 
 Each handler returns the exit status: verify 0 when every file matches its manifest, 1 when
-any does not; status 0 when a whole release is current, 1 otherwise; config 0.
+any does not; status 0 when a whole release is current, 1 otherwise; config 0; switch and
+rollback 0 when ``current`` moved, 1 when the release is not whole (``current`` untouched),
+3 when a field trial holds the update lock (deferred: try again later).
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from device_runtime.board.release import default_root
-from device_runtime.board.settings import apply_settings, describe, load_settings, checker_from, run_defaults
+from device_runtime.board.release import DEFAULT_KEEP, Layout, UpdateDeferred, default_root
+from device_runtime.board.settings import apply_settings, checker_from, describe, load_settings, run_defaults
 from device_runtime.board.status import board_status, check_root, format_status, status_exit_code, verify_report
+from splitedge.errors import BundleError
 
 __all__ = ["ADMIN_EXAMPLES", "add_commands", "handler", "settings_for"]
 
@@ -25,7 +28,10 @@ examples:
   split-device status --root /home/pi/.local/share/splitedge --json
   split-device config                              # each setting in force and where it came from
   SPLITEDGE_HOST=192.168.1.20:7767 split-device config --json
+  split-device switch mobilenet_v2-25fa3af00dc9    # current -> releases/<id>, verified first; keeps the last 3
+  split-device rollback                            # current -> the release before the last switch
 """
+DEFERRED = 3  # exit status of a switch a field trial's updates.lock deferred
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -35,9 +41,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     verify.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
     status = commands.add_parser("status", help="the release in use, the service state, the last run", **common)
-    status.add_argument("--root", type=Path, default=None,
-                        help="the board's splitedge directory (default: $SPLITEDGE_ROOT, else "
-                        "~/.local/share/splitedge)")
+    _root_argument(status)
     status.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
     config = commands.add_parser(
@@ -45,6 +49,59 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         **common,
     )
     config.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+    switch = commands.add_parser(
+        "switch", help="point current at an installed release (verified first; atomic), keep the latest few", **common,
+    )
+    switch.add_argument("release", metavar="BUNDLE_ID", help="a directory under releases/ (a board slice's bundle_id)")
+    _root_argument(switch)
+    switch.add_argument("--keep", type=int, default=DEFAULT_KEEP,
+                        help=f"releases kept, current and previous included (default {DEFAULT_KEEP})")
+    rollback = commands.add_parser("rollback", help="point current back at the release before the last switch",
+                                   **common)
+    _root_argument(rollback)
+
+
+def _root_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--root", type=Path, default=None,
+                        help="the board's splitedge directory (default: $SPLITEDGE_ROOT, else ~/.local/share/splitedge)")
+
+
+def _layout(args: argparse.Namespace) -> Layout:
+    root = args.root if args.root is not None else default_root()
+    check_root(root)
+    return Layout(root)
+
+
+def switch(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    try:
+        before = layout.switch(args.release) if args.release != layout.current_id() else args.release
+    except UpdateDeferred as exc:
+        print(f"split-device: deferred: {exc}")
+        return DEFERRED
+    except BundleError as exc:
+        print(f"split-device: {exc}")
+        return 1
+    removed = layout.prune(args.keep)
+    print(f"current: {args.release} (was {before or 'none'})"
+          + (f"; removed {', '.join(removed)}" if removed else ""))
+    return 0
+
+
+def rollback(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    before = layout.current_id()
+    try:
+        now = layout.rollback()
+    except UpdateDeferred as exc:
+        print(f"split-device: deferred: {exc}")
+        return DEFERRED
+    except BundleError as exc:
+        print(f"split-device: {exc}")
+        return 1
+    print(f"current: {now} (was {before})")
+    return 0
 
 
 def verify(args: argparse.Namespace) -> int:
@@ -60,9 +117,7 @@ def verify(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    root = args.root if args.root is not None else default_root()
-    check_root(root)
-    found = board_status(root)
+    found = board_status(_layout(args).root)
     print(json.dumps(found, indent=2) if args.json else format_status(found))
     return status_exit_code(found)
 
@@ -91,7 +146,7 @@ def config_command(args: argparse.Namespace, parser_factory: Callable[[], argpar
 def handler(command: str, parser_factory: Callable[[], argparse.ArgumentParser]) -> Callable[[argparse.Namespace], int] | None:
     """The handler of an admin command, or None for the others."""
     return {
-        "verify": verify, "status": status,
+        "verify": verify, "status": status, "switch": switch, "rollback": rollback,
         "config": lambda args: config_command(args, parser_factory),
     }.get(command)
 

@@ -155,3 +155,24 @@ def test_default_root_follows_the_environment(tmp_path: Path) -> None:
     assert default_root({"SPLITEDGE_ROOT": str(tmp_path)}) == tmp_path
     assert default_root({"HOME": "/home/pi"}) == Path("/home/pi/.local/share/splitedge")
     assert default_root({"HOME": "/home/pi", "XDG_DATA_HOME": "/data"}) == Path("/data/splitedge")
+
+
+def device(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "device_runtime.cli", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_switch_and_rollback_commands_for_a_deploy(layout: Layout, two) -> None:
+    old, new = two
+    root = ["--root", str(layout.root)]
+    out = device("switch", new, *root)
+    assert (out.returncode, out.stdout) == (0, f"current: {new} (was {old})\n")
+    with layout.hold_updates():  # a field trial
+        out = device("rollback", *root)
+        assert out.returncode == 3 and out.stdout.startswith("split-device: deferred: ")
+    assert layout.current_id() == new
+    out = device("rollback", *root)
+    assert (out.returncode, out.stdout) == (0, f"current: {old} (was {new})\n")
+    out = device("switch", "not-installed-000000000000", *root)
+    assert out.returncode == 1 and "current left as it is" in out.stdout
+    assert layout.current_id() == old
