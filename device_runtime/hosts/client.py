@@ -130,6 +130,7 @@ class _ClientProtocol(FramedProtocol):
         self.arrivals: dict[int, tuple[float, float]] = {}
         self._read_arrival: tuple[float, float] | None = None  # the current read's
         self.clock = time.perf_counter  # times requests and replies (a test drives its own)
+        self.realtime = time.time  # the kernel's stamps' clock, CLOCK_REALTIME
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         sock = transport.get_extra_info("socket")
@@ -147,6 +148,16 @@ class _ClientProtocol(FramedProtocol):
                 self._look_timer.cancel()
             self._look_timer = asyncio.get_running_loop().call_later(POLL_FIRST_S, self._look)
 
+    def take_acks(self) -> None:
+        """The kernel's ACK stamps (its error queue wakes the loop as a read would, so they are
+        taken here, before every read): each upload is across when its last byte's ACK came."""
+        if self.kernel is not None and self.watch is not None:
+            stamps = self.kernel.acks()
+            if stamps:
+                offset = self.clock() - self.realtime()  # read together: no system call between them
+                for byte, stamp in stamps:
+                    self.watch.acked(byte, stamp + offset)
+
     def _look(self) -> None:
         self._look_timer = None
         delay = self.watch.look() if self.watch is not None and self.transport is not None else None
@@ -157,6 +168,7 @@ class _ClientProtocol(FramedProtocol):
         # The event loop reads right after this: what is waiting arrived lag seconds ago.
         lag = self.kernel.reply_lag_s() if self.kernel is not None else None
         now = self.clock()
+        self.take_acks()
         self._read_arrival = (now, 0.0) if lag is None else (now - lag, lag)
         buffer = super().get_buffer(sizehint)
         if not self.heard:
@@ -342,6 +354,7 @@ class HostClient:
         finally:
             timer.cancel()
             arrival = protocol.arrivals.pop(request_id, None)
+            protocol.take_acks()
             upload = protocol.watch.settled(request_id) if protocol.watch is not None else None
         received, lag = arrival if arrival is not None else (protocol.clock(), 0.0)
         return reply, _Timing(sent, max(received, sent), upload, lag)

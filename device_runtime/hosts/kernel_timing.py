@@ -220,6 +220,57 @@ def kernel_timing_support() -> KernelTimingSupport:
     return KernelTimingSupport(tcp_info, stamps, "; ".join(missing) or None)
 
 
+#: SO_TIMESTAMPING (asm-generic/socket.h) and its flags (linux/net_tstamp.h): stamp each
+#: write's last byte when the peer's ACK for it arrives, in software, keyed by its offset.
+SO_TIMESTAMPING = getattr(socket, "SO_TIMESTAMPING", 37)
+SOF_TIMESTAMPING_SOFTWARE = 1 << 4
+SOF_TIMESTAMPING_OPT_ID = 1 << 7
+SOF_TIMESTAMPING_TX_ACK = 1 << 9
+SOF_TIMESTAMPING_OPT_TSONLY = 1 << 11
+_ACK_STAMPS = SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_OPT_ID | SOF_TIMESTAMPING_TX_ACK | SOF_TIMESTAMPING_OPT_TSONLY
+_MSG_ERRQUEUE = getattr(socket, "MSG_ERRQUEUE", 0x2000)
+#: struct sock_extended_err (linux/errqueue.h) comes as IP_RECVERR (IPv4) or IPV6_RECVERR.
+_RECVERR = {(getattr(socket, "SOL_IP", 0), getattr(socket, "IP_RECVERR", 11)),
+            (getattr(socket, "SOL_IPV6", 41), getattr(socket, "IPV6_RECVERR", 25))}
+_SO_EE_ORIGIN_TIMESTAMPING = 4
+_SCM_TSTAMP_ACK = 2
+_ERRQUEUE_SPACE = 512
+
+
+def _timespec(payload: bytes) -> float | None:
+    if len(payload) >= 16:
+        seconds, nanoseconds = struct.unpack_from("=qq", payload)
+    elif len(payload) >= 8:
+        seconds, nanoseconds = struct.unpack_from("=ii", payload)
+    else:
+        return None
+    return seconds + nanoseconds * 1e-9 if seconds or nanoseconds else None
+
+
+def ack_stamps(sock: socket.socket) -> list[tuple[int, float]]:
+    """Drain the socket's error queue of ACK stamps: ``(key, stamp)`` for each, ``key`` the
+    offset of a write's last byte (counted from when the stamps were turned on) and ``stamp``
+    when the peer's ACK for it arrived (``CLOCK_REALTIME``, as ``time.time``). Anything else
+    queued there is dropped."""
+    stamps = []
+    for _ in range(256):  # bounded: one per write since the last drain
+        try:
+            _, ancillary, _, _ = sock.recvmsg(1, _ERRQUEUE_SPACE, _MSG_ERRQUEUE | getattr(socket, "MSG_DONTWAIT", 0))
+        except OSError:  # empty (EAGAIN)
+            break
+        stamp, key = None, None
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING:
+                stamp = _timespec(payload)  # ts[0]: the software stamp
+            elif (level, kind) in _RECVERR and len(payload) >= 16:
+                _, origin, _, _, _, info, data = struct.unpack_from("=IBBBBII", payload)
+                if origin == _SO_EE_ORIGIN_TIMESTAMPING and info == _SCM_TSTAMP_ACK:
+                    key = data
+        if stamp is not None and key is not None:
+            stamps.append((key, stamp))
+    return stamps
+
+
 class KernelTiming:
     """The kernel's view of one connection: its ``TCP_INFO`` and how long a reply has waited.
 
@@ -243,12 +294,23 @@ class KernelTiming:
             elif peek is not None:
                 peek.close()
         self.stamps = self._peek is not None
+        self.ack_stamps = False  # the peer's ACK of each write stamped (SO_TIMESTAMPING)
+        if self._peek is not None:
+            try:
+                self._peek.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, _ACK_STAMPS)
+                self.ack_stamps = True
+            except OSError:
+                pass
 
     def tcp_info(self) -> TcpInfo | None:
         return read_tcp_info(self._sock)
 
     def reply_lag_s(self) -> float | None:
         return arrival_lag_s(self._peek) if self._peek is not None else None
+
+    def acks(self) -> list[tuple[int, float]]:
+        """The ACK stamps queued since the last call (:func:`ack_stamps`)."""
+        return ack_stamps(self._peek) if self.ack_stamps and self._peek is not None else []
 
     def close(self) -> None:
         if self._peek is not None:
@@ -287,6 +349,8 @@ class UploadTiming:
     # did not read (busy, or it stops reading a connection with enough requests in flight), so
     # the upload's time is partly the host's, and says nothing sure of the link.
     receiver_limited: bool = False
+    # done_s is the kernel's stamp of the ACK of the request's last byte (SO_TIMESTAMPING), not a look
+    stamped: bool = False
 
 
 class UploadWatch:
@@ -337,6 +401,14 @@ class UploadWatch:
             return None
         return max(POLL_FIRST_S, POLL_GROWTH * (now - oldest))
 
+    def acked(self, offset: int, at: float) -> None:
+        """The kernel stamped the ACK of the stream's byte ``offset`` (0-based) at ``at`` (this
+        watch's clock): every upload ending at or before it was across then, to the µs."""
+        for upload in self._uploads.values():
+            if upload.end - 1 <= offset and (upload.done is None or at < upload.done):
+                upload.done = at
+                upload.stamped = True
+
     def settled(self, key: int) -> UploadTiming | None:
         """Request ``key``'s reply came (or it failed): what the looks showed of its upload."""
         upload = self._uploads.pop(key, None)
@@ -356,11 +428,11 @@ class UploadWatch:
             (t0, acked0, mss), (t1, acked1, _) = looks[0], looks[-1]
             if t1 - t0 >= MIN_SPAN_S and acked1 - acked0 >= MIN_SPAN_SEGMENTS * max(mss, 1):
                 rate, span = 8.0 * (acked1 - acked0) / (t1 - t0), t1 - t0
-        return UploadTiming(done_s, rate, span, self.min_rtt_s, limited)
+        return UploadTiming(done_s, rate, span, self.min_rtt_s, limited, upload.stamped)
 
 
 class _Upload:
-    __slots__ = ("start", "end", "done", "looks", "rwnd", "rwnd_done")
+    __slots__ = ("start", "end", "done", "looks", "rwnd", "rwnd_done", "stamped")
 
     def __init__(self, start: float, end: int) -> None:
         self.start = start
@@ -369,3 +441,4 @@ class _Upload:
         self.looks: list[tuple[float, int, int]] = []  # (clock, tcpi_bytes_acked, tcpi_snd_mss) while crossing
         self.rwnd: int | None = None  # tcpi_rwnd_limited at the first look ...
         self.rwnd_done: int | None = None  # ... and at the one that found it acknowledged
+        self.stamped = False  # done is the kernel's ACK stamp

@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Callable
 
-from calibration import RateEstimator
+from calibration import MIN_SAMPLE_BYTES, RateEstimator
 from device_runtime.hosts.client import InferResult
 from device_runtime.hosts.kernel_timing import UploadTiming
 
@@ -128,44 +128,55 @@ class LinkMeter:
         if not payload_bytes:
             self.estimator.observe_rtt(round_trip_s)
             return None
-        kernel_bps = self._sample(payload_bytes, 0.0, round_trip_s, 0.0, upload)
-        if kernel_bps is not None:
-            return kernel_bps
-        if upload is not None and upload.done_s is not None:
-            round_trip_s = min(round_trip_s, upload.done_s - upload.min_rtt_s + self.estimator.base_rtt_s)
-        wire_s = round_trip_s - self.estimator.base_rtt_s
-        return 8.0 * payload_bytes / wire_s if wire_s > 0 else math.inf
+        return self._sample(payload_bytes, 0.0, round_trip_s, 0.0, upload)
 
     def _sample(
         self, payload_bytes: int, start: float, transfer_s: float, sent: float, upload: UploadTiming | None
-    ) -> float | None:
-        """One payload into the estimate; returns the kernel's rate when that is what was taken.
+    ) -> float:
+        """One payload into the estimate; returns its rate in bit/s (``inf``: faster than any of
+        its timings can show).
 
         ``transfer_s`` is the device's own timing: from ``start`` (its send, or the end of the
-        upload before it) to its reply's arrival, less the host's time. ``upload`` is what
-        ``TCP_INFO`` showed meanwhile (:class:`UploadTiming`). Each is a lower bound on the
-        rate: whatever delays the device's clock or its looks at the kernel only makes the
-        payload seem slower; so the fastest reading is the one taken.
+        upload before it) to its reply's arrival, less the host's time; a ping's round trip
+        (the base round trip) comes off it. ``upload`` is what the kernel showed meanwhile
+        (:class:`UploadTiming`). Each reading is a lower bound on the rate, since whatever
+        delays the device's clock or its looks at the kernel only makes the payload seem
+        slower, so the fastest is taken:
 
-        * A look that found the payload acknowledged bounds its time on the device's clock, as
-          the reply does (less the path's round trip, ``tcpi_min_rtt``, rather than a ping's,
-          which has the host's handling in it): it weighs as the device's samples do.
-        * The rate the kernel acknowledged bytes at while the payload crossed is timed between
-          two looks that both found the link busy: the board's delays do not enter it, and it
-          weighs by how long it was watched (:meth:`RateEstimator.observe_rate`).
+        * the rate the kernel acknowledged bytes at while the payload crossed, timed between two
+          looks that both found the link busy: the board's delays are not in it, and it weighs
+          by how long it was watched (:meth:`RateEstimator.observe_rate`), both ways;
+        * the payload's time to its last byte's acknowledgement, less the path's round trip
+          (``tcpi_min_rtt``, not a ping's, which has the host's handling in it): stamped by the
+          kernel, a time shorter than the estimate says proves it low however short it was;
+          found by a look, it weighs as the device's own timings do;
+        * the device's own timing, weighed by its time on the wire (:meth:`RateEstimator.observe_transfer`).
         """
         base_s = self.estimator.base_rtt_s
         if upload is not None and upload.receiver_limited:
-            return None  # the host held it back: its time is the host's as much as the link's
+            return math.inf  # the host held it back: its time is the host's as much as the link's
+        device_wire_s = transfer_s - base_s
+        device_bps = 8.0 * payload_bytes / device_wire_s if device_wire_s > 0 else None
+        done_bps, across_s = None, 0.0
         if upload is not None and upload.done_s is not None:
-            transfer_s = min(transfer_s, sent + upload.done_s - start - upload.min_rtt_s + base_s)
-        wire_s = transfer_s - base_s
-        device_bps = 8.0 * payload_bytes / wire_s if wire_s > 0 else math.inf
-        if upload is not None and upload.acked_bps is not None and upload.acked_bps >= device_bps:
-            self.estimator.observe_rate(upload.acked_bps, upload.span_s)
-            return upload.acked_bps
-        self.estimator.observe_transfer(payload_bytes, transfer_s)
-        return None
+            across_s = sent + upload.done_s - start
+            if across_s > 0:  # the path's round trip off, but never all of it (clocks a µs apart)
+                across_s = max(across_s - upload.min_rtt_s, across_s / 2)
+                done_bps = 8.0 * payload_bytes / across_s
+        acked_bps = upload.acked_bps if upload is not None else None
+        best = max((r for r in (device_bps, done_bps, acked_bps) if r is not None), default=None)
+        if best is None:
+            return math.inf
+        if best == acked_bps:
+            self.estimator.observe_rate(best, upload.span_s)
+            return best
+        estimate = self.estimator.rate_bps
+        stamped = best == done_bps and upload is not None and upload.stamped
+        if stamped and payload_bytes >= MIN_SAMPLE_BYTES and (estimate is None or best > estimate):
+            self.estimator.observe_rate(best, across_s)
+            return best
+        self.estimator.observe_transfer(payload_bytes, 8.0 * payload_bytes / best + base_s)
+        return best
 
     def stale(self, max_age_s: float) -> bool:
         """True when the estimate is older than ``max_age_s``: time to probe."""

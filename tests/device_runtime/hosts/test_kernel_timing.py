@@ -34,7 +34,7 @@ def _raw(length: int = FULL, **fields: int) -> bytes:
     raw = bytearray(max(length, 232))
     offsets = {"state": (0, "B"), "snd_mss": (16, "I"), "unacked": (24, "I"), "last_data_recv_ms": (52, "I"),
                "rtt_us": (68, "I"), "rttvar_us": (72, "I"), "bytes_acked": (120, "Q"), "notsent_bytes": (144, "I"),
-               "min_rtt_us": (148, "I"), "delivery_rate": (160, "Q"), "delivered": (192, "I")}
+               "min_rtt_us": (148, "I"), "delivery_rate": (160, "Q"), "rwnd_limited_us": (176, "Q"), "delivered": (192, "I")}
     for name, value in fields.items():
         offset, fmt = offsets[name]
         struct.pack_into("=" + fmt, raw, offset, value)
@@ -48,7 +48,7 @@ def test_fields_are_read_at_their_offsets() -> None:
     info = parse_tcp_info(bytes(raw))
     assert info == TcpInfo(state=1, snd_mss=1448, unacked=7, last_data_recv_ms=0, rtt_us=850, rttvar_us=120,
                            bytes_acked=10**10, notsent_bytes=4096, min_rtt_us=310, delivery_rate=62_500_000,
-                           delivered=99, app_limited=True)
+                           delivered=99, app_limited=True, rwnd_limited_us=0)
     assert info.delivery_rate_bps == 500e6
 
 
@@ -208,3 +208,49 @@ class _pair:
     def __exit__(self, *exc: object) -> None:
         for sock in (self.client, self.server, self.listener):
             sock.close()
+
+
+class _StandIn:
+    """The kernel as a test decides: each reply reaches the board ``flight_s`` after it is sent
+    (on the test's clock) and then waits ``wait_s`` for the board's CPU before it is read."""
+
+    def __init__(self, clock: ManualClock, flight_s: float, wait_s: float) -> None:
+        self.clock, self.flight_s, self.wait_s = clock, flight_s, wait_s
+        self.stamps = True
+
+    def reply_lag_s(self) -> float:
+        self.clock.now += self.flight_s + self.wait_s
+        return self.wait_s
+
+    def tcp_info(self) -> TcpInfo:
+        return TcpInfo(state=1, snd_mss=1448, bytes_acked=10**12, min_rtt_us=100)  # everything acknowledged
+
+    def acks(self) -> list[tuple[int, float]]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_reply_that_waited_for_the_board_is_timed_at_its_arrival(host) -> None:
+    """A reply 30 ms out, then 250 ms in the kernel while the board's CPU was elsewhere: the
+    round trip is the 30 ms, the wait is told apart, and the upload was seen acknowledged."""
+    import asyncio
+
+    from device_runtime.hosts.client import HostClient
+
+    async def go():
+        client = await HostClient.connect(host.host, host.port)
+        try:
+            clock = ManualClock()
+            protocol = client._protocol
+            protocol.clock = clock
+            protocol.kernel = _StandIn(clock, flight_s=0.030, wait_s=0.250)
+            protocol.watch = UploadWatch(protocol.kernel.tcp_info, clock)
+            return await client.probe(65_536)
+        finally:
+            await client.close()
+
+    probe = asyncio.run(go())
+    assert probe.round_trip_ms == pytest.approx(30.0) and probe.reply_wait_ms == pytest.approx(250.0)
+    assert probe.upload is not None and probe.upload.done_s == 0.0 and probe.upload.min_rtt_s == pytest.approx(1e-4)
