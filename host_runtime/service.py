@@ -52,7 +52,9 @@ def service_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-enable", action="store_true", help="write the unit; do not enable or start it")
 
 
-def _serve_argv(args: argparse.Namespace, parser_factory: Callable[[], argparse.ArgumentParser]) -> list[str | Credential]:
+def _serve_argv(
+    args: argparse.Namespace, parser_factory: Callable[[], argparse.ArgumentParser],
+) -> list[str | Credential]:
     """The serve command line of ``args``: every flag that differs from its default, paths absolute,
     secrets as credentials."""
     (subs,) = [a for a in parser_factory()._actions if isinstance(a, argparse._SubParsersAction)]
@@ -87,7 +89,7 @@ def host_unit(args: argparse.Namespace, parser_factory: Callable[[], argparse.Ar
         description=f"splitedge host: tails of {served}",
         argv=tuple(_serve_argv(args, parser_factory)),
         user=args.user,
-        read_paths=tuple(b.root.resolve() for b in bundles) + ((Path(args.tls_cert).resolve(),) if args.tls_cert else ()),
+        read_paths=tuple(b.root.resolve() for b in bundles) + tuple(Path(p).resolve() for p in (args.tls_cert,) if p),
         devices=args.device != "cpu",  # a GPU's /dev/nvidia*
         bind_below_1024=0 < args.port < 1024,
         header=f"Written by split-host install-service; write it again with the same command to change it.\n"

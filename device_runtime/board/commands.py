@@ -22,7 +22,7 @@ __all__ = ["ADMIN_EXAMPLES", "add_commands", "handler", "settings_for"]
 
 ADMIN_EXAMPLES = """\
 examples:
-  split-device verify bundle/                      # every file against the manifest: exit 0, or 1 and one line per problem
+  split-device verify bundle/                      # every file against the manifest: exit 0, or 1 and a line a problem
   split-device verify ~/.local/share/splitedge/current --json   # the same, for scripts and deploys
   split-device status                              # the release in use, the service, the last run
   split-device status --root /home/pi/.local/share/splitedge --json
@@ -64,7 +64,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 def _root_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", type=Path, default=None,
-                        help="the board's splitedge directory (default: $SPLITEDGE_ROOT, else ~/.local/share/splitedge)")
+                        help="the board's splitedge directory (default: $SPLITEDGE_ROOT, else "
+                        "~/.local/share/splitedge)")
 
 
 def _layout(args: argparse.Namespace) -> Layout:
@@ -143,7 +144,9 @@ def config_command(args: argparse.Namespace, parser_factory: Callable[[], argpar
     return 0
 
 
-def handler(command: str, parser_factory: Callable[[], argparse.ArgumentParser]) -> Callable[[argparse.Namespace], int] | None:
+def handler(
+    command: str, parser_factory: Callable[[], argparse.ArgumentParser],
+) -> Callable[[argparse.Namespace], int] | None:
     """The handler of an admin command, or None for the others."""
     return {
         "verify": verify, "status": status, "switch": switch, "rollback": rollback,

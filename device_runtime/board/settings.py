@@ -128,7 +128,9 @@ def _check_file_value(key: Key, value: Any, where: str, check: Check) -> Any:
     if key.many:
         items = value if isinstance(value, list) else [value]
         if not all(_kind_ok(key, v) for v in items):
-            raise ConfigError(f"{where}: {key.dest}: expected {_TYPE_WORDS[key.kind]} or a list of them, got {shown(value)}")
+            raise ConfigError(
+                f"{where}: {key.dest}: expected {_TYPE_WORDS[key.kind]} or a list of them, got {shown(value)}"
+            )
         return [check(key.dest, str(v), where) for v in items]
     if not _kind_ok(key, value):
         raise ConfigError(f"{where}: {key.dest}: expected {_TYPE_WORDS[key.kind]}, got {shown(value)}")

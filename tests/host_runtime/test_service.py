@@ -1,4 +1,4 @@
-"""split-host install-service: a hardened unit that runs serve with the same flags, checked by systemd's own verifier."""
+"""split-host install-service: a hardened unit running serve with the same flags, checked by systemd's own verifier."""
 
 from __future__ import annotations
 

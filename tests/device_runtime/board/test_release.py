@@ -1,4 +1,4 @@
-"""The board's releases: install, an atomic switch that a kill at any step cannot break, the update lock, rollback, pruning."""
+"""The board's releases: install, an atomic switch no kill can break, the update lock, rollback, pruning."""
 
 from __future__ import annotations
 

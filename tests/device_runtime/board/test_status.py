@@ -64,7 +64,9 @@ def test_service_state_asks_systemctl_where_systemd_runs(tmp_path: Path, monkeyp
     """systemd does not run here: a systemctl on PATH answers as the real one does for a stopped unit."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "systemctl").write_text('#!/bin/sh\n[ "$1 $2" = "is-active splitedge-device" ] && echo inactive\nexit 3\n')
+    (bin_dir / "systemctl").write_text(
+        '#!/bin/sh\n[ "$1 $2" = "is-active splitedge-device" ] && echo inactive\nexit 3\n'
+    )
     (bin_dir / "systemctl").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     assert service_state(systemd_dir=tmp_path) == "inactive"
