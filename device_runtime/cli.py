@@ -39,6 +39,7 @@ from device_runtime.engine.runner import PRECISIONS, DeviceRunner, default_split
 from device_runtime.hosts.client import Credentials
 from device_runtime.hosts.connect import connect_host, host_address
 from device_runtime.hosts.host_link import HostLink
+from device_runtime.hosts.kernel_timing import kernel_timing_support
 from device_runtime.hosts.link_meter import LinkMeter
 from device_runtime.lifecycle import run_command, stop_on_signals
 from device_runtime.stream.camera import FrameSource, open_source
@@ -469,11 +470,13 @@ NO_BACKEND = "none: pip install 'splitedge[device]'"
 def info(args: argparse.Namespace) -> None:
     """Print what ``run`` would work with here: the board, its profile and the backends."""
     board, backends = detect_board(), installed_backends()
+    link = kernel_timing_support()  # how the link estimate will time transfers (issue 14)
     if args.json:
         report = {
             "board": board.to_dict(),
             "profile": board.profile.to_dict() if board.profile else None,
             "backends": [asdict(b) for b in backends],
+            "link_timing": link.to_dict(),
         }
         print(json.dumps(report, indent=2))
         return
@@ -481,6 +484,7 @@ def info(args: argparse.Namespace) -> None:
     print(f"machine   {board.machine()}")
     print(f"backends  {', '.join(b.describe() for b in backends) or NO_BACKEND}")
     print(f"profile   {_profile_line(board, backends)}")
+    print(f"link      rate timed by {link.describe()}")
     for problem in board.problems():
         print(f"warning   {problem}")
 

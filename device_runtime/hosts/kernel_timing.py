@@ -1,31 +1,32 @@
-"""The link as the kernel sees it: ``TCP_INFO`` and receive timestamps of the host connection.
+"""The link as the kernel sees it: the host connection's ``TCP_INFO`` and its timestamps.
 
-A board that times its requests with its own clock counts as link time everything its own
-CPU makes the reply wait for: the head in the next thread holding the GIL, the event loop
-busy quantizing the next cut, the scheduler running another process first. On loopback,
-whose 600 KB take ~0.1 ms, a few ms of that read as 0.2-1 Gbit/s where ``calibrate`` had
-measured 33-45 (issue 14). The kernel times the same transfer without waiting for us:
+A board that times its requests by its own clock counts as link time everything its own CPU
+makes the request and the reply wait for: the head in the next thread holding the GIL, the
+event loop busy with the next cut, the scheduler running another process first. On loopback,
+which carries 600 KB in ~0.1 ms, a few ms of that read as 2-16 Mbit/s where ``calibrate`` had
+measured 33-45 Gbit/s (issue 14). The kernel times the same transfer without waiting for us:
 
-* **receive timestamps** (``SO_TIMESTAMPNS``): each segment is stamped as it arrives, in the
+* **the upload's ACKs** (``SO_TIMESTAMPING`` with ``SOF_TIMESTAMPING_TX_ACK | OPT_ID``,
+  Documentation/networking/timestamping.rst): the kernel stamps the moment the host's ACK of
+  each write's last byte arrives, keyed by that byte's offset, and queues the stamp on the
+  socket's error queue; the client drains it before every read (the queue wakes the event loop
+  as data would). A request's upload took from its write to that stamp.
+* **looks at ``TCP_INFO``** (``struct tcp_info``, linux/include/uapi/linux/tcp.h) while an
+  upload crosses (:class:`UploadWatch`): ``tcpi_bytes_acked`` at two looks that both find
+  bytes of it unacknowledged gives the rate the link carried meanwhile (a look that the board's
+  CPU delays is a later look, not a wrong one); a look that finds it acknowledged bounds its
+  time; ``tcpi_min_rtt`` is the path's own round trip; ``tcpi_rwnd_limited`` growing says the
+  host's receive window, not the link, held the upload back.
+* **the reply's arrival** (``SO_TIMESTAMPNS``): each segment is stamped as it arrives, in the
   softirq, whatever user space is doing. Peeked (``MSG_PEEK``, nothing consumed) just before
   the event loop reads, the first unread byte's stamp is when the reply reached this board;
-  ``reply_lag_s`` is how long it then waited for us, and comes off the round trip. Linux
-  stamps TCP as any socket (``tcp_recv_timestamp``); the clock is ``CLOCK_REALTIME``.
-* ``TCP_INFO`` (``struct tcp_info``, linux/include/uapi/linux/tcp.h): among others
-  ``tcpi_delivery_rate``, the kernel's own delivery-rate sample (bytes per second: segments
-  acknowledged over the interval they took, timed in µs on the kernel's clock, the larger of
-  the send and the ack interval so that compressed ACKs do not inflate it), with
-  ``tcpi_delivery_rate_app_limited`` when the sample was taken while the sender had nothing
-  queued. ``tcpi_rtt`` / ``tcpi_min_rtt`` (µs), ``tcpi_notsent_bytes``, ``tcpi_unacked`` and
-  ``tcpi_bytes_acked`` come with it. The kernel records an app-limited sample only when it
-  is higher than the one it holds (it shows the link is at least that fast), so after a rate
-  drop under small app-limited frames the recorded figure stays high: a sample counts only
-  when it changed during the request (:func:`delivery_sample`), and only ever as a lower
-  bound on the rate (what the link carried at least).
+  how long it then waited for us comes off the round trip.
 
-Each field is read only if the kernel's struct is long enough to have it (``tcpi_delivery_rate``
-since Linux 4.9, ``tcpi_notsent_bytes`` and ``tcpi_min_rtt`` since 4.6 and 4.6, ``tcpi_bytes_acked``
-since 4.1): an older kernel gives a shorter struct, and its missing fields are None.
+Each ``tcp_info`` field is read only if the kernel's struct is long enough to have it
+(``tcpi_bytes_acked`` since Linux 4.1, ``tcpi_min_rtt`` 4.6, ``tcpi_delivery_rate`` 4.9,
+``tcpi_rwnd_limited`` 4.10): an older kernel's missing fields are None, and where a piece is
+missing (not Linux, TLS, an old kernel) the device's own timing stands in
+(:class:`~device_runtime.hosts.link_meter.LinkMeter`); ``split-device info`` says which.
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["KernelTiming", "KernelTimingSupport", "TcpInfo", "delivery_sample", "kernel_timing_support", "parse_tcp_info"]
+__all__ = [
+    "KernelTiming", "KernelTimingSupport", "TcpInfo", "UploadTiming", "UploadWatch", "kernel_timing_support",
+    "parse_tcp_info", "read_tcp_info",
+]
 
 #: ``SO_TIMESTAMPNS`` (asm-generic/socket.h; also x86 and arm64): Python does not name it.
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
@@ -118,21 +122,6 @@ def read_tcp_info(sock: socket.socket | None) -> TcpInfo | None:
         return None
 
 
-def delivery_sample(before: TcpInfo | None, after: TcpInfo | None) -> float | None:
-    """The kernel's delivery rate (bit/s) if it took a new sample between ``before`` (the request
-    sent) and ``after`` (its reply read); None if it did not or cannot say.
-
-    An unchanged figure is the sample of an earlier transfer (after a rate drop the kernel keeps
-    a higher app-limited one), so it says nothing of this one. A changed one is a rate the link
-    carried during this request: a lower bound on its rate.
-    """
-    if before is None or after is None or after.delivery_rate_bps is None:
-        return None
-    if after.delivery_rate == before.delivery_rate:
-        return None
-    return after.delivery_rate_bps
-
-
 def enable_rx_timestamps(sock: socket.socket | None) -> bool:
     """Ask the kernel to stamp arriving segments; False where it will not."""
     if sock is None or not sys.platform.startswith("linux"):
@@ -171,53 +160,6 @@ def arrival_lag_s(sock: socket.socket, clock: Callable[[], float] = time.time) -
             # A negative lag is a clock step between the stamp and now; hours, a stamp of 0.
             return lag if 0.0 <= lag < 60.0 else None
     return None
-
-
-@dataclass(frozen=True)
-class KernelTimingSupport:
-    """What this machine's kernel gives the link estimate (``split-device info``)."""
-
-    tcp_info: bool  # TCP_INFO with tcpi_delivery_rate
-    rx_timestamps: bool  # SO_TIMESTAMPNS on TCP
-    reason: str | None = None  # why not, when either is missing
-
-    def describe(self) -> str:
-        if self.tcp_info and self.rx_timestamps:
-            return "kernel: reply arrival stamps (SO_TIMESTAMPNS) and TCP_INFO delivery rate"
-        parts = []
-        if self.rx_timestamps:
-            parts.append("reply arrival stamps (SO_TIMESTAMPNS)")
-        if self.tcp_info:
-            parts.append("TCP_INFO delivery rate")
-        kernel = f"kernel: {' and '.join(parts)}; " if parts else ""
-        return f"{kernel}application timing{'' if parts else ' only'} ({self.reason})"
-
-
-def kernel_timing_support() -> KernelTimingSupport:
-    """Try both on a connection to this machine's loopback: the kernel that will carry the link."""
-    missing = []
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
-            server.bind(("127.0.0.1", 0))
-            server.listen(1)
-            with socket.create_connection(server.getsockname(), timeout=2.0) as client:
-                peer, _ = server.accept()
-                with peer:
-                    info = read_tcp_info(client)
-                    tcp_info = info is not None and info.delivery_rate is not None
-                    if not tcp_info:
-                        missing.append("no TCP_INFO" if info is None else "TCP_INFO without tcpi_delivery_rate (Linux < 4.9)")
-                    stamps = enable_rx_timestamps(client)
-                    if stamps:
-                        peer.sendall(b"x")
-                        client.settimeout(2.0)
-                        _, ancillary, _, _ = client.recvmsg(1, _CMSG_SPACE, socket.MSG_PEEK)
-                        stamps = any(kind == SO_TIMESTAMPNS for _, kind, _ in ancillary)
-                    if not stamps:
-                        missing.append("no receive timestamps on TCP")
-    except OSError as exc:
-        return KernelTimingSupport(False, False, f"loopback connection failed: {exc}")
-    return KernelTimingSupport(tcp_info, stamps, "; ".join(missing) or None)
 
 
 #: SO_TIMESTAMPING (asm-generic/socket.h) and its flags (linux/net_tstamp.h): stamp each
@@ -442,3 +384,63 @@ class _Upload:
         self.rwnd: int | None = None  # tcpi_rwnd_limited at the first look ...
         self.rwnd_done: int | None = None  # ... and at the one that found it acknowledged
         self.stamped = False  # done is the kernel's ACK stamp
+
+
+@dataclass(frozen=True)
+class KernelTimingSupport:
+    """What this machine's kernel gives the link estimate (``split-device info``)."""
+
+    tcp_info: bool  # TCP_INFO with tcpi_bytes_acked: looks at uploads crossing
+    ack_stamps: bool  # SO_TIMESTAMPING's ACK stamps on TCP
+    rx_timestamps: bool  # SO_TIMESTAMPNS on TCP: the replies' arrival
+    reason: str | None = None  # what is missing, and why
+
+    def describe(self) -> str:
+        parts = [name for have, name in ((self.tcp_info, "TCP_INFO"), (self.ack_stamps, "ACK stamps"),
+                                         (self.rx_timestamps, "reply stamps")) if have]
+        if not parts:
+            return f"the device's own timing ({self.reason})"
+        missing = f"; {self.reason}: the device's own timing there" if self.reason else ""
+        return f"the kernel's: {', '.join(parts)}{missing}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tcp_info": self.tcp_info, "ack_stamps": self.ack_stamps, "rx_timestamps": self.rx_timestamps,
+                "reason": self.reason}
+
+
+def kernel_timing_support() -> KernelTimingSupport:
+    """Try each on a connection over this machine's loopback: the kernel that will carry the link."""
+    missing = []
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen(1)
+            with socket.create_connection(server.getsockname(), timeout=2.0) as client:
+                peer, _ = server.accept()
+                with peer:
+                    info = read_tcp_info(client)
+                    tcp_info = info is not None and info.bytes_acked is not None
+                    if not tcp_info:
+                        missing.append("no TCP_INFO" if info is None else "TCP_INFO without tcpi_bytes_acked (Linux < 4.1)")
+                    kernel = KernelTiming(client)
+                    try:
+                        client.sendall(b"x")
+                        peer.sendall(b"y")
+                        client.settimeout(2.0)
+                        client.recv(1, socket.MSG_PEEK)
+                        stamps = kernel.reply_lag_s() is not None
+                        acks = False
+                        for _ in range(200):  # the ACK of one byte on loopback: at once, or nearly (2 s at most)
+                            if kernel.acks():
+                                acks = True
+                                break
+                            time.sleep(0.01)
+                    finally:
+                        kernel.close()
+                    if not acks:
+                        missing.append("no ACK stamps (SO_TIMESTAMPING) on TCP")
+                    if not stamps:
+                        missing.append("no receive stamps (SO_TIMESTAMPNS) on TCP")
+    except OSError as exc:
+        return KernelTimingSupport(False, False, False, f"a loopback connection failed: {exc}")
+    return KernelTimingSupport(tcp_info, acks, stamps, "; ".join(missing) or None)

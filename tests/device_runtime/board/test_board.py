@@ -112,6 +112,19 @@ def test_info_on_this_machine_prints_unknown_board_and_the_backends(capsys: pyte
     assert "board     unknown board\n" in out
     assert "x86_64" in out and "onnxruntime" in out
     assert "profile   none" in out
+    assert "link      rate timed by the kernel's: TCP_INFO, ACK stamps, reply stamps\n" in out
+
+
+def test_info_says_when_the_device_times_the_link_itself(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from device_runtime.hosts.kernel_timing import KernelTimingSupport
+
+    monkeypatch.setattr(cli, "kernel_timing_support", lambda: KernelTimingSupport(False, False, False, "no TCP_INFO"))
+    assert cli.main(["info"]) == 0
+    assert "link      rate timed by the device's own timing (no TCP_INFO)\n" in capsys.readouterr().out
+    assert cli.main(["info", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["link_timing"]["tcp_info"] is False
 
 
 def test_info_json_parses(capsys: pytest.CaptureFixture[str]) -> None:

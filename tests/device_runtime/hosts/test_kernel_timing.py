@@ -117,10 +117,46 @@ def test_a_receive_stamp_tells_how_long_bytes_waited_for_the_reader() -> None:
 
 
 @linux_only
-def test_this_machines_kernel_gives_both() -> None:
+def test_this_machines_kernel_gives_all_three() -> None:
     support = kernel_timing_support()
-    assert support.tcp_info and support.rx_timestamps, support.reason
-    assert support.describe().startswith("kernel:")
+    assert (support.tcp_info, support.ack_stamps, support.rx_timestamps) == (True, True, True), support.reason
+    assert support.describe() == "the kernel's: TCP_INFO, ACK stamps, reply stamps"
+
+
+def test_without_the_kernels_timings_info_says_the_device_times_itself() -> None:
+    from device_runtime.hosts.kernel_timing import KernelTimingSupport
+
+    none = KernelTimingSupport(False, False, False, "no TCP_INFO; no ACK stamps (SO_TIMESTAMPING) on TCP")
+    assert none.describe() == "the device's own timing (no TCP_INFO; no ACK stamps (SO_TIMESTAMPING) on TCP)"
+    part = KernelTimingSupport(True, False, True, "no ACK stamps (SO_TIMESTAMPING) on TCP")
+    assert part.describe().startswith("the kernel's: TCP_INFO, reply stamps; no ACK stamps")
+
+
+@linux_only
+def test_ack_stamps_are_keyed_by_each_writes_last_byte() -> None:
+    """Two writes on loopback (a reader drains them): one stamp each, at the offset of its last byte."""
+    from device_runtime.hosts.kernel_timing import KernelTiming
+
+    with _pair() as (client, server):
+        kernel = KernelTiming(client)
+        try:
+            assert kernel.ack_stamps
+            before = time.time()
+            client.sendall(b"a" * 1000)
+            client.sendall(b"b" * 30_000)
+            got = 0
+            while got < 31_000:
+                got += len(server.recv(1 << 16))
+            stamps: list[tuple[int, float]] = []
+            for _ in range(400):
+                stamps += kernel.acks()
+                if len(stamps) >= 2:
+                    break
+                time.sleep(0.005)
+        finally:
+            kernel.close()
+    assert [key for key, _ in stamps] == [999, 30_999]
+    assert all(before <= stamp <= time.time() for _, stamp in stamps)
 
 
 class _Kernel:
