@@ -62,7 +62,8 @@ class SliceResult:
         m = self.manifest
         kept = ", ".join(s.id for s in m.splits) or "none"
         how = f"{self.linked} hard-linked, {self.files - self.linked} copied"
-        return (f"wrote {m.source.part if m.source else ''} slice {m.bundle_id} of {m.wire_id} to {self.out}: "
+        part = m.source.part if m.source is not None else "?"
+        return (f"wrote {part} slice {m.bundle_id} of {m.wire_id} to {self.out}: "
                 f"{self.files} files, {self.bytes / 1e6:.1f} MB ({how}); splits {kept}")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -190,3 +191,49 @@ def test_host_slice_serves_board_slice_with_the_full_bundles_answers(
     assert dict((r.name, r.label) for r in sliced)["coffee.png"] == "espresso"
     for a, b in zip(sliced, whole):
         assert a.probability == pytest.approx(b.probability, abs=1e-5)
+
+
+ROW = re.compile(r"^#\d+\s+(?P<name>\S+)\s+(?P<label>.+?)\s+(?P<prob>[01]\.\d{3})\s+split=(?P<split>\S+)")
+
+
+def answers(stdout: str) -> dict[str, tuple[str, str, str]]:
+    return {m["name"]: (m["label"], m["prob"], m["split"]) for m in map(ROW.match, stdout.splitlines()) if m}
+
+
+def test_split_host_serves_the_host_slice_found_by_zeroconf_for_the_board_slice(
+    mobilenet_bundle: Path, photos_dir: Path, tmp_path: Path,
+) -> None:
+    """As deployed: `split-host serve host-slice/`, advertised on 127.0.0.1; `split-device run board-slice/`
+    finds it by zeroconf under the id both slices share, and answers as the full bundle does on the board."""
+    for part in (BOARD_PART, HOST_PART):
+        slice_bundle(mobilenet_bundle, tmp_path / part, part)
+    host = subprocess.Popen(
+        [sys.executable, "-m", "host_runtime.cli", "serve", str(tmp_path / HOST_PART), "--interface", "127.0.0.1",
+         "--port", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        seen = []
+        for line in host.stdout:
+            seen.append(line)
+            if "advertised as" in line:
+                break
+        assert any(f"bundle {Bundle.load(mobilenet_bundle).id}:" in line for line in seen), seen
+        split = TEST_SPLITS[1]
+        remote = subprocess.run(
+            [sys.executable, "-m", "device_runtime.cli", "run", str(tmp_path / BOARD_PART), "--camera", str(photos_dir),
+             "--interface", "127.0.0.1", "--split", split, "--threads", "1"],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )
+    finally:
+        host.kill()
+        host.wait(10)
+    assert remote.returncode == 0, remote.stderr
+    local = subprocess.run(
+        [sys.executable, "-m", "device_runtime.cli", "run", str(mobilenet_bundle), "--camera", str(photos_dir),
+         "--split", "local", "--threads", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert local.returncode == 0, local.stderr
+    sliced, whole = answers(remote.stdout), answers(local.stdout)
+    assert len(sliced) == 4 and {s for _, _, s in sliced.values()} == {split}
+    assert {name: label for name, (label, _, _) in sliced.items()} == {n: l for n, (l, _, _) in whole.items()}
+    assert sliced["coffee.png"][0] == "espresso"
