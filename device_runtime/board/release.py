@@ -74,6 +74,16 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*"), reverse=True):  # files before the directories that name them
+        if path.is_file() and not path.is_symlink():
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())
+        elif path.is_dir():
+            _fsync_dir(path)
+    _fsync_dir(root)
+
+
 @dataclass(frozen=True)
 class Layout:
     root: Path
@@ -175,6 +185,8 @@ class Layout:
             _, problems = verify_files(target)
             if problems:
                 raise BundleError(f"release {bundle_id} is not whole, current left as it is: " + "; ".join(problems))
+            # On disk before current names it: after a power cut, a file the page cache held is empty.
+            _fsync_tree(target)
             self._remove_stale_temps()
 
         def remember() -> None:
