@@ -430,8 +430,12 @@ class Bundle:
 
         Heads and the full model matter to a device, tails to a host; artifacts of other
         roles are neither required nor read, which keeps a board from hashing files it lacks.
+        A ``root`` that is a link (a board's ``current``) is followed once, here: the bundle
+        stays the release it was loaded from when the link is switched under a running board.
         """
         root = Path(root)
+        if root.is_symlink():
+            root = root.resolve()
         manifest_path = root / MANIFEST_NAME
         try:
             text = manifest_path.read_text()

@@ -75,6 +75,7 @@ class LastRun:
     def watch(self, bundle: Bundle, stats: _Stats, policy: Any = None) -> None:
         """Read ``stats`` (and the policy's ``switches``, where it counts them) when the run ends."""
         self.record.update(bundle_id=bundle.id, release=bundle.manifest.bundle_id)
+        self.path = bundle.root / LAST_RUN  # the release that ran, even if current was switched meanwhile
         self._stats, self._policy = stats, policy
 
     def failed(self, exc: BaseException) -> None:

@@ -27,8 +27,9 @@ def make_release(layout: Layout, tmp_path: Path, name: str, tflite_int8: tuple[s
     return layout.install(tmp_path / name)
 
 
-def wait_until_held(lock: Path, timeout: float = 10.0) -> None:
-    """Until another process holds ``lock`` (probed without taking it for more than an instant)."""
+def wait_until_held(lock: Path, held: bool = True, timeout: float = 10.0) -> None:
+    """Until another process holds ``lock`` (or, ``held=False``, no longer does), probed without
+    taking it for more than an instant."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if lock.exists():
@@ -36,10 +37,14 @@ def wait_until_held(lock: Path, timeout: float = 10.0) -> None:
                 try:
                     fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    return
-                fcntl.flock(fh, fcntl.LOCK_UN)
+                    if held:
+                        return
+                else:
+                    fcntl.flock(fh, fcntl.LOCK_UN)
+                    if not held:
+                        return
         time.sleep(0.02)
-    raise AssertionError(f"nobody took {lock} within {timeout} s")
+    raise AssertionError(f"{lock} still {'free' if held else 'held'} after {timeout} s")
 
 
 @pytest.fixture
@@ -128,6 +133,7 @@ def test_a_field_trial_holding_the_lock_defers_the_switch(layout: Layout, two) -
     finally:
         os.killpg(trial.pid, signal.SIGKILL)  # flock and its sleep, which inherited the locked descriptor
         trial.wait()
+    wait_until_held(layout.lock_path, held=False)  # the sleep may outlive flock by a moment
     layout.switch(new)
     assert layout.current_id() == new
 
@@ -176,3 +182,12 @@ def test_switch_and_rollback_commands_for_a_deploy(layout: Layout, two) -> None:
     out = device("switch", "not-installed-000000000000", *root)
     assert out.returncode == 1 and "current left as it is" in out.stdout
     assert layout.current_id() == old
+
+
+def test_a_bundle_loaded_through_current_stays_that_release_after_a_switch(layout: Layout, two) -> None:
+    """A board running from current while a deploy switches it reads the files of the release it loaded."""
+    old, new = two
+    running = Bundle.load(layout.current)
+    layout.switch(new)
+    assert running.root == layout.release(old).resolve()
+    assert all(running.verify(a).is_file() for a in running.all_artifacts())  # old files, old manifest: they match
