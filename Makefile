@@ -16,7 +16,7 @@ TEST_SPLITS := features_4_conv_2,features_14_conv_2
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo test test-workstation test-device bench clean
+.PHONY: setup demo test test-workstation test-device board board-rootfs bench clean
 
 setup: $(VENV)/.installed
 
@@ -56,7 +56,11 @@ demo: $(BUILD)/demo-bundle/manifest.json $(BUILD)/photos/.written
 		$(VENV)/bin/split-device run $(BUILD)/demo-bundle --camera $(BUILD)/photos --interface 127.0.0.1 --split $$split || exit 1; \
 	done
 
-test: test-workstation test-device
+# The board in a box's root file system is mostly download and dpkg: it is built beside the
+# workstation tests (-j2) rather than after them.
+test:
+	$(MAKE) -j2 --output-sync=target board-rootfs test-workstation
+	$(MAKE) test-device board
 
 $(FASHION_MNIST):
 	$(SUDO) apt-get install -y --no-install-recommends dataset-fashion-mnist systemd || \
@@ -71,6 +75,48 @@ test-workstation: $(VENV)/.installed $(FASHION_MNIST)
 test-device: $(DEVICE_VENV)/.installed $(BUILD)/test-bundle/manifest.json $(BUILD)/photos/.written
 	SPLITEDGE_DEVICE_ENV=1 SPLITEDGE_TEST_BUNDLE=$(BUILD)/test-bundle SPLITEDGE_TEST_PHOTOS=$(BUILD)/photos \
 	$(DEVICE_VENV)/bin/python -m pytest -q tests/test_architecture.py tests/splitedge tests/device_runtime tests/host_runtime tests/e2e tests/calibration tests/boards tests/fieldtrial tests/testbed
+
+# ---- The board in a box: arm64 Debian Bookworm (64-bit Raspberry Pi OS's base, Python 3.11) under
+# qemu-user-static, as root. The board's wheel installs in it from real aarch64 wheels and must give
+# the x86 answers. Emulated: its timings mean nothing. docs/board-in-a-box.md.
+BOARD_ROOT := $(BUILD)/board-rootfs
+BOARD_TOOLS := /usr/sbin/debootstrap /usr/libexec/qemu-binfmt/aarch64-binfmt-P
+# One split keeps the emulated runs few: each variant runs the split and local.
+BOARD_SPLITS := features_14_conv_2
+BOARD_SOURCES := pyproject.toml $(shell git ls-files -co --exclude-standard -- splitedge device_runtime host_runtime exporter calibration boards fieldtrial testbed 2>/dev/null)
+
+# After Fashion-MNIST's install, never beside it: two apt-gets at once fight over dpkg's lock.
+$(BOARD_TOOLS): | $(FASHION_MNIST)
+	$(SUDO) apt-get install -y --no-install-recommends qemu-user-static debootstrap || \
+	{ $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends qemu-user-static debootstrap; }
+
+# Cached under build/: debootstrap (~5 min) only when the box is missing or its recipe changed.
+board-rootfs: | $(BOARD_TOOLS)
+	$(SUDO) $(PYTHON) -m testbed.board_box --root $(BOARD_ROOT) build
+
+# Calibration images for the int8 variants: crops and mirror images of the photos (48; int8 needs 32).
+$(BUILD)/board-calib/.written: $(BUILD)/photos/.written
+	$(VENV)/bin/python -c "import skimage.io as io, pathlib; out = pathlib.Path('$(BUILD)/board-calib/photos'); out.mkdir(parents=True, exist_ok=True); \
+	[io.imsave(out / f'{f.stem}-{k}{m}.png', c[:, ::-1] if m else c) for f in sorted(pathlib.Path('$(BUILD)/photos').glob('*.png')) for im in [io.imread(f)[..., :3]] \
+	 for h, w in [im.shape[:2]] for k, c in {'full': im, 'tl': im[:h*3//4, :w*3//4], 'tr': im[:h*3//4, w//4:], 'bl': im[h//4:, :w*3//4], 'br': im[h//4:, w//4:], 'c': im[h//8:h*7//8, w//8:w*7//8]}.items() for m in ('', '-flip')]"
+	touch $@
+
+# The board's bundle: ONNX and TFLite heads and full model, float32 and int8.
+$(BUILD)/board-bundle/manifest.json: $(VENV)/.installed $(BUILD)/board-calib/.written
+	$(VENV)/bin/split-export build torchvision:mobilenet_v2 --weights $(WEIGHTS) --splits $(BOARD_SPLITS) \
+		--formats onnx,tflite --quantize int8 --calib-data $(BUILD)/board-calib --out $(BUILD)/board-bundle
+
+# The wheel a board installs, from a clean copy of this checkout; rebuilt when a source changes.
+$(BUILD)/wheel/.built: $(DEVICE_VENV)/.installed $(BOARD_SOURCES)
+	$(DEVICE_VENV)/bin/python -c "from testbed.board_box import build_wheel; print(build_wheel('.', '$(BUILD)/wheel'))"
+	touch $@
+
+board: board-rootfs $(DEVICE_VENV)/.installed $(BUILD)/board-bundle/manifest.json $(BUILD)/wheel/.built $(BUILD)/photos/.written
+	wheel=$$(ls $(BUILD)/wheel/splitedge-*.whl) && \
+	$(SUDO) $(DEVICE_VENV)/bin/python -m testbed.board_box --root $(BOARD_ROOT) install --wheel $$wheel && \
+	$(SUDO) env SPLITEDGE_DEVICE_ENV=1 SPLITEDGE_BOARD_ROOT=$(BOARD_ROOT) SPLITEDGE_BOARD_BUNDLE=$(BUILD)/board-bundle \
+		SPLITEDGE_BOARD_WHEEL=$$wheel SPLITEDGE_TEST_PHOTOS=$(BUILD)/photos \
+		$(DEVICE_VENV)/bin/python -m pytest -q -rs tests/testbed/test_board_box.py
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python bench/protocol_cost.py --out $(BUILD)/bench/protocol_cost.json

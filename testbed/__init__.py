@@ -13,13 +13,13 @@ The pieces, standard library only:
   packets with their headers, drops when its queue is full, and TCP reacts as on a real link).
 * :class:`RateSchedule` — "1:10,50:10,5:10": rates and durations, driven onto either of them.
 * :func:`serve_in` — ``split-host`` started inside a link's namespace, behind the shaped veth.
-* :class:`BoardBox` — the board in a box: an arm64 Debian Bookworm root file system (64-bit
-  Raspberry Pi OS's base) under qemu-user-static, where the board's wheel installs from real
-  aarch64 wheels (``python -m testbed.board_box``). Emulated: its timings mean nothing.
+* :mod:`testbed.board_box` — the board in a box: an arm64 Debian Bookworm root file system
+  (64-bit Raspberry Pi OS's base) under qemu-user-static, where the board's wheel installs from
+  real aarch64 wheels (``python -m testbed.board_box``; imported from its module, so that running
+  it as a script does not import it twice). Emulated: its timings mean nothing.
 """
 
 from testbed import kernel_link
-from testbed.board_box import BoardBox, BoardBoxError, BoardBoxUnavailable
 from testbed.kernel_link import (
     EmulatedLink,
     LinkEmulationError,
@@ -33,9 +33,6 @@ from testbed.relay import DelayRelay
 from testbed.schedule import RateSchedule, RateStep
 
 __all__ = [
-    "BoardBox",
-    "BoardBoxError",
-    "BoardBoxUnavailable",
     "DelayRelay",
     "EmulatedLink",
     "LinkEmulationError",
