@@ -42,9 +42,8 @@ FACES = {
         "plot_table", "read_trace", "summarize", "write_report",
     ],
     "testbed": [
-        "BoardBox", "BoardBoxError", "BoardBoxUnavailable", "DelayRelay", "EmulatedLink", "LinkEmulationError",
-        "LinkEmulationUnavailable", "RateSchedule", "RateStep", "remove_stale_links", "serve_in", "tbf_parameters",
-        "unavailable_reason",
+        "DelayRelay", "EmulatedLink", "LinkEmulationError", "LinkEmulationUnavailable", "RateSchedule", "RateStep",
+        "remove_stale_links", "serve_in", "tbf_parameters", "unavailable_reason",
     ],
     "exporter": [
         "Case", "Chain", "CutPoint", "LoadedModel", "OnnxRunner", "Runner", "TracedModel", "build_bundle", "compare",
