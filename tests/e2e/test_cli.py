@@ -18,7 +18,7 @@ from tests.conftest import TEST_SPLITS
 LINE = re.compile(
     r"#(?P<index>\d+)\s+(?P<name>\S+)\s+(?P<label>.+?)\s+(?P<prob>[01]\.\d{3})\s+split=(?P<split>\S+)\s+"
     r"pre\s+(?P<pre>[\d.]+) ms\s+head\s+(?P<head>[\d.]+) ms\s+transfer\s+(?P<transfer>[\d.]+) ms\s+"
-    r"tail\s+(?P<tail>[\d.]+) ms\s+total\s+(?P<total>[\d.]+) ms"
+    r"tail\s+(?P<tail>[\d.]+) ms\s+waits\s+(?P<waits>[\d.]+) ms\s+total\s+(?P<total>[\d.]+) ms"
 )
 
 
