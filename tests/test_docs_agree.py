@@ -40,6 +40,12 @@ HAS_EXPORTER = importlib.util.find_spec("torch") is not None
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 SPAN = re.compile(r"`([^`\n]+)`")
 COMMAND = re.compile(r"^(split-device|split-host|split-export)\b\s*(\S*)")
+#: Programs whose command lines the docs show with their own flags (``python3 -m venv
+#: --system-site-packages``, ``debootstrap --arch=arm64``): not ours to check.
+FOREIGN = {
+    "apt", "apt-get", "debootstrap", "env", "flock", "git", "ip", "make", "pip", "pip3", "python", "python3",
+    "rsync", "ssh", "systemctl", "systemd-analyze", "tc",
+}
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
@@ -97,7 +103,7 @@ def mentions() -> Iterator[Mention]:
 
 def _command(text: str) -> tuple[str | None, tuple[str, ...]]:
     """The command and the subcommands a text names (``split-device run/calibrate --key-file``)."""
-    match = COMMAND.match(text)
+    match = COMMAND.match(text.removeprefix("sudo "))
     if match is None:
         return None, ()
     command, word = match.groups()
@@ -109,6 +115,9 @@ def _command(text: str) -> tuple[str | None, tuple[str, ...]]:
 def _in_text(path: Path, number: int, text: str, command: str | None, subs: tuple[str, ...]) -> Iterator[Mention]:
     if "bench/" in text:
         return  # a benchmark script's flags
+    words = text.removeprefix("sudo ").split()
+    if words and Path(words[0]).name in FOREIGN:
+        return  # another program's command line
     for flag in FLAG.findall(text):
         yield Mention(path.name, number, flag, command, subs)
 
