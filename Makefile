@@ -66,15 +66,16 @@ $(FASHION_MNIST):
 	$(SUDO) apt-get install -y --no-install-recommends dataset-fashion-mnist systemd || \
 	{ $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends dataset-fashion-mnist systemd; }
 
-# What needs torch: the exporter, and the checks of the board's preprocessing against torchvision.
+# What needs torch: the exporter, the checks of the board's preprocessing against torchvision, and
+# the exporter's part of the public faces and of the docs against --help (both also run below).
 test-workstation: $(VENV)/.installed $(FASHION_MNIST)
-	$(VENV)/bin/python -m pytest -q tests/exporter tests/device_runtime/engine/test_preprocess.py
+	$(VENV)/bin/python -m pytest -q tests/exporter tests/device_runtime/engine/test_preprocess.py tests/test_public_faces.py tests/test_docs_agree.py
 
 # Everything else runs once, in the environment without torch (as on a board and a host),
 # against a bundle the workstation exported.
 test-device: $(DEVICE_VENV)/.installed $(BUILD)/test-bundle/manifest.json $(BUILD)/photos/.written
 	SPLITEDGE_DEVICE_ENV=1 SPLITEDGE_TEST_BUNDLE=$(BUILD)/test-bundle SPLITEDGE_TEST_PHOTOS=$(BUILD)/photos \
-	$(DEVICE_VENV)/bin/python -m pytest -q tests/test_architecture.py tests/splitedge tests/device_runtime tests/host_runtime tests/e2e tests/calibration tests/boards tests/fieldtrial tests/testbed
+	$(DEVICE_VENV)/bin/python -m pytest -q tests/test_architecture.py tests/test_public_faces.py tests/test_docs_agree.py tests/splitedge tests/device_runtime tests/host_runtime tests/e2e tests/calibration tests/boards tests/fieldtrial tests/testbed
 
 # ---- The board in a box: arm64 Debian Bookworm (64-bit Raspberry Pi OS's base, Python 3.11) under
 # qemu-user-static, as root. The board's wheel installs in it from real aarch64 wheels and must give
