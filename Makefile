@@ -16,7 +16,7 @@ TEST_SPLITS := features_4_conv_2,features_14_conv_2
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo test test-workstation test-device board board-rootfs bench clean
+.PHONY: setup demo test test-workstation test-device board board-rootfs board-ready bench clean
 
 setup: $(VENV)/.installed
 
@@ -56,10 +56,10 @@ demo: $(BUILD)/demo-bundle/manifest.json $(BUILD)/photos/.written
 		$(VENV)/bin/split-device run $(BUILD)/demo-bundle --camera $(BUILD)/photos --interface 127.0.0.1 --split $$split || exit 1; \
 	done
 
-# The board in a box's root file system is mostly download and dpkg: it is built beside the
-# workstation tests (-j2) rather than after them.
+# The board in a box (its root file system, mostly download and dpkg; the board's bundle; the
+# installs in it) is made ready beside the workstation tests (-j2) rather than after them.
 test:
-	$(MAKE) -j2 --output-sync=target board-rootfs test-workstation
+	$(MAKE) -j2 --output-sync=target board-ready test-workstation
 	$(MAKE) test-device board
 
 $(FASHION_MNIST):
@@ -112,12 +112,15 @@ $(BUILD)/wheel/.built: $(DEVICE_VENV)/.installed $(BOARD_SOURCES)
 	$(DEVICE_VENV)/bin/python -c "from testbed.board_box import build_wheel; print(build_wheel('.', '$(BUILD)/wheel'))"
 	touch $@
 
-board: board-rootfs $(DEVICE_VENV)/.installed $(BUILD)/board-bundle/manifest.json $(BUILD)/wheel/.built $(BUILD)/photos/.written
-	wheel=$$(ls $(BUILD)/wheel/splitedge-*.whl) && \
-	$(SUDO) $(DEVICE_VENV)/bin/python -m testbed.board_box --root $(BOARD_ROOT) install --wheel $$wheel && \
+# Everything the board's test needs: the box with both boards installed, the bundle, the photos.
+board-ready: board-rootfs $(DEVICE_VENV)/.installed $(BUILD)/board-bundle/manifest.json $(BUILD)/wheel/.built $(BUILD)/photos/.written
+	$(SUDO) $(DEVICE_VENV)/bin/python -m testbed.board_box --root $(BOARD_ROOT) install --tflite-runtime-board \
+		--wheel $$(ls $(BUILD)/wheel/splitedge-*.whl)
+
+board: board-ready
 	$(SUDO) env SPLITEDGE_DEVICE_ENV=1 SPLITEDGE_BOARD_ROOT=$(BOARD_ROOT) SPLITEDGE_BOARD_BUNDLE=$(BUILD)/board-bundle \
-		SPLITEDGE_BOARD_WHEEL=$$wheel SPLITEDGE_TEST_PHOTOS=$(BUILD)/photos \
-		$(DEVICE_VENV)/bin/python -m pytest -q -rs tests/testbed/test_board_box.py
+		SPLITEDGE_BOARD_WHEEL=$$(ls $(BUILD)/wheel/splitedge-*.whl) SPLITEDGE_TEST_PHOTOS=$(BUILD)/photos \
+		$(DEVICE_VENV)/bin/python -m pytest -q -rs --durations=5 tests/testbed/test_board_box.py
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python bench/protocol_cost.py --out $(BUILD)/bench/protocol_cost.json

@@ -41,6 +41,9 @@ from splitedge.errors import SplitEdgeError
 
 __all__ = [
     "BOARD_EXTRAS",
+    "NUMPY2_DIR",
+    "TFLITE_RUNTIME_VENV",
+    "VENV",
     "BoardBox",
     "BoardBoxError",
     "BoardBoxUnavailable",
@@ -60,8 +63,15 @@ BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 #: What a board installs (README): the runtime, the LiteRT interpreter, the camera. Never torch.
 BOARD_EXTRAS = "device,tflite,camera"
-#: Where the box keeps the board's virtual environment, and where bind mounts appear inside.
+#: Where the box keeps the board's virtual environment.
 VENV = "/opt/splitedge"
+#: A second board: where ai-edge-litert does not install and tflite-runtime does (it needs numpy<2),
+#: and numpy 2 in a directory of its own, to put in front of it with PYTHONPATH (what a plain
+#: ``pip install tflite-runtime`` gives such a board).
+TFLITE_RUNTIME_VENV = "/opt/tflite-runtime-board"
+TFLITE_RUNTIME_EXTRAS = "camera"
+TFLITE_RUNTIME_REQUIREMENTS = ("tflite-runtime", "numpy<2")
+NUMPY2_DIR = "/opt/numpy2"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 _BOX_CA = "/etc/ssl/certs/host-ca-bundle.crt"  # this machine's bundle, beside the box's own
 _STAMP = ".splitedge-box.json"
@@ -337,6 +347,16 @@ class BoardBox:
         stamp.write_text(key + "\n")
         return {"installed": True, "seconds": round(time.monotonic() - start, 1), "fresh_venv": fresh}
 
+    def install_tflite_runtime_board(self, wheel: str | Path) -> dict[str, object]:
+        """The second board (:data:`TFLITE_RUNTIME_VENV`) and numpy 2 beside it (:data:`NUMPY2_DIR`)."""
+        done = self.install(wheel, TFLITE_RUNTIME_EXTRAS, TFLITE_RUNTIME_VENV, TFLITE_RUNTIME_REQUIREMENTS)
+        if not (self.root / NUMPY2_DIR.lstrip("/") / "numpy").is_dir():
+            start = time.monotonic()
+            self.run([f"{TFLITE_RUNTIME_VENV}/bin/pip", "install", "--quiet", "--target", NUMPY2_DIR, "numpy>=2"],
+                     timeout=900)
+            done = {**done, "installed": True, "seconds": round(float(done["seconds"]) + time.monotonic() - start, 1)}
+        return done
+
     def packages(self, venv: str = VENV) -> dict[str, str]:
         """A venv's distributions and versions in the box (``pip list``)."""
         out = self.run([f"{venv}/bin/pip", "list", "--format", "json"]).stdout
@@ -373,6 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
     install = sub.add_parser("install", help=f"pip install the project's wheel with [{BOARD_EXTRAS}] into {VENV}")
     install.add_argument("--wheel", help="a built wheel (default: build one from this checkout into build/wheel)")
     install.add_argument("--extras", default=BOARD_EXTRAS, help=f"(default {BOARD_EXTRAS})")
+    install.add_argument("--tflite-runtime-board", action="store_true",
+                         help=f"also the board with tflite-runtime and numpy<2 in {TFLITE_RUNTIME_VENV} (the tests use it)")
     for name, text in (("run", "run a command in the box"), ("shell", "an interactive shell in the box")):
         command = sub.add_parser(name, help=text)
         command.add_argument("--bind", action="append", default=[], metavar="INSIDE=OUTSIDE",
@@ -397,8 +419,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             with box.mounted():
                 done = box.install(wheel, extras=args.extras)
                 versions = box.packages()
-            what = f"installed in {done['seconds']} s" if done["installed"] else "already installed"
-            print(f"{wheel.name} [{args.extras}] {what}; torch {'PRESENT' if 'torch' in versions else 'absent'}")
+                what = f"installed in {done['seconds']} s" if done["installed"] else "already installed"
+                print(f"{wheel.name} [{args.extras}] {what}; torch {'PRESENT' if 'torch' in versions else 'absent'}; "
+                      f"{EMULATED}", flush=True)
+                if args.tflite_runtime_board:
+                    done = box.install_tflite_runtime_board(wheel)
+                    what = f"installed in {done['seconds']} s" if done["installed"] else "already installed"
+                    print(f"{wheel.name} [{TFLITE_RUNTIME_EXTRAS}] {' '.join(TFLITE_RUNTIME_REQUIREMENTS)} in "
+                          f"{TFLITE_RUNTIME_VENV}: {what}")
             return 0
         binds = dict(_bind(spec) for spec in args.bind)
         with box.mounted(binds):

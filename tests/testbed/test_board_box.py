@@ -37,7 +37,16 @@ from pathlib import Path
 
 import pytest
 
-from testbed.board_box import BOARD_EXTRAS, VENV, BoardBox, BoardBoxError, main, unavailable_reason
+from testbed.board_box import (
+    BOARD_EXTRAS,
+    NUMPY2_DIR,
+    TFLITE_RUNTIME_VENV,
+    VENV,
+    BoardBox,
+    BoardBoxError,
+    main,
+    unavailable_reason,
+)
 from testbed.board_probe import probe
 
 ROOT = os.environ.get("SPLITEDGE_BOARD_ROOT")
@@ -54,9 +63,6 @@ _reason = (f"not set up ({', '.join(_missing)} unset): make board" if _missing
 VARIANTS = [("onnx", "float32"), ("onnx", "int8"), ("tflite", "float32"), ("tflite", "int8")]
 #: Largest logit difference allowed, box against x86 (see the module docstring).
 TOLERANCE = {"float32": 0.05, "int8": 2.5}
-#: A board where ai-edge-litert does not install and tflite-runtime does (needs numpy<2).
-TFLITE_RUNTIME_VENV = "/opt/tflite-runtime-board"
-TFLITE_RUNTIME_BOARD = ("tflite-runtime", "numpy<2")
 #: Where the bundle and the photos appear in the box.
 IN_BOX = {"/srv/bundle": BUNDLE, "/srv/photos": PHOTOS}
 
@@ -210,11 +216,8 @@ def test_split_device_run_in_the_box_answers_as_x86(box, host, answers, fmt, pre
 @pytest.fixture(scope="module")
 def tflite_runtime_board(box) -> str:
     """A second venv in the box: splitedge[camera] with tflite-runtime instead of ai-edge-litert, and
-    numpy<2, as on a board where only tflite-runtime installs; numpy 2 in /opt/numpy2 beside it."""
-    box.install(WHEEL, extras="camera", venv=TFLITE_RUNTIME_VENV, requirements=TFLITE_RUNTIME_BOARD)
-    if not (box.root / "opt/numpy2/numpy").is_dir():
-        box.run([f"{TFLITE_RUNTIME_VENV}/bin/pip", "install", "--quiet", "--target", "/opt/numpy2", "numpy>=2"],
-                timeout=900)
+    numpy<2, as on a board where only tflite-runtime installs; numpy 2 in NUMPY2_DIR beside it."""
+    box.install_tflite_runtime_board(WHEEL)
     return TFLITE_RUNTIME_VENV
 
 
@@ -233,7 +236,7 @@ def test_tflite_runtime_beside_numpy_2_is_one_clear_line(box, tflite_runtime_boa
     """What ``pip install tflite-runtime`` gives a board today (numpy 2): refused with the fix, not
     numpy's page-long warning and "_ARRAY_API not found" from the first interpreter."""
     out, _ = split_device_run(box, tflite_runtime_board, "--camera", "synthetic", "--frames", "1", "--split", "local",
-                              "--backend", "tflite", env={"PYTHONPATH": "/opt/numpy2"})
+                              "--backend", "tflite", env={"PYTHONPATH": NUMPY2_DIR})
     assert out.returncode == 2
     assert re.search(r"split-device: error: tflite-runtime 2\.14\S* works only with numpy<2 and numpy 2\.\d+\.\d+ "
                      r"is installed: pip install 'splitedge\[tflite\]'", out.stderr), out.stderr[-2000:]
