@@ -164,10 +164,14 @@ def _mount_points() -> list[str]:
     return [p.encode().decode("unicode_escape") for p in points]
 
 
+def _under(point: str, root: str | Path) -> bool:
+    root = os.path.realpath(root)
+    return point == root or point.startswith(root + os.sep)
+
+
 def remove_stale_mounts(root: str | Path) -> list[str]:
     """Unmount whatever is still mounted under ``root`` (a killed run's binds), deepest first."""
-    root = os.path.realpath(root)
-    stale = [p for p in _mount_points() if p == root or p.startswith(root + os.sep)]
+    stale = [p for p in _mount_points() if _under(p, root)]
     for point in sorted(stale, key=len, reverse=True):
         if subprocess.run(["umount", point], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", point], capture_output=True)  # busy: detach now, free later
@@ -225,6 +229,8 @@ class BoardBox:
             partial = box.root.with_name(box.root.name + ".partial")
             for old in (partial, box.root):
                 remove_stale_mounts(old)
+                if any(_under(point, old) for point in _mount_points()):  # never delete through a bind of /dev
+                    raise BoardBoxError(f"{old}: something is still mounted under it; unmount it first")
                 shutil.rmtree(old, ignore_errors=True)
             partial.parent.mkdir(parents=True, exist_ok=True)
             argv = ["debootstrap", f"--arch={ARCH}", f"--variant={VARIANT}", f"--include={','.join(BASE_PACKAGES)}",
