@@ -417,6 +417,12 @@ class HostClient:
             received=timing.received, upload=timing.upload, reply_wait_ms=timing.reply_wait_s * 1000.0,
         )
 
+    def crossing(self) -> tuple[float, float] | None:
+        """The rate (bit/s) and span (s) the kernel sees the oldest upload in flight crossing at
+        now (:meth:`~device_runtime.hosts.kernel_timing.UploadWatch.crossing`); None without one."""
+        watch = self._protocol.watch
+        return watch.crossing() if watch is not None else None
+
     async def profile(
         self, bundle_id: str, batches: Sequence[int], repeats: int = 10, splits: Sequence[str] | None = None,
         timeout: float = 300.0,

@@ -265,6 +265,10 @@ POLL_FIRST_S = 0.001
 #: ... then each this share of its age later: the last look before it is done is at most this
 #: much of its time short of the end, whatever the rate, in a handful of looks per upload.
 POLL_GROWTH = 0.25
+#: ... but never longer apart than this: an upload crossing slowly is watched as it goes (:meth:`UploadWatch.crossing`).
+POLL_MAX_S = 0.05
+#: The rate an upload is crossing at now: over its looks of the last this long.
+CROSSING_WINDOW_S = 0.2
 #: Acknowledged bytes over at least this long, and this many segments, make a rate sample.
 MIN_SPAN_S = 0.0005
 MIN_SPAN_SEGMENTS = 2
@@ -341,7 +345,22 @@ class UploadWatch:
                 oldest = upload.start if oldest is None else min(oldest, upload.start)
         if oldest is None:
             return None
-        return max(POLL_FIRST_S, POLL_GROWTH * (now - oldest))
+        return min(max(POLL_FIRST_S, POLL_GROWTH * (now - oldest)), POLL_MAX_S)
+
+    def crossing(self) -> tuple[float, float] | None:
+        """``(bit/s, span_s)``: the rate the link has acknowledged the oldest upload still crossing
+        at over its looks of the last ``CROSSING_WINDOW_S``; None before two such looks. What a
+        slow upload shows before it is done: after a rate drop, a 602 KB frame takes a second at
+        5 Mbit/s, and its first look a tenth of that says so."""
+        crossing = [u for u in self._uploads.values() if u.done is None and len(u.looks) >= 2]
+        if not crossing:
+            return None
+        looks = min(crossing, key=lambda u: u.start).looks
+        t1, acked1, mss = looks[-1]
+        t0, acked0, _ = next(look for look in looks if look[0] >= t1 - CROSSING_WINDOW_S)
+        if t1 - t0 < MIN_SPAN_S or acked1 - acked0 < MIN_SPAN_SEGMENTS * max(mss, 1):
+            return None
+        return 8.0 * (acked1 - acked0) / (t1 - t0), t1 - t0
 
     def acked(self, offset: int, at: float) -> None:
         """The kernel stamped the ACK of the stream's byte ``offset`` (0-based) at ``at`` (this

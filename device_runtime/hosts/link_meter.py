@@ -41,6 +41,9 @@ OVERDUE_FACTOR = 2.0
 #: batching delay replies by a few ms.
 OVERDUE_SLACK_S = 0.02
 #: Weight of each reply's host time (queue + compute) in the running host time.
+#: An upload's rate as the kernel sees it crossing caps the estimate once watched this long:
+#: the link is carrying queued bytes at that rate now, whatever the estimate says.
+CROSSING_MIN_S = 0.02
 HOST_ALPHA = 0.3
 
 
@@ -63,13 +66,22 @@ class LinkMeter:
         self._host_s = 0.0  # running host time per request (queue + compute), from the replies
         self._in_flight: dict[int, tuple[float, int]] = {}  # ticket → (clock time sent, payload bytes)
         self._tickets = itertools.count()
+        # The kernel's view of the upload crossing now: ``(bit/s, span_s)`` or None
+        # (HostClient.crossing; the pipeline sets it for the host it sends to).
+        self.crossing: Callable[[], tuple[float, float] | None] | None = None
 
     @property
     def rate_bps(self) -> float | None:
-        """The estimate, capped by what an overdue upload shows (:meth:`overdue`)."""
+        """The estimate, capped by what an overdue upload shows (:meth:`overdue`) and by the
+        rate the kernel sees an upload crossing at now (:attr:`crossing`)."""
         rate = self.estimator.rate_bps
         bound = self.overdue()
-        return rate if bound is None or rate is None else min(rate, bound)
+        if rate is not None and bound is not None:
+            rate = min(rate, bound)
+        now = self.crossing() if self.crossing is not None and rate is not None else None
+        if now is not None and now[1] >= CROSSING_MIN_S:
+            rate = min(rate, now[0])
+        return rate
 
     def sending(self, payload_bytes: int) -> int:
         """A request is going up now; returns its ticket for :meth:`settled`."""

@@ -270,8 +270,9 @@ class Pipeline:
     async def _start(self, batch: list[_Captured]) -> asyncio.Future[list[FrameResult]]:
         loop = asyncio.get_running_loop()
         x = np.concatenate([c.x for c in batch])
-        rate = self.meter.rate_bps  # capped by an overdue upload, if one is
         client = self.hosts.client if self.hosts is not None else None
+        self.meter.crossing = client.crossing if client is not None else None
+        rate = self.meter.rate_bps  # capped by an overdue upload, or one crossing slowly, if one is
         split = self.policy.choose(len(batch), rate, self.available(), link_busy=self.meter.overdue() is not None)
         if split == LOCAL or client is None:
             logits, ms = await loop.run_in_executor(self._compute, self.runner.run_full, x)

@@ -290,3 +290,38 @@ def test_a_reply_that_waited_for_the_board_is_timed_at_its_arrival(host) -> None
     probe = asyncio.run(go())
     assert probe.round_trip_ms == pytest.approx(30.0) and probe.reply_wait_ms == pytest.approx(250.0)
     assert probe.upload is not None and probe.upload.done_s == 0.0 and probe.upload.min_rtt_s == pytest.approx(1e-4)
+
+
+def test_an_upload_crossing_slowly_shows_its_rate_before_it_is_done() -> None:
+    """602 KB after the link dropped to 5 Mbit/s: a second to cross; looks no more than 50 ms
+    apart, and the last 200 ms of them give the rate it crosses at now."""
+    from device_runtime.hosts.kernel_timing import POLL_MAX_S
+
+    clock, kernel = ManualClock(), _Kernel()
+    watch = UploadWatch(kernel, clock)
+    start = clock()
+    watch.sent(1, start, 602_112)
+    assert watch.crossing() is None  # one look
+    delay = POLL_FIRST_S
+    while clock() - start < 0.3:
+        clock.now += delay
+        kernel.acked = int(5e6 / 8 * (clock() - start))
+        delay = watch.look()
+        assert delay <= POLL_MAX_S
+    rate, span = watch.crossing()
+    assert rate == pytest.approx(5e6, rel=0.01) and 0.15 <= span <= 0.2
+
+
+def test_the_meter_is_capped_by_an_upload_crossing_slower_than_it_says() -> None:
+    from device_runtime.hosts.link_meter import CROSSING_MIN_S, LinkMeter
+    from calibration import RateEstimator
+
+    meter = LinkMeter(RateEstimator(initial_bps=50e6))
+    meter.crossing = lambda: (5e6, CROSSING_MIN_S)
+    assert meter.rate_bps == 5e6
+    meter.crossing = lambda: (5e6, CROSSING_MIN_S / 2)  # watched too briefly to say
+    assert meter.rate_bps == pytest.approx(50e6)
+    meter.crossing = lambda: (80e6, 0.1)  # faster than the estimate: the finished upload will say so
+    assert meter.rate_bps == pytest.approx(50e6)
+    meter.crossing = lambda: None
+    assert meter.rate_bps == pytest.approx(50e6)
