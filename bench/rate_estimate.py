@@ -16,8 +16,10 @@ estimate (``LinkMeter.rate_bps``) is sampled every 50 ms after a warm-up:
   are missing), in the same run, alternately.
 
 The estimate is compared with the shaped rate and with the link's goodput (a 4 MB upload timed
-by the kernel's acknowledgements with the board idle: what the link can carry here; tbf counts
-headers, so at most ~95.6 % of the shaped rate). Median and 5th percentile of each ratio.
+by the kernel's acknowledgements: what the link carries here; tbf counts headers, so at most
+~95.6 % of the shaped rate), measured with the board idle and again with it saturated (its own
+CPU drives the socket: a saturated board cannot fill a fast link). Median and 5th percentile of
+each ratio.
 
 ``--step A,B`` also shapes a rate step A → B → A under the saturated board offloading, and
 reports how long after each step the estimate settles within 15 % of the new goodput (and
@@ -217,7 +219,10 @@ def loopback_host(bundle_root: Path, port: int) -> Iterator[str]:
 def measure_link(label: str, shaped_bps: float | None, address: str, bundle: Bundle, runner: DeviceRunner,
                  args: argparse.Namespace, rows: list[dict]) -> None:
     goodput = asyncio.run(goodput_bps(address))
-    print(f"\n== {label}: goodput {goodput / 1e6:.1f} Mbit/s", flush=True)
+    with hog(True), BusyHead(runner):  # what the link carries for a board this busy: its own CPU drives the socket
+        busy_goodput = asyncio.run(goodput_bps(address))
+    print(f"\n== {label}: goodput {goodput / 1e6:.1f} Mbit/s, {busy_goodput / 1e6:.1f} from the saturated board",
+          flush=True)
     for workload in args.workloads.split(","):
         for board in ("idle", "saturated"):
             for timing in ("kernel", "device"):
@@ -228,7 +233,10 @@ def measure_link(label: str, shaped_bps: float | None, address: str, bundle: Bun
                        "workload": workload, "board": board, "timing": timing,
                        "estimate_mbit": {"median": statistics.median((r or 0.0) for _, r in samples) / 1e6,
                                          "p5": sorted((r or 0.0) for _, r in samples)[len(samples) // 20] / 1e6},
-                       "vs_goodput": ratios(samples, goodput)}
+                       "vs_goodput": ratios(samples, goodput),
+                       "busy_goodput_mbit": busy_goodput / 1e6}
+                if board == "saturated":
+                    row["vs_busy_goodput"] = ratios(samples, busy_goodput)
                 if shaped_bps is not None:
                     row["vs_shaped"] = ratios(samples, shaped_bps)
                 rows.append(row)
@@ -245,9 +253,11 @@ def print_row(row: dict) -> None:
     vs_shaped = f"{shaped['median']:5.2f} {shaped['p5']:5.2f}" if shaped else "    -     -"
     g = row["vs_goodput"]
     e = row["estimate_mbit"]
+    busy = row.get("vs_busy_goodput")
+    vs_busy = f" | vs saturated board's goodput {busy['median']:5.2f} {busy['p5']:5.2f}" if busy else ""
     print(f"{row['link']:>10s} {row['workload']:8s} {row['board']:9s} {row['timing']:6s} | estimate median "
           f"{e['median']:9.1f} p5 {e['p5']:9.1f} Mbit/s | vs shaped {vs_shaped} | vs goodput {g['median']:5.2f} "
-          f"{g['p5']:5.2f}", flush=True)
+          f"{g['p5']:5.2f}{vs_busy}", flush=True)
 
 
 def step_test(rates: tuple[float, float], bundle: Bundle, args: argparse.Namespace, port: int) -> list[dict]:
