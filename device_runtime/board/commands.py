@@ -76,14 +76,12 @@ def _layout(args: argparse.Namespace) -> Layout:
 
 def switch(args: argparse.Namespace) -> int:
     layout = _layout(args)
-    try:
-        before = layout.switch(args.release) if args.release != layout.current_id() else args.release
-    except UpdateDeferred as exc:
-        print(f"split-device: deferred: {exc}")
-        return DEFERRED
-    except BundleError as exc:
-        print(f"split-device: {exc}")
-        return 1
+    if args.release == layout.current_id():
+        before: str | None = args.release
+    else:
+        before, status = _move(lambda: layout.switch(args.release))
+        if status:
+            return status
     removed = layout.prune(args.keep)
     print(f"current: {args.release} (was {before or 'none'})"
           + (f"; removed {', '.join(removed)}" if removed else ""))
@@ -93,16 +91,22 @@ def switch(args: argparse.Namespace) -> int:
 def rollback(args: argparse.Namespace) -> int:
     layout = _layout(args)
     before = layout.current_id()
+    now, status = _move(layout.rollback)
+    if not status:
+        print(f"current: {now} (was {before})")
+    return status
+
+
+def _move(step: Callable[[], str | None]) -> tuple[str | None, int]:
+    """Run a switch of ``current``: its result and 0, or None and the exit status it failed with."""
     try:
-        now = layout.rollback()
+        return step(), 0
     except UpdateDeferred as exc:
         print(f"split-device: deferred: {exc}")
-        return DEFERRED
+        return None, DEFERRED
     except BundleError as exc:
         print(f"split-device: {exc}")
-        return 1
-    print(f"current: {now} (was {before})")
-    return 0
+        return None, 1
 
 
 def verify(args: argparse.Namespace) -> int:
