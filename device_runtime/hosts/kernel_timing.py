@@ -341,7 +341,7 @@ class UploadWatch:
                 upload.done = now
                 upload.rwnd_done = info.rwnd_limited_us
             else:
-                upload.looks.append((now, info.bytes_acked, slack))
+                upload.looks.append((now, info.bytes_acked, slack, info.rwnd_limited_us))
                 oldest = upload.start if oldest is None else min(oldest, upload.start)
         if oldest is None:
             return None
@@ -356,10 +356,12 @@ class UploadWatch:
         if not crossing:
             return None
         looks = min(crossing, key=lambda u: u.start).looks
-        t1, acked1, mss = looks[-1]
-        t0, acked0, _ = next(look for look in looks if look[0] >= t1 - CROSSING_WINDOW_S)
+        t1, acked1, mss, rwnd1 = looks[-1]
+        t0, acked0, _, rwnd0 = next(look for look in looks if look[0] >= t1 - CROSSING_WINDOW_S)
         if t1 - t0 < MIN_SPAN_S or acked1 - acked0 < MIN_SPAN_SEGMENTS * max(mss, 1):
             return None
+        if rwnd0 is not None and rwnd1 is not None and rwnd1 > rwnd0:
+            return None  # the host's receive window held it back meanwhile: the host's pace, not the link's
         return 8.0 * (acked1 - acked0) / (t1 - t0), t1 - t0
 
     def acked(self, offset: int, at: float) -> None:
@@ -386,7 +388,7 @@ class UploadWatch:
         # that a shaper lets through at wire speed) to the last that found it crossing.
         looks = upload.looks[1:] if len(upload.looks) > 2 else upload.looks
         if len(looks) >= 2:
-            (t0, acked0, mss), (t1, acked1, _) = looks[0], looks[-1]
+            (t0, acked0, mss, _), (t1, acked1, _, _) = looks[0], looks[-1]
             if t1 - t0 >= MIN_SPAN_S and acked1 - acked0 >= MIN_SPAN_SEGMENTS * max(mss, 1):
                 rate, span = 8.0 * (acked1 - acked0) / (t1 - t0), t1 - t0
         return UploadTiming(done_s, rate, span, self.min_rtt_s, limited, upload.stamped)
@@ -399,7 +401,8 @@ class _Upload:
         self.start = start
         self.end = end
         self.done: float | None = None
-        self.looks: list[tuple[float, int, int]] = []  # (clock, tcpi_bytes_acked, tcpi_snd_mss) while crossing
+        # (clock, tcpi_bytes_acked, tcpi_snd_mss, tcpi_rwnd_limited) at each look while crossing
+        self.looks: list[tuple[float, int, int, int | None]] = []
         self.rwnd: int | None = None  # tcpi_rwnd_limited at the first look ...
         self.rwnd_done: int | None = None  # ... and at the one that found it acknowledged
         self.stamped = False  # done is the kernel's ACK stamp

@@ -253,9 +253,12 @@ class _StandIn:
     def __init__(self, clock: ManualClock, flight_s: float, wait_s: float) -> None:
         self.clock, self.flight_s, self.wait_s = clock, flight_s, wait_s
         self.stamps = True
+        self.arrived = False
 
     def reply_lag_s(self) -> float:
-        self.clock.now += self.flight_s + self.wait_s
+        if not self.arrived:  # once: the loop may wake for the socket's error queue as well
+            self.arrived = True
+            self.clock.now += self.flight_s + self.wait_s
         return self.wait_s
 
     def tcp_info(self) -> TcpInfo:
@@ -325,3 +328,18 @@ def test_the_meter_is_capped_by_an_upload_crossing_slower_than_it_says() -> None
     assert meter.rate_bps == pytest.approx(50e6)
     meter.crossing = lambda: None
     assert meter.rate_bps == pytest.approx(50e6)
+
+
+def test_an_upload_the_hosts_window_holds_back_shows_no_crossing_rate() -> None:
+    """The host not reading (its receive window shut) paces the ACKs: that is no rate of the link."""
+    clock, rwnd = ManualClock(), [0]
+    acked = [0]
+    watch = UploadWatch(lambda: TcpInfo(state=1, snd_mss=1448, bytes_acked=acked[0], rwnd_limited_us=rwnd[0]), clock)
+    watch.sent(1, clock(), 602_112)
+    for _ in range(6):
+        clock.now += 0.04
+        acked[0] += 20_000
+        rwnd[0] += 4000  # tcpi_rwnd_limited grows: the window held the sender
+        watch.look()
+    assert watch.crossing() is None
+    assert watch.settled(1).receiver_limited
