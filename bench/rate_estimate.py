@@ -35,7 +35,6 @@ import asyncio
 import json
 import os
 import platform
-import signal
 import socket
 import statistics
 import subprocess
@@ -57,7 +56,7 @@ from device_runtime.stream.camera import Synthetic
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig
 from device_runtime.stream.policy import StaticPolicy
 from testbed import EmulatedLink, unavailable_reason
-from testbed.namespace_host import serve_in, wait_listening
+from testbed.namespace_host import running_host, serve_in
 
 BOARD_CPU, HOST_CPU = 1, 0
 PINNED = {BOARD_CPU, HOST_CPU} <= os.sched_getaffinity(0)
@@ -204,16 +203,8 @@ def loopback_host(bundle_root: Path, port: int) -> Iterator[str]:
     proc = subprocess.Popen([sys.executable, "-m", "host_runtime.cli", "serve", str(bundle_root), "--interface",
                              "127.0.0.1", "--port", str(port), "--no-zeroconf", *HOST_ARGS],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=pin)
-    try:
-        wait_listening("127.0.0.1", port, process=proc)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with running_host(proc, "127.0.0.1", port) as address:
+        yield address
 
 
 def measure_link(label: str, shaped_bps: float | None, address: str, bundle: Bundle, runner: DeviceRunner,

@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 from splitedge.errors import HostUnavailableError
 from testbed.kernel_link import EmulatedLink
 
-__all__ = ["serve_in", "wait_listening"]
+__all__ = ["running_host", "serve_in", "wait_listening"]
 
 DEFAULT_PORT = 7767
 
@@ -48,9 +48,17 @@ def serve_in(
          *args],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
+    with running_host(process, link.namespace_address, port) as address:
+        yield address
+
+
+@contextlib.contextmanager
+def running_host(process: subprocess.Popen, address: str, port: int) -> Iterator[str]:
+    """Yields ``ADDRESS:PORT`` once ``process`` (a ``split-host serve``) listens there; stops it with
+    SIGINT when the block ends (a clean shutdown), and kills it if that takes over 10 s."""
     try:
-        wait_listening(link.namespace_address, port, process=process)
-        yield f"{link.namespace_address}:{port}"
+        wait_listening(address, port, process=process)
+        yield f"{address}:{port}"
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGINT)

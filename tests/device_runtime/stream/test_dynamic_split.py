@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from device_runtime.stream.pipeline import Pipeline, PipelineConfig
 from device_runtime.stream.policy import AutoPolicy, StaticPolicy
 from device_runtime.stream.results import FrameResult
 from testbed import DelayRelay, EmulatedLink, unavailable_reason
-from testbed.namespace_host import serve_in, wait_listening
+from testbed.namespace_host import running_host, serve_in
 from tests.conftest import TEST_SPLITS, run_stream, start_host
 
 needs_netns = pytest.mark.skipif(unavailable_reason() is not None, reason=f"no link emulation: {unavailable_reason()}")
@@ -371,13 +370,5 @@ def _loopback_host(bundle_root: Path) -> Iterator[str]:
          "--port", str(port), "--no-zeroconf", "--workers", "1", "--threads", "1"],
         cwd=Path(__file__).resolve().parents[3], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    try:
-        wait_listening("127.0.0.1", port, process=process)
-        yield f"127.0.0.1:{port}"
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    with running_host(process, "127.0.0.1", port) as address:
+        yield address
