@@ -150,14 +150,11 @@ def arrival_lag_s(sock: socket.socket, clock: Callable[[], float] = time.time) -
         return None
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
-            if len(payload) >= 16:
-                seconds, nanoseconds = struct.unpack_from("=qq", payload)
-            elif len(payload) >= 8:
-                seconds, nanoseconds = struct.unpack_from("=ii", payload)
-            else:
+            stamp = _timespec(payload)
+            if stamp is None:
                 return None
-            lag = now - (seconds + nanoseconds * 1e-9)
-            # A negative lag is a clock step between the stamp and now; hours, a stamp of 0.
+            lag = now - stamp
+            # A negative lag is a clock step between the stamp and now.
             return lag if 0.0 <= lag < 60.0 else None
     return None
 
@@ -180,6 +177,7 @@ _ERRQUEUE_SPACE = 512
 
 
 def _timespec(payload: bytes) -> float | None:
+    """A ``struct timespec`` (64- or 32-bit) in seconds; None when short or zero (no stamp)."""
     if len(payload) >= 16:
         seconds, nanoseconds = struct.unpack_from("=qq", payload)
     elif len(payload) >= 8:
