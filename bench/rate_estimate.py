@@ -47,7 +47,11 @@ from typing import Iterator
 
 import numpy as np
 
-from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
+# This checkout, whatever the interpreter: .venv-device's splitedge is an installed copy (a
+# board's install), and a benchmark run with it measured that copy instead of the tree.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from device_runtime.bundle import LOCAL, OFFLOAD, Bundle  # noqa: E402
 from device_runtime.engine.runner import DeviceRunner
 from device_runtime.hosts.client import HostClient
 from device_runtime.hosts.host_link import HostLink
