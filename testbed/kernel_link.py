@@ -34,6 +34,10 @@ FRAME_BYTES = 1500 + 14
 TBF_QUEUE_S = 0.08
 #: ... but never fewer packets than this, or TCP at 0.1 Mbit/s cannot keep a window in flight.
 TBF_MIN_QUEUE_FRAMES = 4
+#: The largest packet TCP hands a veth with offloads on (``gso_max_size``), and the device's
+#: default segment count: what a link gets when its bucket can hold such a packet.
+GSO_MAX_BYTES = 65536
+GSO_MAX_SEGS = 65535
 _COMMAND_TIMEOUT_S = 10.0
 _NAMESPACE_INTERFACE = "veth0"
 _OWN_NAME = re.compile(r"^se-?(\d+)-(\d+)$")  # our namespaces "se-PID-N" and root veths "sePID-N"
@@ -129,6 +133,13 @@ def tbf_parameters(rate_mbit: float) -> tuple[int, int, int]:
     return round(rate_mbit * 1e6), burst, limit
 
 
+def gso_segments(rate_mbit: float) -> int:
+    """``gso_max_segs`` for a link shaped at ``rate_mbit``: offloads on where tbf's bucket
+    (:func:`tbf_parameters`) holds a whole 64 KB GSO packet, else one wire packet per skb."""
+    burst = tbf_parameters(rate_mbit)[1]
+    return GSO_MAX_SEGS if burst >= GSO_MAX_BYTES + FRAME_BYTES else 1
+
+
 def _checked_rate(rate_mbit: float | None) -> float | None:
     if rate_mbit is None:
         return None
@@ -222,10 +233,11 @@ class EmulatedLink:
     the queue and TCP waits out a retransmission timeout. Measured at 5 Mbit/s (2.5 s
     transfers): with offloads on, goodput was 4.84 Mbit/s in two runs and 4.32 in two (RTO
     stalls, 200-2000 drops per run); with ``gso_max_segs 1`` set by ``ip link``, 4.78 in every
-    run with ~55 drops (slow start overshooting the queue). So both ends get ``gso_max_segs 1``,
-    which needs no ethtool; ``ethtool -K gso off tso off gro off`` is added where ethtool is
-    installed (the project's build machines have none; alone, in four runs, it gave 4.84
-    Mbit/s but still 180-1600 drops per run, so it is not relied on).
+    run with ~55 drops (slow start overshooting the queue). So a link whose bucket cannot
+    hold a 64 KB packet gets ``gso_max_segs 1`` at both ends (see :func:`gso_segments`). At
+    high rates the bucket holds several, and one skb per wire packet costs more CPU than this
+    machine has: a 64 MB upload at 500 Mbit/s carried 394-420 Mbit/s with ``gso_max_segs 1``
+    and 479 (the rate less TCP/IP headers) with offloads on, so there they stay on.
     """
 
     def __init__(self, rate_mbit: float | None = None, name: str | None = None) -> None:
@@ -304,12 +316,6 @@ class EmulatedLink:
         _run(["ip", "-n", ns, "link", "set", "lo", "up"])
         _run(["ip", "-n", ns, "link", "set", self.namespace_interface, "up"])
         _run(["ip", "-n", ns, "route", "add", "default", "via", self._addresses[0]])
-        # One wire-sized packet per skb (see the class docstring): best effort, shaping works without.
-        _run(["ip", "link", "set", "dev", veth, "gso_max_segs", "1"], check=False)
-        _run(["ip", "-n", ns, "link", "set", "dev", self.namespace_interface, "gso_max_segs", "1"], check=False)
-        if shutil.which("ethtool"):
-            for prefix, dev in ((), veth), (("ip", "netns", "exec", ns), self.namespace_interface):
-                _run([*prefix, "ethtool", "-K", dev, "gso", "off", "tso", "off", "gro", "off"], check=False)
         self._apply(self._rate)
 
     def _apply(self, rate: float | None) -> None:
@@ -322,6 +328,9 @@ class EmulatedLink:
                 bits, burst, limit = tbf_parameters(rate)
                 _run(["tc", *netns, "qdisc", "replace", "dev", dev, "root", "tbf",
                       "rate", f"{bits}bit", "burst", str(burst), "limit", str(limit)])
+            # Packet size to suit the bucket (see the class docstring): best effort, shaping works without.
+            segments = GSO_MAX_SEGS if rate is None else gso_segments(rate)
+            _run(["ip", *netns, "link", "set", "dev", dev, "gso_max_segs", str(segments)], check=False)
 
     def set_rate(self, rate_mbit: float | None) -> None:
         """Shape both directions to ``rate_mbit`` (``None``: unshaped), effective for the next packet.

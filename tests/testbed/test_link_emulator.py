@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import pytest
 
 from splitedge.errors import SplitEdgeError
+from testbed.kernel_link import GSO_MAX_BYTES, GSO_MAX_SEGS, gso_segments
 from testbed import (
     FRAME_BYTES,
     DelayRelay,
@@ -305,6 +306,35 @@ def test_set_rate_none_removes_shaping_and_back() -> None:
         link.set_rate(None)
         assert "tbf" not in qdisc(link, inside=False) and "tbf" not in qdisc(link, inside=True)
         link.set_rate(None)  # removing no shaping is not an error
+
+
+@pytest.mark.parametrize("rate_mbit", [0.1, 5, 50, 100, 250, 500, 1000])
+def test_offloads_stay_on_only_where_the_bucket_holds_a_whole_gso_packet(rate_mbit: float) -> None:
+    burst = tbf_parameters(rate_mbit)[1]
+    expected = GSO_MAX_SEGS if burst >= GSO_MAX_BYTES + FRAME_BYTES else 1
+    assert gso_segments(rate_mbit) == expected
+    if rate_mbit <= 50:  # the measured RTO stalls: never a GSO packet on a slow link, whatever HZ
+        assert expected == 1
+
+
+def gso_max_segs(link: EmulatedLink, inside: bool) -> int:
+    prefix = ["-n", link.namespace] if inside else []
+    dev = link.namespace_interface if inside else link.root_interface
+    out = subprocess.run(["ip", *prefix, "-d", "link", "show", "dev", dev], capture_output=True, text=True,
+                         check=True).stdout
+    return int(out.split("gso_max_segs", 1)[1].split()[0])
+
+
+@needs_namespaces
+def test_both_ends_follow_the_rate_in_packet_size() -> None:
+    with EmulatedLink(5) as link:
+        assert gso_max_segs(link, inside=False) == 1 and gso_max_segs(link, inside=True) == 1
+        link.set_rate(500)
+        assert gso_max_segs(link, inside=False) == GSO_MAX_SEGS and gso_max_segs(link, inside=True) == GSO_MAX_SEGS
+        link.set_rate(50)
+        assert gso_max_segs(link, inside=False) == 1 and gso_max_segs(link, inside=True) == 1
+        link.set_rate(None)
+        assert gso_max_segs(link, inside=False) == GSO_MAX_SEGS
 
 
 @needs_namespaces
