@@ -14,9 +14,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from device_runtime.board.release import DEFAULT_KEEP, Layout, UpdateDeferred, default_root
-from device_runtime.board.settings import apply_settings, checker_from, describe, load_settings, run_defaults
+from device_runtime.board.settings import (
+    apply_settings,
+    checker_from,
+    config_files,
+    describe,
+    load_settings,
+    run_defaults,
+    write_settings,
+)
 from device_runtime.board.status import board_status, check_root, format_status, status_exit_code, verify_report
-from splitedge.errors import BundleError
+from splitedge.errors import BundleError, ConfigError
 
 __all__ = ["ADMIN_EXAMPLES", "add_commands", "handler", "settings_for"]
 
@@ -28,6 +36,8 @@ examples:
   split-device status --root /home/pi/.local/share/splitedge --json
   split-device config                              # each setting in force and where it came from
   SPLITEDGE_HOST=192.168.1.20:7767 split-device config --json
+  split-device config --set host=192.168.1.20:7767 --set camera=0   # into ~/.config/splitedge/device.toml
+  split-device config --unset camera --file /etc/splitedge/device.toml
   split-device switch mobilenet_v2-25fa3af00dc9    # current -> releases/<id>, verified first; keeps the last 3
   split-device rollback                            # current -> the release before the last switch
 """
@@ -49,6 +59,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         **common,
     )
     config.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    config.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="set_values",
+                        help="write KEY (checked as its flag checks it) into --file, keeping the file's other "
+                        "keys; a list key takes commas (interface=wlan0,eth0); repeatable")
+    config.add_argument("--unset", action="append", default=[], metavar="KEY", help="remove KEY from --file; repeatable")
+    config.add_argument("--file", type=Path, default=None,
+                        help="the file --set and --unset change (default: the user's, ~/.config/splitedge/device.toml)")
 
     switch = commands.add_parser(
         "switch", help="point current at an installed release (verified first; atomic), keep the latest few", **common,
@@ -129,6 +145,8 @@ def status(args: argparse.Namespace) -> int:
 
 def config_command(args: argparse.Namespace, parser_factory: Callable[[], argparse.ArgumentParser]) -> int:
     parser = parser_factory()
+    if args.set_values or args.unset:
+        return _change_config(args, checker_from(parser, "run"))
     settings = load_settings(checker_from(parser, "run"))
     rows = describe(settings, run_defaults(parser))
     if args.json:
@@ -145,6 +163,23 @@ def config_command(args: argparse.Namespace, parser_factory: Callable[[], argpar
     print(f"files read: {', '.join(map(str, settings.files_read)) or 'none'}; "
           f"absent: {', '.join(map(str, settings.files_absent)) or 'none'}")
     print("flags given to run or calibrate override all of these")
+    return 0
+
+
+def _change_config(args: argparse.Namespace, check: Callable) -> int:
+    updates: dict[str, str | None] = {}
+    for item in args.set_values:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, for example --set host=192.168.1.20:7767")
+        updates[name.strip()] = text.strip()
+    updates.update({name: None for name in args.unset})
+    path = args.file if args.file is not None else config_files()[-1]
+    changes = write_settings(path, updates, check)
+    for name, (before, after) in changes.items():
+        print(f"{path}: {name} = {after!r} (was {before!r})" if after is not None else f"{path}: {name} removed")
+    if not changes:
+        print(f"{path}: unchanged")
     return 0
 
 

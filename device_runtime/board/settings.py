@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import os
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +32,8 @@ from typing import Any
 from splitedge.errors import ConfigError
 from splitedge.fields import shown
 
-__all__ = ["FILENAME", "KEYS", "Setting", "Settings", "apply_settings", "config_files", "load_settings"]
+__all__ = ["FILENAME", "KEYS", "Setting", "Settings", "apply_settings", "config_files", "load_settings",
+           "write_settings"]
 
 FILENAME = "device.toml"
 ENV_PREFIX = "SPLITEDGE_"
@@ -237,3 +240,62 @@ def describe(settings: Settings, defaults: Mapping[str, Any]) -> list[tuple[str,
 
 def run_defaults(parser: argparse.ArgumentParser) -> dict[str, Any]:
     return {dest: action.default for dest, action in _actions(parser, "run").items()}
+
+
+def _toml_value(value: Any) -> str:
+    """A TOML value for a setting: JSON's escapes are TOML's, ``ensure_ascii`` keeps it plain."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+def _file_value(key: Key, text: str, check: Check, where: str) -> Any:
+    """``text`` from ``--set KEY=TEXT`` as the file stores it, checked as the flag would check it."""
+    if key.many:
+        items = [part.strip() for part in text.split(",") if part.strip()]
+        for item in items:
+            check(key.dest, item, where)
+        return items
+    check(key.dest, text, where)
+    kinds = key.kind if isinstance(key.kind, tuple) else (key.kind,)
+    if int in kinds and text.lstrip("-").isdigit():
+        return int(text)
+    if float in kinds:
+        return float(text)
+    return text
+
+
+def write_settings(path: Path, updates: Mapping[str, str | None], check: Check) -> dict[str, tuple[Any, Any]]:
+    """Set (``text``) or remove (``None``) keys of the settings file at ``path``, keeping its other
+    keys; the file is replaced whole (a temporary file renamed over it), so a reader never sees
+    half of it. Returns ``{key: (before, after)}`` for the keys that changed."""
+    data = _toml(path) if path.is_file() else {}
+    changes: dict[str, tuple[Any, Any]] = {}
+    for name, text in updates.items():
+        key = KEYS.get(name)
+        if key is None:
+            near = difflib.get_close_matches(name, KEYS, n=1)
+            hint = f" (did you mean {near[0]}?)" if near else f"; keys: {', '.join(KEYS)}"
+            raise ConfigError(f"{path}: unknown key {name!r}{hint}")
+        before = data.get(name)
+        after = None if text is None else _file_value(key, text, check, f"--set {name}")
+        if after is None:
+            data.pop(name, None)
+        else:
+            data[name] = after
+        if before != after:
+            changes[name] = (before, after)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = "".join(f"{name} = {_toml_value(value)}\n" for name, value in data.items())
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write("# splitedge board settings (split-device config --set KEY=VALUE)\n" + body)
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    return changes

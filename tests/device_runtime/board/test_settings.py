@@ -126,3 +126,32 @@ def test_run_takes_its_flags_from_the_file(dirs, mobilenet_bundle: Path, photos_
     assert out.returncode == 0, out.stderr
     assert ", 1 threads, split local" in out.stdout
     assert sum("split=local" in line for line in out.stdout.splitlines()) == 4
+
+
+def test_config_set_writes_checked_values_and_keeps_the_other_keys(dirs) -> None:
+    system, user = dirs
+    (user / "device.toml").write_text('threads = 2\nsplit = "local"\n')
+    env = env_for(system, user)
+    out = device("config", "--set", "host=10.0.0.7:7767", "--set", "camera=0", "--set", "interface=wlan0,eth0",
+                 "--set", "deadline_ms=40.5", "--unset", "split", env=env)
+    assert out.returncode == 0, out.stderr
+    assert f"{user / 'device.toml'}: host = '10.0.0.7:7767' (was None)" in out.stdout
+    data = json.loads(device("config", "--json", env=env).stdout)["settings"]
+    assert data["host"]["value"] == "10.0.0.7:7767" and data["threads"]["value"] == 2
+    assert data["interface"]["value"] == ["wlan0", "eth0"] and data["deadline_ms"]["value"] == 40.5
+    assert data["split"]["source"] == "default"
+    assert data["camera"]["value"] in (0, "0") and "camera = 0\n" in (user / "device.toml").read_text()
+    assert [p.name for p in user.iterdir()] == ["device.toml"]  # no temporary file left beside it
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--set", "threads=many"], "--set threads: threads: invalid literal for int()"),
+    (["--set", "hots=1.2.3.4:1"], "unknown key 'hots' (did you mean host?)"),
+    (["--set", "host"], "--set 'host': expected KEY=VALUE"),
+])
+def test_config_set_refuses_what_the_flag_would_and_leaves_the_file(dirs, argv: list[str], message: str) -> None:
+    system, user = dirs
+    (user / "device.toml").write_text("threads = 2\n")
+    out = device("config", *argv, env=env_for(system, user))
+    assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert (user / "device.toml").read_text() == "threads = 2\n"
