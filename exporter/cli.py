@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Sequence
 from boards import BOARDS
 from device_runtime.bundle import FORMATS, HEAD, INT8, ONNX, PARTS, PRECISIONS
 from device_runtime.bundle_slice import slice_bundle
+from exporter.deploy.command import add_deploy_command
 from splitedge.errors import SplitEdgeError
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ examples:
   split-export analyze mypkg.models:fmnist_cnn --weights cnn.pt --data fashion-mnist --classes 5,7,9 --out report/
   split-export slice bundle/ --for board --formats tflite --precision int8 --out board-bundle/   # no torch needed
   split-export slice bundle/ --for host --out host-bundle/
+  split-export deploy bundle/ --to pi@192.168.1.31 --to pi@192.168.1.32 --host 192.168.1.20:7767   # no torch
 
 A cut point is named by its torch.fx node; `points` lists them. Marks: N = natural
 bottleneck (cut tensor smaller than the input, DSC c_l < 1), C = compressive (smaller
@@ -137,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="board: keep only this precision, float32 where an artifact has no other (default: every one)")
     cut.add_argument("--out", required=True, metavar="DIR", help="directory to write (must not exist, or be empty)")
     cut.set_defaults(run=_slice)
+    add_deploy_command(commands)
     return parser
 
 

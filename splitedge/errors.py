@@ -101,3 +101,12 @@ class ValidationError(SplitEdgeError):
 class ConfigError(SplitEdgeError):
     """A settings file or variable cannot be used: the message names the file (or variable), the key,
     what was expected and what was found."""
+
+
+class DeployError(SplitEdgeError):
+    """One board's deploy failed; the message names the board, why, and what to do."""
+
+    def __init__(self, board: str, reason: str) -> None:
+        super().__init__(f"{board}: {reason}")
+        self.board = board
+        self.reason = reason

@@ -1,0 +1,25 @@
+"""Deploys to boards over the user's own OpenSSH: board slices, verified on the board, switched atomically.
+
+No torch: ``split-export deploy`` runs wherever splitedge's runtimes are installed. A
+:class:`Fleet` slices a bundle for a board once and deploys it in rolling batches; each board's
+steps (:mod:`exporter.deploy.board`) leave it on a working release whatever fails.
+"""
+
+from exporter.deploy.board import BoardFacts, BoardResult, Release, board_steps, deploy_board, probe, rollback_board
+from exporter.deploy.fleet import Fleet, FleetResult, parse_max_fail
+from exporter.deploy.remote import Remote, UploadStats
+
+__all__ = [
+    "BoardFacts",
+    "BoardResult",
+    "Fleet",
+    "FleetResult",
+    "Release",
+    "Remote",
+    "UploadStats",
+    "board_steps",
+    "deploy_board",
+    "parse_max_fail",
+    "probe",
+    "rollback_board",
+]

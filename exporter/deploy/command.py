@@ -1,0 +1,103 @@
+"""``split-export deploy``: the command line over :class:`exporter.deploy.Fleet` (no torch)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from device_runtime.bundle import PRECISIONS
+from exporter.deploy.fleet import Fleet, parse_max_fail
+from splitedge.errors import SplitEdgeError
+
+__all__ = ["DEPLOY_EXAMPLES", "add_deploy_command"]
+
+DEPLOY_EXAMPLES = """\
+examples:
+  split-export deploy bundle/ --to pi@192.168.1.31                       # slice, upload, verify there, switch
+  split-export deploy bundle/ --to pi@192.168.1.31 --to pi@192.168.1.32 --host 192.168.1.20:7767 --camera picam
+  split-export deploy bundle/ --to pi1 --to pi2 --to pi3 --serial 1 --max-fail 34%   # Host aliases of ~/.ssh/config
+  split-export deploy bundle/ --to pi@192.168.1.31 --formats tflite --precision int8 --keep 2
+  split-export deploy bundle/ --to pi@192.168.1.31 --dry-run               # probe the boards, print the steps
+  split-export deploy --rollback --to pi@192.168.1.31                    # current -> the release before
+
+Each board: a board slice (heads, full model; no tails) goes to releases/.incoming-<id>/ under
+its splitedge directory (rsync hard-links the files the release in use already has; tar over
+ssh where the board has no rsync), is verified there by its own `split-device verify`, renamed
+to releases/<id>/ and switched to by `split-device switch` (atomic; the last --keep releases
+kept); --host/--camera/--set go into its ~/.config/splitedge/device.toml. Anything failing puts
+the board back on the release it had and says which board and why. ssh runs with your own
+~/.ssh/config, keys, agent and known_hosts, in batch mode (it never asks for a password).
+Exit status 0 when every board is on the new release, 1 otherwise.
+"""
+
+
+def add_deploy_command(commands: argparse._SubParsersAction) -> None:
+    deploy = commands.add_parser(
+        "deploy", help="deploy a bundle to boards over ssh: verified on the board, switched atomically (no torch)",
+        epilog=DEPLOY_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    deploy.add_argument("bundle", nargs="?", type=Path, help="bundle directory (not needed with --rollback)")
+    deploy.add_argument("--to", action="append", default=[], required=True, metavar="USER@BOARD",
+                        help="a board as ssh names it: user@address, ssh://user@address:port or a Host of your "
+                        "~/.ssh/config; repeatable")
+    deploy.add_argument("--formats", default=None, metavar="onnx|tflite",
+                        help="keep only these formats of heads and full model (default: every one)")
+    deploy.add_argument("--precision", choices=PRECISIONS, default=None,
+                        help="keep only this precision, float32 where an artifact has no other")
+    deploy.add_argument("--host", default=None, metavar="auto|IP:PORT", help="the board's host setting (device.toml)")
+    deploy.add_argument("--camera", default=None, help="the board's camera setting (device.toml), e.g. picam or 0")
+    deploy.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="set_values",
+                        help="any other device.toml setting (split-device config lists them); repeatable")
+    deploy.add_argument("--keep", type=int, default=3, help="releases kept on each board (default 3)")
+    deploy.add_argument("--serial", type=int, default=None, metavar="N",
+                        help="boards deployed at a time (default: all at once)")
+    deploy.add_argument("--max-fail", type=parse_max_fail, default=0.0, metavar="PERCENT",
+                        help="stop before the next batch once more than this share of the boards failed "
+                        "(default 0%%: the first failure stops the rollout)")
+    deploy.add_argument("--ssh-config", type=Path, default=None, metavar="FILE",
+                        help="an ssh config file instead of ~/.ssh/config (ssh -F)")
+    deploy.add_argument("-o", "--ssh-option", action="append", default=[], dest="ssh_options", metavar="NAME=VALUE",
+                        help="an ssh option (ssh -o), e.g. -o Port=2222; repeatable")
+    deploy.add_argument("--connect-timeout", type=int, default=10, metavar="S",
+                        help="seconds to reach each board (default 10)")
+    deploy.add_argument("--dry-run", action="store_true", help="probe the boards (read-only), print the steps")
+    deploy.add_argument("--rollback", action="store_true", help="switch each board back to its previous release")
+    deploy.set_defaults(run=run_deploy)
+
+
+def _settings(args: argparse.Namespace) -> dict[str, str]:
+    settings: dict[str, str] = {}
+    for item in args.set_values:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise SplitEdgeError(f"--set {item!r}: expected KEY=VALUE, for example --set threads=2")
+        settings[name.strip()] = value.strip()
+    if args.host is not None:
+        settings["host"] = args.host
+    if args.camera is not None:
+        settings["camera"] = args.camera
+    return settings
+
+
+def run_deploy(args: argparse.Namespace) -> int:
+    if args.rollback and args.bundle is not None:
+        raise SplitEdgeError("--rollback takes no bundle (each board goes back one release)")
+    if not args.rollback and args.bundle is None:
+        raise SplitEdgeError("give the bundle to deploy (or --rollback)")
+    formats = tuple(f.strip() for f in args.formats.split(",")) if args.formats else None
+    with Fleet(args.to, args.ssh_config, args.ssh_options, args.connect_timeout) as fleet:
+        if args.rollback:
+            result = fleet.rollback(args.serial, args.max_fail)
+        elif args.dry_run:
+            for line in fleet.plan(args.bundle, formats=formats, precision=args.precision, settings=_settings(args),
+                                   keep=args.keep, serial=args.serial, max_fail=args.max_fail):
+                print(line)
+            return 0
+        else:
+            result = fleet.deploy(args.bundle, formats=formats, precision=args.precision, settings=_settings(args),
+                                  keep=args.keep, serial=args.serial, max_fail=args.max_fail)
+    failed = [b for b in result.boards if not b.ok]
+    print(f"{len(result.boards) - len(failed)} of {len(args.to)} board(s) done"
+          + (f", {len(failed)} failed" if failed else "") + (f", {len(result.skipped)} not reached"
+                                                             if result.skipped else ""))
+    return 0 if result.ok else 1
