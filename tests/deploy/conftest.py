@@ -3,8 +3,8 @@
 Each board is Debian's ``sshd`` run by the test on a port of 127.0.0.1 with its own host key,
 letting one user in (made with ``useradd``, removed afterwards) by key only. Every board runs
 the same board install of splitedge: a virtual environment made by Debian's ``/usr/bin/python3``
-under a world-readable temporary directory with ``pip install splitedge-*.whl[device]``, as a
-board installs it (a board user cannot read this checkout's environments under /root), and
+under a world-readable temporary directory with ``pip install splitedge-*.whl[device,tflite,camera]``,
+as a board installs it (a board user cannot read this checkout's environments under /root), and
 linked as ``~/splitedge`` in each home, where ``split-export deploy`` looks for it. The test
 process is the workstation: its ssh reaches the boards through an ssh config file (``-F``)
 naming them board1, board2… with their ports, users, key and pinned host keys.
@@ -69,14 +69,14 @@ def shared_dir() -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def board_install(shared_dir: Path) -> Path:
-    """splitedge[device] installed from its wheel into a venv of Debian's Python: what a board has."""
+    """splitedge[device,tflite,camera] installed from its wheel into a venv of Debian's Python: what a board has."""
     from testbed.board_box import build_wheel
 
     wheel = build_wheel(ROOT, shared_dir / "wheel")
     venv = shared_dir / "venv"
     _run([str(BOARD_PYTHON), "-m", "venv", str(venv)])
-    _run([str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check", f"{wheel}[device]"],
-         env={k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))})
+    _run([str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check",
+          f"{wheel}[device,tflite,camera]"], env={k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))})
     for path in [shared_dir, *shared_dir.rglob("*")]:
         if not path.is_symlink():
             path.chmod(path.stat().st_mode | 0o055 if path.is_dir() else path.stat().st_mode | 0o044)
@@ -102,9 +102,13 @@ class Board:
             return None
 
     def as_user(self, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        """Run ``argv`` on the board as its user (through runuser, not ssh: the test's own look)."""
-        return subprocess.run(["runuser", "-u", self.user, "--", "env", f"HOME={self.home}", *argv],
-                              capture_output=True, text=True, timeout=timeout, cwd="/")
+        """Run ``argv`` on the board as its user, in a clean environment (nothing of the test's leaks in)."""
+        return subprocess.run(["runuser", "-u", self.user, "--", "env", "-i", f"HOME={self.home}",
+                               "PATH=/usr/bin:/bin", *argv], capture_output=True, text=True, timeout=timeout, cwd="/")
+
+    def releases(self) -> list[str]:
+        folder = self.root / "releases"
+        return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
 
 
 @dataclass
@@ -113,9 +117,15 @@ class Boards:
     key: Path
     boards: dict[str, Board]
     install: Path
+    base: Path  # world-readable: photos and the like for the boards go here
 
     def __getitem__(self, name: str) -> Board:
         return self.boards[name]
+
+    def ssh(self, name: str, command: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """``command`` on board ``name`` through ssh, as the workstation's user would run it."""
+        return subprocess.run(["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", name, command],
+                              capture_output=True, text=True, timeout=timeout)
 
 
 class _Maker:
@@ -129,7 +139,8 @@ class _Maker:
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key)])
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
 
-    def board(self, name: str, *, installed: bool = True, disk_mb: int | None = None) -> Board:
+    def board(self, name: str, *, installed: bool = True, disk_mb: int | None = None,
+              files: dict[str, str] | None = None) -> Board:
         user = f"se{os.getpid() % 100000}{name}"[:32]
         home = self.base / f"home-{name}"
         _run(["useradd", "--home-dir", str(home), "--create-home", "--shell", "/bin/sh", "--user-group", user])
@@ -139,6 +150,11 @@ class _Maker:
         shutil.copy(f"{self.key}.pub", ssh_dir / "authorized_keys")
         if installed:
             (home / "splitedge").symlink_to(self.install)
+        for relative, text in (files or {}).items():  # executables of the board's own, under its home
+            path = home / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text.replace("$HOME", str(home)))
+            path.chmod(0o755)
         if disk_mb is not None:  # a board with a small, real disk: tmpfs where the releases go
             share = home / ".local" / "share"
             share.mkdir(parents=True)
@@ -205,7 +221,7 @@ def make_boards(board_install: Path) -> Iterator[callable]:
     def make(**specs: dict) -> Boards:
         for name, spec in specs.items():
             maker.board(name, **spec)
-        return Boards(base / "ssh_config", maker.key, maker.boards, board_install)
+        return Boards(base / "ssh_config", maker.key, maker.boards, board_install, base)
 
     try:
         yield make
