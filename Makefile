@@ -66,6 +66,12 @@ $(FASHION_MNIST):
 	$(SUDO) apt-get install -y --no-install-recommends dataset-fashion-mnist systemd || \
 	{ $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends dataset-fashion-mnist systemd; }
 
+# Deploy tests: a real OpenSSH server per board, and rsync at both ends (only where they are missing).
+SSHD := /usr/sbin/sshd
+$(SSHD): | $(FASHION_MNIST)
+	$(SUDO) apt-get install -y --no-install-recommends openssh-server rsync || \
+	{ $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends openssh-server rsync; }
+
 # What needs torch: the exporter, the checks of the board's preprocessing against torchvision, and
 # the exporter's part of the public faces and of the docs against --help (both also run below).
 test-workstation: $(VENV)/.installed $(FASHION_MNIST)
@@ -73,9 +79,9 @@ test-workstation: $(VENV)/.installed $(FASHION_MNIST)
 
 # Everything else runs once, in the environment without torch (as on a board and a host),
 # against a bundle the workstation exported.
-test-device: $(DEVICE_VENV)/.installed $(BUILD)/test-bundle/manifest.json $(BUILD)/photos/.written
+test-device: $(DEVICE_VENV)/.installed $(BUILD)/test-bundle/manifest.json $(BUILD)/photos/.written $(SSHD)
 	SPLITEDGE_DEVICE_ENV=1 SPLITEDGE_TEST_BUNDLE=$(BUILD)/test-bundle SPLITEDGE_TEST_PHOTOS=$(BUILD)/photos \
-	$(DEVICE_VENV)/bin/python -m pytest -q tests/test_architecture.py tests/test_public_faces.py tests/test_docs_agree.py tests/splitedge tests/device_runtime tests/host_runtime tests/e2e tests/calibration tests/boards tests/fieldtrial tests/testbed
+	$(DEVICE_VENV)/bin/python -m pytest -q tests/test_architecture.py tests/test_public_faces.py tests/test_docs_agree.py tests/splitedge tests/device_runtime tests/host_runtime tests/e2e tests/calibration tests/boards tests/fieldtrial tests/testbed tests/deploy
 
 # ---- The board in a box: arm64 Debian Bookworm (64-bit Raspberry Pi OS's base, Python 3.11) under
 # qemu-user-static, as root. The board's wheel installs in it from real aarch64 wheels and must give

@@ -45,6 +45,10 @@ FACES = {
         "DelayRelay", "EmulatedLink", "LinkEmulationError", "LinkEmulationUnavailable", "RateSchedule", "RateStep",
         "remove_stale_links", "serve_in", "tbf_parameters", "unavailable_reason",
     ],
+    "exporter.deploy": [
+        "BoardFacts", "BoardResult", "Fleet", "FleetResult", "Release", "Remote", "UploadStats", "board_steps",
+        "deploy_board", "parse_max_fail", "probe", "rollback_board",
+    ],
     "exporter": [
         "Case", "Chain", "CutPoint", "LoadedModel", "OnnxRunner", "Runner", "TracedModel", "build_bundle", "compare",
         "export_onnx", "find_cut_points", "get_cut_point", "load_model", "select_splits", "split_at", "trace", "validate",

@@ -51,7 +51,7 @@ def add_deploy_command(commands: argparse._SubParsersAction) -> None:
     deploy.add_argument("--keep", type=int, default=3, help="releases kept on each board (default 3)")
     deploy.add_argument("--serial", type=int, default=None, metavar="N",
                         help="boards deployed at a time (default: all at once)")
-    deploy.add_argument("--max-fail", type=parse_max_fail, default=0.0, metavar="PERCENT",
+    deploy.add_argument("--max-fail", type=_max_fail, default=0.0, metavar="PERCENT",
                         help="stop before the next batch once more than this share of the boards failed "
                         "(default 0%%: the first failure stops the rollout)")
     deploy.add_argument("--ssh-config", type=Path, default=None, metavar="FILE",
@@ -63,6 +63,13 @@ def add_deploy_command(commands: argparse._SubParsersAction) -> None:
     deploy.add_argument("--dry-run", action="store_true", help="probe the boards (read-only), print the steps")
     deploy.add_argument("--rollback", action="store_true", help="switch each board back to its previous release")
     deploy.set_defaults(run=run_deploy)
+
+
+def _max_fail(text: str) -> float:
+    try:
+        return parse_max_fail(text)
+    except SplitEdgeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _settings(args: argparse.Namespace) -> dict[str, str]:

@@ -90,9 +90,8 @@ class Remote:
         if done.returncode == 255:
             raise DeployError(self.destination, _ssh_reason(done.stderr))
         if check and done.returncode != 0:
-            said = (done.stderr.strip() or done.stdout.strip()).splitlines()
-            raise DeployError(self.destination, f"{command.split()[0]} failed (exit {done.returncode}): "
-                              + (said[-1] if said else "no message"))
+            raise DeployError(self.destination, f"{_named(command)} failed (exit {done.returncode}): "
+                              + _last_said(done, command))
         return done
 
     def close(self) -> None:
@@ -111,7 +110,10 @@ class Remote:
         return self._tar(local, remote_dir)
 
     def _rsync(self, local: Path, remote_dir: str, link_dest: str | None) -> UploadStats:
-        argv = ["rsync", "-a", "--delete", "--stats", "-e", shlex.join(self.ssh_argv())]
+        # --whole-file: a changed file crosses whole. A re-exported head differs throughout, so a
+        # delta would save little, and rsync 3.2.7's delta against a --link-dest basis was seen to
+        # fail its own check ("failed verification -- update discarded", exit 23) on every run.
+        argv = ["rsync", "-a", "--whole-file", "--delete", "--stats", "-e", shlex.join(self.ssh_argv())]
         if link_dest is not None:
             argv.append(f"--link-dest={link_dest}")
         argv += [f"{local}/", f"{self.destination}:{shlex.quote(remote_dir)}/"]
@@ -163,8 +165,25 @@ class Remote:
         return UploadStats(sent, "tar over ssh")
 
 
+def _named(command: str) -> str:
+    """``/home/pi/splitedge/bin/split-device config --set …`` -> ``split-device config``."""
+    words = shlex.split(command) if command.strip() else ["(nothing)"]
+    name = Path(words[0]).name
+    return f"{name} {words[1]}" if len(words) > 1 and words[1].isalpha() else name
+
+
+def _last_said(done: subprocess.CompletedProcess[str], command: str) -> str:
+    """The last line the command printed, without its program's own ``NAME: error:`` prefix."""
+    said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+    if not said:
+        return "no message"
+    prefix = f"{_named(command).split()[0]}: error: "
+    return said[-1][len(prefix):] if said[-1].startswith(prefix) else said[-1]
+
+
 def _upload_reason(stderr: str, tool: str, code: int) -> str:
     if "No space left on device" in stderr or "Disk quota exceeded" in stderr:
         return "its disk is full: the upload stopped; free space there (old releases: split-device status)"
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    return f"the upload failed ({tool} exit {code}): {lines[-1] if lines else 'no message'}"
+    first = next((line for line in lines if "error" not in line.split(":", 1)[0].lower() and ": " in line), None)
+    return f"the upload failed ({tool} exit {code}): {first or (lines[-1] if lines else 'no message')}"

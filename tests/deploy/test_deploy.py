@@ -9,7 +9,9 @@ home and host key, running splitedge installed from its wheel; the deploy is thi
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import signal
 import shutil
 import subprocess
 import tempfile
@@ -19,6 +21,9 @@ import pytest
 
 from device_runtime.bundle import BOARD_PART, HEAD, Bundle, make_artifact, write_manifest
 from device_runtime.bundle_slice import slice_manifest
+from exporter.deploy import Fleet, board_steps, probe
+from exporter.deploy.board import BoardResult
+from splitedge.errors import DeployError
 from tests.conftest import start_host
 from tests.deploy.conftest import Boards, needs_boards, split_export
 
@@ -118,3 +123,181 @@ def test_max_fail_stops_the_rollout_before_the_next_batch(make_boards, mobilenet
     out = deploy(fleet, mobilenet_bundle, "board2", "board1", "board3", extra=("--serial", "1", "--max-fail", "34%"))
     assert out.returncode == 1 and "2 of 3 board(s) done, 1 failed" in out.stdout
     assert fleet["board1"].current() == fleet["board3"].current() == slice_id(mobilenet_bundle)
+
+
+def fleet_of(boards: Boards, *names: str) -> Fleet:
+    return Fleet(list(names), boards.ssh_config, say=lambda line: None)
+
+
+def test_a_redeploy_sends_only_the_changed_head_and_rollback_goes_back(
+    make_boards, mobilenet_bundle: Path, changed_bundle: Path,
+) -> None:
+    boards = make_boards(board1={})
+    first_id, second_id = slice_id(mobilenet_bundle), slice_id(changed_bundle)
+    assert first_id != second_id
+    with fleet_of(boards, "board1") as fleet:
+        (first,) = fleet.deploy(mobilenet_bundle).boards
+        (second,) = fleet.deploy(changed_bundle).boards
+        (again,) = fleet.deploy(changed_bundle).boards
+    assert first.ok and second.ok and again.ok, (first.error, second.error, again.error)
+    head = next(a for a in Bundle.load(changed_bundle, roles=()).manifest.splits[-1].artifacts if a.role == HEAD)
+    release_bytes = sum(f.stat().st_size for f in (boards["board1"].root / "releases" / first_id).rglob("*")
+                        if f.is_file())
+    assert first.sent_bytes > 0.9 * release_bytes and first.method == "rsync"
+    # The changed head and the manifest, plus rsync's file list: never the unchanged files.
+    assert head.bytes <= second.sent_bytes < head.bytes + 64_000, (second.sent_bytes, head.bytes)
+    assert again.sent_bytes == 0 and again.method == ""  # already there and whole: nothing sent
+    assert boards["board1"].current() == second_id and boards["board1"].releases() == sorted([first_id, second_id])
+    unchanged = next(a for a in Bundle.load(mobilenet_bundle, roles=()).manifest.full)
+    a = (boards["board1"].root / "releases" / first_id / unchanged.path).stat()
+    b = (boards["board1"].root / "releases" / second_id / unchanged.path).stat()
+    assert a.st_ino == b.st_ino  # hard-linked on the board, not a second copy
+    out = deploy(boards, None, "board1", extra=("--rollback",))
+    assert out.returncode == 0 and f"board1: current {first_id} (was {second_id})" in out.stdout
+    assert boards["board1"].current() == first_id
+
+
+def test_an_upload_that_does_not_verify_on_the_board_is_removed_and_current_stays(
+    make_boards, mobilenet_bundle: Path, changed_bundle: Path, tmp_path: Path,
+) -> None:
+    boards = make_boards(board1={})
+    with fleet_of(boards, "board1") as fleet:
+        assert fleet.deploy(mobilenet_bundle).ok
+        release = fleet.slice(changed_bundle, tmp_path, None, None)
+        remote = fleet.remote("board1")
+        facts = probe(remote)
+        steps, undo = board_steps(remote, facts, release, {}, 3, BoardResult("board1"))
+        dict(steps)["upload"]()
+        incoming = boards["board1"].root / "releases" / f".incoming-{release.id}"
+        head = next(a for a in release.manifest.splits[-1].artifacts if a.role == HEAD)
+        with open(incoming / head.path, "r+b") as fh:  # a bit flipped on the way (an SD card, a link)
+            fh.seek(1000)
+            byte = fh.read(1)
+            fh.seek(1000)
+            fh.write(bytes([byte[0] ^ 1]))
+        with pytest.raises(DeployError, match=rf"^board1: the upload does not verify on the board: .*{head.path}.*"
+                                              r"it was removed; deploy again"):
+            dict(steps)["verify"]()
+    assert not incoming.exists() and undo == []
+    assert boards["board1"].current() == slice_id(mobilenet_bundle) and len(boards["board1"].releases()) == 1
+
+
+def test_a_deploy_stopped_after_any_step_leaves_a_whole_current(
+    make_boards, mobilenet_bundle: Path, changed_bundle: Path, tmp_path: Path,
+) -> None:
+    """A deploy killed (or a board losing power) between any two steps: current is the old release or the new."""
+    boards = make_boards(board1={})
+    board = boards["board1"]
+    old_id, new_id = slice_id(mobilenet_bundle), slice_id(changed_bundle)
+    with fleet_of(boards, "board1") as fleet:
+        assert fleet.deploy(mobilenet_bundle).ok
+        release = fleet.slice(changed_bundle, tmp_path, None, None)
+        remote = fleet.remote("board1")
+        names = [name for name, _ in board_steps(remote, probe(remote), release, {"threads": "2"}, 3,
+                                                 BoardResult("board1"))[0]]
+        for stop_after in range(len(names) + 1):
+            board.as_user(str(board.home / "splitedge/bin/split-device"), "switch", old_id, "--root", str(board.root))
+            shutil.rmtree(board.root / "releases" / new_id, ignore_errors=True)
+            steps, _ = board_steps(remote, probe(remote), release, {"threads": "2"}, 3, BoardResult("board1"))
+            for _, step in steps[:stop_after]:
+                step()
+            status = board.as_user(str(board.home / "splitedge/bin/split-device"), "status", "--root",
+                                   str(board.root), "--json")
+            assert status.returncode == 0, (names[:stop_after], status.stdout)
+            expected = new_id if "switch" in names[:stop_after] else old_id
+            assert board.current() == expected, names[:stop_after]
+        # After a stop anywhere, the next deploy completes.
+        assert fleet.deploy(changed_bundle).ok and board.current() == new_id
+
+
+def test_a_setting_the_board_refuses_puts_the_release_and_the_settings_back(
+    make_boards, mobilenet_bundle: Path, changed_bundle: Path,
+) -> None:
+    boards = make_boards(board1={})
+    board = boards["board1"]
+    assert deploy(boards, mobilenet_bundle, "board1", extra=("--host", "127.0.0.1:7767")).returncode == 0
+    settings = (board.home / ".config/splitedge/device.toml").read_text()
+    out = deploy(boards, changed_bundle, "board1", extra=("--set", "threads=many", "--camera", "picam"))
+    assert out.returncode == 1
+    (line,) = [line for line in out.stdout.splitlines() if line.startswith("board1:")]
+    assert re.fullmatch(rf"board1: FAILED: split-device config failed \(exit 2\): --set threads: .*'many'.*; "
+                        rf"rolled back to "
+                        rf"{slice_id(mobilenet_bundle)}", line), line
+    assert board.current() == slice_id(mobilenet_bundle)
+    assert (board.home / ".config/splitedge/device.toml").read_text() == settings
+
+
+def test_a_field_trial_holding_the_update_lock_defers_the_switch(
+    make_boards, mobilenet_bundle: Path, changed_bundle: Path,
+) -> None:
+    boards = make_boards(board1={})
+    board = boards["board1"]
+    assert deploy(boards, mobilenet_bundle, "board1").returncode == 0
+    trial = subprocess.Popen(["runuser", "-u", board.user, "--", "flock", "-s", str(board.root / "updates.lock"),
+                              "sleep", "60"], start_new_session=True)
+    try:
+        for _ in range(100):  # until the trial holds it
+            probe_lock = subprocess.run(["flock", "-n", "-x", str(board.root / "updates.lock"), "true"])
+            if probe_lock.returncode != 0:
+                break
+            subprocess.run(["sleep", "0.05"])
+        out = deploy(boards, changed_bundle, "board1")
+        assert out.returncode == 1
+        assert "board1: FAILED: a field trial holds updates.lock there: the switch is deferred (the release is " \
+               "installed); deploy again when the trial ends; current left as it was" in out.stdout
+        assert board.current() == slice_id(mobilenet_bundle) and slice_id(changed_bundle) in board.releases()
+    finally:
+        os.killpg(trial.pid, signal.SIGKILL)  # runuser, flock and sleep: the lock goes with the last
+        trial.wait()
+    out = deploy(boards, changed_bundle, "board1")
+    assert out.returncode == 0 and board.current() == slice_id(changed_bundle)
+
+
+def test_dry_run_probes_and_prints_the_steps_and_changes_nothing(make_boards, mobilenet_bundle: Path) -> None:
+    boards = make_boards(board1={}, board2={"installed": False})
+    out = deploy(boards, mobilenet_bundle, "board1", "board2", extra=("--dry-run", "--camera", "picam"))
+    assert out.returncode == 0, out.stderr
+    release = slice_id(mobilenet_bundle)
+    assert out.stdout.startswith(f"would deploy {release} (16.9 MB, 2 split(s)) to 2 board(s)")
+    assert f"split-device switch {release} --root {boards['board1'].root} --keep 3" in out.stdout
+    assert "config --set camera=picam --file" in out.stdout and "by rsync" in out.stdout
+    assert "board2: cannot deploy: split-device is not installed" in out.stdout
+    assert boards["board1"].current() is None and not (boards["board1"].root / "releases").exists()
+
+
+OLD_PYTHON = "#!/bin/sh\necho 3.9\n"  # answers as Python 3.9 would to the probe's version question
+
+
+@pytest.mark.parametrize("spec, ssh_change, message", [
+    ({"installed": False}, None, "split-device is not installed (not on PATH, not in ~/splitedge/bin or "
+                                 "~/.local/bin): install it there: python3 -m venv"),
+    ({"installed": False, "files": {"oldpy/python3": OLD_PYTHON,
+                                    "splitedge/bin/split-device": "#!$HOME/oldpy/python3\n"}},
+     None, "its Python is 3.9; splitedge needs 3.10 or newer"),
+    ({}, ("Port", "1"), "nothing listens for ssh there"),
+    ({}, ("IdentityFile", "/nonexistent/key"), "the board refused the login: check the user and that "
+                                               "your key is in its ~/.ssh/authorized_keys"),
+    ({}, ("UserKnownHostsFile", "/dev/null"), "its host key is unknown or changed"),
+])
+def test_a_board_that_cannot_take_a_release_is_one_line_and_untouched(
+    make_boards, mobilenet_bundle: Path, spec: dict, ssh_change: tuple[str, str] | None, message: str,
+) -> None:
+    boards = make_boards(board1=spec)
+    if ssh_change is not None:
+        name, value = ssh_change
+        text = boards.ssh_config.read_text()
+        boards.ssh_config.write_text(re.sub(rf"(?m)^  {name} .*$", f"  {name} {value}", text))
+    out = deploy(boards, mobilenet_bundle, "board1", extra=("--connect-timeout", "5"))
+    assert out.returncode == 1 and out.stderr == ""
+    (line,) = [line for line in out.stdout.splitlines() if line.startswith("board1:")]
+    assert line.startswith("board1: FAILED: " + message) and line.endswith("; current left as it was"), line
+    assert boards["board1"].current() is None
+
+
+def test_bad_arguments_are_one_line(make_boards, tmp_path: Path) -> None:
+    out = split_export("deploy", str(tmp_path / "nothing"), "--to", "board1")
+    assert out.returncode == 2 and out.stderr.startswith("split-export: error: ") and "nothing" in out.stderr
+    out = split_export("deploy", "--to", "pi@board1", "--max-fail", "120%")
+    assert out.returncode == 2 and "--max-fail '120%': must lie between 0% and 100%" in out.stderr
+    out = split_export("deploy", str(tmp_path), "--rollback", "--to", "pi@board1")
+    assert out.returncode == 2 and "split-export: error: --rollback takes no bundle" in out.stderr
