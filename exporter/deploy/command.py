@@ -51,7 +51,7 @@ def add_deploy_command(commands: argparse._SubParsersAction) -> None:
     deploy.add_argument("--keep", type=int, default=3, help="releases kept on each board (default 3)")
     deploy.add_argument("--serial", type=int, default=None, metavar="N",
                         help="boards deployed at a time (default: all at once)")
-    deploy.add_argument("--max-fail", type=_max_fail, default=0.0, metavar="PERCENT",
+    deploy.add_argument("--max-fail", type=_max_fail, default="0%", metavar="PERCENT",
                         help="stop before the next batch once more than this share of the boards failed "
                         "(default 0%%: the first failure stops the rollout)")
     deploy.add_argument("--ssh-config", type=Path, default=None, metavar="FILE",
