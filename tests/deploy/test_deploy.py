@@ -25,7 +25,8 @@ from exporter.deploy import Fleet, board_steps, probe
 from exporter.deploy.board import BoardResult
 from splitedge.errors import DeployError
 from tests.conftest import start_host
-from tests.deploy.conftest import Boards, needs_boards, split_export
+from testbed.ssh_boards import SshBoards
+from tests.deploy.conftest import needs_boards, split_export
 
 pytestmark = needs_boards
 
@@ -37,7 +38,7 @@ def answers(stdout: str) -> dict[str, tuple[str, float, str]]:
     return {m[1]: (m[2], float(m[3]), m[4]) for m in ANSWER.finditer(stdout)}
 
 
-def deploy(fleet: Boards, bundle: Path | None, *boards: str, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+def deploy(fleet: SshBoards, bundle: Path | None, *boards: str, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     to = [arg for board in boards for arg in ("--to", board)]
     return split_export("deploy", *([str(bundle)] if bundle else []), *to, "--ssh-config", str(fleet.ssh_config),
                         *extra)
@@ -125,7 +126,7 @@ def test_max_fail_stops_the_rollout_before_the_next_batch(make_boards, mobilenet
     assert fleet["board1"].current() == fleet["board3"].current() == slice_id(mobilenet_bundle)
 
 
-def fleet_of(boards: Boards, *names: str) -> Fleet:
+def fleet_of(boards: SshBoards, *names: str) -> Fleet:
     return Fleet(list(names), boards.ssh_config, say=lambda line: None)
 
 
