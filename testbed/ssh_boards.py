@@ -16,6 +16,7 @@ says what is missing. Used by ``tests/deploy`` and ``bench/deploy_cost.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -25,7 +26,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BOARD_PYTHON", "SSHD", "SshBoard", "SshBoards", "install_board_venv", "unavailable_reason"]
+from device_runtime.bundle import HEAD, Bundle, make_artifact, write_manifest
+
+__all__ = ["BOARD_PYTHON", "SSHD", "SshBoard", "SshBoards", "install_board_venv", "one_head_changed",
+           "unavailable_reason"]
 
 SSHD = Path("/usr/sbin/sshd")
 BOARD_PYTHON = Path("/usr/bin/python3")  # Debian's, which every user may run (a pyenv's may sit under /root)
@@ -66,6 +70,23 @@ def install_board_venv(wheel: Path, venv: Path) -> Path:
         if not path.is_symlink():
             path.chmod(path.stat().st_mode | (0o055 if path.is_dir() else 0o044))
     return venv
+
+
+def one_head_changed(bundle: Path, out: Path) -> Path:
+    """A copy of ``bundle`` at ``out`` as if its last split's head had been re-exported: a valid ONNX
+    field (``doc_string``) appended, so that head's bytes, its sha256 and the bundle's id differ
+    while every other file is the same. A redeploy of it should send that head alone."""
+    shutil.copytree(bundle, out)
+    manifest = Bundle.load(out, roles=()).manifest
+    split = manifest.splits[-1]
+    head = next(a for a in split.artifacts if a.role == HEAD)
+    with open(out / head.path, "ab") as fh:
+        fh.write(b"\x32\x0bre-exported")  # ModelProto field 6 (doc_string): the last one read wins
+    changed = make_artifact(out, head.path, head.role, head.format, head.precision)
+    split = dataclasses.replace(split, artifacts=tuple(changed if a is head else a for a in split.artifacts))
+    write_manifest(out, dataclasses.replace(manifest, splits=(*manifest.splits[:-1], split), bundle_id="",
+                                            manifest_sha256=""))
+    return out
 
 
 @dataclass
@@ -160,7 +181,7 @@ class SshBoards:
         config.write_text(
             f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\nPidFile {self.base}/sshd_{name}.pid\n"
             "AuthorizedKeysFile .ssh/authorized_keys\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-            f"UsePAM no\nAllowUsers {user}\nStrictModes yes\nMaxStartups 30\n"
+            f"UsePAM no\nAllowUsers {user}\nStrictModes yes\nMaxStartups 30\nSubsystem sftp internal-sftp\n"
         )
         log = self.base / f"sshd_{name}.log"
         with open(log, "w") as fh:

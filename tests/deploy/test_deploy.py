@@ -8,7 +8,6 @@ home and host key, running splitedge installed from its wheel; the deploy is thi
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import signal
@@ -19,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from device_runtime.bundle import BOARD_PART, HEAD, Bundle, make_artifact, write_manifest
+from device_runtime.bundle import BOARD_PART, HEAD, Bundle, write_manifest
 from device_runtime.bundle_slice import slice_manifest
 from exporter.deploy import Fleet, board_steps, probe
 from exporter.deploy.board import BoardResult
 from splitedge.errors import DeployError
 from tests.conftest import start_host
-from testbed.ssh_boards import SshBoards
+from testbed.ssh_boards import SshBoards, one_head_changed
 from tests.deploy.conftest import needs_boards, split_export
 
 pytestmark = needs_boards
@@ -53,20 +52,7 @@ def slice_id(bundle: Path) -> str:
 
 @pytest.fixture(scope="module")
 def changed_bundle(mobilenet_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The test bundle with one head re-exported: a valid ONNX field (doc_string) appended, so its
-    bytes, its sha256 and the bundle's id differ while every other file stays the same."""
-    out = tmp_path_factory.mktemp("changed") / "bundle"
-    shutil.copytree(mobilenet_bundle, out)
-    manifest = Bundle.load(out, roles=()).manifest
-    split = manifest.splits[-1]
-    head = next(a for a in split.artifacts if a.role == HEAD)
-    with open(out / head.path, "ab") as fh:
-        fh.write(b"\x32\x0bre-exported")  # ModelProto field 6 (doc_string): the last one read wins
-    changed = make_artifact(out, head.path, head.role, head.format, head.precision)
-    split = dataclasses.replace(split, artifacts=tuple(changed if a is head else a for a in split.artifacts))
-    write_manifest(out, dataclasses.replace(manifest, splits=(*manifest.splits[:-1], split), bundle_id="",
-                                            manifest_sha256=""))
-    return out
+    return one_head_changed(mobilenet_bundle, tmp_path_factory.mktemp("changed") / "bundle")
 
 
 def reference(bundle: Path, photos: Path, split: str, host: str | None = None) -> dict[str, tuple[str, float, str]]:
