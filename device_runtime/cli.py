@@ -41,7 +41,7 @@ from device_runtime.hosts.connect import connect_host, host_address
 from device_runtime.hosts.host_link import HostLink
 from device_runtime.hosts.kernel_timing import kernel_timing_support
 from device_runtime.hosts.link_meter import LinkMeter
-from device_runtime.lifecycle import run_command, stop_on_signals
+from device_runtime.lifecycle import notify, run_command, stop_on_signals
 from device_runtime.stream.camera import FrameSource, open_source
 from device_runtime.stream.picamera import pi_camera_absent
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig
@@ -299,11 +299,16 @@ async def _run(args: argparse.Namespace, last_run: LastRun) -> None:
     try:
         with _open_camera(args, chosen) as source:
             print(f"camera: {source.description}{chosen}", flush=True)
+            ready = False
             async for result in pipeline.run(source, frames=args.frames, stop=stop):
                 print(result.line(), flush=True)
+                if not ready:  # a frame answered: bundle, camera and a path to the result all work
+                    notify(f"READY=1\nSTATUS=running {bundle.manifest.bundle_id} from {args.bundle}")
+                    ready = True
                 if trace is not None:
                     trace.frame(result)
     finally:
+        notify("STOPPING=1")
         if trace is not None:
             trace.close()
         if hosts is not None:

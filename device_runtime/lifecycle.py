@@ -1,13 +1,16 @@
 """Signals become a flag: SIGINT and SIGTERM set an event the main loop awaits (as uvicorn does).
 
 Shutdown is then ordinary code — withdraw the zeroconf record, close sockets, finish or fail
-what is in flight — bounded in time, instead of a KeyboardInterrupt landing anywhere.
+what is in flight — bounded in time, instead of a KeyboardInterrupt landing anywhere. And a
+service tells systemd how it is (:func:`notify`): ready once it has answered a frame, stopping.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import socket
 import sys
 from typing import Callable, Coroutine
 
@@ -39,3 +42,23 @@ def run_command(prog: str, main: Coroutine[object, object, object], runner: Runn
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def notify(state: str) -> bool:
+    """``sd_notify(3)``: one datagram of ``NAME=VALUE`` lines to ``$NOTIFY_SOCKET``, as systemd's
+    ``Type=notify`` units do (``READY=1``, ``STATUS=…``, ``STOPPING=1``). A ``Type=notify`` unit is
+    "active" only once ``READY=1`` arrives, so ``systemctl restart`` returns when the service
+    really works, and fails when it never does. Outside such a unit (no ``NOTIFY_SOCKET``) it
+    does nothing and returns False; a socket that cannot be reached is a warning, never an error."""
+    path = os.environ.get("NOTIFY_SOCKET")
+    if not path:
+        return False
+    address = "\0" + path[1:] if path.startswith("@") else path  # '@': the abstract namespace
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.connect(address)
+            sock.sendall(state.encode())
+    except OSError as exc:
+        print(f"warning: could not tell systemd {state.splitlines()[0]!r} at {path}: {exc}", file=sys.stderr)
+        return False
+    return True
