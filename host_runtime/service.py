@@ -10,8 +10,6 @@ unit shares, and enabled with ``systemctl enable --now`` where systemd runs.
 from __future__ import annotations
 
 import argparse
-import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,13 +17,11 @@ from pathlib import Path
 from device_runtime.bundle import FULL, TAIL, Bundle
 from device_runtime.wire.auth import load_key
 from splitedge.errors import SplitEdgeError
-from splitedge.units import Credential, ServiceUnit
+from splitedge.units import UNIT_DIR, Credential, ServiceUnit, enable_unit, write_unit
 
 __all__ = ["SERVICE_EXAMPLES", "install_service", "host_unit", "service_arguments"]
 
-UNIT_DIR = Path("/etc/systemd/system")
 NAME = "splitedge-host"
-SYSTEMD_RUNNING = Path("/run/systemd/system")  # sd_booted(): systemd is PID 1 here
 #: install-service's own flags: not passed on to serve.
 OWN = {"unit_dir", "name", "user", "dry_run", "no_enable", "command", "bundles"}
 #: Secrets handed over as credentials: (dest, credential name).
@@ -97,18 +93,6 @@ def host_unit(args: argparse.Namespace, parser_factory: Callable[[], argparse.Ar
     )
 
 
-def _enable(name: str) -> str | None:
-    """``systemctl daemon-reload`` and ``enable --now``; None when done, else why not."""
-    systemctl = shutil.which("systemctl")
-    if systemctl is None or not SYSTEMD_RUNNING.is_dir():
-        return "systemd is not running on this machine (no /run/systemd/system)"
-    for command in (["daemon-reload"], ["enable", "--now", f"{name}.service"]):
-        out = subprocess.run([systemctl, *command], capture_output=True, text=True, timeout=60)
-        if out.returncode != 0:
-            return f"systemctl {' '.join(command)} failed: {(out.stderr or out.stdout).strip()}"
-    return None
-
-
 def install_service(args: argparse.Namespace, parser_factory: Callable[[], argparse.ArgumentParser]) -> int:
     try:
         text = host_unit(args, parser_factory).render()
@@ -118,18 +102,15 @@ def install_service(args: argparse.Namespace, parser_factory: Callable[[], argpa
     if args.dry_run:
         print(text, end="")
         return 0
-    path = Path(args.unit_dir) / f"{args.name}.service"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    except OSError as exc:
-        print(f"split-host: error: cannot write {path} ({exc.strerror}): run with sudo, or choose --unit-dir",
-              file=sys.stderr)
+        path = write_unit(text, args.unit_dir, args.name)
+    except SplitEdgeError as exc:
+        print(f"split-host: error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {path}")
     if args.no_enable:
         return 0
-    why = _enable(args.name)
+    why = enable_unit(args.name)
     if why is not None:
         print(f"split-host: not enabled: {why}; where systemd runs: sudo systemctl daemon-reload && "
               f"sudo systemctl enable --now {args.name}", file=sys.stderr)

@@ -15,11 +15,19 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Credential", "ServiceUnit", "exec_line", "needs_home"]
+from splitedge.errors import SplitEdgeError
+
+__all__ = ["SYSTEMD_RUNNING", "UNIT_DIR", "Credential", "ServiceUnit", "enable_offline", "enable_unit", "exec_line",
+           "needs_home", "write_unit"]
+
+UNIT_DIR = Path("/etc/systemd/system")
+SYSTEMD_RUNNING = Path("/run/systemd/system")  # sd_booted(): systemd is PID 1 here
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 HOMES = (Path("/home"), Path("/root"), Path("/run/user"))
@@ -77,6 +85,8 @@ class ServiceUnit:
     start_limit_interval_s: int = 60
     start_limit_burst: int = 5
     stop_timeout_s: int = 30  # SIGTERM first: splitedge drains within a bound
+    notify: bool = False  # Type=notify: active only once the service says READY=1 (sd_notify)
+    start_timeout_s: int | None = None  # TimeoutStartSec=: how long READY=1 may take (loading a model)
     header: str = ""
 
     @property
@@ -93,7 +103,11 @@ class ServiceUnit:
             ("StartLimitIntervalSec", str(self.start_limit_interval_s)),
             ("StartLimitBurst", str(self.start_limit_burst)),
         ]
-        service: list[tuple[str, str]] = [("Type", "exec"), ("ExecStart", exec_line(self.argv))]
+        service: list[tuple[str, str]] = [("Type", "notify"), ("NotifyAccess", "main")] if self.notify else \
+            [("Type", "exec")]
+        service.append(("ExecStart", exec_line(self.argv)))
+        if self.start_timeout_s is not None:
+            service.append(("TimeoutStartSec", str(self.start_timeout_s)))
         service += [("Environment", f"{k}={v}") for k, v in self.environment]
         service += [("User", self.user)] if self.user else [("DynamicUser", "yes")]
         if self.groups:
@@ -134,3 +148,50 @@ class ServiceUnit:
             lines.append(f"[{name}]")
             lines += [f"{key}={value}" for key, value in entries]
         return "\n".join(lines) + "\n"
+
+
+def write_unit(text: str, unit_dir: Path, name: str) -> Path:
+    """``unit_dir/NAME.service`` with ``text``, replaced whole (a reader never sees half a unit)."""
+    path = Path(unit_dir) / f"{name}.service"
+    temp = path.with_name(f".{path.name}.new")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp.write_text(text)
+        temp.chmod(0o644)
+        os.replace(temp, path)
+    except OSError as exc:
+        raise SplitEdgeError(f"cannot write {path} ({exc.strerror}): run with sudo, or choose --unit-dir") from None
+    return path
+
+
+def enable_unit(name: str, restart: bool = False, systemd_dir: Path = SYSTEMD_RUNNING) -> str | None:
+    """``systemctl daemon-reload``, ``enable --now`` and, with ``restart``, ``restart`` (a running
+    service picks up a new release; with ``Type=notify`` it returns once the service is ready, and
+    fails when it never is). None when done, else why not, in one line."""
+    systemctl = shutil.which("systemctl")
+    if systemctl is None or not systemd_dir.is_dir():
+        return "systemd is not running on this machine (no /run/systemd/system)"
+    commands = [["daemon-reload"], ["enable", "--now", f"{name}.service"]]
+    if restart:
+        commands.append(["restart", f"{name}.service"])
+    for command in commands:
+        out = subprocess.run([systemctl, *command], capture_output=True, text=True, timeout=300)
+        if out.returncode != 0:
+            said = (out.stderr or out.stdout).strip().splitlines()
+            return (f"systemctl {' '.join(command)} failed: {said[0] if said else f'exit {out.returncode}'} "
+                    f"(journalctl -u {name} says why)")
+    return None
+
+
+def enable_offline(root: Path, name: str) -> str | None:
+    """``systemctl --root=ROOT enable NAME``: the unit starts at the next boot of the system whose
+    root file system is mounted at ``root`` (a board's SD card); nothing runs here. None when done."""
+    systemctl = shutil.which("systemctl")
+    if systemctl is None:
+        return "systemctl is not installed here (apt install systemd) to enable the unit on the card"
+    out = subprocess.run([systemctl, f"--root={root}", "enable", f"{name}.service"], capture_output=True, text=True,
+                         timeout=60)
+    if out.returncode != 0:
+        said = (out.stderr or out.stdout).strip().splitlines()
+        return f"systemctl --root={root} enable {name} failed: {said[0] if said else f'exit {out.returncode}'}"
+    return None
