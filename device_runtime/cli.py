@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=INFO_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     info_parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    add_commands(commands)  # verify, status, config
+    add_commands(commands)  # verify, status, config, switch, rollback, install-service
     return parser
 
 
