@@ -42,6 +42,7 @@ from device_runtime.hosts.host_link import HostLink
 from device_runtime.hosts.kernel_timing import kernel_timing_support
 from device_runtime.hosts.link_meter import LinkMeter
 from device_runtime.lifecycle import notify, run_command, stop_on_signals
+from device_runtime.service import add_service_command, install_service
 from device_runtime.stream.camera import FrameSource, open_source
 from device_runtime.stream.picamera import pi_camera_absent
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig
@@ -164,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=INFO_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     info_parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    add_commands(commands)  # verify, status, config, switch, rollback, install-service
+    add_commands(commands)  # verify, status, config, switch, rollback
+    add_service_command(commands)
     return parser
 
 
@@ -508,7 +510,7 @@ def _profile_line(board: DetectedBoard, backends: Sequence[InstalledBackend]) ->
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
-    admin = handler(args.command, build_parser)
+    admin = install_service if args.command == "install-service" else handler(args.command, build_parser)
     try:
         if admin is not None:
             return admin(args)

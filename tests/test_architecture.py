@@ -44,7 +44,7 @@ ALLOWED: dict[str, set[str]] = {
     "testbed": {"splitedge", "boards", "calibration", "device_runtime", "host_runtime", "numpy"},
 }
 
-#: Inside the board runtime, each room sees only the rooms below it (the top: cli, lifecycle).
+#: Inside the board runtime, each room sees only the rooms below it (the top: cli, service, lifecycle).
 BOARD_ROOMS: dict[str, set[str]] = {
     "bundle": set(),
     "bundle_slice": {"bundle"},
@@ -54,7 +54,8 @@ BOARD_ROOMS: dict[str, set[str]] = {
     "stream": {"bundle", "wire", "engine", "hosts"},
     "board": {"bundle", "wire", "engine", "hosts"},
     "lifecycle": set(),
-    "cli": {"bundle", "bundle_slice", "wire", "engine", "hosts", "stream", "board", "lifecycle"},
+    "service": {"bundle", "board", "cli"},  # the unit runs `python -m device_runtime.cli run`: launched, not imported
+    "cli": {"bundle", "bundle_slice", "wire", "engine", "hosts", "stream", "board", "lifecycle", "service"},
 }
 #: The host imports the two contracts, the engine for its sessions, and the shared process lifecycle.
 HOST_SEES = {"bundle", "wire", "engine", "lifecycle"}

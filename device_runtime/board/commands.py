@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from device_runtime.board.release import DEFAULT_KEEP, Layout, UpdateDeferred, default_root
-from device_runtime.board.service import add_service_command, install_service
 from device_runtime.board.settings import (
     apply_settings,
     checker_from,
@@ -77,7 +76,6 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     rollback = commands.add_parser("rollback", help="point current back at the release before the last switch",
                                    **common)
     _root_argument(rollback)
-    add_service_command(commands)
 
 
 def _root_argument(parser: argparse.ArgumentParser) -> None:
@@ -190,7 +188,7 @@ def handler(
 ) -> Callable[[argparse.Namespace], int] | None:
     """The handler of an admin command, or None for the others."""
     return {
-        "verify": verify, "status": status, "switch": switch, "rollback": rollback, "install-service": install_service,
+        "verify": verify, "status": status, "switch": switch, "rollback": rollback,
         "config": lambda args: config_command(args, parser_factory),
     }.get(command)
 
