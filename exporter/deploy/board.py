@@ -11,9 +11,13 @@ its settings. The workstation only slices, uploads and asks. Steps::
     install    rename .incoming-<id> to releases/<id>
     switch     split-device switch <id> --keep N (atomic; deferred while updates.lock is held)
     configure  split-device config --set KEY=VALUE (the old file kept to put back)
+    service    (with --service) sudo split-device install-service: the unit written, enabled and
+               restarted; systemd returns once ``run`` has answered a frame (``Type=notify``)
+    health     (with --service) the service stays active for the health period
 
-A failure after ``switch`` switches back to the release that was current and puts the old
-settings file back; a failure before it leaves ``current`` as it was.
+A failure after ``switch`` switches back to the release that was current, puts the old
+settings file back and restarts the service on that release; a failure before it leaves
+``current`` as it was.
 """
 
 from __future__ import annotations
@@ -24,12 +28,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from device_runtime.bundle import Manifest
+from device_runtime.board.status import SERVICE
 from exporter.deploy.remote import Remote, UploadStats
 from splitedge.errors import DeployError
 
-__all__ = ["BoardFacts", "BoardResult", "Release", "board_steps", "deploy_board", "probe", "rollback_board"]
+__all__ = ["BoardFacts", "BoardResult", "Release", "ServiceOptions", "board_steps", "deploy_board", "probe",
+           "rollback_board"]
 
 MIN_PYTHON = (3, 10)
 DEFERRED = 3  # split-device switch's exit status while a field trial holds updates.lock
@@ -56,6 +63,8 @@ cur=$(readlink "$root/current" 2>/dev/null); echo "current=${cur##*/}"
 d="$root"; while [ ! -d "$d" ]; do d=$(dirname "$d"); done
 echo "free_kb=$(df -Pk "$d" | awk 'NR==2 {print $4}')"
 echo "config=${XDG_CONFIG_HOME:-$HOME/.config}/splitedge/device.toml"
+echo "user=$(id -un)"
+echo "sudo=$(command -v sudo 2>/dev/null)"
 """
 
 
@@ -70,10 +79,21 @@ class BoardFacts:
     current: str | None
     free_bytes: int
     config: str
+    user: str = ""
+    sudo: bool = False
 
     @property
     def releases(self) -> str:
         return f"{self.root}/releases"
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    """``--service``: install and restart the board's unit, then watch it for ``health_s`` seconds."""
+
+    health_s: float = 5.0
+    poll_s: float = 0.5
+    sleep: Callable[[float], None] = time.sleep
 
 
 @dataclass(frozen=True)
@@ -129,15 +149,67 @@ def probe(remote: Remote) -> BoardFacts:
     return BoardFacts(
         split_device=found["split_device"], python_version=parsed,  # type: ignore[arg-type]
         rsync=bool(found.get("rsync")), root=found["root"], current=found.get("current") or None,
-        free_bytes=int(found.get("free_kb") or 0) * 1024, config=found["config"],
+        free_bytes=int(found.get("free_kb") or 0) * 1024, config=found["config"], user=found.get("user", ""),
+        sudo=bool(found.get("sudo")),
     )
 
 
 Step = tuple[str, Callable[[], None]]
 
 
+def _service_steps(remote: Remote, facts: BoardFacts, service: ServiceOptions, undo: list[Step]) -> list[Step]:
+    sd, root = shlex.quote(facts.split_device), shlex.quote(facts.root)
+    if facts.user == "root":
+        elevate = ""
+    elif facts.sudo:
+        elevate = "sudo -n "
+    else:
+        elevate = None
+
+    def install() -> None:
+        if elevate is None:
+            raise DeployError(remote.destination, "--service needs root there and it has no sudo: install sudo, "
+                              "or deploy as root")
+        done = remote.run(f"{elevate}{sd} install-service --root {root} --user {shlex.quote(facts.user)}",
+                          check=False, timeout_s=600)
+        # Run last of the undo steps (they run in reverse): once current is the old release again.
+        undo.insert(0, ("restart the service on the old release",
+                        lambda: remote.run(f"{elevate}systemctl restart {SERVICE}", check=False)))
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        if done.returncode != 0:
+            if any("password is required" in line for line in said):
+                raise DeployError(remote.destination, "--service needs sudo without a password there "
+                                  "(Raspberry Pi OS's first user has it; else add a sudoers rule for split-device)")
+            raise DeployError(remote.destination, "the service did not start: "
+                              + (said[-1].removeprefix("split-device: ") if said else f"exit {done.returncode}"))
+
+    def health() -> None:
+        elapsed = 0.0
+        while elapsed < service.health_s:
+            status = _status(remote, sd, root)
+            state = status.get("service")
+            if state != "active":
+                last = status.get("last_run") or {}
+                raise DeployError(remote.destination, f"the service went {state} {elapsed:.1f} s after it started"
+                                  + (f": {last['error']}" if last.get("error") else "")
+                                  + f"; journalctl -u {SERVICE} there says why")
+            service.sleep(service.poll_s)
+            elapsed += service.poll_s
+
+    return [("service", install), ("health", health)]
+
+
+def _status(remote: Remote, sd: str, root: str) -> dict[str, Any]:
+    done = remote.run(f"{sd} status --root {root} --json", check=False)
+    try:
+        found = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        return {"service": "unknown (split-device status gave no JSON)"}
+    return found if isinstance(found, dict) else {}
+
+
 def board_steps(remote: Remote, facts: BoardFacts, release: Release, settings: Mapping[str, str],
-                keep: int, result: BoardResult) -> tuple[list[Step], list[Step]]:
+                keep: int, result: BoardResult, service: ServiceOptions | None = None) -> tuple[list[Step], list[Step]]:
     """The deploy's steps and, for each one that changes what runs, its undo (run in reverse on failure)."""
     sd, root = shlex.quote(facts.split_device), shlex.quote(facts.root)
     target = f"{facts.releases}/{release.id}"
@@ -216,11 +288,13 @@ def board_steps(remote: Remote, facts: BoardFacts, release: Release, settings: M
 
     steps: list[Step] = [("upload", upload), ("verify", verify), ("install", install), ("switch", switch),
                          ("configure", configure)]
+    if service is not None:
+        steps += _service_steps(remote, facts, service, undo)
     return steps, undo
 
 
 def deploy_board(remote: Remote, release: Release, settings: Mapping[str, str], keep: int,
-                 clock: Callable[[], float] = time.monotonic) -> BoardResult:
+                 service: ServiceOptions | None = None, clock: Callable[[], float] = time.monotonic) -> BoardResult:
     """Deploy ``release`` to one board; a failure is returned (never raised) with what was undone."""
     result = BoardResult(board=remote.destination)
     start = clock()
@@ -228,7 +302,7 @@ def deploy_board(remote: Remote, release: Release, settings: Mapping[str, str], 
     try:
         facts = probe(remote)
         result.before = result.current = facts.current
-        steps, undo = board_steps(remote, facts, release, settings, keep, result)
+        steps, undo = board_steps(remote, facts, release, settings, keep, result, service)
         for name, step in steps:
             step()
             result.steps.append(name)

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from device_runtime.bundle import PRECISIONS
+from exporter.deploy.board import ServiceOptions
 from exporter.deploy.fleet import Fleet, parse_max_fail
 from splitedge.errors import SplitEdgeError
 
@@ -18,14 +19,17 @@ examples:
   split-export deploy bundle/ --to pi1 --to pi2 --to pi3 --serial 1 --max-fail 34%   # Host aliases of ~/.ssh/config
   split-export deploy bundle/ --to pi@192.168.1.31 --formats tflite --precision int8 --keep 2
   split-export deploy bundle/ --to pi@192.168.1.31 --dry-run               # probe the boards, print the steps
+  split-export deploy bundle/ --to pi@192.168.1.31 --service --camera picam  # and run it at boot (systemd)
   split-export deploy --rollback --to pi@192.168.1.31                    # current -> the release before
 
 Each board: a board slice (heads, full model; no tails) goes to releases/.incoming-<id>/ under
 its splitedge directory (rsync hard-links the files the release in use already has; tar over
 ssh where the board has no rsync), is verified there by its own `split-device verify`, renamed
 to releases/<id>/ and switched to by `split-device switch` (atomic; the last --keep releases
-kept); --host/--camera/--set go into its ~/.config/splitedge/device.toml. Anything failing puts
-the board back on the release it had and says which board and why. ssh runs with your own
+kept); --host/--camera/--set go into its ~/.config/splitedge/device.toml; --service then has
+`sudo -n split-device install-service` write, enable and restart its systemd unit, which returns
+once `run` has answered a frame, and watches it stay up. Anything failing puts the board back on
+the release it had (its service restarted there) and says which board and why. ssh runs with your own
 ~/.ssh/config, keys, agent and known_hosts, in batch mode (it never asks for a password).
 Exit status 0 when every board is on the new release, 1 otherwise.
 """
@@ -48,6 +52,11 @@ def add_deploy_command(commands: argparse._SubParsersAction) -> None:
     deploy.add_argument("--camera", default=None, help="the board's camera setting (device.toml), e.g. picam or 0")
     deploy.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="set_values",
                         help="any other device.toml setting (split-device config lists them); repeatable")
+    deploy.add_argument("--service", action="store_true",
+                        help="install the board's systemd unit (split-device install-service, through sudo -n), "
+                        "restart it on the new release and wait until it answers a frame")
+    deploy.add_argument("--health-seconds", type=float, default=5.0, metavar="S",
+                        help="with --service: how long the service must stay active afterwards (default 5)")
     deploy.add_argument("--keep", type=int, default=3, help="releases kept on each board (default 3)")
     deploy.add_argument("--serial", type=int, default=None, metavar="N",
                         help="boards deployed at a time (default: all at once)")
@@ -92,17 +101,18 @@ def run_deploy(args: argparse.Namespace) -> int:
     if not args.rollback and args.bundle is None:
         raise SplitEdgeError("give the bundle to deploy (or --rollback)")
     formats = tuple(f.strip() for f in args.formats.split(",")) if args.formats else None
+    service = ServiceOptions(health_s=args.health_seconds) if args.service else None
     with Fleet(args.to, args.ssh_config, args.ssh_options, args.connect_timeout) as fleet:
         if args.rollback:
             result = fleet.rollback(args.serial, args.max_fail)
         elif args.dry_run:
             for line in fleet.plan(args.bundle, formats=formats, precision=args.precision, settings=_settings(args),
-                                   keep=args.keep, serial=args.serial, max_fail=args.max_fail):
+                                   keep=args.keep, serial=args.serial, max_fail=args.max_fail, service=service):
                 print(line)
             return 0
         else:
             result = fleet.deploy(args.bundle, formats=formats, precision=args.precision, settings=_settings(args),
-                                  keep=args.keep, serial=args.serial, max_fail=args.max_fail)
+                                  keep=args.keep, serial=args.serial, max_fail=args.max_fail, service=service)
     failed = [b for b in result.boards if not b.ok]
     print(f"{len(result.boards) - len(failed)} of {len(args.to)} board(s) done"
           + (f", {len(failed)} failed" if failed else "") + (f", {len(result.skipped)} not reached"

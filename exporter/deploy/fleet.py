@@ -17,7 +17,7 @@ from pathlib import Path
 
 from device_runtime.bundle import BOARD_PART
 from device_runtime.bundle_slice import slice_bundle
-from exporter.deploy.board import BoardResult, Release, deploy_board, probe, rollback_board
+from exporter.deploy.board import BoardResult, Release, ServiceOptions, deploy_board, probe, rollback_board
 from exporter.deploy.remote import Remote
 from splitedge.errors import DeployError, SplitEdgeError
 
@@ -102,13 +102,13 @@ class Fleet:
 
     def deploy(self, bundle: Path, *, formats: Sequence[str] | None = None, precision: str | None = None,
                settings: Mapping[str, str] | None = None, keep: int = 3, serial: int | None = None,
-               max_fail: float = 0.0) -> FleetResult:
+               max_fail: float = 0.0, service: ServiceOptions | None = None) -> FleetResult:
         """Slice ``bundle`` for a board once, then deploy it to every board, batch by batch."""
         with tempfile.TemporaryDirectory(prefix="splitedge-deploy-") as work:
             release = self.slice(bundle, Path(work), formats, precision)
             self.say(f"deploying {release.id} ({release.bytes / 1e6:.1f} MB, a board slice of "
                      f"{release.manifest.wire_id}) to {len(self.destinations)} board(s)")
-            return self._in_batches(lambda d: deploy_board(self.remote(d), release, settings or {}, keep),
+            return self._in_batches(lambda d: deploy_board(self.remote(d), release, settings or {}, keep, service),
                                     serial, max_fail)
 
     def rollback(self, serial: int | None = None, max_fail: float = 0.0) -> FleetResult:
@@ -122,7 +122,7 @@ class Fleet:
 
     def plan(self, bundle: Path, *, formats: Sequence[str] | None = None, precision: str | None = None,
              settings: Mapping[str, str] | None = None, keep: int = 3, serial: int | None = None,
-             max_fail: float = 0.0) -> list[str]:
+             max_fail: float = 0.0, service: ServiceOptions | None = None) -> list[str]:
         """What :meth:`deploy` would do, board by board, after read-only probes; changes nothing."""
         lines: list[str] = []
         with tempfile.TemporaryDirectory(prefix="splitedge-deploy-") as work:
@@ -148,4 +148,9 @@ class Fleet:
                 if settings:
                     sets = " ".join(f"--set {shlex.quote(f'{k}={v}')}" for k, v in settings.items())
                     lines.append(f"  {sd} config {sets} --file {facts.config}")
+                if service is not None:
+                    elevate = "" if facts.user == "root" else "sudo -n "
+                    lines.append(f"  {elevate}{sd} install-service --root {facts.root} --user {facts.user}   "
+                                 "# restarts it; returns once it answers a frame")
+                    lines.append(f"  watch split-device status: the service active for {service.health_s:g} s")
         return lines

@@ -288,3 +288,22 @@ def test_bad_arguments_are_one_line(make_boards, tmp_path: Path) -> None:
     assert out.returncode == 2 and "--max-fail '120%': must lie between 0% and 100%" in out.stderr
     out = split_export("deploy", str(tmp_path), "--rollback", "--to", "pi@board1")
     assert out.returncode == 2 and "split-export: error: --rollback takes no bundle" in out.stderr
+
+
+def test_service_on_a_board_without_systemd_is_refused_and_the_release_rolled_back(
+    make_boards, mobilenet_bundle: Path, changed_bundle: Path,
+) -> None:
+    """No systemd runs here (nor on the test boards): the unit is written, systemd's absence is named,
+    and the board goes back to the release it had. With systemd, the restart waits for READY=1."""
+    boards = make_boards(board1={})
+    assert deploy(boards, mobilenet_bundle, "board1").returncode == 0
+    out = deploy(boards, changed_bundle, "board1", extra=("--service",))
+    assert out.returncode == 1
+    (line,) = [line for line in out.stdout.splitlines() if line.startswith("board1:")]
+    expected = ("board1: FAILED: the service did not start: not running: systemd is not running on this machine "
+                "(no /run/systemd/system)" if shutil.which("sudo") else
+                "board1: FAILED: --service needs root there and it has no sudo: install sudo, or deploy as root")
+    assert line == f"{expected}; rolled back to {slice_id(mobilenet_bundle)}"
+    assert boards["board1"].current() == slice_id(mobilenet_bundle)
+    dry = deploy(boards, changed_bundle, "board1", extra=("--service", "--dry-run"))
+    assert f"install-service --root {boards['board1'].root} --user {boards['board1'].user}" in dry.stdout
