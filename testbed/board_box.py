@@ -170,8 +170,9 @@ def _under(point: str, root: str | Path) -> bool:
 
 
 def remove_stale_mounts(root: str | Path) -> list[str]:
-    """Unmount whatever is still mounted under ``root`` (a killed run's binds), deepest first."""
-    stale = [p for p in _mount_points() if _under(p, root)]
+    """Unmount whatever is still mounted under ``root`` (a killed run's binds), deepest first; never
+    ``root`` itself, which may be a mount of its own (an SD card, an overlay of the box)."""
+    stale = [p for p in _mount_points() if _under(p, root) and p != os.path.realpath(root)]
     for point in sorted(stale, key=len, reverse=True):
         if subprocess.run(["umount", point], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", point], capture_output=True)  # busy: detach now, free later

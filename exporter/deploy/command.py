@@ -7,6 +7,7 @@ from pathlib import Path
 
 from device_runtime.bundle import PRECISIONS
 from exporter.deploy.board import ServiceOptions
+from exporter.deploy.card import deploy_card
 from exporter.deploy.fleet import Fleet, parse_max_fail
 from splitedge.errors import SplitEdgeError
 
@@ -21,6 +22,7 @@ examples:
   split-export deploy bundle/ --to pi@192.168.1.31 --dry-run               # probe the boards, print the steps
   split-export deploy bundle/ --to pi@192.168.1.31 --service --camera picam  # and run it at boot (systemd)
   split-export deploy --rollback --to pi@192.168.1.31                    # current -> the release before
+  sudo split-export deploy bundle/ --card /media/$USER/rootfs --user pi --service --host 192.168.1.20:7767
 
 Each board: a board slice (heads, full model; no tails) goes to releases/.incoming-<id>/ under
 its splitedge directory (rsync hard-links the files the release in use already has; tar over
@@ -31,6 +33,8 @@ kept); --host/--camera/--set go into its ~/.config/splitedge/device.toml; --serv
 once `run` has answered a frame, and watches it stay up. Anything failing puts the board back on
 the release it had (its service restarted there) and says which board and why. ssh runs with your own
 ~/.ssh/config, keys, agent and known_hosts, in batch mode (it never asks for a password).
+--card does the same into a mounted SD card's root file system (files owned by --user, the unit
+enabled with systemctl --root), so the board starts the service on its first boot.
 Exit status 0 when every board is on the new release, 1 otherwise.
 """
 
@@ -41,9 +45,14 @@ def add_deploy_command(commands: argparse._SubParsersAction) -> None:
         epilog=DEPLOY_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     deploy.add_argument("bundle", nargs="?", type=Path, help="bundle directory (not needed with --rollback)")
-    deploy.add_argument("--to", action="append", default=[], required=True, metavar="USER@BOARD",
+    deploy.add_argument("--to", action="append", default=[], metavar="USER@BOARD",
                         help="a board as ssh names it: user@address, ssh://user@address:port or a Host of your "
                         "~/.ssh/config; repeatable")
+    deploy.add_argument("--card", type=Path, default=None, metavar="ROOTFS",
+                        help="instead of --to: the root file system of a board's SD card, mounted here "
+                        "(e.g. /media/$USER/rootfs); run with sudo")
+    deploy.add_argument("--user", default="pi", help="with --card: the board user whose releases these are "
+                        "(default pi)")
     deploy.add_argument("--formats", default=None, metavar="onnx|tflite",
                         help="keep only these formats of heads and full model (default: every one)")
     deploy.add_argument("--precision", choices=PRECISIONS, default=None,
@@ -74,6 +83,17 @@ def add_deploy_command(commands: argparse._SubParsersAction) -> None:
     deploy.set_defaults(run=run_deploy)
 
 
+def _to_card(args: argparse.Namespace) -> int:
+    if args.rollback or args.bundle is None:
+        raise SplitEdgeError("--card takes a bundle to deploy (a rollback on a card: split-device rollback --root "
+                             "ROOTFS/home/USER/.local/share/splitedge)")
+    formats = tuple(f.strip() for f in args.formats.split(",")) if args.formats else None
+    result = deploy_card(args.bundle, args.card, args.user, formats=formats, precision=args.precision,
+                         settings=_settings(args), keep=args.keep, service=args.service)
+    print(result.line())
+    return 0 if result.ok else 1
+
+
 def _max_fail(text: str) -> float:
     try:
         return parse_max_fail(text)
@@ -96,6 +116,10 @@ def _settings(args: argparse.Namespace) -> dict[str, str]:
 
 
 def run_deploy(args: argparse.Namespace) -> int:
+    if bool(args.to) == (args.card is not None):
+        raise SplitEdgeError("give the boards with --to USER@BOARD (repeatable) or one SD card with --card ROOTFS")
+    if args.card is not None:
+        return _to_card(args)
     if args.rollback and args.bundle is not None:
         raise SplitEdgeError("--rollback takes no bundle (each board goes back one release)")
     if not args.rollback and args.bundle is None:
