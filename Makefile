@@ -120,14 +120,15 @@ $(BUILD)/wheel/.built: $(DEVICE_VENV)/.installed $(BOARD_SOURCES)
 
 # Everything the board's test needs: the box with both boards installed, the bundle, the photos.
 board-ready: board-rootfs $(DEVICE_VENV)/.installed $(BUILD)/board-bundle/manifest.json $(BUILD)/wheel/.built $(BUILD)/photos/.written
-	$(SUDO) $(DEVICE_VENV)/bin/python -m testbed.board_box --root $(BOARD_ROOT) install --tflite-runtime-board \
+	$(SUDO) $(DEVICE_VENV)/bin/python -m testbed.board_box --root $(BOARD_ROOT) install --tflite-runtime-board --ssh \
 		--wheel $$(ls $(BUILD)/wheel/splitedge-*.whl)
 
 board: board-ready $(BUILD)/test-bundle/manifest.json
 	$(SUDO) env SPLITEDGE_DEVICE_ENV=1 SPLITEDGE_BOARD_ROOT=$(BOARD_ROOT) SPLITEDGE_BOARD_BUNDLE=$(BUILD)/board-bundle \
 		SPLITEDGE_TEST_BUNDLE=$(BUILD)/test-bundle \
 		SPLITEDGE_BOARD_WHEEL=$$(ls $(BUILD)/wheel/splitedge-*.whl) SPLITEDGE_TEST_PHOTOS=$(BUILD)/photos \
-		$(DEVICE_VENV)/bin/python -m pytest -q -rs --durations=5 tests/testbed/test_board_box.py tests/deploy/test_card.py
+		$(DEVICE_VENV)/bin/python -m pytest -q -rs --durations=5 tests/testbed/test_board_box.py tests/deploy/test_card.py \
+		tests/deploy/test_board_box_target.py
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python bench/protocol_cost.py --out $(BUILD)/bench/protocol_cost.json

@@ -42,6 +42,7 @@ from splitedge.errors import SplitEdgeError
 __all__ = [
     "BOARD_EXTRAS",
     "NUMPY2_DIR",
+    "SSH_PACKAGES",
     "TFLITE_RUNTIME_VENV",
     "VENV",
     "BoardBox",
@@ -69,6 +70,8 @@ VENV = "/opt/splitedge"
 #: and numpy 2 in a directory of its own, to put in front of it with PYTHONPATH (what a plain
 #: ``pip install tflite-runtime`` gives such a board).
 TFLITE_RUNTIME_VENV = "/opt/tflite-runtime-board"
+#: Debian packages a board has for deploys over ssh (Raspberry Pi OS ships both).
+SSH_PACKAGES = ("openssh-server", "rsync")
 TFLITE_RUNTIME_EXTRAS = "camera"
 TFLITE_RUNTIME_REQUIREMENTS = ("tflite-runtime", "numpy<2")
 NUMPY2_DIR = "/opt/numpy2"
@@ -354,6 +357,25 @@ class BoardBox:
         stamp.write_text(key + "\n")
         return {"installed": True, "seconds": round(time.monotonic() - start, 1), "fresh_venv": fresh}
 
+    def install_apt(self, packages: Sequence[str] = SSH_PACKAGES) -> dict[str, object]:
+        """``apt-get install`` Debian ``packages`` into the box (a board's sshd and rsync for deploys),
+        once: a stamp records what was installed. A ``policy-rc.d`` that refuses every start is in
+        place first, so no package starts its service from inside the box: an sshd started there
+        would listen on this machine's port 22."""
+        stamp = self.root / "var/lib/splitedge-apt"
+        key = " ".join(sorted(packages))
+        if stamp.is_file() and stamp.read_text().strip() == key:
+            return {"installed": False, "seconds": 0.0}
+        start = time.monotonic()
+        policy = self.root / "usr/sbin/policy-rc.d"
+        policy.write_text("#!/bin/sh\n# splitedge's board in a box: no service starts inside it\nexit 101\n")
+        policy.chmod(0o755)
+        env = {"DEBIAN_FRONTEND": "noninteractive"}
+        self.run(["apt-get", "update", "-q"], env=env, timeout=1800)
+        self.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages], env=env, timeout=1800)
+        stamp.write_text(key + "\n")
+        return {"installed": True, "seconds": round(time.monotonic() - start, 1)}
+
     def install_tflite_runtime_board(self, wheel: str | Path) -> dict[str, object]:
         """The second board (:data:`TFLITE_RUNTIME_VENV`) and numpy 2 beside it (:data:`NUMPY2_DIR`)."""
         done = self.install(wheel, TFLITE_RUNTIME_EXTRAS, TFLITE_RUNTIME_VENV, TFLITE_RUNTIME_REQUIREMENTS)
@@ -400,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     install = sub.add_parser("install", help=f"pip install the project's wheel with [{BOARD_EXTRAS}] into {VENV}")
     install.add_argument("--wheel", help="a built wheel (default: build one from this checkout into build/wheel)")
     install.add_argument("--extras", default=BOARD_EXTRAS, help=f"(default {BOARD_EXTRAS})")
+    install.add_argument("--ssh", action="store_true",
+                         help=f"also apt-get install {' '.join(SSH_PACKAGES)} (deploys to the box over ssh; started by "
+                         "tests, never at install)")
     install.add_argument("--tflite-runtime-board", action="store_true",
                          help=f"also the board with tflite-runtime and numpy<2 in {TFLITE_RUNTIME_VENV} (the tests use it)")
     for name, text in (("run", "run a command in the box"), ("shell", "an interactive shell in the box")):
@@ -429,6 +454,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 what = f"installed in {done['seconds']} s" if done["installed"] else "already installed"
                 print(f"{wheel.name} [{args.extras}] {what}; torch {'PRESENT' if 'torch' in versions else 'absent'}; "
                       f"{EMULATED}", flush=True)
+                if args.ssh:
+                    done = box.install_apt(SSH_PACKAGES)
+                    what = f"installed in {done['seconds']} s" if done["installed"] else "already installed"
+                    print(f"{' '.join(SSH_PACKAGES)}: {what}")
                 if args.tflite_runtime_board:
                     done = box.install_tflite_runtime_board(wheel)
                     what = f"installed in {done['seconds']} s" if done["installed"] else "already installed"

@@ -126,7 +126,8 @@ class BoardResult:
 
     def line(self) -> str:
         if not self.ok:
-            undo = "; rolled back to " + str(self.before) if self.rolled_back else "; current left as it was"
+            undo = ("; rolled back to " + (self.before or "no release current, as before") if self.rolled_back
+                    else "; current left as it was")
             return f"{self.board}: FAILED: {self.error}{undo}"
         cost = f", {self.sent_bytes / 1e6:.1f} MB by {self.method}" if self.method else ""
         return f"{self.board}: current {self.current} (was {self.before or 'none'}){cost} in {self.seconds:.1f} s"
@@ -265,7 +266,9 @@ def board_steps(remote: Remote, facts: BoardFacts, release: Release, settings: M
             raise DeployError(remote.destination, "split-device switch failed: "
                               + (done.stdout.strip() or done.stderr.strip() or f"exit {done.returncode}"))
         result.current = release.id
-        if facts.current and facts.current != release.id:
+        if facts.current is None:  # a first deploy undone: no release current, as before
+            undo.append(("unset current", lambda: remote.run(f"rm -f {shlex.quote(facts.root + '/current')}")))
+        elif facts.current != release.id:
             undo.append(("switch back", lambda: remote.run(f"{sd} switch {shlex.quote(facts.current or '')} "
                                                            f"--root {root} --keep {keep + 1}")))
 

@@ -307,3 +307,14 @@ def test_service_on_a_board_without_systemd_is_refused_and_the_release_rolled_ba
     assert boards["board1"].current() == slice_id(mobilenet_bundle)
     dry = deploy(boards, changed_bundle, "board1", extra=("--service", "--dry-run"))
     assert f"install-service --root {boards['board1'].root} --user {boards['board1'].user}" in dry.stdout
+
+
+def test_a_first_deploy_that_fails_after_its_switch_leaves_no_release_current(
+    make_boards, mobilenet_bundle: Path,
+) -> None:
+    boards = make_boards(board1={})
+    out = deploy(boards, mobilenet_bundle, "board1", extra=("--set", "threads=many"))
+    assert out.returncode == 1
+    assert out.stdout.splitlines()[1].endswith("; rolled back to no release current, as before"), out.stdout
+    assert boards["board1"].current() is None
+    assert not (boards["board1"].home / ".config/splitedge/device.toml").exists()
