@@ -140,6 +140,15 @@ def _check_file_value(key: Key, value: Any, where: str, check: Check) -> Any:
     return check(key.dest, str(value), where)
 
 
+def _key(name: str, path: Path) -> Key:
+    key = KEYS.get(name)
+    if key is None:
+        near = difflib.get_close_matches(name, KEYS, n=1)
+        hint = f" (did you mean {near[0]}?)" if near else f"; keys: {', '.join(KEYS)}"
+        raise ConfigError(f"{path}: unknown key {name!r}{hint}")
+    return key
+
+
 def load_settings(check: Check, environ: Mapping[str, str] | None = None,
                   files: Sequence[Path] | None = None) -> Settings:
     """Read the files then the environment; ``check`` turns a key's text into the flag's value or
@@ -154,11 +163,7 @@ def load_settings(check: Check, environ: Mapping[str, str] | None = None,
         data = _toml(path)
         read.append(path)
         for name, value in data.items():
-            key = KEYS.get(name)
-            if key is None:
-                near = difflib.get_close_matches(name, KEYS, n=1)
-                hint = f" (did you mean {near[0]}?)" if near else f"; keys: {', '.join(KEYS)}"
-                raise ConfigError(f"{path}: unknown key {name!r}{hint}")
+            key = _key(name, path)
             values[name] = Setting(_check_file_value(key, value, str(path), check), str(path))
     for key in KEYS.values():
         text = env.get(key.env)
@@ -274,11 +279,7 @@ def write_settings(path: Path, updates: Mapping[str, str | None], check: Check) 
     data = _toml(path) if path.is_file() else {}
     changes: dict[str, tuple[Any, Any]] = {}
     for name, text in updates.items():
-        key = KEYS.get(name)
-        if key is None:
-            near = difflib.get_close_matches(name, KEYS, n=1)
-            hint = f" (did you mean {near[0]}?)" if near else f"; keys: {', '.join(KEYS)}"
-            raise ConfigError(f"{path}: unknown key {name!r}{hint}")
+        key = _key(name, path)
         before = data.get(name)
         after = None if text is None else _file_value(key, text, check, f"--set {name}")
         if after is None:
