@@ -12,8 +12,11 @@ arguments, from the :data:`FACTORY_KWARGS` table, never from ``if name == ...`` 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-import pickle
+import os
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -74,8 +77,10 @@ def load_state_dict(module: torch.nn.Module, path: str | Path) -> None:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError as exc:
         raise ModelSpecError(f"weights file {path} does not exist") from exc
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:
-        raise ModelSpecError(f"cannot read weights file {path}: not a (safe) torch state dict ({exc})") from exc
+    except Exception as exc:  # torch.load on a file that is not its own raises anything (IndexError, KeyError...)
+        raise ModelSpecError(f"cannot read weights file {path}: not a (safe) torch state dict "
+                             f"({type(exc).__name__}: {exc}); save one with torch.save(model.state_dict(), PATH)") \
+            from exc
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ModelSpecError(f"weights file {path} does not hold a state dict (a mapping of names to tensors)")
     expected = set(module.state_dict())
@@ -161,7 +166,8 @@ def _factory_model(spec: str) -> LoadedModel:
             f"bad model spec {spec!r}: expected torchvision:NAME or package.module:factory"
         )
     try:
-        py_module = importlib.import_module(module_name)
+        with _current_directory_importable():
+            py_module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ModelSpecError(f"bad model spec {spec!r}: cannot import {module_name!r} ({exc})") from exc
     factory: Callable[[], Any] | None = getattr(py_module, attr, None)
@@ -172,6 +178,22 @@ def _factory_model(spec: str) -> LoadedModel:
         raise ModelSpecError(f"{spec} returned {type(module).__name__}, not a torch.nn.Module")
     crop = IMAGENET_PREPROCESS.crop
     return LoadedModel(attr, module, IMAGENET_PREPROCESS, (3, crop, crop), None)
+
+
+@contextlib.contextmanager
+def _current_directory_importable() -> Iterator[None]:
+    """The current directory first on ``sys.path`` while a factory's module is imported, as
+    ``python -m`` has it: ``split-export points mynet:make`` finds ./mynet.py (a console script's
+    own path is its bin directory, not where the user stands)."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
 
 
 def _preview(keys: list[str], limit: int = 5) -> str:
