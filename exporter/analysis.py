@@ -21,6 +21,7 @@ from exporter.cui import CuiChoices, cui_per_image, local_maxima
 from exporter.datasets import DataError, ImageSet, load_images
 from exporter.graph import CutPoint, TracedModel, find_cut_points, trace
 from exporter.models import load_model
+from exporter.preprocessing import PreprocessFlags
 from exporter.plots import write_plots
 from exporter.report_schema import SCHEMA_ID, write_report
 
@@ -76,11 +77,12 @@ def analyze(
     batch_size: int = 32,
     seed: int = 0,
     progress: bool = True,
+    preprocessing: PreprocessFlags | None = None,
 ) -> dict[str, Any]:
     """Analyse every cut point of ``model`` on ``data``; write the report and plots to ``out_dir``."""
     torch.manual_seed(seed)
-    loaded = load_model(model, weights)
-    traced = trace(loaded.module, input_shape or loaded.input_shape)
+    loaded = load_model(model, weights, preprocessing, input_shape)
+    traced = trace(loaded.module, loaded.input_shape)
     outputs = _outputs(traced)
     image_set = load_images(data, traced.input_shape, loaded.preprocess, loaded.categories).subset(images, seed)
     _check_labels(image_set, outputs)

@@ -46,6 +46,7 @@ from exporter.bottleneck import BottleneckOptions, SplitModel, make_autoencoder,
 from exporter.datasets import ImageSet, TrainTest, load_images, train_test
 from exporter.graph import CutPoint, TracedModel, find_cut_points, get_cut_point, split_at, trace
 from exporter.models import LoadedModel, load_model, read_labels
+from exporter.preprocessing import PreprocessFlags
 from exporter.onnx_export import export_onnx
 from exporter.quantize import cut_quantization, quantize_onnx
 from exporter.tflite_export import export_tflite
@@ -95,6 +96,7 @@ def build_bundle(
     quantize_from: str | None = None,
     calibration_samples: int = 64,
     test_data: str | None = None,
+    preprocessing: PreprocessFlags | None = None,
 ) -> Manifest:
     """Export, validate and describe ``model_spec`` cut at ``splits`` into the bundle ``out_dir``.
 
@@ -116,8 +118,8 @@ def build_bundle(
     if unknown or ONNX not in formats:
         raise ExportError(f"formats {list(formats)}: ONNX is always written, and the others are {FORMATS[1:]}")
     tflite = TFLITE in formats
-    loaded = load_model(model_spec, weights)
-    shape = tuple(input_shape or loaded.input_shape)
+    loaded = load_model(model_spec, weights, preprocessing, input_shape, for_board=True)
+    shape = loaded.input_shape
     traced = trace(loaded.module, shape)
     chosen = select_splits(find_cut_points(traced), splits)
     root = Path(out_dir)

@@ -150,6 +150,15 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--input-shape", type=_shape, metavar="C,H,W", help="per-sample input shape (default: the model's own)"
     )
+    pre = parser.add_argument_group(
+        "preprocessing", "what the board does to a camera frame (default: the torchvision weights' own, else the "
+        "factory's splitedge_preprocessing, else ImageNet's); recorded in the bundle")
+    pre.add_argument("--resize", type=int, default=None, metavar="PX", help="shorter side after resizing")
+    pre.add_argument("--crop", type=int, default=None, metavar="PX", help="centre crop (the model's input size)")
+    pre.add_argument("--mean", type=_floats, default=None, metavar="R,G,B",
+                     help="per-channel mean, 0-1 or pixel units (0-255: any value above 1), e.g. 127,127,127")
+    pre.add_argument("--std", type=_floats, default=None, metavar="R,G,B", help="per-channel std, as --mean")
+    pre.add_argument("--color", choices=("RGB", "BGR"), default=None, help="channel order the model expects")
 
 
 def _points(args: argparse.Namespace) -> int:
@@ -157,8 +166,8 @@ def _points(args: argparse.Namespace) -> int:
     from exporter.models import load_model
 
     with contextlib.redirect_stdout(sys.stderr):  # stdout is the tool's own: what the model prints goes aside
-        loaded = load_model(args.model, args.weights)
-        traced = trace(loaded.module, args.input_shape or loaded.input_shape)
+        loaded = load_model(args.model, args.weights, _preprocessing(args), args.input_shape)
+        traced = trace(loaded.module, loaded.input_shape)
         cuts = find_cut_points(traced)
     print(json.dumps([asdict(c) for c in cuts], indent=2) if args.json else format_table(cuts))
     for blocker in cut_blockers(traced):
@@ -190,6 +199,7 @@ def _build(args: argparse.Namespace) -> int:
         out_dir=args.out,
         labels=args.labels,
         input_shape=args.input_shape,
+        preprocessing=_preprocessing(args),
         board=args.board,
         bottleneck=bottleneck,
         formats=args.formats or board_formats(args.board),
@@ -218,6 +228,7 @@ def _analyze(args: argparse.Namespace) -> int:
     report = analyze(
         args.model, args.data, args.out, weights=args.weights, classes=args.classes, images=args.images,
         target=args.target, score=args.score, input_shape=args.input_shape, batch_size=args.batch_size, seed=args.seed,
+        preprocessing=_preprocessing(args),
     )
     print(summary_text(report))
     print(f"wrote {args.out}/points.json, cui_curve.png, cui_per_class.png, head_cost.png")
@@ -253,6 +264,19 @@ def format_table(cuts: Sequence[CutPoint]) -> str:
         "  ".join(cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
         for row in rows
     )
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _preprocessing(args: argparse.Namespace):
+    from exporter.preprocessing import PreprocessFlags
+
+    return PreprocessFlags(resize=args.resize, crop=args.crop, mean=args.mean, std=args.std, color=args.color)
 
 
 def _shape(text: str) -> tuple[int, ...]:

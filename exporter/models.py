@@ -17,6 +17,7 @@ import importlib
 import os
 import sys
 from collections.abc import Iterator
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -25,6 +26,7 @@ import torch
 import torchvision
 
 from device_runtime.bundle import Preprocess
+from exporter.preprocessing import LABELS, PREPROCESSING, PreprocessFlags, declared, resolve
 from splitedge.errors import ModelSpecError
 
 __all__ = ["LoadedModel", "FACTORY_KWARGS", "load_model", "load_state_dict", "read_labels"]
@@ -52,14 +54,20 @@ class LoadedModel:
     preprocess: Preprocess
     input_shape: tuple[int, ...]  # default per-sample input, (3, crop, crop)
     categories: tuple[str, ...] | None  # class names the weights were trained on, if known
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)  # preprocessing field -> where it came from
 
 
-def load_model(spec: str, weights: str | Path | None = None) -> LoadedModel:
-    """Build the model a spec names, load ``weights`` (a state dict file) into it, set eval mode."""
+def load_model(spec: str, weights: str | Path | None = None, preprocessing: PreprocessFlags | None = None,
+               input_shape: tuple[int, ...] | None = None, for_board: bool = False) -> LoadedModel:
+    """Build the model a spec names, load ``weights`` (a state dict file) into it, set eval mode; its
+    preprocessing and input shape resolved from the weights, the factory and ``preprocessing``
+    (:func:`exporter.preprocessing.resolve`; ``for_board``: a bundle, where an input shape
+    contradicting a known crop is refused)."""
     if spec.startswith(TORCHVISION_PREFIX):
-        loaded = _torchvision_model(spec.removeprefix(TORCHVISION_PREFIX), weights)
+        loaded = _torchvision_model(spec.removeprefix(TORCHVISION_PREFIX), weights, preprocessing, input_shape,
+                                    for_board)
     else:
-        loaded = _factory_model(spec)
+        loaded = _factory_model(spec, preprocessing, input_shape, for_board)
     if weights is not None:
         load_state_dict(loaded.module, weights)
     loaded.module.eval()
@@ -108,7 +116,8 @@ def read_labels(path: str | Path) -> tuple[str, ...]:
     return tuple(line.strip() for line in lines)
 
 
-def _torchvision_model(name: str, weights: str | Path | None) -> LoadedModel:
+def _torchvision_model(name: str, weights: str | Path | None, flags: PreprocessFlags | None,
+                       input_shape: tuple[int, ...] | None, strict: bool) -> LoadedModel:
     try:
         builder = torchvision.models.get_model_builder(name)
     except ValueError as exc:
@@ -118,17 +127,22 @@ def _torchvision_model(name: str, weights: str | Path | None) -> LoadedModel:
     try:
         entries = list(torchvision.models.get_model_weights(name))
     except ValueError:  # an architecture without published weights: nothing to learn from
-        return LoadedModel(name, module, IMAGENET_PREPROCESS, (3, IMAGENET_PREPROCESS.crop, IMAGENET_PREPROCESS.crop), None)
-    entry = _matching_entry(entries, weights)
-    preprocess = _preprocess_from(entry.transforms())
-    categories = entry.meta.get("categories")
-    return LoadedModel(
-        name=name,
-        module=module,
-        preprocess=preprocess,
-        input_shape=(3, preprocess.crop, preprocess.crop),
-        categories=tuple(categories) if categories else None,
-    )
+        entries = []
+    entry = _matching_entry(entries, weights) if entries else None
+    preprocess = _preprocess_from(entry.transforms()) if entry is not None else IMAGENET_PREPROCESS
+    categories = entry.meta.get("categories") if entry is not None else None
+    return _loaded(name, module, preprocess, preprocess is not IMAGENET_PREPROCESS, None, flags, input_shape,
+                   tuple(categories) if categories else None, f"torchvision:{name}", strict)
+
+
+def _loaded(name: str, module: torch.nn.Module, base: Preprocess, base_known: bool, declared_preprocessing: Any,
+            flags: PreprocessFlags | None, input_shape: tuple[int, ...] | None,
+            categories: tuple[str, ...] | None, where: str, strict: bool) -> LoadedModel:
+    if declared_preprocessing is not None and not isinstance(declared_preprocessing, dict):
+        raise ModelSpecError(f"{where}.{PREPROCESSING}: expected a dict (or a function returning one), got "
+                             f"{type(declared_preprocessing).__name__}")
+    preprocess, shape, sources = resolve(base, base_known, declared_preprocessing, flags, input_shape, where, strict)
+    return LoadedModel(name, module, preprocess, shape, categories, sources)
 
 
 def _matching_entry(entries: list[Any], weights: str | Path | None) -> Any:
@@ -159,7 +173,8 @@ def _preprocess_from(transforms: Any) -> Preprocess:
     )
 
 
-def _factory_model(spec: str) -> LoadedModel:
+def _factory_model(spec: str, flags: PreprocessFlags | None, input_shape: tuple[int, ...] | None,
+                   strict: bool) -> LoadedModel:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ModelSpecError(
@@ -176,8 +191,11 @@ def _factory_model(spec: str) -> LoadedModel:
     module = factory()
     if not isinstance(module, torch.nn.Module):
         raise ModelSpecError(f"{spec} returned {type(module).__name__}, not a torch.nn.Module")
-    crop = IMAGENET_PREPROCESS.crop
-    return LoadedModel(attr, module, IMAGENET_PREPROCESS, (3, crop, crop), None)
+    labels = declared(LABELS, module, factory, py_module)
+    if labels is not None and (isinstance(labels, str) or not all(isinstance(x, str) for x in labels)):
+        raise ModelSpecError(f"{spec}.{LABELS}: expected a list of class names")
+    return _loaded(attr, module, IMAGENET_PREPROCESS, False, declared(PREPROCESSING, module, factory, py_module),
+                   flags, input_shape, tuple(labels) if labels is not None else None, spec, strict)
 
 
 @contextlib.contextmanager
