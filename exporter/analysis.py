@@ -89,6 +89,10 @@ def analyze(
     subset = class_subset(classes, image_set.classes)
     if subset is not None and not np.isin(image_set.y, subset).any():
         raise DataError(f"--classes {classes}: none of the {len(image_set)} images belongs to these classes")
+    empty = [image_set.classes[c] for c in subset or () if not (image_set.y == c).any()]
+    if empty:
+        raise DataError(f"--classes {classes}: no images of {', '.join(map(repr, empty))} in {data}: "
+                        "a CUI curve needs images of every class it names")
     cuts = find_cut_points(traced)
     choices = CuiChoices(score=score, target=target)
     run = cui_per_image(traced, cuts, image_set.x, image_set.y, choices, batch_size, progress)

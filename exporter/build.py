@@ -134,7 +134,7 @@ def build_bundle(
         full += (_export_tflite(traced.module, FULL, root, FULL_TFLITE_PATH, inputs, reference),)
     calibration = None
     if quantize_from is not None:
-        images = load_images(quantize_from, shape, loaded.preprocess, loaded.categories)
+        images = load_images(quantize_from, shape, loaded.preprocess, loaded.categories, labelled=False)
         calibration = images.subset(calibration_samples, seed).x
         full += _int8_full(traced.module, root, inputs[0], calibration, tflite)
     variants = Variants(tflite=tflite, calibration=calibration)

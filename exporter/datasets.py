@@ -15,6 +15,7 @@ channel count is an error naming both shapes rather than a convolution failure.
 
 from __future__ import annotations
 
+import difflib
 import gzip
 import struct
 from dataclasses import dataclass
@@ -69,12 +70,14 @@ def load_images(
     input_shape: Sequence[int],
     preprocess_spec: Preprocess | None = None,
     model_classes: Sequence[str] | None = None,
+    labelled: bool = True,
 ) -> ImageSet:
     """Read ``spec`` and check it against a model taking ``input_shape`` (per sample).
 
     ``model_classes`` are the class names the model was trained on (ImageNet's for
-    torchvision weights): class folders named after them get those labels, so a folder
-    ``espresso/`` means ImageNet class 967, not "the first folder".
+    torchvision weights): class folders must be named after them (:func:`match_folders`), so
+    a folder ``espresso/`` means ImageNet class 967, not "the first folder". Without
+    ``labelled`` (calibration images: only their pixels count) any folder names do.
     """
     if spec.startswith("fashion-mnist"):
         _, _, split = spec.partition(":")
@@ -84,7 +87,7 @@ def load_images(
         if path.suffix == ".npz":
             images = _npz(path, input_shape, preprocess_spec)
         elif path.is_dir():
-            images = _folder(path, input_shape, preprocess_spec, model_classes)
+            images = _folder(path, input_shape, preprocess_spec, model_classes, labelled)
         else:
             raise DataError(f"--data {spec!r}: not 'fashion-mnist', a folder of class folders, or an .npz file")
     _check_fits(images, tuple(input_shape))
@@ -194,16 +197,45 @@ def _from_uint8(x: np.ndarray, input_shape: Sequence[int], spec: Preprocess | No
     raise DataError(f"{source}: uint8 images of shape {x.shape[1:]} cannot be fed to a model taking {tuple(input_shape)}")
 
 
+def _normal(name: str) -> str:
+    return " ".join(name.replace("_", " ").replace("-", " ").casefold().split())
+
+
+def match_folders(names: Sequence[str], classes: Sequence[str], root: Path) -> list[int]:
+    """The model's class index of each class folder: its label exactly, else the same words in
+    another case or with ``_``/``-`` for spaces (``egyptian_cat/`` is "Egyptian cat"). A folder
+    matching no label is an error naming it (never "the first classes"): the accuracy and the
+    CUI curve of an analysis are only as true as these labels."""
+    exact = {c: i for i, c in enumerate(classes)}
+    loose: dict[str, int] = {}
+    for i, c in enumerate(classes):
+        loose.setdefault(_normal(c), i)
+    found, unmatched = [], []
+    for name in names:
+        index = exact.get(name, loose.get(_normal(name)))
+        if index is None:
+            near = difflib.get_close_matches(_normal(name), list(loose), n=3, cutoff=0.6)
+            unmatched.append(f"{name}/" + (f" (did you mean {', '.join(repr(classes[loose[n]]) for n in near)}?)"
+                                           if near else ""))
+        found.append(index)
+    if unmatched:
+        raise DataError(f"{root}: class folder(s) {'; '.join(unmatched)} match no label of the model "
+                        f"({len(classes)} classes, e.g. {', '.join(map(repr, classes[:3]))}): rename each folder "
+                        "after the label it holds")
+    return [i for i in found if i is not None]
+
+
 def _folder(
-    root: Path, input_shape: Sequence[int], spec: Preprocess | None, model_classes: Sequence[str] | None
+    root: Path, input_shape: Sequence[int], spec: Preprocess | None, model_classes: Sequence[str] | None,
+    labelled: bool = True,
 ) -> ImageSet:
     class_dirs = sorted(p for p in root.iterdir() if p.is_dir())
     if not class_dirs:
         raise DataError(f"{root}: no class sub-folders (expected {root}/<class>/<image>)")
     names = [p.name for p in class_dirs]
-    if model_classes and all(name in model_classes for name in names):
+    if model_classes and labelled:
         classes = tuple(model_classes)
-        labels = [classes.index(name) for name in names]
+        labels = match_folders(names, classes, root)
     else:
         classes, labels = tuple(names), list(range(len(names)))
     from torchvision.io import ImageReadMode, decode_image

@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 
 from exporter.analysis import analyze  # noqa: E402
 from exporter.cli import main  # noqa: E402
-from exporter.datasets import FASHION_MNIST_DIR, DataError  # noqa: E402
+from exporter.datasets import FASHION_MNIST_DIR, DataError, load_images  # noqa: E402
+from exporter.models import IMAGENET_PREPROCESS, load_model  # noqa: E402
 from exporter.report_schema import ReportError, read_report  # noqa: E402
 from exporter.zoo import fmnist_vgg  # noqa: E402
 
@@ -134,7 +135,7 @@ def test_npz_errors(tmp_path, fmnist_weights) -> None:
 
 
 def test_folder_errors(tmp_path, fmnist_weights) -> None:
-    (tmp_path / "empty" / "cats").mkdir(parents=True)
+    (tmp_path / "empty" / "tabby").mkdir(parents=True)
     with pytest.raises(DataError, match="class folders hold no images"):
         analyze("torchvision:mobilenet_v2", str(tmp_path / "empty"), tmp_path / "r", progress=False)
     (tmp_path / "flat").mkdir()
@@ -142,6 +143,29 @@ def test_folder_errors(tmp_path, fmnist_weights) -> None:
         analyze("torchvision:mobilenet_v2", str(tmp_path / "flat"), tmp_path / "r", progress=False)
     with pytest.raises(DataError, match="not 'fashion-mnist', a folder"):
         analyze("torchvision:mobilenet_v2", str(tmp_path / "nowhere"), tmp_path / "r", progress=False)
+
+
+def test_class_folders_must_name_the_models_labels(photos_dir: Path, tmp_path: Path) -> None:
+    """Folders named loosely match ("egyptian_cat"); a folder matching no label is an error naming it,
+    never classes 0, 1, 2 of the model with an accuracy of 0.000."""
+    for folder, photo in (("Espresso", "coffee"), ("egyptian_cat", "chelsea"), ("cat", "chelsea"),
+                          ("rocket", "rocket")):
+        (tmp_path / "data" / folder).mkdir(parents=True)
+        shutil.copy(photos_dir / f"{photo}.png", tmp_path / "data" / folder)
+    with pytest.raises(DataError) as info:
+        analyze("torchvision:mobilenet_v2", str(tmp_path / "data"), tmp_path / "r", progress=False)
+    message = str(info.value)
+    assert "class folder(s) cat/" in message and "rocket/" in message and "Espresso" not in message
+    assert "match no label of the model (1000 classes, e.g. 'tench', 'goldfish', 'great white shark')" in message
+    assert not (tmp_path / "r").exists()
+    shutil.rmtree(tmp_path / "data" / "cat")
+    shutil.rmtree(tmp_path / "data" / "rocket")
+    images = load_images(str(tmp_path / "data"), (3, 224, 224), IMAGENET_PREPROCESS,
+                         load_model("torchvision:mobilenet_v2").categories)
+    assert sorted(images.classes[i] for i in set(images.y.tolist())) == ["Egyptian cat", "espresso"]
+    with pytest.raises(DataError, match=r"^--classes espresso,tabby: no images of 'tabby' in .*: a CUI curve needs"):
+        analyze("torchvision:mobilenet_v2", str(tmp_path / "data"), tmp_path / "r", classes="espresso,tabby",
+                progress=False)
 
 
 def test_report_schema_refuses_a_broken_report(tmp_path) -> None:
