@@ -9,6 +9,7 @@ weigh them against the head's cost.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 from torch.fx.passes.shape_prop import TensorMetadata
 
+from exporter.blocks import BlockCounts, count_blocks
 from exporter.costs import cumulative_macs, total_parameters
 from exporter.cui import CuiChoices, cui_per_image, local_maxima
 from exporter.datasets import DataError, ImageSet, load_images
@@ -162,6 +164,7 @@ def build_report(
             "cui_maxima": [ids[i] for i in local_maxima(global_curve)],
             "recommended": ids[int(np.argmax(global_curve))],
             "recommended_subset": None if subset_curve is None else ids[int(np.argmax(subset_curve))],
+            "blocks": dataclasses.asdict(count_blocks(cuts)),
         },
     }
 
@@ -180,6 +183,7 @@ def summary_text(report: dict[str, Any]) -> str:
     lines = [
         f"{report['model']['name']} on {data['source']}: {data['images']} images, top-1 accuracy {data['accuracy']:.3f}",
         f"compressive bottlenecks (DSC Eq. 3): {', '.join(summary['compressive']) or 'none'}",
+        *([BlockCounts(**summary["blocks"]).summary()] if "blocks" in summary else []),
         f"CUI local maxima (I-SPLIT candidates), the {min(TOP_MAXIMA, len(summary['cui_maxima']))} highest of "
         f"{len(summary['cui_maxima'])}: " + ", ".join(describe(c) for c in top),
         f"recommended cut (global CUI maximum): {describe(summary['recommended'])}",

@@ -44,7 +44,9 @@ examples:
 
 A cut point is named by its torch.fx node; `points` lists them. Marks: N = natural
 bottleneck (cut tensor smaller than the input, DSC c_l < 1), C = compressive (smaller
-than every earlier cut, DSC Eq. 3); `--splits auto` exports the compressive ones.
+than every earlier cut, DSC Eq. 3), B = a block's output (the cuts DSC counts), * =
+compressive among block outputs; the last line gives the counts at both levels. `--splits
+auto` exports the compressive ones (C).
 """
 
 
@@ -162,6 +164,7 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _points(args: argparse.Namespace) -> int:
+    from exporter.blocks import count_blocks
     from exporter.graph import cut_blockers, find_cut_points, trace
     from exporter.models import load_model
 
@@ -170,6 +173,7 @@ def _points(args: argparse.Namespace) -> int:
         traced = trace(loaded.module, loaded.input_shape)
         cuts = find_cut_points(traced)
     print(json.dumps([asdict(c) for c in cuts], indent=2) if args.json else format_table(cuts))
+    print(count_blocks(cuts).summary(), file=sys.stderr if args.json else sys.stdout)
     for blocker in cut_blockers(traced):
         print(f"note: {blocker}", file=sys.stderr)
     return 0
@@ -254,7 +258,7 @@ def format_table(cuts: Sequence[CutPoint]) -> str:
             "x".join(map(str, c.shape)),
             f"{c.bytes_per_sample:,}",
             f"{c.compression_ratio:.4f}",
-            ("N" if c.natural else "") + ("C" if c.compressive else ""),
+            ("N" if c.natural else "") + ("C" if c.compressive else "") + ("B" if c.block_output else "") + ("*" if c.block_compressive else ""),
         )
         for c in cuts
     ]

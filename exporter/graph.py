@@ -21,6 +21,7 @@ bottlenecks ``c_l < 1`` and compressive bottlenecks (Eq. 3).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import operator
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from torch import fx
 from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
 from device_runtime.bundle import CUT
+from exporter.blocks import block_of, block_units
 from splitedge.errors import CutPointError
 
 __all__ = ["CutPoint", "TracedModel", "cut_blockers", "find_cut_points", "fold_shapes", "get_cut_point", "split_at",
@@ -47,6 +49,7 @@ class TracedModel:
     module: fx.GraphModule
     input_shape: tuple[int, ...]  # per sample, e.g. (3, 224, 224)
     input_dtype: torch.dtype
+    blocks: tuple[str, ...] = ()  # the model's blocks (exporter.blocks.block_units)
 
     @property
     def input_bytes(self) -> int:
@@ -67,6 +70,9 @@ class CutPoint:
     natural: bool  # DSC: c_l < 1
     compressive: bool  # DSC Eq. 3: c_l < 1 and smaller than every earlier cut's
     head_parameters: int  # parameters the board must hold for this head
+    block: str = ""  # the model's block holding the node (exporter.blocks), e.g. "features.14"
+    block_output: bool = False  # the last cut of its block: a cut DSC counts
+    block_compressive: bool = False  # Eq. 3 among block-level cuts only
 
 
 def trace(model: torch.nn.Module, input_shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> TracedModel:
@@ -89,7 +95,8 @@ def trace(model: torch.nn.Module, input_shape: tuple[int, ...], dtype: torch.dty
             ShapeProp(gm).propagate(torch.zeros((1, *input_shape), dtype=dtype))
     except Exception as exc:  # whatever the model raises on a wrong input shape
         raise CutPointError(f"{type(model).__name__} does not run on an input of shape {(1, *input_shape)}: {exc}") from exc
-    return TracedModel(module=gm, input_shape=tuple(input_shape), input_dtype=dtype)
+    return TracedModel(module=gm, input_shape=tuple(input_shape), input_dtype=dtype,
+                       blocks=tuple(block_units(model)))
 
 
 class _Recorder(fx.Interpreter):
@@ -241,9 +248,23 @@ def find_cut_points(traced: TracedModel) -> list[CutPoint]:
                 natural=natural,
                 compressive=compressive,
                 head_parameters=head_parameters,
+                block=block_of(node, traced.blocks),
             )
         )
-    return cuts
+    return _with_block_level(cuts)
+
+
+def _with_block_level(cuts: list[CutPoint]) -> list[CutPoint]:
+    """Mark each block's last cut and Eq. 3 among those (:mod:`exporter.blocks`)."""
+    marked: list[CutPoint] = []
+    best = float("inf")
+    for i, cut in enumerate(cuts):
+        output = i + 1 == len(cuts) or cuts[i + 1].block != cut.block
+        compressive = output and cut.natural and cut.compression_ratio < best
+        if output:
+            best = min(best, cut.compression_ratio)
+        marked.append(dataclasses.replace(cut, block_output=output, block_compressive=compressive))
+    return marked
 
 
 def split_at(traced: TracedModel, cut_id: str) -> tuple[fx.GraphModule, fx.GraphModule]:

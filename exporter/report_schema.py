@@ -101,6 +101,12 @@ SCHEMA: dict[str, Any] = {
                 "cui_maxima": {"type": "array", "items": {"type": "string"}},
                 "recommended": {"type": "string"},
                 "recommended_subset": {"oneOf": [{"type": "string"}, {"type": "null"}]},
+                "blocks": {  # DSC's counts at block level (exporter.blocks), beside the operator-level ones
+                    "type": "object",
+                    "required": ["blocks", "cut_points", "natural", "compressive", "block_cut_points",
+                                 "block_natural", "block_compressive"],
+                    "additionalProperties": _COUNT,
+                },
             },
         },
     },
