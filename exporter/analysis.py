@@ -165,8 +165,46 @@ def build_report(
             "recommended": ids[int(np.argmax(global_curve))],
             "recommended_subset": None if subset_curve is None else ids[int(np.argmax(subset_curve))],
             "blocks": dataclasses.asdict(count_blocks(cuts)),
+            **_recommendation(traced, cuts, ids[int(np.argmax(global_curve))]),
         },
     }
+
+
+#: What the CUI validation (docs/cui-validation.md) found, by kind of network.
+EVIDENCE_RESIDUAL = ("weak: on a residual network the CUI validation found no correlation between the CUI and the "
+                     "accuracy kept after the cut (Spearman rho = -0.003, docs/cui-validation.md); measure the "
+                     "candidates instead (build --test-data)")
+EVIDENCE_PLAIN = ("moderate: on a plain (VGG-style) network the CUI validation found the CUI ranks cuts by the "
+                  "accuracy kept (Spearman rho = 0.66, p = 0.03; one data set, one seed: docs/cui-validation.md)")
+
+
+def _residual(traced: TracedModel) -> bool:
+    """Whether two values computed from the input meet anywhere (a residual add, a gate's mul)."""
+    nodes = list(traced.module.graph.nodes)
+    dynamic = {n for n in nodes if n.op == "placeholder"}
+    for node in nodes:
+        inputs = [a for a in node.all_input_nodes if a in dynamic]
+        if inputs:
+            dynamic.add(node)
+        if len(set(inputs)) > 1 and isinstance(node.meta.get("tensor_meta"), TensorMetadata):
+            return True
+    return False
+
+
+def _recommendation(traced: TracedModel, cuts: Sequence[CutPoint], recommended: str) -> dict[str, Any]:
+    """How strong the evidence for the CUI's pick is, and whether ``build --splits auto`` exports it."""
+    cut = next(c for c in cuts if c.id == recommended)
+    if cut.compressive:
+        auto = f"{recommended} is one of the cuts build --splits auto exports"
+    else:
+        earlier = [c for c in cuts if c.position < cut.position]
+        smaller = min(earlier, key=lambda c: c.compression_ratio, default=None)
+        why = ("its cut tensor is not smaller than the input (c_l >= 1)" if not cut.natural else
+               f"{smaller.id} before it sends less (c_l {smaller.compression_ratio:.3f} vs {cut.compression_ratio:.3f})"
+               if smaller is not None else "it is not a compressive bottleneck")
+        auto = f"build --splits auto does not export {recommended}: {why}; name it to export it: --splits {recommended}"
+    return {"recommended_evidence": EVIDENCE_RESIDUAL if _residual(traced) else EVIDENCE_PLAIN,
+            "recommended_in_auto": cut.compressive, "recommended_auto_note": auto}
 
 
 def summary_text(report: dict[str, Any]) -> str:
@@ -187,6 +225,8 @@ def summary_text(report: dict[str, Any]) -> str:
         f"CUI local maxima (I-SPLIT candidates), the {min(TOP_MAXIMA, len(summary['cui_maxima']))} highest of "
         f"{len(summary['cui_maxima'])}: " + ", ".join(describe(c) for c in top),
         f"recommended cut (global CUI maximum): {describe(summary['recommended'])}",
+        *([f"  evidence: {summary['recommended_evidence']}", f"  {summary['recommended_auto_note']}"]
+          if "recommended_evidence" in summary else []),
     ]
     if summary["recommended_subset"]:
         lines.append(

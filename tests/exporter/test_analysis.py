@@ -63,6 +63,16 @@ def test_mobilenet_v2_end_to_end_on_photos(imagenet_folder, mobilenet_weights, t
     assert report["model"]["parameters"] == 3_504_872
     for name in ("cui_curve.png", "cui_per_class.png", "head_cost.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # MobileNetV2's inverted residuals add: the CUI's pick is weak evidence, and said to be.
+    summary = report["summary"]
+    assert summary["recommended_evidence"].startswith("weak: on a residual network")
+    assert f"  evidence: {summary['recommended_evidence']}" in printed
+    recommended = summary["recommended"]
+    assert summary["recommended_in_auto"] == (recommended in summary["compressive"])
+    if not summary["recommended_in_auto"]:
+        assert summary["recommended_auto_note"].startswith(f"build --splits auto does not export {recommended}: ")
+        assert summary["recommended_auto_note"].endswith(f"--splits {recommended}")
+    assert summary["blocks"]["block_compressive"] == 5 and "at block level" in printed
 
 
 def test_vgg16_bottlenecks_from_the_layer_shapes(imagenet_folder, tmp_path) -> None:
