@@ -428,6 +428,9 @@ class KernelTimingSupport:
                 "reason": self.reason}
 
 
+STAMP_TRIES = 50  # ~0.5 s of replies, each 10 ms apart, for the first stamped one
+
+
 def kernel_timing_support() -> KernelTimingSupport:
     """Try each on a connection over this machine's loopback: the kernel that will carry the link."""
     missing = []
@@ -445,10 +448,19 @@ def kernel_timing_support() -> KernelTimingSupport:
                     kernel = KernelTiming(client)
                     try:
                         client.sendall(b"x")
-                        peer.sendall(b"y")
                         client.settimeout(2.0)
-                        client.recv(1, socket.MSG_PEEK)
-                        stamps = kernel.reply_lag_s() is not None
+                        stamps = False
+                        # Turning stamps on enables the kernel's receive stamping a moment later (a
+                        # deferred static key when no other socket had it on): the first packet may
+                        # come unstamped, so a few tries before saying there are none.
+                        for _ in range(STAMP_TRIES):
+                            peer.sendall(b"y")
+                            client.recv(1, socket.MSG_PEEK)
+                            stamps = kernel.reply_lag_s() is not None
+                            if stamps:
+                                break
+                            client.recv(1)
+                            time.sleep(0.01)
                         acks = False
                         for _ in range(200):  # the ACK of one byte on loopback: at once, or nearly (2 s at most)
                             if kernel.acks():
