@@ -186,13 +186,14 @@ def test_stale_links_of_dead_processes_are_removed() -> None:
         subprocess.run(["ip", "netns", "del", stale], capture_output=True)
 
 
-@pytest.mark.parametrize("rate_mbit", [0.1, 1, 5, 20, 100, 1000])
+@pytest.mark.parametrize("rate_mbit", [0.1, 1, 5, 20, 100, 500, 1000])
 def test_tbf_burst_covers_a_tick_and_two_frames_and_queue_is_bounded(rate_mbit: float) -> None:
     bits, burst, limit = tbf_parameters(rate_mbit)
     bytes_per_s = rate_mbit * 1e6 / 8
     assert bits == round(rate_mbit * 1e6)
     assert burst >= bytes_per_s / 1000 and burst >= 2 * FRAME_BYTES
     assert burst <= max(bytes_per_s / 100, 2 * FRAME_BYTES) + 1  # never more than one tick at HZ=100
+    assert burst <= 2 * (GSO_MAX_BYTES + FRAME_BYTES)  # nor more than two GSO packets passed at once
     queue = limit - burst
     assert queue >= 4 * FRAME_BYTES
     assert queue <= max(bytes_per_s * 0.1, 4 * FRAME_BYTES) + 1  # at most 100 ms of queue...
