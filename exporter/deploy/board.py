@@ -285,7 +285,7 @@ def board_steps(remote: Remote, facts: BoardFacts, release: Release, settings: M
     def restore_config() -> None:
         path = shlex.quote(facts.config)
         if saved_config and saved_config[0] is not None:
-            remote.run(f"cat > {path}.restore && mv -f {path}.restore {path}", stdin=saved_config[0].encode())
+            remote.run(f"cat > {path}.restore && mv -f {path}.restore {path}", stdin=saved_config[0])
         else:
             remote.run(f"rm -f {path}")
 

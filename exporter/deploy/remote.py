@@ -75,15 +75,18 @@ class Remote:
             argv += ["-o", option]
         return argv
 
-    def run(self, command: str, *, stdin: bytes | None = None, check: bool = True,
+    def run(self, command: str, *, stdin: str | None = None, check: bool = True,
             timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
         """Run ``command`` in the board's login shell (``sh -c`` semantics); raise :class:`DeployError`
         naming the board when ssh itself fails, or, with ``check``, when the command fails."""
         self.log.append(command)
         argv = [*self.ssh_argv(), "--", self.destination, command]
         try:
-            done = subprocess.run(argv, input=stdin.decode("latin-1") if stdin is not None else None,
-                                  capture_output=True, text=True, timeout=timeout_s or self.command_timeout_s)
+            done = subprocess.run(argv, input=stdin, capture_output=True, text=True,
+                                  timeout=timeout_s or self.command_timeout_s)
+        except FileNotFoundError:
+            raise DeployError(self.destination, "ssh is not installed on this machine: apt install "
+                              "openssh-client") from None
         except subprocess.TimeoutExpired:
             raise DeployError(self.destination, f"no answer within {timeout_s or self.command_timeout_s:g} s "
                               f"(running {command.split()[0]}): is the board overloaded or the link down?") from None

@@ -203,7 +203,9 @@ def test_a_setting_the_board_refuses_puts_the_release_and_the_settings_back(
     boards = make_boards(board1={})
     board = boards["board1"]
     assert deploy(boards, mobilenet_bundle, "board1", extra=("--host", "127.0.0.1:7767")).returncode == 0
-    settings = (board.home / ".config/splitedge/device.toml").read_text()
+    with open(board.home / ".config/splitedge/device.toml", "a", encoding="utf-8") as fh:
+        fh.write("# réglages de la caméra du salon\n")  # the user's own words, not ASCII: put back byte for byte
+    settings = (board.home / ".config/splitedge/device.toml").read_bytes()
     out = deploy(boards, changed_bundle, "board1", extra=("--set", "threads=many", "--camera", "picam"))
     assert out.returncode == 1
     (line,) = [line for line in out.stdout.splitlines() if line.startswith("board1:")]
@@ -211,7 +213,7 @@ def test_a_setting_the_board_refuses_puts_the_release_and_the_settings_back(
                         rf"rolled back to "
                         rf"{slice_id(mobilenet_bundle)}", line), line
     assert board.current() == slice_id(mobilenet_bundle)
-    assert (board.home / ".config/splitedge/device.toml").read_text() == settings
+    assert (board.home / ".config/splitedge/device.toml").read_bytes() == settings
 
 
 def test_a_field_trial_holding_the_update_lock_defers_the_switch(
