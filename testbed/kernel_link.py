@@ -245,7 +245,10 @@ class EmulatedLink:
     hold a 64 KB packet gets ``gso_max_segs 1`` at both ends (see :func:`gso_segments`). At
     high rates the bucket holds several, and one skb per wire packet costs more CPU than this
     machine has: a 64 MB upload at 500 Mbit/s carried 394-420 Mbit/s with ``gso_max_segs 1``
-    and 479 (the rate less TCP/IP headers) with offloads on, so there they stay on.
+    and 479 (the rate less TCP/IP headers) with offloads on, so there they stay on. A
+    connection keeps the packet size of the moment it started: one begun on a fast link and
+    slowed below 100 Mbit/s by :meth:`set_rate` keeps its 64 KB packets (and may stall); an
+    unshaped link keeps one packet per skb for that reason.
     """
 
     def __init__(self, rate_mbit: float | None = None, name: str | None = None) -> None:
@@ -337,7 +340,9 @@ class EmulatedLink:
                 _run(["tc", *netns, "qdisc", "replace", "dev", dev, "root", "tbf",
                       "rate", f"{bits}bit", "burst", str(burst), "limit", str(limit)])
             # Packet size to suit the bucket (see the class docstring): best effort, shaping works without.
-            segments = GSO_MAX_SEGS if rate is None else gso_segments(rate)
+            # TCP takes a device's GSO size when a connection starts and keeps it, so an unshaped link,
+            # which may be slowed later under connections it already carries, keeps one packet per skb.
+            segments = 1 if rate is None else gso_segments(rate)
             _run(["ip", *netns, "link", "set", "dev", dev, "gso_max_segs", str(segments)], check=False)
 
     def set_rate(self, rate_mbit: float | None) -> None:

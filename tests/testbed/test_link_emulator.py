@@ -334,8 +334,8 @@ def test_both_ends_follow_the_rate_in_packet_size() -> None:
         assert gso_max_segs(link, inside=False) == GSO_MAX_SEGS and gso_max_segs(link, inside=True) == GSO_MAX_SEGS
         link.set_rate(50)
         assert gso_max_segs(link, inside=False) == 1 and gso_max_segs(link, inside=True) == 1
-        link.set_rate(None)
-        assert gso_max_segs(link, inside=False) == GSO_MAX_SEGS
+        link.set_rate(None)  # unshaped: it may be slowed later under connections it already carries
+        assert gso_max_segs(link, inside=False) == 1 and gso_max_segs(link, inside=True) == 1
 
 
 @needs_namespaces
