@@ -32,7 +32,7 @@ from exporter.validate import OnnxRunner
 MODEL = "torchvision:mobilenet_v2"
 #: Non-compressive cuts for contrast: after the stem, a residual sum, inside the last
 #: inverted residual, after the last 1x1 convolution.
-EXTRA_SPLITS = ("features_0_2", "add_2", "features_17_conv_1_2", "features_18_2")
+EXTRA_SPLITS = ("features_0_2", "features_6_add", "features_17_conv_1_2", "features_18_2")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -168,6 +168,7 @@ class ModelInfo:
     preprocess: Preprocess
     labels: tuple[str, ...]
     accuracy: float | None = None  # top-1 of the full model on the test data, where measured
+    accuracy_on: str | None = None  # what every accuracy in the manifest was measured on, in words
 
 
 #: The parts a slice is cut for (:mod:`device_runtime.bundle_slice`): what a board runs, what a host serves.
@@ -346,6 +347,7 @@ def _model(raw: Any, path: str) -> ModelInfo:
         ),
         labels=tuple(_fields.text(v, f"{lpath}[{i}]", empty=True) for i, v in enumerate(_fields.array(labels, lpath))),
         accuracy=_optional_number(obj, "accuracy", path),
+        accuracy_on=None if obj.get("accuracy_on") is None else _fields.text(*_at(obj, "accuracy_on", path)),
     )
 
 
@@ -480,13 +482,15 @@ class Bundle:
             f"bundle {self.id} has no {precision} {fmt} {role} for split {split_id!r}"
         )
 
-    def has(self, split_id: str, role: str, fmt: str = ONNX, precision: str = FLOAT32) -> bool:
-        """Whether the artifact is listed and present on disk (a host bundle may omit heads)."""
+    def find(self, split_id: str, role: str, fmt: str = ONNX, precision: str = FLOAT32) -> Artifact | None:
+        """The artifact's entry where it is listed and present on disk (a host bundle may omit heads)."""
         candidates = self.manifest.full if split_id == LOCAL else self.manifest.split(split_id).artifacts
-        return any(
-            (a.role, a.format, a.precision) == (role, fmt, precision) and (self.root / a.path).is_file()
-            for a in candidates
-        )
+        return next((a for a in candidates
+                     if (a.role, a.format, a.precision) == (role, fmt, precision) and (self.root / a.path).is_file()), None)
+
+    def has(self, split_id: str, role: str, fmt: str = ONNX, precision: str = FLOAT32) -> bool:
+        """Whether the artifact is listed and present on disk."""
+        return self.find(split_id, role, fmt, precision) is not None
 
 
 def write_manifest(root: str | Path, manifest: Manifest) -> Manifest:

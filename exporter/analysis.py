@@ -20,7 +20,7 @@ from torch.fx.passes.shape_prop import TensorMetadata
 from exporter.blocks import BlockCounts, count_blocks
 from exporter.costs import cumulative_macs, total_parameters
 from exporter.cui import CuiChoices, cui_per_image, local_maxima
-from exporter.datasets import DataError, ImageSet, load_images
+from exporter.datasets import DataError, ImageSet, load_images, read_synonyms
 from exporter.graph import CutPoint, TracedModel, find_cut_points, trace
 from exporter.models import load_model
 from exporter.preprocessing import PreprocessFlags
@@ -80,13 +80,24 @@ def analyze(
     seed: int = 0,
     progress: bool = True,
     preprocessing: PreprocessFlags | None = None,
+    synonyms: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Analyse every cut point of ``model`` on ``data``; write the report and plots to ``out_dir``."""
+    """Analyse every cut point of ``model`` on ``data``; write the report and plots to ``out_dir``.
+
+    ``synonyms`` is a file of ``NAME = LABEL`` lines for class folders not named after the
+    model's labels (:func:`exporter.datasets.read_synonyms`)."""
     torch.manual_seed(seed)
     loaded = load_model(model, weights, preprocessing, input_shape)
     traced = trace(loaded.module, loaded.input_shape)
     outputs = _outputs(traced)
-    image_set = load_images(data, traced.input_shape, loaded.preprocess, loaded.categories).subset(images, seed)
+    aliases = None
+    if synonyms is not None:
+        if not loaded.categories:
+            raise DataError(f"--synonyms {synonyms}: {loaded.name} has no labels to map folder names to "
+                            "(its weights or factory name none)")
+        aliases = read_synonyms(synonyms, loaded.categories)
+    image_set = load_images(data, traced.input_shape, loaded.preprocess, loaded.categories,
+                            synonyms=aliases).subset(images, seed)
     _check_labels(image_set, outputs)
     subset = class_subset(classes, image_set.classes)
     if subset is not None and not np.isin(image_set.y, subset).any():

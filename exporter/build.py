@@ -3,17 +3,20 @@
 Nothing is written to the manifest that has not been checked: the full ONNX model must
 reproduce the torch model, every head must reproduce the torch head, and every head
 followed by its tail must reproduce the full torch model, at batch 1 and batch 3 from the
-same files (so the dynamic batch axis is exercised too). A failed validation leaves no
-``manifest.json``, and a directory without one is not a bundle.
+same files (so the dynamic batch axis is exercised too). A failed build leaves the output
+directory as it was: the bundle is written beside it and moved into place only when whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+import os
+import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Iterator, Literal, Sequence
 
 import numpy as np
 import torch
@@ -48,13 +51,13 @@ from exporter.graph import CutPoint, TracedModel, find_cut_points, get_cut_point
 from exporter.models import LoadedModel, load_model, read_labels
 from exporter.preprocessing import PreprocessFlags
 from exporter.onnx_export import export_onnx
-from exporter.quantize import cut_quantization, quantize_onnx
+from exporter.quantize import calibration_sets, cut_quantization, quantize_onnx
 from exporter.tflite_export import export_tflite
 from exporter.train import accuracy
 from exporter.validate import Case, Chain, OnnxRunner, Runner, TfliteRunner, torch_cases, validate
 from splitedge.errors import BoardFitError, CutPointError, ExportError, ModelSpecError
 
-__all__ = ["ATOL", "VALIDATION_BATCHES", "build_bundle", "check_board", "select_splits"]
+__all__ = ["ATOL", "VALIDATION_BATCHES", "build_bundle", "check_board", "select_splits", "staged"]
 
 ATOL = 1e-4
 VALIDATION_BATCHES = (1, 3)
@@ -112,7 +115,11 @@ def build_bundle(
     an int8 twin), in every format, and uint8 parameters for its cut tensor, calibrated on
     ``calibration_samples`` of those images. With ``test_data`` (or a bottleneck's test data)
     the top-1 accuracy of every full-model variant and of every head variant (with its
-    link: uint8 for int8 heads) is measured and recorded.
+    link: uint8 for int8 heads) is measured and recorded; an int8 build without either holds
+    some calibration images out and measures on them (agreement with the float32 model where
+    they carry no labels of the model's), so every int8 bundle says what int8 costs, and a
+    board's ``--precision auto`` can weigh it. ``model.accuracy_on`` says what was measured.
+    The bundle is built beside ``out_dir`` and replaces it only once it is whole (:func:`staged`).
     """
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown or ONNX not in formats:
@@ -122,59 +129,109 @@ def build_bundle(
     shape = loaded.input_shape
     traced = trace(loaded.module, shape)
     chosen = select_splits(find_cut_points(traced), splits)
-    root = Path(out_dir)
-    rng = np.random.default_rng(seed)
-    inputs = [rng.standard_normal((b, *shape), dtype=np.float32) for b in VALIDATION_BATCHES]
-
-    # The reference is the original module, not the traced one: this also proves the trace.
-    reference = torch_cases(loaded.module, IO_NAMES[FULL], inputs)
-    validate(_export(traced.module, FULL, root, FULL_PATH, inputs[0]), reference, ATOL, f"full model {FULL_PATH}")
-    full = (make_artifact(root, FULL_PATH, FULL, ONNX, FLOAT32),)
-    if tflite:
-        full += (_export_tflite(traced.module, FULL, root, FULL_TFLITE_PATH, inputs, reference),)
+    # Everything that can refuse the data is read before the first file is written.
     calibration = None
     if quantize_from is not None:
         images = load_images(quantize_from, shape, loaded.preprocess, loaded.categories, labelled=False)
-        calibration = images.subset(calibration_samples, seed).x
-        full += _int8_full(traced.module, root, inputs[0], calibration, tflite)
-    variants = Variants(tflite=tflite, calibration=calibration)
-    cuts = tqdm(chosen, desc=f"exporting {loaded.name} splits", unit="split", disable=not progress)
-    model_accuracy = None
-    if bottleneck is None:
-        split_entries = [_export_split(traced, cut, root, inputs, reference, variants) for cut in cuts]
-    else:
-        data = train_test(bottleneck.train_data, bottleneck.test_data, shape, loaded.preprocess, loaded.categories, seed=seed)
-        data = TrainTest(data.train.subset(bottleneck.train_images, seed), data.test)
-        model_accuracy = accuracy(loaded.module, data.test)
-        split_entries = [
-            _export_bottleneck_split(loaded, traced, cut, bottleneck, data, root, inputs, progress, variants)
-            for cut in cuts
-        ]
-    test = data.test if bottleneck is not None else (
-        load_images(test_data, shape, loaded.preprocess, loaded.categories) if test_data else None
-    )
-    if test is not None:
-        model_accuracy = _accuracy(OnnxRunner(root / FULL_PATH), test) if model_accuracy is None else model_accuracy
-        split_entries = [_measure_variants(split, root, test) for split in split_entries]
-        full = tuple(replace(a, accuracy=_accuracy(_runner(root, a), test)) for a in full)
-    output_shape = tuple(next(iter(reference[0].expected.values())).shape[1:])
-    manifest = Manifest(
-        model=ModelInfo(
-            name=loaded.name,
-            input_shape=shape,
-            input_dtype=FLOAT32,
-            layout=LAYOUTS.get(len(shape), "N" + "?" * len(shape)),
-            output_shape=output_shape,
-            preprocess=loaded.preprocess,
-            labels=_labels(loaded, output_shape, labels),
-            accuracy=model_accuracy,
-        ),
-        full=full,
-        splits=tuple(split_entries),
-    )
-    if board is not None:
-        check_board(board, manifest)
-    return write_manifest(root, manifest)
+        calibration = calibration_sets(images, calibration_samples, test_data is None and bottleneck is None, seed)
+    test = load_images(test_data, shape, loaded.preprocess, loaded.categories) if test_data and not bottleneck else None
+    rng = np.random.default_rng(seed)
+    inputs = [rng.standard_normal((b, *shape), dtype=np.float32) for b in VALIDATION_BATCHES]
+
+    with staged(Path(out_dir)) as root:
+        # The reference is the original module, not the traced one: this also proves the trace.
+        reference = torch_cases(loaded.module, IO_NAMES[FULL], inputs)
+        validate(_export(traced.module, FULL, root, FULL_PATH, inputs[0]), reference, ATOL, f"full model {FULL_PATH}")
+        full = (make_artifact(root, FULL_PATH, FULL, ONNX, FLOAT32),)
+        if tflite:
+            full += (_export_tflite(traced.module, FULL, root, FULL_TFLITE_PATH, inputs, reference),)
+        if calibration is not None:
+            full += _int8_full(traced.module, root, inputs[0], calibration.calibration, tflite)
+        variants = Variants(tflite=tflite, calibration=None if calibration is None else calibration.calibration)
+        cuts = tqdm(chosen, desc=f"exporting {loaded.name} splits", unit="split", disable=not progress)
+        model_accuracy = None
+        if bottleneck is None:
+            split_entries = [_export_split(traced, cut, root, inputs, reference, variants) for cut in cuts]
+        else:
+            data = train_test(bottleneck.train_data, bottleneck.test_data, shape, loaded.preprocess, loaded.categories,
+                              seed=seed)
+            data = TrainTest(data.train.subset(bottleneck.train_images, seed), data.test)
+            model_accuracy = accuracy(loaded.module, data.test)
+            split_entries = [
+                _export_bottleneck_split(loaded, traced, cut, bottleneck, data, root, inputs, progress, variants)
+                for cut in cuts
+            ]
+            test = data.test
+        if test is None and calibration is not None:
+            test = _held_out_test(calibration.held_out, OnnxRunner(root / FULL_PATH))
+        accuracy_on = None
+        if test is not None:
+            if test.labelled and model_accuracy is None:
+                model_accuracy = _accuracy(OnnxRunner(root / FULL_PATH), test)
+            split_entries = [_measure_variants(split, root, test) for split in split_entries]
+            full = tuple(replace(a, accuracy=_accuracy(_runner(root, a), test)) for a in full)
+            accuracy_on = _described(test)
+        output_shape = tuple(next(iter(reference[0].expected.values())).shape[1:])
+        manifest = Manifest(
+            model=ModelInfo(
+                name=loaded.name,
+                input_shape=shape,
+                input_dtype=FLOAT32,
+                layout=LAYOUTS.get(len(shape), "N" + "?" * len(shape)),
+                output_shape=output_shape,
+                preprocess=loaded.preprocess,
+                labels=_labels(loaded, output_shape, labels),
+                accuracy=model_accuracy,
+                accuracy_on=accuracy_on,
+            ),
+            full=full,
+            splits=tuple(split_entries),
+        )
+        if board is not None:
+            check_board(board, manifest)
+        return write_manifest(root, manifest)
+
+
+@contextlib.contextmanager
+def staged(out_dir: Path) -> Iterator[Path]:
+    """A directory beside ``out_dir`` to build in, put in its place only once the build succeeds.
+
+    A build that fails (a validation, a refused board, Ctrl-C) leaves ``out_dir`` as it was,
+    the last good bundle included, and nothing half written; one that succeeds replaces it whole.
+    """
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+    if out_dir.exists():
+        out_dir.rename(old)
+    staging.rename(out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _held_out_test(held_out: ImageSet | None, full_model: Runner) -> ImageSet | None:
+    """The held-out calibration images as a test set: with their labels where they are the
+    model's, else labelled by the float32 model, so that accuracy reads as agreement with it."""
+    if held_out is None or held_out.labelled:
+        return held_out
+    (input_name,), (output_name,) = full_model.input_names, full_model.output_names
+    predicted = np.concatenate([full_model({input_name: held_out.x[i : i + 256]})[output_name].argmax(1)
+                                for i in range(0, len(held_out), 256)])
+    return ImageSet(held_out.x, predicted.astype(np.int64), held_out.classes, held_out.source, labelled=False)
+
+
+def _described(test: ImageSet) -> str:
+    """What the manifest's accuracies mean, in words: the data, and labels or agreement."""
+    if test.labelled:
+        return f"top-1 on {len(test)} labelled images of {test.source}"
+    return (f"top-1 agreement with the float32 ONNX model on {len(test)} unlabelled images of {test.source} "
+            "(no labels: give --test-data to measure accuracy)")
 
 
 def check_board(board_id: str, manifest: Manifest) -> None:

@@ -93,12 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--quantize", choices=(INT8,),
                        help="add int8 heads and send the cut as uint8 (calibrated on --calib-data)")
     build.add_argument("--calib-data", metavar="SPEC", help="calibration images for --quantize (default: --train-data)")
-    build.add_argument("--calib-samples", type=int, default=64, metavar="N", help="calibration images used (default 64)")
+    build.add_argument("--calib-samples", type=int, default=64, metavar="N",
+                       help="calibration images used (default 64, at least 32)")
     build.add_argument("--bottleneck", choices=("ae",), help="inject and train an I-SPLIT autoencoder at each split")
     build.add_argument("--latent-ratio", type=float, default=0.1, help="latent size / cut tensor size (default 0.1)")
     build.add_argument("--train-data", metavar="SPEC", help="data the bottleneck is trained on (as --data of analyze)")
-    build.add_argument("--test-data", metavar="SPEC", help="measure every variant's accuracy on this data (with "
-                       "--bottleneck, default: fashion-mnist's test split, else 20%% of --train-data held out)")
+    build.add_argument("--test-data", metavar="SPEC", help="measure every variant's accuracy on this data (default "
+                       "with --bottleneck: fashion-mnist's test split, else 20%% of --train-data held out; with "
+                       "--quantize: 32-500 images of --calib-data held out of calibration)")
     build.add_argument("--train-images", type=int, metavar="N", help="train on at most N images")
     build.add_argument("--epochs", type=int, default=AE_EPOCHS,
                        help="autoencoder epochs (I-SPLIT Eq. 3); one end-to-end fine-tuning epoch follows")
@@ -119,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="fashion-mnist[:train|:test], a folder with one sub-folder per class, or an .npz with x and y",
     )
     analyse.add_argument("--classes", metavar="I,J|NAME,NAME", help="also analyse this class subset")
+    analyse.add_argument("--synonyms", metavar="FILE",
+                         help="class folders named otherwise than the model's labels: one 'FOLDER = LABEL' a line")
     analyse.add_argument("--images", type=int, metavar="N", help="use at most N images (stratified, seeded)")
     analyse.add_argument("--target", choices=("label", "predicted"), default="label",
                          help="Grad-CAM class: the ground truth (default) or the model's prediction")
@@ -212,8 +216,10 @@ def _build(args: argparse.Namespace) -> int:
         test_data=args.test_data,
     )
     print(f"wrote bundle {manifest.bundle_id} to {args.out}: splits {', '.join(s.id for s in manifest.splits)}")
-    if manifest.model.accuracy is not None:
-        print(f"test accuracy: full model {manifest.model.accuracy:.4f}")
+    if manifest.model.accuracy_on is not None:
+        print(f"measured: {manifest.model.accuracy_on}")
+        if manifest.model.accuracy is not None:
+            print(f"  full model {manifest.model.accuracy:.4f}")
         for split in manifest.splits:
             print(f"  {split.id}: {split.accuracy:.4f}, sends {'x'.join(map(str, split.tensor.shape))} "
                   f"({split.tensor.bytes_per_sample:,} B per sample)")
@@ -232,7 +238,7 @@ def _analyze(args: argparse.Namespace) -> int:
     report = analyze(
         args.model, args.data, args.out, weights=args.weights, classes=args.classes, images=args.images,
         target=args.target, score=args.score, input_shape=args.input_shape, batch_size=args.batch_size, seed=args.seed,
-        preprocessing=_preprocessing(args),
+        preprocessing=_preprocessing(args), synonyms=args.synonyms,
     )
     print(summary_text(report))
     print(f"wrote {args.out}/points.json, cui_curve.png, cui_per_class.png, head_cost.png")

@@ -20,7 +20,7 @@ import gzip
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -29,7 +29,8 @@ from device_runtime.engine.preprocess import preprocess
 from device_runtime.stream.camera import IMAGE_SUFFIXES
 from splitedge.errors import SplitEdgeError
 
-__all__ = ["DataError", "ImageSet", "FASHION_MNIST_CLASSES", "FASHION_MNIST_DIR", "TrainTest", "load_images", "train_test"]
+__all__ = ["DataError", "ImageSet", "FASHION_MNIST_CLASSES", "FASHION_MNIST_DIR", "TrainTest", "hold_out", "load_images",
+           "read_synonyms", "train_test"]
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = (
@@ -49,6 +50,7 @@ class ImageSet:
     y: np.ndarray  # (N,) int64
     classes: tuple[str, ...]
     source: str
+    labelled: bool = True  # False: y only numbers the folders (calibration images: only pixels count)
 
     def __len__(self) -> int:
         return len(self.y)
@@ -62,7 +64,19 @@ class ImageSet:
         # Round-robin over classes keeps the subset balanced when the full set is.
         order = [idx[i] for i in range(max(map(len, per_class))) for idx in per_class if i < len(idx)]
         chosen = np.sort(np.asarray(order[:n]))
-        return ImageSet(self.x[chosen], self.y[chosen], self.classes, f"{self.source} ({n} of {len(self)})")
+        return ImageSet(self.x[chosen], self.y[chosen], self.classes, f"{self.source} ({n} of {len(self)})", self.labelled)
+
+    def take(self, indices: np.ndarray, part: str) -> "ImageSet":
+        return ImageSet(self.x[indices], self.y[indices], self.classes, f"{self.source} ({part})", self.labelled)
+
+
+def hold_out(images: ImageSet, n_test: int, seed: int = 0) -> tuple[ImageSet, ImageSet]:
+    """(the rest, ``n_test`` images held out), a seeded draw: what accuracy is measured on is
+    never what was trained or calibrated on."""
+    if not 0 < n_test < len(images):
+        raise DataError(f"{images.source}: {len(images)} images are too few to hold {n_test} out for testing")
+    order = np.random.default_rng(seed).permutation(len(images))
+    return images.take(np.sort(order[n_test:]), "the rest"), images.take(np.sort(order[:n_test]), "held out")
 
 
 def load_images(
@@ -71,13 +85,16 @@ def load_images(
     preprocess_spec: Preprocess | None = None,
     model_classes: Sequence[str] | None = None,
     labelled: bool = True,
+    synonyms: Mapping[str, str] | None = None,
 ) -> ImageSet:
     """Read ``spec`` and check it against a model taking ``input_shape`` (per sample).
 
     ``model_classes`` are the class names the model was trained on (ImageNet's for
-    torchvision weights): class folders must be named after them (:func:`match_folders`), so
-    a folder ``espresso/`` means ImageNet class 967, not "the first folder". Without
-    ``labelled`` (calibration images: only their pixels count) any folder names do.
+    torchvision weights): class folders must be named after them or after one of their
+    ``synonyms`` (:func:`match_folders`), so a folder ``espresso/`` means ImageNet class 967,
+    not "the first folder". Without ``labelled`` (calibration images: only their pixels count)
+    any folder names do, and the set says whether its labels are the model's
+    (:attr:`ImageSet.labelled`).
     """
     if spec.startswith("fashion-mnist"):
         _, _, split = spec.partition(":")
@@ -87,7 +104,7 @@ def load_images(
         if path.suffix == ".npz":
             images = _npz(path, input_shape, preprocess_spec)
         elif path.is_dir():
-            images = _folder(path, input_shape, preprocess_spec, model_classes, labelled)
+            images = _folder(path, input_shape, preprocess_spec, model_classes, labelled, synonyms or {})
         else:
             raise DataError(f"--data {spec!r}: not 'fashion-mnist', a folder of class folders, or an .npz file")
     _check_fits(images, tuple(input_shape))
@@ -121,15 +138,7 @@ def train_test(
         test_spec = "fashion-mnist:test"
     if test_spec is not None:
         return TrainTest(train, load_images(test_spec, input_shape, preprocess_spec, model_classes))
-    order = np.random.default_rng(seed).permutation(len(train))
-    n_test = max(1, int(round(holdout * len(train))))
-    if n_test >= len(train):
-        raise DataError(f"{train.source}: {len(train)} images are too few to hold {holdout:.0%} out for testing")
-    test_idx, train_idx = np.sort(order[:n_test]), np.sort(order[n_test:])
-    return TrainTest(
-        ImageSet(train.x[train_idx], train.y[train_idx], train.classes, f"{train.source} (train part)"),
-        ImageSet(train.x[test_idx], train.y[test_idx], train.classes, f"{train.source} (held out)"),
-    )
+    return TrainTest(*hold_out(train, max(1, int(round(holdout * len(train)))), seed))
 
 
 def _check_fits(images: ImageSet, input_shape: tuple[int, ...]) -> None:
@@ -201,18 +210,50 @@ def _normal(name: str) -> str:
     return " ".join(name.replace("_", " ").replace("-", " ").casefold().split())
 
 
-def match_folders(names: Sequence[str], classes: Sequence[str], root: Path) -> list[int]:
-    """The model's class index of each class folder: its label exactly, else the same words in
-    another case or with ``_``/``-`` for spaces (``egyptian_cat/`` is "Egyptian cat"). A folder
-    matching no label is an error naming it (never "the first classes"): the accuracy and the
-    CUI curve of an analysis are only as true as these labels."""
-    exact = {c: i for i, c in enumerate(classes)}
+def read_synonyms(path: str | Path, classes: Sequence[str]) -> dict[str, str]:
+    """A synonyms file: one ``NAME = LABEL`` a line (``#`` comments), so a folder ``cat/`` can mean
+    "tabby". Every LABEL must be one of the model's (matched as folders are), else the line is named."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"cannot read synonyms file {path}: {exc}") from exc
+    loose = _loose(classes)
+    synonyms = {}
+    for number, line in enumerate(lines, 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, sep, label = (part.strip() for part in line.partition("="))
+        if not sep or not name or not label:
+            raise DataError(f"{path}:{number}: expected NAME = LABEL, got {line!r}")
+        if _normal(label) not in loose:
+            raise DataError(f"{path}:{number}: {label!r} is not a label of the model ({len(classes)} classes)")
+        synonyms[_normal(name)] = classes[loose[_normal(label)]]
+    return synonyms
+
+
+def _loose(classes: Sequence[str]) -> dict[str, int]:
     loose: dict[str, int] = {}
     for i, c in enumerate(classes):
         loose.setdefault(_normal(c), i)
+    return loose
+
+
+def match_folders(
+    names: Sequence[str], classes: Sequence[str], root: Path, synonyms: Mapping[str, str] | None = None
+) -> list[int]:
+    """The model's class index of each class folder: its label exactly, else the same words in
+    another case or with ``_``/``-`` for spaces (``egyptian_cat/`` is "Egyptian cat"), else the
+    label a ``synonyms`` entry (:func:`read_synonyms`) names for it. A folder matching no label is
+    an error naming it (never "the first classes"): the accuracy and the CUI curve of an analysis
+    are only as true as these labels."""
+    exact = {c: i for i, c in enumerate(classes)}
+    loose = _loose(classes)
+    aliases = {alias: exact[label] for alias, label in (synonyms or {}).items()}
     found, unmatched = [], []
     for name in names:
-        index = exact.get(name, loose.get(_normal(name)))
+        index = exact.get(name, loose.get(_normal(name), aliases.get(_normal(name))))
         if index is None:
             near = difflib.get_close_matches(_normal(name), list(loose), n=3, cutoff=0.6)
             unmatched.append(f"{name}/" + (f" (did you mean {', '.join(repr(classes[loose[n]]) for n in near)}?)"
@@ -221,23 +262,27 @@ def match_folders(names: Sequence[str], classes: Sequence[str], root: Path) -> l
     if unmatched:
         raise DataError(f"{root}: class folder(s) {'; '.join(unmatched)} match no label of the model "
                         f"({len(classes)} classes, e.g. {', '.join(map(repr, classes[:3]))}): rename each folder "
-                        "after the label it holds")
+                        "after the label it holds, or name its label in a --synonyms file (a line 'cat = tabby')")
     return [i for i in found if i is not None]
 
 
 def _folder(
     root: Path, input_shape: Sequence[int], spec: Preprocess | None, model_classes: Sequence[str] | None,
     labelled: bool = True,
+    synonyms: Mapping[str, str] | None = None,
 ) -> ImageSet:
     class_dirs = sorted(p for p in root.iterdir() if p.is_dir())
     if not class_dirs:
         raise DataError(f"{root}: no class sub-folders (expected {root}/<class>/<image>)")
     names = [p.name for p in class_dirs]
-    if model_classes and labelled:
-        classes = tuple(model_classes)
-        labels = match_folders(names, classes, root)
-    else:
-        classes, labels = tuple(names), list(range(len(names)))
+    # Without the model's class names, folder order is all there is (labels only if asked for).
+    classes, labels, named = tuple(names), list(range(len(names))), labelled and not model_classes
+    if model_classes:
+        try:
+            classes, labels, named = tuple(model_classes), match_folders(names, model_classes, root, synonyms), True
+        except DataError:
+            if labelled:
+                raise
     from torchvision.io import ImageReadMode, decode_image
 
     xs, ys = [], []
@@ -253,4 +298,4 @@ def _folder(
             ys.append(label)
     if not xs:
         raise DataError(f"{root}: the class folders hold no images ({', '.join(IMAGE_SUFFIXES)})")
-    return ImageSet(np.concatenate(xs), np.asarray(ys, dtype=np.int64), classes, str(root))
+    return ImageSet(np.concatenate(xs), np.asarray(ys, dtype=np.int64), classes, str(root), labelled=named)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import operator
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -35,8 +36,8 @@ from device_runtime.bundle import CUT
 from exporter.blocks import block_of, block_units
 from splitedge.errors import CutPointError
 
-__all__ = ["CutPoint", "TracedModel", "cut_blockers", "find_cut_points", "fold_shapes", "get_cut_point", "split_at",
-           "trace"]
+__all__ = ["CutPoint", "TracedModel", "cut_blockers", "find_cut_points", "fold_shapes", "get_cut_point",
+           "name_calls_by_module", "split_at", "trace"]
 
 #: Batch sizes the model runs at to tell constants (same at all) from batch-dependent sizes.
 _PROBE_BATCHES = (1, 2, 3)
@@ -86,6 +87,7 @@ def trace(model: torch.nn.Module, input_shape: tuple[int, ...], dtype: torch.dty
         gm = fx.symbolic_trace(model)
     except Exception as exc:  # fx raises TraceError, TypeError, NotImplementedError... for untraceable code
         raise CutPointError(f"cannot trace {type(model).__name__} with torch.fx: {exc}") from exc
+    name_calls_by_module(gm)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != 1:
         raise CutPointError(f"a splittable model takes exactly one input tensor; {type(model).__name__} takes {len(placeholders)}")
@@ -97,6 +99,32 @@ def trace(model: torch.nn.Module, input_shape: tuple[int, ...], dtype: torch.dty
         raise CutPointError(f"{type(model).__name__} does not run on an input of shape {(1, *input_shape)}: {exc}") from exc
     return TracedModel(module=gm, input_shape=tuple(input_shape), input_dtype=dtype,
                        blocks=tuple(block_units(model)))
+
+
+def name_calls_by_module(gm: fx.GraphModule) -> None:
+    """Name every function and method call after the module whose ``forward`` makes it.
+
+    fx names a call by its function and a counter (``add_6``, ``conv2d_35``), which says
+    nothing of where in the network it is; a cut id must. ``x + identity`` in ResNet's
+    ``layer4.0`` becomes ``layer4_0_add`` and ``F.conv2d`` in EfficientNet's
+    ``_blocks.11._project_conv`` becomes ``_blocks_11__project_conv_conv2d``, as a module call
+    there would be named. Calls made by the top-level ``forward`` keep fx's names.
+    """
+    for node in gm.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if node.op not in ("call_function", "call_method") or not stack:
+            continue
+        path = next(reversed(stack.values()))[0]  # the innermost module: (qualified name, type)
+        if not path:
+            continue
+        node._rename(f"{path.replace('.', '_')}_{_call_name(node)}")
+    gm.recompile()
+
+
+def _call_name(node: fx.Node) -> str:
+    """What a call computes, as fx names it before numbering (``add``, ``conv2d``, ``view``)."""
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "call")
+    return str(name).strip("_") or "call"
 
 
 class _Recorder(fx.Interpreter):
@@ -303,7 +331,10 @@ def get_cut_point(cuts: Sequence[CutPoint], cut_id: str) -> CutPoint:
         if cut.id == cut_id:
             return cut
     valid = [c.id for c in cuts]
+    # An id of fx's own (``add_6``) may name a call now named after its module (``layer4_0_add``).
+    op = re.sub(r"_\d+$", "", cut_id)
     near = difflib.get_close_matches(cut_id, valid, n=3)
+    near += [v for v in valid if re.search(rf"_{re.escape(op)}(_\d+)?$", v) and v not in near][:8]
     hint = f"did you mean {', '.join(near)}? " if near else ""
     raise CutPointError(f"{cut_id!r} is not a valid cut point; {hint}valid cut points: {', '.join(valid)}")
 

@@ -12,6 +12,7 @@ Two things are quantized, for two reasons:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,13 +20,46 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 
 from device_runtime.bundle import Quantization
 from device_runtime.wire.quantization import affine_params
+from exporter.datasets import ImageSet, hold_out
 from exporter.validate import OnnxRunner
 from splitedge.errors import ExportError
 
-__all__ = ["MIN_CALIBRATION_SAMPLES", "cut_quantization", "quantize_onnx"]
+__all__ = ["HELD_OUT_SAMPLES", "MIN_CALIBRATION_SAMPLES", "MIN_HELD_OUT", "CalibrationSets", "calibration_sets",
+           "cut_quantization", "quantize_onnx"]
 
 MIN_CALIBRATION_SAMPLES = 32
+#: Without --test-data, int8's accuracy is measured on calibration images held out of the
+#: calibration: at least this many (one image moves top-1 by 1/32), at most HELD_OUT_SAMPLES.
+MIN_HELD_OUT = 32
+HELD_OUT_SAMPLES = 500
 _BATCH = 16
+
+
+@dataclass(frozen=True)
+class CalibrationSets:
+    calibration: np.ndarray  # (N, *input) what the int8 ranges are fitted on
+    held_out: ImageSet | None  # what int8's accuracy is measured on when nothing else is given
+
+
+def calibration_sets(images: ImageSet, samples: int, hold_out_for_accuracy: bool, seed: int = 0) -> CalibrationSets:
+    """Calibration images, and (``hold_out_for_accuracy``) a held-out part never calibrated on.
+
+    Checked before anything is exported, so a set too small for both is one line that says how
+    many images it takes and which flag gives them, and no bundle is half written.
+    """
+    if samples < MIN_CALIBRATION_SAMPLES:
+        raise ExportError(f"--calib-samples {samples}: int8 calibration needs at least {MIN_CALIBRATION_SAMPLES}")
+    held = min(HELD_OUT_SAMPLES, max(MIN_HELD_OUT, len(images) - samples)) if hold_out_for_accuracy else 0
+    needed = MIN_CALIBRATION_SAMPLES + held
+    if len(images) < needed:
+        why = (f"{MIN_CALIBRATION_SAMPLES} to calibrate on and {held} held out to measure int8's accuracy "
+               "(or give --test-data to measure on, and all of them calibrate)" if held else "to calibrate on")
+        raise ExportError(f"--calib-data {images.source} has {len(images)} images; int8 needs at least {needed}: "
+                          f"{why}; add images to it, or point --calib-data at a larger set")
+    if not held:
+        return CalibrationSets(images.subset(samples, seed).x, None)
+    rest, held_out = hold_out(images, held, seed)
+    return CalibrationSets(rest.subset(samples, seed).x, held_out)
 
 
 class _Samples(CalibrationDataReader):

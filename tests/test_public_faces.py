@@ -22,8 +22,8 @@ FACES = {
         "load_key", "parse_reply", "parse_request", "parse_txt", "quantize", "server_context", "txt_record",
     ],
     "device_runtime.engine": [
-        "Backend", "DeviceRunner", "LiteRTBackend", "OnnxBackend", "PRECISIONS", "default_split", "load_backend",
-        "preprocess",
+        "Backend", "DeviceRunner", "INT8_MARGIN", "LiteRTBackend", "OnnxBackend", "PRECISIONS", "default_split",
+        "load_backend", "prefers_int8", "preprocess",
     ],
     "device_runtime.hosts": [
         "Credentials", "HostAdvert", "HostClient", "HostLink", "InferResult", "LinkMeter", "connect_host", "discover",

@@ -7,15 +7,17 @@ becomes the model input as torchvision would make it (:func:`preprocess`).
 from device_runtime.engine.backend import Backend, OnnxBackend, load_backend
 from device_runtime.engine.litert_backend import LiteRTBackend
 from device_runtime.engine.preprocess import preprocess
-from device_runtime.engine.runner import PRECISIONS, DeviceRunner, default_split
+from device_runtime.engine.runner import INT8_MARGIN, PRECISIONS, DeviceRunner, default_split, prefers_int8
 
 __all__ = [
     "Backend",
     "DeviceRunner",
+    "INT8_MARGIN",
     "LiteRTBackend",
     "OnnxBackend",
     "PRECISIONS",
     "default_split",
     "load_backend",
+    "prefers_int8",
     "preprocess",
 ]

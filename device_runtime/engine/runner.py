@@ -19,8 +19,26 @@ from device_runtime.wire.quantization import quantize
 from splitedge.errors import BundleError
 
 AUTO = "auto"
+#: How much top-1 (as a fraction) ``auto`` gives up for an int8 artifact: one point.
+INT8_MARGIN = 0.01
 #: What a runner may be asked to run: an artifact precision, or the best the bundle has per artifact.
 PRECISIONS = (AUTO, *ARTIFACT_PRECISIONS)
+
+
+def prefers_int8(bundle: Bundle, split_id: str, role: str, fmt: str, margin: float = INT8_MARGIN) -> bool:
+    """``--precision auto``'s choice for one artifact: int8 only where the bundle measured its top-1
+    within ``margin`` of the float32 twin's (the exporter measures every int8 build), or where
+    int8 is all there is (a slice cut ``--precision int8``). Unmeasured int8 is not preferred:
+    a faster head that answers wrongly is no gain."""
+    int8 = bundle.find(split_id, role, fmt, INT8)
+    if int8 is None:
+        return False
+    float32 = bundle.find(split_id, role, fmt, FLOAT32)
+    if float32 is None:
+        return True
+    if int8.accuracy is None or float32.accuracy is None:
+        return False
+    return int8.accuracy >= float32.accuracy - margin
 
 
 def default_split(bundle: Bundle) -> str:
@@ -44,7 +62,7 @@ class DeviceRunner:
         self.threads = threads
         self.backend = backend  # the artifact format the board runs, one of the bundle's FORMATS
         self.transmit = transmit  # auto: uint8 where the split has quantization parameters, else float32
-        self.precision = precision  # auto: int8 where the bundle has it (its accuracy is in the manifest)
+        self.precision = precision  # auto: int8 where its measured accuracy is within INT8_MARGIN (prefers_int8)
         self._sessions: dict[tuple[str, str], Backend] = {}
         self.labels = bundle.manifest.model.labels
 
@@ -52,7 +70,7 @@ class DeviceRunner:
         """The precision of the artifact this runner runs for ``split_id``'s ``role``."""
         if self.precision != AUTO:
             return self.precision
-        return INT8 if self.bundle.has(split_id, role, fmt=self.backend, precision=INT8) else FLOAT32
+        return INT8 if prefers_int8(self.bundle, split_id, role, self.backend) else FLOAT32
 
     def session(self, split_id: str, role: str) -> Backend:
         """Created on first use and kept: one session per artifact for the whole run."""

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from exporter.analysis import analyze  # noqa: E402
 from exporter.cli import main  # noqa: E402
-from exporter.datasets import FASHION_MNIST_DIR, DataError, load_images  # noqa: E402
+from exporter.datasets import FASHION_MNIST_DIR, DataError, load_images, read_synonyms  # noqa: E402
 from exporter.models import IMAGENET_PREPROCESS, load_model  # noqa: E402
 from exporter.report_schema import ReportError, read_report  # noqa: E402
 from exporter.zoo import fmnist_vgg  # noqa: E402
@@ -183,3 +183,25 @@ def test_report_schema_refuses_a_broken_report(tmp_path) -> None:
     path.write_text(json.dumps({"schema": "splitedge.points/1", "points": []}))
     with pytest.raises(ReportError, match="does not follow splitedge.points/1: root: 'model' is a required property"):
         read_report(path)
+
+
+def test_a_synonyms_file_names_the_label_of_a_folder(photos_dir: Path, tmp_path: Path) -> None:
+    """``cat/`` matches no ImageNet label; ``cat = tabby`` in a synonyms file says which it holds."""
+    for folder, photo in (("cat", "chelsea"), ("Espresso", "coffee")):
+        (tmp_path / "data" / folder).mkdir(parents=True)
+        shutil.copy(photos_dir / f"{photo}.png", tmp_path / "data" / folder)
+    categories = load_model("torchvision:mobilenet_v2").categories
+    synonyms = tmp_path / "synonyms.txt"
+    synonyms.write_text("# folder = label\ncat = Tabby  # case as folders\n")
+    images = load_images(str(tmp_path / "data"), (3, 224, 224), IMAGENET_PREPROCESS, categories,
+                         synonyms=read_synonyms(synonyms, categories))
+    assert sorted(images.classes[i] for i in images.y.tolist()) == ["espresso", "tabby"] and images.labelled
+    synonyms.write_text("cat = tabby\nmug: espresso\n")
+    with pytest.raises(DataError, match=rf"^{synonyms}:2: expected NAME = LABEL, got 'mug: espresso'$"):
+        read_synonyms(synonyms, categories)
+    synonyms.write_text("cat = housecat\n")
+    with pytest.raises(DataError, match=rf"^{synonyms}:1: 'housecat' is not a label of the model \(1000 classes\)$"):
+        read_synonyms(synonyms, categories)
+    # Unlabelled (calibration) images from folders that name no label are pixels, and say so.
+    assert not load_images(str(tmp_path / "data"), (3, 224, 224), IMAGENET_PREPROCESS, categories,
+                           labelled=False).labelled

@@ -26,12 +26,12 @@ def test_build_writes_a_bundle_that_loads(tmp_path: Path, capsys) -> None:
     out = tmp_path / "bundle"
     labels = tmp_path / "labels.txt"
     labels.write_text("".join(f"thing {i}\n" for i in range(1000)))
-    assert main(["build", "torchvision:resnet18", "--splits", "add_6,maxpool", "--out", str(out), "--labels", str(labels)]) == 0
+    assert main(["build", "torchvision:resnet18", "--splits", "layer4_0_add,maxpool", "--out", str(out), "--labels", str(labels)]) == 0
     assert "wrote bundle resnet18-" in capsys.readouterr().out
 
     bundle = Bundle.load(out)
     manifest = bundle.manifest
-    assert [s.id for s in manifest.splits] == ["maxpool", "add_6"]  # graph order
+    assert [s.id for s in manifest.splits] == ["maxpool", "layer4_0_add"]  # graph order
     assert manifest.bundle_id == f"resnet18-{manifest.manifest_sha256[:12]}"  # the identity covers the content
     assert manifest.model.input_shape == (3, 224, 224) and manifest.model.output_shape == (1000,)
     assert manifest.model.labels[:2] == ("thing 0", "thing 1")
@@ -40,7 +40,7 @@ def test_build_writes_a_bundle_that_loads(tmp_path: Path, capsys) -> None:
     assert maxpool.tensor.shape == (64, 56, 56) and maxpool.tensor.bytes_per_sample == 64 * 56 * 56 * 4
     assert maxpool.compression_ratio == pytest.approx(4 / 3) and not maxpool.natural and maxpool.kind == "layer"
     assert {a.path for a in bundle.all_artifacts()} == {
-        "full/model.onnx", "head/maxpool.onnx", "tail/maxpool.onnx", "head/add_6.onnx", "tail/add_6.onnx",
+        "full/model.onnx", "head/maxpool.onnx", "tail/maxpool.onnx", "head/layer4_0_add.onnx", "tail/layer4_0_add.onnx",
     }  # fmt: skip
 
 

@@ -72,8 +72,8 @@ def agrees(label: str, best: list[tuple[str, float]]) -> bool:
 
 def test_its_own_preprocessing_reaches_the_board_and_gives_torchs_answers(tmp_path: Path, photos_dir: Path) -> None:
     (tmp_path / "lite.py").write_text(FACTORY)
-    out = subprocess.run([str(SPLIT_EXPORT), "build", "lite:make", "--splits", "conv2d_35", "--out", "bundle"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    out = subprocess.run([str(SPLIT_EXPORT), "build", "lite:make", "--splits", "_blocks_11__project_conv_conv2d",
+                          "--out", "bundle"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr
     ran = subprocess.run([sys.executable, "-m", "device_runtime.cli", "run", str(tmp_path / "bundle"), "--camera",
                           str(photos_dir), "--split", "local"], cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -51,7 +51,7 @@ def test_no_cut_inside_squeeze_excitation(random_model) -> None:
     for se in squeezes:
         start = _position(nodes, lambda n: n.target == f"{se}.avgpool")
         mul = _position(nodes, lambda n: any(a.target == f"{se}.scale_activation" for a in n.all_input_nodes))
-        assert nodes[mul].name.startswith("mul")
+        assert nodes[mul].name == f"{se.replace('.', '_')}_mul"  # named after the module that multiplies
         assert not cut_positions & set(range(start, mul)), se
 
 
@@ -117,3 +117,17 @@ def test_unknown_cut_suggests_near_matches(random_model) -> None:
         split_at(traced, "layer1_0_relu_2")
     with pytest.raises(CutPointError, match=r"'layer1_0_conv2' is not a valid cut point.*valid cut points: conv1, bn1"):
         split_at(traced, "layer1_0_conv2")  # inside a residual block: exists in the graph, not a cut
+
+
+def test_calls_are_named_after_the_module_that_makes_them(random_model) -> None:
+    """``out += identity`` in ResNet's ``layer4.0`` is ``layer4_0_add``, not fx's ``add_6``; a call
+    in the model's own forward keeps fx's name; an old fx id is pointed at the new ones."""
+    _, traced, cuts = random_model("resnet18")
+    assert [c.id for c in cuts if c.op == "add"] == [f"layer{i}_{b}_add" for i in (1, 2, 3, 4) for b in (0, 1)]
+    assert [c.id for c in cuts if c.op == "flatten"] == ["flatten"]  # ResNet.forward's own torch.flatten
+    with pytest.raises(CutPointError, match=r"'add_6' is not a valid cut point; did you mean layer1_0_add, .*layer4_0_add"):
+        split_at(traced, "add_6")
+    head, tail = split_at(traced, "layer4_0_add")
+    x = torch.randn(2, *traced.input_shape)
+    with torch.no_grad():
+        torch.testing.assert_close(tail(head(x)), traced.module(x), atol=1e-4, rtol=0)

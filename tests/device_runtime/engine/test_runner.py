@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from device_runtime.bundle import LOCAL, Bundle
+from device_runtime.bundle import LOCAL, Bundle, write_manifest
+from device_runtime.bundle_slice import slice_bundle
+from device_runtime.engine import INT8_MARGIN, prefers_int8
 from device_runtime.engine.runner import DeviceRunner, default_split
 from device_runtime.hosts.connect import connect_host
 from device_runtime.stream.camera import open_source
 from splitedge.errors import BundleError, HostUnavailableError
 from tests.conftest import TEST_SPLITS, RunningHost, run_stream
+from tests.device_runtime.test_bundle_slice import fake_bundle
 
 
 def classify(bundle: Bundle, photos: Path, split_id: str, host: RunningHost | None) -> list:
@@ -84,3 +88,41 @@ def test_host_going_away_fails_the_request_at_once(mobilenet_bundle: Path) -> No
 
     assert asyncio.run(go()) < 1.0
     next(hosts, None)
+
+
+def with_accuracies(root: Path, accuracy: dict[tuple[str, str, str], float | None], int8_tflite: tuple[str, ...] = ("a",)):
+    """The slicing tests' made-up bundle, its (split, format, precision) heads and full model
+    given ``accuracy`` (absent: not measured)."""
+    manifest = fake_bundle(root, int8_tflite_heads=int8_tflite)
+
+    def measured(split_id: str, artifacts):
+        return tuple(replace(a, accuracy=accuracy.get((split_id, a.format, a.precision))) for a in artifacts)
+
+    manifest = replace(manifest, full=measured(LOCAL, manifest.full),
+                       splits=tuple(replace(s, artifacts=measured(s.id, s.artifacts)) for s in manifest.splits))
+    write_manifest(root, manifest)
+    return Bundle.load(root, roles=())
+
+
+def test_auto_runs_int8_only_where_its_measured_top1_is_within_the_margin(tmp_path: Path) -> None:
+    bundle = with_accuracies(tmp_path / "b", {
+        ("a", "onnx", "float32"): 0.90, ("a", "onnx", "int8"): 0.90 - INT8_MARGIN,  # at the margin: int8
+        ("b", "onnx", "float32"): 0.90, ("b", "onnx", "int8"): 0.90 - INT8_MARGIN - 0.001,  # past it: float32
+        (LOCAL, "onnx", "float32"): 0.90,  # the full model's int8 never measured: float32
+        ("a", "tflite", "float32"): 0.90, ("a", "tflite", "int8"): 0.95,
+    })
+    runner = DeviceRunner(bundle, threads=1)
+    assert [runner.artifact_precision(s, r) for s, r in (("a", "head"), ("b", "head"), (LOCAL, "full"))] == [
+        "int8", "float32", "float32"]
+    assert DeviceRunner(bundle, threads=1, backend="tflite").artifact_precision("a", "head") == "int8"
+    # "b" has no int8 TFLite head at all; an explicit precision is obeyed whatever was measured.
+    assert not prefers_int8(bundle, "b", "head", "tflite")
+    assert DeviceRunner(bundle, threads=1, precision="int8").artifact_precision("b", "head") == "int8"
+
+
+def test_auto_runs_int8_where_a_slice_kept_only_int8(tmp_path: Path) -> None:
+    with_accuracies(tmp_path / "b", {})  # nothing measured: the full bundle would run float32
+    slice_bundle(tmp_path / "b", tmp_path / "board", "board", formats=["onnx"], precision="int8")
+    runner = DeviceRunner(Bundle.load(tmp_path / "board", roles=()), threads=1)
+    assert runner.artifact_precision("a", "head") == runner.artifact_precision(LOCAL, "full") == "int8"
+    assert DeviceRunner(Bundle.load(tmp_path / "b", roles=()), threads=1).artifact_precision("a", "head") == "float32"
