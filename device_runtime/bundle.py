@@ -28,6 +28,9 @@ from splitedge.words import FLOAT32, FORMATS, INT8, LOCAL, OFFLOAD, ONNX, PRECIS
 __all__ = [
     "BOARD_PART",
     "BOTTLENECK",
+    "CHAIN",
+    "CHAIN_JOIN",
+    "CHAIN_SCHEMA",
     "CUT",
     "FLOAT32",
     "FORMATS",
@@ -43,6 +46,8 @@ __all__ = [
     "LOCAL",
     "LOGITS",
     "MANIFEST_NAME",
+    "MIDDLE_STAGE_IO",
+    "NEXT_CUT",
     "OFFLOAD",
     "ONNX",
     "PARTS",
@@ -51,6 +56,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "SEMANTIC",
     "SPLIT_KINDS",
+    "STAGE_MARK",
     "TAIL",
     "TFLITE",
     "Artifact",
@@ -61,17 +67,23 @@ __all__ = [
     "Quantization",
     "SliceSource",
     "Split",
+    "Stage",
     "TensorSpec",
+    "artifacts_of",
     "bundle_id",
     "file_sha256",
     "make_artifact",
     "manifest_digest",
     "parse_manifest",
+    "stage_id",
     "verify_files",
     "write_manifest",
 ]
 
-SCHEMA_VERSION = 1
+#: Schema 2 adds chains (``kind: chain`` with ``stages``). A bundle without one is written as
+#: schema 1, byte for byte as before, so boards that read only 1 still take it; both load here.
+SCHEMA_VERSION = 2
+CHAIN_SCHEMA = 2
 MANIFEST_NAME = "manifest.json"
 
 #: What an artifact holds: the board's part of a split, the host's part, or the whole network.
@@ -81,9 +93,16 @@ ROLES = (HEAD, TAIL, FULL)
 #: the exporter writes them and the runtimes feed and read them.
 INPUT, CUT, LOGITS = "input", "cut", "logits"
 IO_NAMES: dict[str, tuple[str, str]] = {HEAD: (INPUT, CUT), TAIL: (CUT, LOGITS), FULL: (INPUT, LOGITS)}
-#: How a split was made: cut at a layer, at an injected autoencoder, at a semantic boundary.
-LAYER, BOTTLENECK, SEMANTIC = "layer", "bottleneck", "semantic"
-SPLIT_KINDS = (LAYER, BOTTLENECK, SEMANTIC)
+#: A chain's stages are tails (role TAIL, files ``stage/<split>.<k>.onnx``): the last one takes
+#: IO_NAMES[TAIL]; one in the middle outputs the next cut, named apart from its input.
+NEXT_CUT = "next_cut"
+MIDDLE_STAGE_IO = (CUT, NEXT_CUT)
+#: How a split was made: cut at a layer, at an injected autoencoder, at a semantic boundary, or at
+#: several cuts in a row whose stages run on a chain of hosts (:class:`Stage`).
+LAYER, BOTTLENECK, SEMANTIC, CHAIN = "layer", "bottleneck", "semantic", "chain"
+SPLIT_KINDS = (LAYER, BOTTLENECK, SEMANTIC, CHAIN)
+#: A chain's id joins its cuts' ids with this; a stage is named on the wire as ``<split>#<k>``.
+CHAIN_JOIN, STAGE_MARK = "+", "#"
 #: The manifest's identity: derived from the rest of it (:func:`manifest_digest`), so not hashed.
 IDENTITY_FIELDS = ("bundle_id", "manifest_sha256")
 ID_DIGITS = 12
@@ -130,8 +149,20 @@ class Quantization:
 
 
 @dataclass(frozen=True)
+class Stage:
+    """Stage ``index`` (1..n) of a chain: runs on a host from cut ``cut`` (its input, ``tensor``)
+    to the next cut, or to the logits for the last stage. Stage 0 is the split's head."""
+
+    index: int
+    cut: str  # the id of the cut this stage starts from
+    tensor: TensorSpec  # its input, per sample
+    artifacts: tuple[Artifact, ...]  # role TAIL: input CUT, output CUT (to the next stage) or LOGITS (the last)
+
+
+@dataclass(frozen=True)
 class Split:
-    """One cut of the network: head on the board, tail on the host."""
+    """One cut of the network: head on the board, tail on the host; a chain's tail is its
+    ``stages``, one per host, each starting from one of its cuts."""
 
     id: str
     position: int  # order of the cut node in the traced graph; larger = deeper
@@ -144,6 +175,16 @@ class Split:
     cui: float | None = None
     quantization: Quantization | None = None
     accuracy: float | None = None
+    stages: tuple[Stage, ...] = ()  # a chain's stages 1..n; () for every other kind
+
+    def stage_id(self, index: int) -> str:
+        """How a request names stage ``index`` of this chain (:func:`stage_id`)."""
+        return stage_id(self.id, index)
+
+
+def stage_id(split_id: str, index: int) -> str:
+    """``<split>#<k>``: what a host serves and a request names for stage k of a chain."""
+    return f"{split_id}{STAGE_MARK}{index}"
 
 
 @dataclass(frozen=True)
@@ -236,6 +277,9 @@ def _content(manifest: Manifest) -> dict[str, Any]:
     data = asdict(manifest)
     if data["source"] is None:
         del data["source"]
+    for split in data["splits"]:
+        if not split["stages"]:
+            del split["stages"]  # only chains have stages: other splits read as in schema 1
     return data
 
 
@@ -284,18 +328,12 @@ def _quantization(raw: Any, path: str) -> Quantization:
 
 def _split(raw: Any, path: str) -> Split:
     obj = _fields.obj(raw, path)
-    tensor, tpath = _at(obj, "tensor", path)
-    tensor = _fields.obj(tensor, tpath)
     quantization = obj.get("quantization")
     return Split(
         id=_fields.text(*_at(obj, "id", path)),
         position=_fields.integer(*_at(obj, "position", path), minimum=0),
         kind=_fields.choice(*_at(obj, "kind", path), SPLIT_KINDS),
-        tensor=TensorSpec(
-            shape=_shape(tensor, "shape", tpath),
-            dtype=_fields.text(*_at(tensor, "dtype", tpath)),
-            bytes_per_sample=_fields.integer(*_at(tensor, "bytes_per_sample", tpath), minimum=0),
-        ),
+        tensor=_tensor_spec(obj, path),
         compression_ratio=_fields.number(*_at(obj, "compression_ratio", path)),
         natural=_fields.flag(*_at(obj, "natural", path)),
         compressive=_fields.flag(*_at(obj, "compressive", path)),
@@ -303,7 +341,42 @@ def _split(raw: Any, path: str) -> Split:
         cui=_optional_number(obj, "cui", path, minimum=-math.inf),
         quantization=None if quantization is None else _quantization(quantization, join(path, "quantization")),
         accuracy=_optional_number(obj, "accuracy", path),
+        stages=_stages(obj, path),
     )
+
+
+def _tensor_spec(parent: Mapping[str, Any], path: str) -> TensorSpec:
+    tensor, tpath = _at(parent, "tensor", path)
+    tensor = _fields.obj(tensor, tpath)
+    return TensorSpec(
+        shape=_shape(tensor, "shape", tpath),
+        dtype=_fields.text(*_at(tensor, "dtype", tpath)),
+        bytes_per_sample=_fields.integer(*_at(tensor, "bytes_per_sample", tpath), minimum=0),
+    )
+
+
+def _stages(split: Mapping[str, Any], path: str) -> tuple[Stage, ...]:
+    """A chain's stages 1..n, in order; a chain without stages, or stages on another kind, is refused."""
+    kind, raw = split.get("kind"), split.get("stages")
+    if raw is None:
+        if kind == CHAIN:
+            raise BundleError(f"{join(path, 'stages')}: a chain needs its stages")
+        return ()
+    where = join(path, "stages")
+    if kind != CHAIN:
+        raise BundleError(f"{where}: only a chain has stages (this split is {kind!r})")
+    stages = []
+    for i, value in enumerate(_fields.array(raw, where), 1):
+        spath = f"{where}[{i - 1}]"
+        obj = _fields.obj(value, spath)
+        index = _fields.integer(*_at(obj, "index", spath), minimum=1)
+        if index != i:
+            raise BundleError(f"{join(spath, 'index')}: stage {index} where stage {i} belongs (stages run 1..n in order)")
+        stages.append(Stage(index=index, cut=_fields.text(*_at(obj, "cut", spath)), tensor=_tensor_spec(obj, spath),
+                            artifacts=_artifacts(obj, "artifacts", spath)))
+    if len(stages) < 2:
+        raise BundleError(f"{where}: a chain has two stages or more (one is a layer split)")
+    return tuple(stages)
 
 
 def _splits(parent: Mapping[str, Any], path: str) -> tuple[Split, ...]:
@@ -402,6 +475,10 @@ def parse_manifest(data: Any, source: str = MANIFEST_NAME) -> Manifest:
     created_by = "unknown" if created_by is None else _fields.text(created_by, join(root, "created_by"))
     model = _model(_fields.member(data, "model", root), join(root, "model"))
     full, splits = _artifacts(data, "full", root), _splits(data, root)
+    chains = [s.id for s in splits if s.kind == CHAIN]
+    if chains and version < CHAIN_SCHEMA:
+        raise BundleError(f"{source}: chain {chains[0]} in a schema_version {version} manifest; chains came with "
+                          f"schema {CHAIN_SCHEMA}: re-export the bundle")
     origin = data.get("source")
     origin = None if origin is None else _source(origin, join(root, "source"))
     # Fields first: a manifest that is both malformed and edited is refused naming the field.
@@ -455,7 +532,16 @@ class Bundle:
         return bundle
 
     def all_artifacts(self) -> list[Artifact]:
-        return [*self.manifest.full, *(a for s in self.manifest.splits for a in s.artifacts)]
+        return [*self.manifest.full, *(a for s in self.manifest.splits for a in artifacts_of(s))]
+
+    def stage_artifact(self, split_id: str, index: int) -> Path:
+        """Path of the verified ONNX artifact of stage ``index`` of chain ``split_id``."""
+        split = self.manifest.split(split_id)
+        for stage in split.stages:
+            if stage.index == index and stage.artifacts:
+                return self.verify(stage.artifacts[0])
+        raise BundleError(f"bundle {self.id} has no stage {index} of split {split_id!r}"
+                          + (f" (stages 1..{len(split.stages)})" if split.stages else " (not a chain)"))
 
     def verify(self, artifact: Artifact) -> Path:
         path = self.root / artifact.path
@@ -493,6 +579,11 @@ class Bundle:
         return self.find(split_id, role, fmt, precision) is not None
 
 
+def artifacts_of(split: Split) -> list[Artifact]:
+    """Every artifact of a split: its own (heads, a tail) and its stages' (a chain's hosts)."""
+    return [*split.artifacts, *(a for stage in split.stages for a in stage.artifacts)]
+
+
 def write_manifest(root: str | Path, manifest: Manifest) -> Manifest:
     """Stamp ``manifest`` with its identity and write it as ``manifest.json``; returns the stamped one.
 
@@ -500,6 +591,8 @@ def write_manifest(root: str | Path, manifest: Manifest) -> Manifest:
     manifest had is replaced: it is derived from the content, never chosen.
     """
     path = Path(root) / MANIFEST_NAME
+    # The oldest schema that holds the content: a bundle without chains stays readable by schema-1 boards.
+    manifest = replace(manifest, schema_version=CHAIN_SCHEMA if any(s.stages for s in manifest.splits) else 1)
     digest = manifest_digest(_content(manifest))
     stamped = replace(manifest, bundle_id=bundle_id(manifest.model.name, digest), manifest_sha256=digest)
     # Round-trip through the parser so that a writer bug cannot produce a bundle readers refuse.
@@ -529,7 +622,7 @@ def verify_files(root: str | Path) -> tuple[Manifest | None, list[str]]:
     except BundleError as exc:
         return None, [str(exc)]
     problems = []
-    for artifact in [*manifest.full, *(a for s in manifest.splits for a in s.artifacts)]:
+    for artifact in [*manifest.full, *(a for s in manifest.splits for a in artifacts_of(s))]:
         path = root / artifact.path
         if not path.is_file():
             problems.append(f"{path}: listed in the manifest but missing; copy the bundle again")

@@ -37,6 +37,7 @@ from device_runtime.bundle import (
     Bundle,
     Manifest,
     SliceSource,
+    artifacts_of,
     write_manifest,
 )
 from splitedge.errors import BundleError
@@ -137,11 +138,14 @@ def slice_manifest(
     splits = []
     for split in manifest.splits:
         artifacts, fell_back = _keep(split.artifacts, roles[:1], kept_formats, precision)
-        if not artifacts:
+        # A chain's stages run on hosts: a host keeps their files; a board keeps what they are
+        # (cuts, tensors) to route a request along them, without the files.
+        stages = tuple(replace(stage, artifacts=stage.artifacts if part == HOST_PART else ()) for stage in split.stages)
+        if not artifacts and not any(stage.artifacts for stage in stages):
             notes.append(f"split {split.id}: no {'/'.join(kept_formats)} {roles[0]}, left out")
             continue
         notes += [f"split {split.id}: no {precision} {what}, the float32 one is kept" for what in fell_back]
-        splits.append(replace(split, artifacts=tuple(artifacts)))
+        splits.append(replace(split, artifacts=tuple(artifacts), stages=stages))
     source = SliceSource(
         bundle_id=manifest.wire_id,
         manifest_sha256=origin.manifest_sha256 if origin is not None else manifest.manifest_sha256,
@@ -186,7 +190,7 @@ def slice_bundle(
     staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would keep the service's user out of the release
     try:
         result = SliceResult(out=out, manifest=manifest, notes=notes)
-        for artifact in [*manifest.full, *(a for s in manifest.splits for a in s.artifacts)]:
+        for artifact in [*manifest.full, *(a for s in manifest.splits for a in artifacts_of(s))]:
             src = bundle.verify(artifact)
             result.linked += _place(src, staging / artifact.path)
             result.files += 1

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from device_runtime.board.release import Layout
-from device_runtime.bundle import MANIFEST_NAME, Bundle, verify_files
+from device_runtime.bundle import MANIFEST_NAME, Bundle, artifacts_of, verify_files
 from splitedge.errors import SplitEdgeError
 
 __all__ = ["LAST_RUN", "SERVICE", "LastRun", "board_status", "format_status", "service_state", "verify_report"]
@@ -32,7 +32,7 @@ NO_SYSTEMD = "no systemd"
 def verify_report(path: str | Path) -> dict[str, Any]:
     """Every file of the bundle at ``path`` checked against its manifest (see :func:`verify_files`)."""
     manifest, problems = verify_files(path)
-    files = 0 if manifest is None else len(manifest.full) + sum(len(s.artifacts) for s in manifest.splits)
+    files = 0 if manifest is None else len(manifest.full) + sum(len(artifacts_of(s)) for s in manifest.splits)
     return {
         "bundle": str(path), "ok": not problems, "files": files, "problems": problems,
         "bundle_id": None if manifest is None else manifest.bundle_id,

@@ -73,7 +73,7 @@ def test_device_bundle_may_omit_tails_but_not_heads(bundle_copy: Path) -> None:
         (lambda d: d["splits"][0]["artifacts"][0].pop("sha256"), "splits[0].artifacts[0].sha256: missing"),
         (lambda d: d["full"][0].update(bytes="many"), "full[0].bytes: expected an integer >= 0, got 'many'"),
         (lambda d: d["splits"][0].update(kind="diagonal"),
-         "splits[0].kind: expected one of layer, bottleneck, semantic, got 'diagonal'"),
+         "splits[0].kind: expected one of layer, bottleneck, semantic, chain, got 'diagonal'"),
         (lambda d: d["model"]["preprocess"].pop("crop"), "model.preprocess.crop: missing"),
         (lambda d: d["full"][0].update(format="onxx"), "full[0].format: expected one of onnx, tflite, got 'onxx'"),
         (lambda d: d["splits"][1]["artifacts"][0].update(precision="int4"),
