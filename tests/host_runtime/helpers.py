@@ -7,6 +7,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,23 @@ from device_runtime.engine.backend import OnnxBackend
 from device_runtime.hosts.client import HostClient
 from splitedge.errors import RemoteError
 from tests.conftest import RunningHost
+
+
+class Held:
+    """A real tail that, once started, holds its worker until the test lets it go: how long a batch
+    runs, or how long requests stay queued, is then the test's to say, not the machine's (a busy
+    machine once let a host read a frame only after a fast batch had ended)."""
+
+    def __init__(self, tail) -> None:
+        self.tail, self.started, self.go = tail, threading.Event(), threading.Event()
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        self.started.set()
+        assert self.go.wait(30), "the test never let the batch finish"
+        return self.tail.run(x)
+
+    def __getattr__(self, name: str):
+        return getattr(self.tail, name)
 
 
 def cut(bundle: Bundle, split_id: str, batch: int, seed: int = 0) -> np.ndarray:

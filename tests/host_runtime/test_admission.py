@@ -14,7 +14,7 @@ from device_runtime.bundle import Bundle
 from device_runtime.wire.protocol import encode_bytes
 from host_runtime.batcher import BatchConfig
 from tests.conftest import TEST_SPLITS, start_host
-from tests.host_runtime.helpers import cut, infer, run_with_client, unbatched
+from tests.host_runtime.helpers import Held, cut, infer, run_with_client, unbatched
 from tests.host_runtime.test_server import raw_connection, read_reply
 
 EARLY, LATE = TEST_SPLITS
@@ -99,13 +99,16 @@ def test_deadline_passing_in_the_queue_is_answered_then_without_running(mobilene
     runs, and its tail never runs."""
     big = cut(bundle, LATE, 64)
     for host in start_host([mobilenet_bundle], workers=1):
+        registry = host.server.registry
+        held = registry.tails[bundle.id, LATE] = Held(registry.tails[bundle.id, LATE])
         with raw_connection(host) as sock:
             sock.sendall(infer_frame(bundle, 1, LATE, big))
-            time.sleep(0.01)  # let the big batch take the worker
+            assert held.started.wait(30)  # the big batch has the worker
             sent = time.perf_counter()
             sock.sendall(infer_frame(bundle, 2, EARLY, cut(bundle, EARLY, 1), deadline_ms=40))
             first = read_reply(sock)
             waited_ms = (time.perf_counter() - sent) * 1000
+            held.go.set()
             second = read_reply(sock)
         assert first["id"] == 2 and first["error"]["code"] == "deadline_exceeded"
         assert "deadline passed after" in first["error"]["message"]
