@@ -34,7 +34,7 @@ from device_runtime.board.detect import (
     resolve_backend,
 )
 from device_runtime.board.status import LastRun
-from device_runtime.bundle import FORMATS, FULL, HEAD, LOCAL, OFFLOAD, Bundle
+from device_runtime.bundle import CHAIN, FORMATS, FULL, HEAD, LOCAL, OFFLOAD, Bundle
 from device_runtime.engine.runner import PRECISIONS, DeviceRunner, default_split
 from device_runtime.hosts.client import Credentials
 from device_runtime.hosts.connect import connect_host, host_address
@@ -60,6 +60,7 @@ examples:
   split-device run bundle/ --camera 0 --batch 4 --trace run.jsonl  # OpenCV camera 0 (a USB webcam)
   split-device run bundle/ --camera clip.mp4 --realtime     # a recording replayed at its own frame rate, like a camera
   split-device run bundle/ --camera photos/ --host 192.168.1.20:7767 --split features_14_conv_2
+  split-device run bundle/ --split features_4_conv_2+features_14_conv_2 --host 192.168.1.20:7767 --host 10.0.0.5:7767
   split-device run bundle/ --camera clip.mp4 --split local  # full model on the board, no host
   split-device report run.jsonl --out report/               # latency over time, CDFs, drops, gain over static splits
   split-device run bundle/ --camera 0 --key-file host.key   # the host's key: every frame authenticated
@@ -170,10 +171,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Hosts(argparse.Action):
+    """``--host`` again: a chain's later hosts, in stage order (``args.hops``)."""
+
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        if getattr(namespace, "_host_given", False):
+            namespace.hops = [*namespace.hops, value]
+        else:
+            namespace.host, namespace._host_given = value, True
+
+
 def _host_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", type=_host, default="auto",
+    parser.add_argument("--host", type=_host, default="auto", action=_Hosts,
                         help="IP:PORT of the host (it prints its port as it starts; no default port), or 'auto' "
-                        "for zeroconf (default)")
+                        "for zeroconf (default); with --split CHAIN, once per stage in order")
+    parser.set_defaults(hops=[])
     parser.add_argument("--interface", action="append", help="interface address for zeroconf (repeatable)")
     parser.add_argument("--timeout", type=float, default=5.0,
                         help="seconds to find and connect to a host; a host silent this long is taken for gone "
@@ -292,7 +304,7 @@ async def _run(args: argparse.Namespace, last_run: LastRun) -> None:
             print(f"no host yet ({hosts.last_error}); running locally, looking for one every "
                   f"{hosts.retry_s:g} s", flush=True)
     config = PipelineConfig(batch=args.batch, queue=args.queue, drop=args.drop, request_timeout_s=args.timeout,
-                            deadline_ms=args.deadline_ms)
+                            deadline_ms=args.deadline_ms, routes=_routes(bundle, args.split, args.hops))
     meter = LinkMeter()
     if calibration is not None and calibration.link is not None:
         meter.estimator.observe_rtt(calibration.link["rtt_ms"] / 1000.0)
@@ -321,6 +333,24 @@ async def _run(args: argparse.Namespace, last_run: LastRun) -> None:
     switches = f", {policy.switches} split switches" if isinstance(policy, AutoPolicy) else ""
     print(f"{stats.frames} frames: {stats.dropped} dropped ({stats.drop_rate:.1%}), {stats.fallbacks} answered "
           f"locally after a host failure{switches}; by split: {per_split}", flush=True)
+
+
+def _routes(bundle: Bundle, split_id: str, hops: list[str]) -> dict[str, tuple[str, ...]]:
+    """Each chain's hosts after the first: the later ``--host`` flags for the chain named by
+    ``--split``; otherwise every stage on the connected host."""
+    chains = [s for s in bundle.manifest.splits if s.kind == CHAIN]
+    if not hops:
+        return {chain.id: () for chain in chains}
+    chain = next((c for c in chains if c.id == split_id), None)
+    if chain is None:
+        known = ", ".join(c.id for c in chains) or "none in this bundle"
+        raise SplitEdgeError(f"--host given {1 + len(hops)} times: the later ones are a chain's hosts; name the "
+                             f"chain with --split (chains: {known})")
+    if len(hops) != len(chain.stages) - 1:
+        raise SplitEdgeError(f"chain {chain.id} runs stages 1..{len(chain.stages)} on hosts: give --host once per "
+                             f"stage, in order ({len(chain.stages)}), or once for all of them on one host; "
+                             f"got {1 + len(hops)}")
+    return {chain.id: tuple(hops)}
 
 
 def _open_camera(args: argparse.Namespace, chosen: str) -> FrameSource:
@@ -516,6 +546,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if admin is not None:
             return admin(args)
         settings_for(args, argv, build_parser)  # device.toml and SPLITEDGE_* fill the flags not given
+        if getattr(args, "hops", []) and args.command != "run":
+            raise SplitEdgeError(f"--host given {1 + len(args.hops)} times: only run takes a chain's hosts")
     except SplitEdgeError as exc:
         print(f"split-device: error: {exc}", file=sys.stderr)
         return 2

@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 
 from device_runtime.lifecycle import run_command, stop_on_signals
 from device_runtime.wire.auth import load_key
+from device_runtime.wire.ops import split_address
 from device_runtime.wire.protocol import DEFAULT_MAX_FRAME_BYTES
 from device_runtime.wire.tls import server_context
 from host_runtime.advertise import Advertiser, local_address_for
@@ -35,6 +36,7 @@ examples:
   openssl rand -hex 32 > host.key && chmod 600 host.key   # a pre-shared key; copy it to the boards
   split-host serve bundle/ --key-file host.key     # every frame authenticated (HMAC-SHA256), replays refused
   split-host serve bundle/ --key-file host.key --tls-cert host.pem --tls-key host-key.pem   # and encrypted (TLS)
+  split-host serve bundle/ --peer 192.168.1.21:7767   # an edge host that passes chains on to the cloud host
 """
 
 NO_KEY_WARNING = "warning: no --key-file: frames are not authenticated; anyone on this network can use this host"
@@ -146,7 +148,20 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         "--loop", choices=LOOPS, default="auto",
         help="event loop: auto takes uvloop when installed (the host extra installs it), else asyncio's (default: auto)",
     )
+    serve.add_argument(
+        "--peer", action="append", default=[], type=_address, metavar="HOST:PORT",
+        help="a host this one may pass a chain's requests on to (repeat for each); a host with --key-file "
+        "passes authenticated requests on to any host, one without only to these",
+    )
     serve.add_argument("-v", "--verbose", action="store_true", help="log every error reply")
+
+
+def _address(text: str) -> str:
+    try:
+        split_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, e.g. 192.168.1.20:7767") from None
+    return text
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -164,6 +179,7 @@ async def serve(args: argparse.Namespace) -> None:
         max_connections_per_address=args.max_connections_per_address, idle_timeout=args.idle_timeout,
         frame_timeout=args.frame_timeout,
         max_partial_bytes=4 * max_frame_bytes if args.max_partial_mb is None else int(args.max_partial_mb * 2**20),
+        peers=tuple(args.peer),
     )
     server = HostServer(registry, config)
     stop = asyncio.Event()

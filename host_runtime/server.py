@@ -15,6 +15,10 @@ connections together hold at most ``max_partial_bytes`` (a connection whose fram
 stops being read until it does); ``profile`` runs on a thread of its own, bounded
 (:mod:`host_runtime.profiling`). Stopping refuses new work at once (``overloaded``), so a
 loaded host drains instead of waiting out its timeout.
+
+A chain's stage arrives with its route: the host runs its stage like any tail, passes the output
+on to the next hop (:mod:`host_runtime.peers`: who may be one is bounded) and answers with what
+comes back, each hop's queue, compute and link times added.
 """
 
 from __future__ import annotations
@@ -38,10 +42,14 @@ from prometheus_client import Gauge as PromGauge
 from device_runtime.wire.auth import REFUSAL_KINDS, HostAuth
 from device_runtime.wire.connection import FramedProtocol
 from device_runtime.wire.framing import FrameBudget
+from device_runtime.bundle import stage_id
+from device_runtime.hosts.client import Credentials
 from device_runtime.wire.ops import (
+    ERROR_CODES,
     ErrorReply,
     HelloReply,
     HelloRequest,
+    HopTiming,
     InferReply,
     InferRequest,
     PingReply,
@@ -67,9 +75,10 @@ from host_runtime.limits import (
     ConnectionGate,
 )
 from host_runtime.metrics import PREFIX, HostStats, MetricsEndpoint
+from host_runtime.peers import Peers
 from host_runtime.profiling import Profiler, plan_profile
 from host_runtime.tails import TailRegistry
-from splitedge.errors import FrameRefused, ProtocolError, SplitEdgeError
+from splitedge.errors import FrameRefused, ProtocolError, RemoteError, SplitEdgeError
 
 log = logging.getLogger("splitedge.host")
 
@@ -92,6 +101,8 @@ class ServerConfig:
     frame_timeout: float = DEFAULT_FRAME_TIMEOUT_S  # s a frame may stay unfinished: closed
     # Frames still arriving, all connections together (FrameBudget): room for four of the largest.
     max_partial_bytes: int = 4 * DEFAULT_MAX_FRAME_BYTES
+    peers: tuple[str, ...] = ()  # --peer host:port: next hops a host without a key may pass chains on to
+    forward_timeout: float = 10.0  # s to wait for a next hop's answer when the request has no deadline
 
     def __post_init__(self) -> None:
         assert self.max_partial_bytes >= self.max_frame_bytes, (
@@ -213,18 +224,21 @@ class _HostProtocol(FramedProtocol):
         tensor, q = request.tensor, request.quantization
         if q is not None:  # the tail takes float32: the board sent uint8 to save the link three quarters of the bytes
             tensor = dequantize(tensor, q.scale, q.zero_point)
-        key: TailKey = (request.bundle, request.split)
+        split = request.split if request.stage is None else stage_id(request.split, request.stage)
+        key: TailKey = (request.bundle, split)
         deadline = math.inf if request.deadline_ms is None else received + request.deadline_ms / 1000.0
         try:
-            tail = self.server.registry.lookup_for(request.bundle, request.split, tensor)
+            if request.route:
+                self.server.peers.check(request.route[0].address)
+            tail = self.server.registry.lookup_for(request.bundle, split, tensor)
             result = self.server.batcher.submit(key, tail, tensor, received, deadline)
-        except ProtocolError as exc:  # refused at once: bad, overloaded, or too late already
+        except ProtocolError as exc:  # refused at once: bad, overloaded, too late already, or a hop not allowed
             self.reply_error(request.id, exc.code, str(exc))
             return
         self.in_flight += 1
         if self.in_flight >= self.server.config.max_in_flight:
             self.pause("in_flight")
-        result.add_done_callback(partial(self.finish_infer, request.id, key, received))
+        result.add_done_callback(partial(self.finish_infer, request, key, received, deadline))
 
     async def profile(self, request: ProfileRequest) -> None:
         """Time tails here for a board's calibration, on the profiler's own thread (bounded and
@@ -244,21 +258,69 @@ class _HostProtocol(FramedProtocol):
         finally:
             self.profiling = False
 
-    def finish_infer(self, request_id: Any, key: TailKey, received: float, result: asyncio.Future[BatchResult]) -> None:
-        """Reply with this request's slice of its batch, or the typed error it ended with."""
+    def settled(self) -> None:
+        """A request in flight has been answered (or given up): read the connection again once
+        half the in-flight slots are free."""
         self.in_flight -= 1
         if self.in_flight < self.server.config.max_in_flight // 2:
             self.resume("in_flight")
+
+    def finish_infer(
+        self, request: InferRequest, key: TailKey, received: float, deadline: float, result: asyncio.Future[BatchResult]
+    ) -> None:
+        """Reply with this request's slice of its batch, or the typed error it ended with; a chain's
+        stage with a route passes the slice on to the next hop first (:meth:`forward`)."""
         if result.cancelled():  # the host is shutting down; the connection goes with it
+            self.settled()
             return
         error = result.exception()
         if isinstance(error, ProtocolError):  # deadline passed in the queue, or the tail failed
-            self.reply_error(request_id, error.code, str(error))
+            self.settled()
+            self.reply_error(request.id, error.code, str(error))
             return
         assert error is None, f"the batcher fails requests with ProtocolError only, got {error!r}"
         done = result.result()
-        self.send_reply(InferReply(request_id, done.output, done.compute_ms, done.queue_ms, done.batch))
+        if request.route:
+            task = asyncio.ensure_future(self.forward(request, key, received, deadline, done))
+            self.server.tasks.add(task)
+            task.add_done_callback(self.server.tasks.discard)
+            return
+        self.settled()
+        self.send_reply(InferReply(request.id, done.output, done.compute_ms, done.queue_ms, done.batch))
         self.server.stats.served(key, done.queue_ms / 1000.0, done.compute_ms / 1000.0, time.perf_counter() - received)
+
+    async def forward(
+        self, request: InferRequest, key: TailKey, received: float, deadline: float, done: BatchResult
+    ) -> None:
+        """Send this stage's output to the next hop with the rest of the route, within what is left of
+        the deadline, and answer with the last stage's output and every hop's times. A hop that
+        fails answers with its own code (``hop_failed`` where it could not be reached), the message
+        naming the hop, so the board knows where the chain broke."""
+        hop, rest = request.route[0], request.route[1:]
+        where = f"stage {hop.stage} of {request.split} at {hop.address}"
+        try:
+            left_s = deadline - time.perf_counter()
+            if left_s <= 0:
+                raise RemoteError("deadline_exceeded", f"the deadline passed before {where}")
+            timeout = min(self.server.config.forward_timeout, left_s + 1.0)
+            client = await self.server.peers.client(hop.address)
+            reply = await client.infer(request.bundle, hop.split, done.output, timeout,
+                                       None if deadline == math.inf else left_s * 1000.0, hop.stage, rest)
+        except RemoteError as exc:
+            self.reply_error(request.id, exc.code if exc.code in ERROR_CODES else "hop_failed", f"{where}: {exc.message}")
+        except SplitEdgeError as exc:  # unreachable, lost, silent, or refused us
+            await self.server.peers.drop(hop.address)
+            self.reply_error(request.id, "hop_failed", f"{where}: {exc}")
+        except Exception as exc:
+            log.exception("forwarding to %s failed", hop.address)
+            self.reply_error(request.id, "internal", f"{where}: {exc}")
+        else:
+            link_ms = max(reply.round_trip_ms - reply.queue_ms - reply.compute_ms - reply.downstream_ms, 0.0)
+            hops = (HopTiming(hop.address, hop.stage, reply.queue_ms, reply.compute_ms, link_ms, reply.batch), *reply.hops)
+            self.send_reply(InferReply(request.id, reply.output, done.compute_ms, done.queue_ms, done.batch, hops))
+            self.server.stats.served(key, done.queue_ms / 1000.0, done.compute_ms / 1000.0, time.perf_counter() - received)
+        finally:
+            self.settled()
 
 
 #: The dispatch table: one handler per request type of device_runtime.wire.ops.REQUESTS.
@@ -315,6 +377,7 @@ class HostServer:
             self.connections_closed.labels(kind)
         PromGauge(PREFIX + "partial_frame_bytes", "Bytes held for frames still arriving, all connections (bounded "
                   "by max_partial_bytes).", registry=self.stats.registry).set_function(lambda: self.budget.held)
+        self.peers = Peers(Credentials(key=config.key), config.peers)  # a chain's next hops
         self.metrics: MetricsEndpoint | None = None
         self._server: asyncio.AbstractServer | None = None
         self._watchdog: asyncio.Task[None] | None = None
@@ -376,6 +439,7 @@ class HostServer:
         await asyncio.gather(self.batcher.close(timeout), self.profiler.close(timeout))
         if self.tasks:
             await asyncio.wait(set(self.tasks), timeout=self.config.shutdown_timeout)
+        await self.peers.close()
         if self.metrics is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.metrics.close)
         for connection in list(self.connections):

@@ -15,7 +15,8 @@ FACES = {
     "device_runtime": ["Bundle", "LOCAL", "Manifest", "OFFLOAD"],
     "device_runtime.wire": [
         "DEFAULT_MAX_FRAME_BYTES", "DeviceAuth", "ERROR_CODES", "ErrorReply", "FrameAuth", "FrameDecoder",
-        "FramedProtocol", "HelloReply", "HelloRequest", "HostAuth", "InferReply", "InferRequest", "OPS", "Oversized",
+        "FramedProtocol", "HelloReply", "HelloRequest", "Hop", "HopTiming", "HostAuth", "InferReply", "InferRequest",
+        "MAX_ROUTE_HOPS", "OPS", "Oversized",
         "PROTOCOL_VERSION", "PingReply", "PingRequest", "ProfileReply", "ProfileRequest", "Quantization", "REPLIES",
         "REQUESTS", "Reply", "Request", "StatsReply", "StatsRequest", "TxtRecord", "affine_params", "client_context",
         "decode", "decode_tensor", "dequantize", "encode", "encode_bytes", "encode_message", "error_reply",

@@ -34,6 +34,8 @@ from device_runtime.wire.ops import (
     ErrorReply,
     HelloReply,
     HelloRequest,
+    Hop,
+    HopTiming,
     InferReply,
     InferRequest,
     Parts,
@@ -62,11 +64,19 @@ class InferResult:
     received: float = 0.0
     upload: UploadTiming | None = None  # what TCP_INFO showed of the request's upload (None: no TCP_INFO)
     reply_wait_ms: float = 0.0  # how long the reply then waited for this board's CPU (not in round_trip_ms)
+    hops: tuple[HopTiming, ...] = ()  # a chain's hosts after the first, in route order
+    batch: int = 1  # the samples of the host's batch this request ran in
+
+    @property
+    def downstream_ms(self) -> float:
+        """The time a chain spent past its first host: the later hops' queues, stages and links."""
+        return sum(hop.queue_ms + hop.compute_ms + hop.link_ms for hop in self.hops)
 
     @property
     def transfer_ms(self) -> float:
-        """Link time: the round trip less the host's queueing and compute (what the rate estimate needs)."""
-        return max(self.round_trip_ms - self.compute_ms - self.queue_ms, 0.0)
+        """This board's link time: the round trip less the host's queueing and compute, and less
+        whatever a chain did past its first host (what the rate estimate needs)."""
+        return max(self.round_trip_ms - self.compute_ms - self.queue_ms - self.downstream_ms, 0.0)
 
 
 @dataclass(frozen=True)
@@ -266,6 +276,12 @@ class HostClient:
         self.hello: HelloReply | None = None  # the host's answer to hello, once connected
 
     @property
+    def alive(self) -> bool:
+        """Whether the connection still stands (a lost one fails every request at once)."""
+        transport = self._protocol.transport
+        return self._protocol.lost is None and transport is not None and not transport.is_closing()
+
+    @property
     def server_info(self) -> dict[str, Any]:
         """The hello reply as a map (``bundles``, ``auth``, ``device``...); :attr:`hello` is the typed one."""
         return {} if self.hello is None else self.hello.parts()[0]
@@ -398,7 +414,7 @@ class HostClient:
 
     async def infer(
         self, bundle_id: str, split_id: str, tensor: np.ndarray, timeout: float = 10.0,
-        deadline_ms: float | None = None, **tensor_fields: Any,
+        deadline_ms: float | None = None, stage: int | None = None, route: Sequence[Hop] = (), **tensor_fields: Any,
     ) -> InferResult:
         """Run the tail of ``split_id`` on the host for a cut tensor (B, ...); ``tensor_fields``
         (``scale``, ``zero_point``) for an affine uint8 one.
@@ -406,15 +422,18 @@ class HostClient:
         ``deadline_ms`` is the host's budget for the request (its queue and tail; None: none), and
         ``timeout`` how long this device waits for the reply: apart, because a frame's budget is far
         shorter than the time after which a silent host is taken for gone, and a frame the host says
-        it cannot answer in time must not cost the connection.
+        it cannot answer in time must not cost the connection. For a chain, ``stage`` is the stage
+        this host runs and ``route`` the hosts of the stages after it.
         """
         quantization = Quantization(**tensor_fields) if tensor_fields else None
-        request = InferRequest(self._next_id(), bundle_id, split_id, tensor, deadline_ms, quantization)
+        request = InferRequest(self._next_id(), bundle_id, split_id, tensor, deadline_ms, quantization, stage,
+                               tuple(route))
         reply, timing = await self._call_timed(request, timeout)
         assert isinstance(reply, InferReply)
         return InferResult(
             reply.tensor, reply.compute_ms, timing.round_trip_ms, reply.queue_ms, sent=timing.sent,
             received=timing.received, upload=timing.upload, reply_wait_ms=timing.reply_wait_s * 1000.0,
+            hops=reply.hops, batch=reply.batch,
         )
 
     def crossing(self) -> tuple[float, float] | None:

@@ -116,7 +116,7 @@ class LinkMeter:
 
     def observe_reply(self, payload_bytes: int, result: InferResult) -> None:
         """One remote batch: ``payload_bytes`` went up, ``result`` came back."""
-        host_s = (result.queue_ms + result.compute_ms) / 1000.0
+        host_s = (result.queue_ms + result.compute_ms + result.downstream_ms) / 1000.0  # a chain's later hops too
         start = max(result.sent, self._upload_done)
         self._sample(payload_bytes, start, result.received - host_s - start, result.sent, result.upload)
         upload = result.upload

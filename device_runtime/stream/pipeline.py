@@ -21,6 +21,10 @@ Only remote batches count against ``in_flight``: the board keeps running local b
 while the link is slow, and a live source's results come out as soon as each is known
 (a recorded source's in capture order).
 
+A chain (several cuts, its stages on a row of hosts) is sent to the connected host as stage 1
+with the route of the stages after it (``PipelineConfig.routes``); the host passes it on and the
+reply says where the time went; a chain that breaks anywhere is answered here, like any split.
+
 Which split each batch takes is the policy's (:mod:`device_runtime.stream.policy`): fixed, or the
 calibration table's choice for the current rate estimate (:mod:`device_runtime.hosts.link_meter`),
 which comes from the stream's own transfers and, while nothing is offloaded, from probes.
@@ -33,11 +37,11 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Mapping
 
 import numpy as np
 
-from device_runtime.bundle import LOCAL, OFFLOAD
+from device_runtime.bundle import LOCAL, OFFLOAD, stage_id
 from device_runtime.engine.runner import DeviceRunner
 from device_runtime.hosts.client import HostClient, InferResult
 from device_runtime.hosts.host_link import HostLink
@@ -46,6 +50,7 @@ from device_runtime.stream.camera import Frame, FrameSource
 from device_runtime.stream.frame_queue import FrameQueue
 from device_runtime.stream.policy import SplitPolicy
 from device_runtime.stream.results import FrameResult, top1
+from device_runtime.wire.ops import Hop
 from splitedge.errors import HostUnavailableError, RemoteError
 
 __all__ = ["Pipeline", "PipelineConfig", "PipelineStats"]
@@ -70,6 +75,9 @@ class PipelineConfig:
     # 0: no deadline.
     deadline_ms: float | None = None
     probe_every_s: float = 1.0  # probe the link when the rate estimate is older than this
+    # A chain's id -> the addresses (host:port) of the hosts of its stages 2..n, in order; the
+    # connected host runs stage 1, and () puts every stage on it. A chain runs only with a route.
+    routes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("batch", "queue", "in_flight"):
@@ -139,10 +147,13 @@ class Pipeline:
         self._failure: Exception | None = None  # the first stage's failure, raised after the results before it
 
     def available(self) -> frozenset[str]:
-        """Splits that can run now: ``local`` always, the host's while one is connected."""
+        """Splits that can run now: ``local`` always, the host's while one is connected, and a chain
+        with a route whose first stage the connected host serves."""
         if self.hosts is None or self.hosts.client is None:
             return frozenset((LOCAL,))
-        return self.hosts.served() | {LOCAL}
+        served = self.hosts.served()
+        chains = {chain for chain in self.config.routes if stage_id(chain, 1) in served}
+        return served | chains | {LOCAL}
 
     async def run(
         self, source: FrameSource, frames: int | None = None, stop: asyncio.Event | None = None
@@ -308,24 +319,37 @@ class Pipeline:
             logits, ms = await loop.run_in_executor(self._compute, self.runner.run_full, x)
             return self._results(batch, logits, LOCAL, rate, head_ms=head_ms + ms, error=f"{split}: {exc}", **waits)
         self.meter.observe_reply(tensor.nbytes, result)
+        hops = result.hops  # a chain's later hosts: their stages, queues and links are the tail's too
         return self._results(
-            batch, result.output, split, rate, head_ms=head_ms, transfer_ms=result.transfer_ms,
-            tail_ms=result.compute_ms, host_queue_ms=result.queue_ms, sent_bytes=tensor.nbytes, host=client.address,
-            **waits,
+            batch, result.output, split, rate, head_ms=head_ms,
+            transfer_ms=result.transfer_ms + sum(h.link_ms for h in hops),
+            tail_ms=result.compute_ms + sum(h.compute_ms for h in hops),
+            host_queue_ms=result.queue_ms + sum(h.queue_ms for h in hops), sent_bytes=tensor.nbytes,
+            host=" > ".join((client.address, *(h.address for h in hops))), **waits,
         )
 
     async def _send(self, client: HostClient, split: str, tensor: np.ndarray, fields: dict[str, float]) -> InferResult:
         """One remote request, holding one of the ``in_flight`` slots and known to the meter until it settles."""
         ticket = self.meter.sending(tensor.nbytes)
+        route = self._route(split, client.address)
         try:
             return await client.infer(
-                self.runner.bundle.id, split, tensor, self.config.request_timeout_s, self._deadline_ms, **fields
+                self.runner.bundle.id, split, tensor, self.config.request_timeout_s, self._deadline_ms,
+                stage=None if route is None else 1, route=route or (), **fields,
             )
         finally:
             self.meter.settled(ticket)
             self._remote -= 1
             assert self._slots is not None
             self._slots.release()
+
+    def _route(self, split: str, first: str) -> tuple[Hop, ...] | None:
+        """A chain's hops after its first host ``first`` (None: ``split`` is no chain)."""
+        addresses = self.config.routes.get(split)
+        if addresses is None:
+            return None
+        stages = self.runner.bundle.manifest.split(split).stages[1:]
+        return tuple(Hop(address, split, stage.index) for address, stage in zip(addresses or (first,) * len(stages), stages))
 
     def _results(
         self, batch: list[_Captured], logits: np.ndarray, split: str, rate: float | None, head_ms: float,

@@ -39,8 +39,13 @@ ERROR_CODES = (
     "unauthorized",
     "overloaded",
     "deadline_exceeded",
+    "hop_failed",
     "internal",
 )
+#: A chain's route: at most this many hops after the first host (stages run 1..n, n <= MAX_STAGE).
+MAX_ROUTE_HOPS = 8
+MAX_STAGE = MAX_ROUTE_HOPS + 1
+MAX_ADDRESS_CHARS = 255
 #: ``profile``'s bounds: a calibration measures a few batch sizes a few times, never a long stall.
 MAX_PROFILE_BATCH = 64
 MAX_PROFILE_REPEATS = 50
@@ -128,8 +133,61 @@ class HelloRequest:
 
 
 @dataclass(slots=True)
+class Hop:
+    """A host further along a chain: where it listens (``host:port``) and which stage of ``split`` it runs."""
+
+    address: str
+    split: str
+    stage: int
+
+    def as_map(self) -> dict[str, Any]:
+        return {"address": self.address, "split": self.split, "stage": self.stage}
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) as (host, port); ValueError names what is wrong."""
+    host, sep, port = address.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{address!r} is not host:port")
+    return host, int(port)
+
+
+def _route(value: Any, stage: int | None) -> tuple[Hop, ...]:
+    """The hops after this one: at most MAX_ROUTE_HOPS, stages counting up from this request's
+    by one (so a route can neither loop nor skip a stage), each at a ``host:port``."""
+    if value is None:
+        return ()
+    if stage is None:
+        raise ProtocolError("infer.route: a route is only for a chain's stage (infer.stage)")
+    if not isinstance(value, list) or len(value) > MAX_ROUTE_HOPS:
+        raise ProtocolError(f"infer.route: expected a list of at most {MAX_ROUTE_HOPS} hops, got {shown(value)}")
+    hops = []
+    for i, raw in enumerate(value):
+        path = f"infer.route[{i}]"
+        hop = _FIELDS.obj(raw, path)
+        address = _FIELDS.text(hop.get("address"), f"{path}.address")
+        try:
+            if len(address) > MAX_ADDRESS_CHARS:
+                raise ValueError(f"longer than {MAX_ADDRESS_CHARS} characters")
+            split_address(address)
+        except ValueError as exc:
+            raise ProtocolError(f"{path}.address: {exc}") from None
+        expected = stage + 1 + i
+        if hop.get("stage") != expected or type(hop.get("stage")) is not int:
+            raise ProtocolError(f"{path}.stage: expected {expected} (each hop runs the next stage), "
+                                f"got {shown(hop.get('stage'))}")
+        hops.append(Hop(address, _FIELDS.text(hop.get("split"), f"{path}.split"), expected))
+    return tuple(hops)
+
+
+@dataclass(slots=True)
 class InferRequest:
-    """Run the tail of ``split`` on ``tensor`` (the cut, batch first) within ``deadline_ms`` of arrival."""
+    """Run the tail of ``split`` on ``tensor`` (the cut, batch first) within ``deadline_ms`` of arrival.
+
+    For a chain, ``stage`` names the stage this host runs, and ``route`` the hosts that run the
+    stages after it: this host passes its output on to ``route[0]`` with the rest of the route,
+    and answers with what comes back (:class:`InferReply`'s ``hops``)."""
 
     id: Any
     bundle: str
@@ -137,12 +195,18 @@ class InferRequest:
     tensor: np.ndarray
     deadline_ms: float | None = None  # None: no deadline
     quantization: Quantization | None = None  # the tensor is affine uint8
+    stage: int | None = None  # a chain's stage (1..n); None: the split's tail
+    route: tuple[Hop, ...] = ()
     op: ClassVar[str] = "infer"
 
     def parts(self) -> Parts:
         message: dict[str, Any] = {"op": "infer", "bundle": self.bundle, "split": self.split}
         if self.deadline_ms is not None:
             message["deadline_ms"] = self.deadline_ms
+        if self.stage is not None:
+            message["stage"] = self.stage
+        if self.route:
+            message["route"] = [hop.as_map() for hop in self.route]
         message["id"] = self.id
         q = self.quantization
         return message, self.tensor, (_NO_TENSOR_FIELDS if q is None else {"scale": q.scale, "zero_point": q.zero_point})
@@ -160,7 +224,9 @@ class InferRequest:
             if tensor.dtype != np.uint8:
                 raise ProtocolError(f"infer.tensor: a quantized tensor must be uint8, got {tensor.dtype.name}")
             quantization = Quantization(quantization["scale"], quantization["zero_point"])
-        bundle, split = message.get("bundle"), message.get("split")
+        bundle, split, stage = message.get("bundle"), message.get("split"), message.get("stage")
+        if stage is not None:
+            stage = _in_range(stage, "infer.stage", 1, MAX_STAGE)
         return cls(
             message.get("id"),
             bundle if type(bundle) is str else _FIELDS.text(bundle, "infer.bundle", empty=True),
@@ -168,6 +234,8 @@ class InferRequest:
             tensor,
             deadline_ms,
             quantization,
+            stage,
+            _route(message.get("route"), stage),
         )
 
 
@@ -303,31 +371,68 @@ class HelloReply:
 
 
 @dataclass(slots=True)
+class HopTiming:
+    """Where the time went at one hop of a chain after the first host: its queue and compute, as it
+    measured them, and ``link_ms``, the rest of the round trip from the host before it (the link
+    both ways, framing), as that host measured it."""
+
+    address: str
+    stage: int
+    queue_ms: float
+    compute_ms: float
+    link_ms: float
+    batch: int
+
+    def as_map(self) -> dict[str, Any]:
+        return {"address": self.address, "stage": self.stage, "queue_ms": self.queue_ms,
+                "compute_ms": self.compute_ms, "link_ms": self.link_ms, "batch": self.batch}
+
+    @classmethod
+    def parse(cls, raw: Any, path: str) -> HopTiming:
+        hop = _FIELDS.obj(raw, path)
+        return cls(
+            _FIELDS.text(hop.get("address"), f"{path}.address"),
+            _in_range(hop.get("stage"), f"{path}.stage", 1, MAX_STAGE),
+            _FIELDS.number(hop.get("queue_ms"), f"{path}.queue_ms"),
+            _FIELDS.number(hop.get("compute_ms"), f"{path}.compute_ms"),
+            _FIELDS.number(hop.get("link_ms"), f"{path}.link_ms"),
+            _FIELDS.integer(hop.get("batch"), f"{path}.batch", 1),
+        )
+
+
+@dataclass(slots=True)
 class InferReply:
     """The tail's output for this request's samples; ``compute_ms`` is the tail time of the batch it
-    ran in (``batch`` samples), ``queue_ms`` the wait from its arrival to that batch's start."""
+    ran in (``batch`` samples), ``queue_ms`` the wait from its arrival to that batch's start. For a
+    chain, these are the first host's and ``hops`` the rest, in route order."""
 
     id: Any
     tensor: np.ndarray
     compute_ms: float
     queue_ms: float
     batch: int
+    hops: tuple[HopTiming, ...] = ()
 
     def parts(self) -> Parts:
-        message = {"id": self.id, "ok": True, "compute_ms": self.compute_ms, "queue_ms": self.queue_ms,
-                   "batch": self.batch}
+        message: dict[str, Any] = {"id": self.id, "ok": True, "compute_ms": self.compute_ms, "queue_ms": self.queue_ms,
+                                   "batch": self.batch}
+        if self.hops:
+            message["hops"] = [hop.as_map() for hop in self.hops]
         return message, self.tensor, _NO_TENSOR_FIELDS
 
     @classmethod
     def parse(cls, message: Mapping[str, Any]) -> InferReply:
         compute_ms, queue_ms, batch = message.get("compute_ms"), message.get("queue_ms"), message.get("batch")
-        tensor = message.get("tensor")
+        tensor, hops = message.get("tensor"), message.get("hops")
+        if hops is not None and (not isinstance(hops, list) or len(hops) > MAX_ROUTE_HOPS):
+            raise ProtocolError(f"infer reply.hops: expected a list of at most {MAX_ROUTE_HOPS}, got {shown(hops)}")
         return cls(
             message.get("id"),
             tensor if type(tensor) is np.ndarray else _tensor(tensor, "infer reply.tensor"),
             compute_ms if _is_ms(compute_ms) else _FIELDS.number(compute_ms, "infer reply.compute_ms"),
             queue_ms if _is_ms(queue_ms) else _FIELDS.number(queue_ms, "infer reply.queue_ms"),
             batch if type(batch) is int and batch >= 1 else _FIELDS.integer(batch, "infer reply.batch", 1),
+            () if hops is None else tuple(HopTiming.parse(h, f"infer reply.hops[{i}]") for i, h in enumerate(hops)),
         )
 
 
