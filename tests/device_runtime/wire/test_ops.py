@@ -22,6 +22,8 @@ from device_runtime.wire.ops import (
     ErrorReply,
     HelloReply,
     HelloRequest,
+    Hop,
+    HopTiming,
     InferReply,
     InferRequest,
     Message,
@@ -128,6 +130,7 @@ def infer_map(**changes: Any) -> dict[str, Any]:
 
 
 MISSING = object()
+HOP2 = {"address": "10.0.0.9:7767", "split": "a+b", "stage": 2}
 
 
 @pytest.mark.parametrize(
@@ -156,6 +159,18 @@ MISSING = object()
         ({"op": "profile", "id": 42, "bundle": "b1", "batches": [1], "repeats": 2.0}, "profile.repeats"),
         ({"op": "profile", "id": 42, "bundle": "b1", "batches": [1], "splits": "features.6"}, "profile.splits"),
         ({"op": "profile", "id": 42, "bundle": None, "batches": [1]}, "profile.bundle"),
+        # A chain's route: bounded, each hop the next stage (so no loop, no skip), at a host:port.
+        (infer_map(route=[HOP2]), "infer.route: a route is only for a chain's stage"),
+        (infer_map(stage=0), r"infer.stage: .* 1..9, got 0"),
+        (infer_map(stage=1, route=[dict(HOP2, stage=k + 2) for k in range(9)]), "infer.route: .* at most 8 hops"),
+        (infer_map(stage=1, route=[HOP2, dict(HOP2, stage=2)]), r"infer.route\[1\].stage: expected 3 .*, got 2"),
+        (infer_map(stage=2, route=[dict(HOP2, stage=1)]), r"infer.route\[0\].stage: expected 3 .*, got 1"),
+        (infer_map(stage=1, route=[dict(HOP2, stage=True)]), r"infer.route\[0\].stage"),
+        (infer_map(stage=1, route=[dict(HOP2, address="10.0.0.9")]), r"infer.route\[0\].address: '10.0.0.9' is not host:port"),
+        (infer_map(stage=1, route=[dict(HOP2, address="h:99999")]), r"infer.route\[0\].address"),
+        (infer_map(stage=1, route=[dict(HOP2, address="a" * 300 + ":1")]), r"longer than 255 characters"),
+        (infer_map(stage=1, route=["10.0.0.9:7767"]), r"infer.route\[0\]: expected an object"),
+        (infer_map(stage=1, route={"0": HOP2}), "infer.route: expected a list"),
     ],
 )
 def test_bad_requests_name_the_field_and_keep_the_id(message: dict, match: str) -> None:
@@ -225,3 +240,19 @@ def test_an_error_reply_parses_whatever_the_op() -> None:
 def test_error_reply_refuses_a_code_outside_the_protocol() -> None:
     with pytest.raises(AssertionError):
         error_reply(1, "teapot", "")
+
+
+def test_a_chains_request_and_reply_carry_the_route_and_every_hops_times() -> None:
+    route = (Hop("10.0.0.9:7767", "a+b+c", 2), Hop("[fd00::1]:7000", "a+b+c", 3))
+    request = InferRequest(9, "b1", "a+b+c", CUT, 40.0, None, 1, route)
+    same(parse_request(decoded(request)), request)
+    hops = (HopTiming("10.0.0.9:7767", 2, 0.5, 3.0, 1.25, 4), HopTiming("[fd00::1]:7000", 3, 0.0, 2.0, 0.75, 4))
+    reply = InferReply(9, CUT, 1.5, 0.25, 4, hops)
+    same(parse_reply("infer", decoded(reply)), reply)
+    # Without a chain, nothing of it is on the wire: frames stay byte for byte what they were.
+    assert "route" not in decoded(InferRequest(9, "b1", "s", CUT)) and "hops" not in decoded(InferReply(9, CUT, 1.0, 0.0, 1))
+    with pytest.raises(ProtocolError, match=r"infer reply.hops\[0\].link_ms"):
+        parse_reply("infer", {**decoded(reply), "hops": [dict(hops[0].as_map(), link_ms="slow")]})
+    with pytest.raises(ProtocolError, match="infer reply.hops: expected a list of at most 8"):
+        parse_reply("infer", {**decoded(reply), "hops": [hops[0].as_map()] * 9})
+    assert "hop_failed" in ERROR_CODES
