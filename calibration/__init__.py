@@ -6,6 +6,7 @@ the benchmarks all use it, so it sits below the runtimes (DESIGN.md, "Latency mo
 switching"). Its one error, :class:`CalibrationError`, is a ``SplitEdgeError`` and a ``ValueError``.
 """
 
+from calibration.chains import ChainStage, HostView, Placement, chain_timings, place
 from calibration.calibration_file import FILENAME, SCHEMA, Calibration, Calibrations, load, load_all, save
 from calibration.gain import gains_over_static, relative_gain
 from calibration.latency import LatencyModel, SplitTimings
@@ -25,19 +26,24 @@ __all__ = [
     "Calibration",
     "CalibrationError",
     "Calibrations",
+    "ChainStage",
+    "HostView",
     "LatencyModel",
+    "Placement",
     "RateEstimator",
     "RunningTimes",
     "SplitSelector",
     "SplitTable",
     "SplitTimings",
     "Spread",
+    "chain_timings",
     "decision_cost_us",
     "gains_over_static",
     "load",
     "load_all",
     "measure_ms",
     "measure_round_robin",
+    "place",
     "relative_gain",
     "save",
 ]
