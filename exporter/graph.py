@@ -36,8 +36,8 @@ from device_runtime.bundle import CUT
 from exporter.blocks import block_of, block_units
 from splitedge.errors import CutPointError
 
-__all__ = ["CutPoint", "TracedModel", "cut_blockers", "find_cut_points", "fold_shapes", "get_cut_point",
-           "name_calls_by_module", "split_at", "trace"]
+__all__ = ["CutPoint", "TracedModel", "cut_blockers", "find_cut_points", "fold_shapes", "get_chain", "get_cut_point",
+           "name_calls_by_module", "split_at", "split_chain", "trace"]
 
 #: Batch sizes the model runs at to tell constants (same at all) from batch-dependent sizes.
 _PROBE_BATCHES = (1, 2, 3)
@@ -302,27 +302,69 @@ def split_at(traced: TracedModel, cut_id: str) -> tuple[fx.GraphModule, fx.Graph
     from a placeholder named ``cut`` that stands for it. Constants (``get_attr`` and what
     is computed from them alone) are copied into whichever half uses them.
     """
-    cut_pos = get_cut_point(find_cut_points(traced), cut_id).position
+    head, tail = _cut(traced, [get_cut_point(find_cut_points(traced), cut_id)])
+    return head, tail
+
+
+def split_chain(traced: TracedModel, cut_ids: Sequence[str]) -> list[fx.GraphModule]:
+    """Cut the traced graph after each of ``cut_ids`` (two or more, in graph order) into a chain
+    of ``len(cut_ids) + 1`` stages: stage 0 (the head) from the input to the first cut, stage k
+    from cut k to cut k+1, the last from the last cut to the output, so that running them in
+    turn is the model. Each stage after the head starts from a placeholder named ``cut``;
+    constants are copied into whichever stage uses them, as :func:`split_at` does."""
+    return _cut(traced, get_chain(find_cut_points(traced), cut_ids))
+
+
+def get_chain(cuts: Sequence[CutPoint], cut_ids: Sequence[str]) -> list[CutPoint]:
+    """The cuts a chain named by ``cut_ids`` is cut at; a :class:`CutPointError` in one line for
+    fewer than two, an id named twice, an unknown id (as :func:`get_cut_point`) or ids out of
+    graph order (naming the order they must be in)."""
+    named = ",".join(cut_ids)
+    if len(cut_ids) < 2:
+        raise CutPointError(f"chain {named or '(empty)'}: a chain needs two cuts or more "
+                            "(one cut is a layer split: give it to --splits)")
+    twice = sorted({i for i in cut_ids if list(cut_ids).count(i) > 1})
+    if twice:
+        raise CutPointError(f"chain {named}: names {', '.join(twice)} twice; each cut of a chain comes once")
+    try:
+        chosen = [get_cut_point(cuts, i) for i in cut_ids]
+    except CutPointError as exc:
+        raise CutPointError(f"chain {named}: {exc}") from None
+    ordered = sorted(chosen, key=lambda c: c.position)
+    if ordered != chosen:
+        raise CutPointError(f"chain {named}: cuts out of graph order; "
+                            f"a chain runs from the input on, so name them as {','.join(c.id for c in ordered)}")
+    return chosen
+
+
+def _cut(traced: TracedModel, cuts: Sequence[CutPoint]) -> list[fx.GraphModule]:
+    """The stages between consecutive ``cuts`` (in graph order): the head, then one per cut."""
     gm = traced.module
     nodes = list(gm.graph.nodes)
     dynamic = _input_dependent(nodes)
+    positions: list[int | None] = [c.position for c in cuts]
+    bounds = zip([None, *positions], [*positions, None])
+    names = ["Head", *(f"Stage{k}" for k in range(1, len(cuts))), "Tail"]
+    return [_module(gm, _stage(nodes, dynamic, start, end), name) for (start, end), name in zip(bounds, names)]
 
-    head_graph = fx.Graph()
+
+def _stage(nodes: list[fx.Node], dynamic: set[fx.Node], start: int | None, end: int | None) -> fx.Graph:
+    """The nodes after ``start`` (the input where None) up to ``end`` (the output where None):
+    a stage that starts at a cut takes it as a placeholder named ``cut`` and returns ``end``."""
+    graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
-    for node in nodes[: cut_pos + 1]:
-        env[node] = head_graph.node_copy(node, env.__getitem__)
-    head_graph.output(env[nodes[cut_pos]])
-
-    tail_graph = fx.Graph()
-    env = {nodes[cut_pos]: tail_graph.placeholder(CUT)}
-    # Constants may be defined before the cut and used after it: copy them first.
-    for node in nodes[:cut_pos]:
-        if node not in dynamic and node.op != "placeholder":
-            env[node] = tail_graph.node_copy(node, env.__getitem__)
-    for node in nodes[cut_pos + 1 :]:
-        env[node] = tail_graph.node_copy(node, env.__getitem__)
-
-    return _module(gm, head_graph, "Head"), _module(gm, tail_graph, "Tail")
+    if start is not None:
+        env[nodes[start]] = graph.placeholder(CUT)
+        # Constants may be defined before the cut and used after it: copy them first.
+        for node in nodes[:start]:
+            if node not in dynamic and node.op != "placeholder":
+                env[node] = graph.node_copy(node, env.__getitem__)
+    first = 0 if start is None else start + 1
+    for node in nodes[first : len(nodes) if end is None else end + 1]:
+        env[node] = graph.node_copy(node, env.__getitem__)
+    if end is not None:
+        graph.output(env[nodes[end]])
+    return graph
 
 
 def get_cut_point(cuts: Sequence[CutPoint], cut_id: str) -> CutPoint:
