@@ -1,8 +1,8 @@
 """Write heads, tails and full models as ONNX with the bundle's fixed input and output names.
 
 The names are the contract every runtime relies on (``device_runtime.bundle.IO_NAMES``):
-heads map ``input`` to ``cut``, tails ``cut`` to ``logits``, the full model ``input`` to
-``logits``; axis 0 of each is the dynamic ``batch`` so that one file serves any batch
+heads map ``input`` to ``cut``, tails ``cut`` to ``logits`` (a chain's middle stages ``cut``
+to ``next_cut``), the full model ``input`` to ``logits``; axis 0 of each is the dynamic ``batch`` so that one file serves any batch
 size. The TorchScript exporter (``dynamo=False``) is used because it writes one
 self-contained file quickly (about 0.4 s for MobileNetV2, 5 s for VGG16's 500 MB
 classifier) and handles the GraphModules torch.fx produces.
@@ -26,13 +26,18 @@ OPSET = 17
 BATCH_AXIS = {0: "batch"}
 
 
-def export_onnx(module: torch.nn.Module, role: str, example: torch.Tensor, target: str | Path | BinaryIO) -> None:
+def export_onnx(
+    module: torch.nn.Module, role: str, example: torch.Tensor, target: str | Path | BinaryIO,
+    names: tuple[str, str] | None = None,
+) -> None:
     """Export ``module`` for ``role`` to a file path or a binary buffer (tests keep it in memory).
 
-    ``example`` fixes every dimension except the batch. Failures of the exporter and of
-    the file system become :class:`ExportError`: either way the bundle cannot be written.
+    ``example`` fixes every dimension except the batch. ``names`` (input, output) default to the
+    role's (``IO_NAMES``); a chain's middle stages are tails named ``MIDDLE_STAGE_IO``. Failures
+    of the exporter and of the file system become :class:`ExportError`: either way the bundle
+    cannot be written.
     """
-    input_name, output_name = IO_NAMES[role]
+    input_name, output_name = names or IO_NAMES[role]
     if isinstance(target, (str, Path)):
         Path(target).parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -75,17 +75,20 @@ class TfliteRunner:
 
 
 class Chain:
-    """A head followed by a tail: what the board and the host compute together."""
+    """Runners in a row: a head then its tail, or a chain's stages: what the board and the
+    host (or hosts) compute together. Each runner's outputs feed the next one's inputs by
+    position (a chain's middle stage outputs ``next_cut``, which the next stage takes as ``cut``)."""
 
-    def __init__(self, first: Runner, second: Runner) -> None:
-        self.first = first
-        self.second = second
+    def __init__(self, first: Runner, *rest: Runner) -> None:
+        self.runners = (first, *rest)
         self.input_names = first.input_names
-        self.output_names = second.output_names
+        self.output_names = self.runners[-1].output_names
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        middle = self.first(feeds)
-        return self.second({name: middle[name] for name in self.second.input_names})
+        outputs = self.runners[0](feeds)
+        for runner in self.runners[1:]:
+            outputs = runner(dict(zip(runner.input_names, outputs.values())))
+        return outputs
 
 
 def torch_cases(
