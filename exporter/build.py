@@ -1,10 +1,12 @@
-"""Build a bundle: the full model and a head and tail per split, each validated, then the manifest.
+"""Build a bundle: the full model and a head and tail per split (a head and stages per chain),
+each validated, then the manifest.
 
 Nothing is written to the manifest that has not been checked: the full ONNX model must
 reproduce the torch model, every head must reproduce the torch head, and every head
-followed by its tail must reproduce the full torch model, at batch 1 and batch 3 from the
-same files (so the dynamic batch axis is exercised too). A failed build leaves the output
-directory as it was: the bundle is written beside it and moved into place only when whole.
+followed by its tail (or by a chain's stages, one after the other) must reproduce the full
+torch model, at batch 1 and batch 3 from the same files (so the dynamic batch axis is
+exercised too). A failed build leaves the output directory as it was: the bundle is written
+beside it and moved into place only when whole.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from tqdm import tqdm
 from boards import BOARDS, check_fits
 from device_runtime.bundle import (
     BOTTLENECK,
+    CHAIN,
+    CHAIN_JOIN,
     FLOAT32,
     FORMATS,
     FULL,
@@ -32,6 +36,7 @@ from device_runtime.bundle import (
     INT8,
     IO_NAMES,
     LAYER,
+    MIDDLE_STAGE_IO,
     ONNX,
     TAIL,
     TFLITE,
@@ -40,14 +45,16 @@ from device_runtime.bundle import (
     ModelInfo,
     Quantization,
     Split,
+    Stage,
     TensorSpec,
+    artifacts_of,
     make_artifact,
     write_manifest,
 )
 from device_runtime.wire.quantization import dequantize, quantize
 from exporter.bottleneck import BottleneckOptions, SplitModel, make_autoencoder, train_bottleneck
 from exporter.datasets import ImageSet, TrainTest, load_images, train_test
-from exporter.graph import CutPoint, TracedModel, find_cut_points, get_cut_point, split_at, trace
+from exporter.graph import CutPoint, TracedModel, find_cut_points, get_chain, get_cut_point, split_at, split_chain, trace
 from exporter.models import LoadedModel, load_model, read_labels
 from exporter.preprocessing import PreprocessFlags
 from exporter.onnx_export import export_onnx
@@ -100,6 +107,7 @@ def build_bundle(
     calibration_samples: int = 64,
     test_data: str | None = None,
     preprocessing: PreprocessFlags | None = None,
+    chains: Sequence[Sequence[str]] = (),
 ) -> Manifest:
     """Export, validate and describe ``model_spec`` cut at ``splits`` into the bundle ``out_dir``.
 
@@ -119,6 +127,10 @@ def build_bundle(
     some calibration images out and measures on them (agreement with the float32 model where
     they carry no labels of the model's), so every int8 bundle says what int8 costs, and a
     board's ``--precision auto`` can weigh it. ``model.accuracy_on`` says what was measured.
+    Each of ``chains`` (two cut ids or more, in graph order) is one split of kind ``chain``
+    after the layer splits: the board's head up to its first cut, as a layer split's (in every
+    variant), then one stage per cut for the hosts (float32 ONNX), head and stages in a row
+    validated against the model and measured as a layer split is.
     The bundle is built beside ``out_dir`` and replaces it only once it is whole (:func:`staged`).
     """
     unknown = sorted(set(formats) - set(FORMATS))
@@ -128,7 +140,12 @@ def build_bundle(
     loaded = load_model(model_spec, weights, preprocessing, input_shape, for_board=True)
     shape = loaded.input_shape
     traced = trace(loaded.module, shape)
-    chosen = select_splits(find_cut_points(traced), splits)
+    cut_points = find_cut_points(traced)
+    chosen = select_splits(cut_points, splits)
+    chained = list({CHAIN_JOIN.join(ids): get_chain(cut_points, ids) for ids in chains}.values())
+    if chained and bottleneck is not None:
+        raise ExportError("--bottleneck and --chain together: an autoencoder is trained at a layer split's cut; "
+                          "export chains in a build without --bottleneck")
     # Everything that can refuse the data is read before the first file is written.
     calibration = None
     if quantize_from is not None:
@@ -148,10 +165,15 @@ def build_bundle(
         if calibration is not None:
             full += _int8_full(traced.module, root, inputs[0], calibration.calibration, tflite)
         variants = Variants(tflite=tflite, calibration=None if calibration is None else calibration.calibration)
-        cuts = tqdm(chosen, desc=f"exporting {loaded.name} splits", unit="split", disable=not progress)
+        # A layer split is cut at one point, a chain at several (no chain with a bottleneck: refused above).
+        cuts = tqdm([*([cut] for cut in chosen), *chained], desc=f"exporting {loaded.name} splits", unit="split",
+                    disable=not progress)
         model_accuracy = None
         if bottleneck is None:
-            split_entries = [_export_split(traced, cut, root, inputs, reference, variants) for cut in cuts]
+            split_entries = [
+                (_export_split if len(at) == 1 else _export_chain)(traced, at, root, inputs, reference, variants)
+                for at in cuts
+            ]
         else:
             data = train_test(bottleneck.train_data, bottleneck.test_data, shape, loaded.preprocess, loaded.categories,
                               seed=seed)
@@ -159,7 +181,7 @@ def build_bundle(
             model_accuracy = accuracy(loaded.module, data.test)
             split_entries = [
                 _export_bottleneck_split(loaded, traced, cut, bottleneck, data, root, inputs, progress, variants)
-                for cut in cuts
+                for (cut,) in cuts
             ]
             test = data.test
         if test is None and calibration is not None:
@@ -252,31 +274,38 @@ class Variants:
     calibration: np.ndarray | None = None  # images for int8 heads and the uint8 link; None: float only
 
 
-def _export_halves(
-    head: torch.nn.Module, tail: torch.nn.Module, name: str, root: Path, inputs: list[np.ndarray], reference: list[Case],
-    variants: Variants,
-) -> tuple[tuple[Artifact, ...], Quantization | None]:
-    """Export and validate a head (in every variant asked for) and its tail; head and tail
-    together must reproduce ``reference``. Returns the artifacts and the uint8 link's parameters."""
-    head_path, tail_path = f"head/{name}.onnx", f"tail/{name}.onnx"
+def _export_parts(
+    head: torch.nn.Module, hosts: Sequence[tuple[torch.nn.Module, str]], name: str, root: Path,
+    inputs: list[np.ndarray], reference: list[Case], variants: Variants,
+) -> tuple[tuple[Artifact, ...], tuple[Artifact, ...], Quantization | None]:
+    """Export and validate a head (in every variant asked for) and what the hosts run after it, in
+    a row (``(module, path)``: a tail, or a chain's stages); head and hosts together must reproduce
+    ``reference``. Returns the head's artifacts (float32 ONNX first), the hosts' (one each, in
+    order) and the uint8 link's parameters."""
+    head_path = f"head/{name}.onnx"
     head_cases = torch_cases(head, IO_NAMES[HEAD], inputs)
     head_runner = _export(head, HEAD, root, head_path, inputs[0])
     validate(head_runner, head_cases, ATOL, f"head {head_path}")
-    # The tail is traced on the torch head's output; what it must reproduce is the whole model.
-    cut_example = head_cases[0].expected[IO_NAMES[HEAD][1]]
-    tail_runner = _export(tail, TAIL, root, tail_path, cut_example)
-    validate(Chain(head_runner, tail_runner), reference, ATOL, f"head {head_path} followed by tail {tail_path}")
-    artifacts = (
-        make_artifact(root, head_path, HEAD, ONNX, FLOAT32),
-        make_artifact(root, tail_path, TAIL, ONNX, FLOAT32),
-    )
+    # Each host part is traced on the torch output before it; what they must reproduce is the whole model.
+    example = head_cases[0].expected[IO_NAMES[HEAD][1]]
+    host_runners = []
+    for module, path in hosts[:-1]:  # a chain's middle stages: from one cut to the next
+        host_runners.append(_export(module, TAIL, root, path, example, MIDDLE_STAGE_IO))
+        with torch.no_grad():
+            example = module(torch.from_numpy(example)).numpy()
+    tail, tail_path = hosts[-1]
+    host_runners.append(_export(tail, TAIL, root, tail_path, example))
+    followed_by = ", then ".join(f"{'tail' if len(hosts) == 1 else 'stage'} {path}" for _, path in hosts)
+    validate(Chain(head_runner, *host_runners), reference, ATOL, f"head {head_path} followed by {followed_by}")
+    artifacts = (make_artifact(root, head_path, HEAD, ONNX, FLOAT32),)
+    host_artifacts = tuple(make_artifact(root, path, TAIL, ONNX, FLOAT32) for _, path in hosts)
     if variants.tflite:
         tflite_path = f"head/{name}.tflite"
         artifacts += (_export_tflite(head, HEAD, root, tflite_path, inputs, head_cases),)
-        validate(Chain(TfliteRunner(root / tflite_path), tail_runner), reference, ATOL,
-                 f"head {tflite_path} followed by tail {tail_path}")
+        validate(Chain(TfliteRunner(root / tflite_path), *host_runners), reference, ATOL,
+                 f"head {tflite_path} followed by {followed_by}")
     if variants.calibration is None:
-        return artifacts, None
+        return artifacts, host_artifacts, None
     # int8 heads are not held to ATOL: their accuracy is measured instead (tests, --test-data).
     samples = variants.calibration
     int8_path = f"head/{name}.int8.onnx"
@@ -286,7 +315,18 @@ def _export_halves(
         int8_tflite = f"head/{name}.int8.tflite"
         export_tflite(head, HEAD, torch.from_numpy(inputs[0]), root / int8_tflite, INT8, calibration=samples)
         artifacts += (make_artifact(root, int8_tflite, HEAD, TFLITE, INT8),)
-    return artifacts, cut_quantization(root / head_path, samples)
+    return artifacts, host_artifacts, cut_quantization(root / head_path, samples)
+
+
+def _export_halves(
+    head: torch.nn.Module, tail: torch.nn.Module, name: str, root: Path, inputs: list[np.ndarray], reference: list[Case],
+    variants: Variants,
+) -> tuple[tuple[Artifact, ...], Quantization | None]:
+    """A head and its tail (:func:`_export_parts`), as a layer or bottleneck split lists them:
+    the float32 ONNX head, the tail, then the head's other variants."""
+    heads, (tail_artifact,), quantization = _export_parts(head, [(tail, f"tail/{name}.onnx")], name, root, inputs,
+                                                          reference, variants)
+    return (heads[0], tail_artifact, *heads[1:]), quantization
 
 
 def _int8_full(
@@ -313,21 +353,42 @@ def _export_tflite(
 
 
 def _export_split(
-    traced: TracedModel, cut: CutPoint, root: Path, inputs: list[np.ndarray], reference: list[Case], variants: Variants
+    traced: TracedModel, at: Sequence[CutPoint], root: Path, inputs: list[np.ndarray], reference: list[Case],
+    variants: Variants,
 ) -> Split:
+    """A layer split at the one cut of ``at``."""
+    (cut,) = at
     head, tail = split_at(traced, cut.id)
     artifacts, quantization = _export_halves(head, tail, cut.id, root, inputs, reference, variants)
+    return Split(id=cut.id, kind=LAYER, artifacts=artifacts, quantization=quantization, **_sent_at(cut))
+
+
+def _export_chain(
+    traced: TracedModel, cuts: Sequence[CutPoint], root: Path, inputs: list[np.ndarray], reference: list[Case],
+    variants: Variants,
+) -> Split:
+    """A chain: the head up to its first cut (what the board sends is that cut's), then stage k
+    from cut k, ``stage/<id>.<k>.onnx``, for the hosts."""
+    head, *stages = split_chain(traced, [c.id for c in cuts])
+    split_id = CHAIN_JOIN.join(c.id for c in cuts)
+    paths = [f"stage/{split_id}.{k}.onnx" for k in range(1, len(stages) + 1)]
+    heads, stage_artifacts, quantization = _export_parts(head, list(zip(stages, paths)), split_id, root, inputs,
+                                                         reference, variants)
     return Split(
-        id=cut.id,
-        position=cut.position,
-        kind=LAYER,
-        tensor=TensorSpec(shape=cut.shape, dtype=cut.dtype, bytes_per_sample=cut.bytes_per_sample),
-        compression_ratio=cut.compression_ratio,
-        natural=cut.natural,
-        compressive=cut.compressive,
-        artifacts=artifacts,
-        quantization=quantization,
+        id=split_id, kind=CHAIN, artifacts=heads, quantization=quantization, **_sent_at(cuts[0]),
+        stages=tuple(Stage(index=k, cut=cut.id, tensor=_tensor(cut), artifacts=(artifact,))
+                     for k, (cut, artifact) in enumerate(zip(cuts, stage_artifacts), 1)),
     )
+
+
+def _tensor(cut: CutPoint) -> TensorSpec:
+    return TensorSpec(shape=cut.shape, dtype=cut.dtype, bytes_per_sample=cut.bytes_per_sample)
+
+
+def _sent_at(cut: CutPoint) -> dict:
+    """A split's fields that describe what the board sends: the tensor at ``cut`` and where it is."""
+    return dict(position=cut.position, tensor=_tensor(cut), compression_ratio=cut.compression_ratio,
+                natural=cut.natural, compressive=cut.compressive)
 
 
 def _export_bottleneck_split(
@@ -381,9 +442,9 @@ class _Link:
 
 
 def _measure_variants(split: Split, root: Path, test: ImageSet) -> Split:
-    """Top-1 of the split model through each head variant (int8 heads with the uint8 link)."""
-    (tail,) = [a for a in split.artifacts if a.role == TAIL]
-    tail_runner = OnnxRunner(root / tail.path)
+    """Top-1 of the split model through each head variant (int8 heads with the uint8 link) and
+    the host's tail, or a chain's stages in a row."""
+    hosts = [OnnxRunner(root / a.path) for a in artifacts_of(split) if a.role == TAIL]
     measured = []
     for artifact in split.artifacts:
         if artifact.role != HEAD:
@@ -392,7 +453,7 @@ def _measure_variants(split: Split, root: Path, test: ImageSet) -> Split:
         head = _runner(root, artifact)
         if artifact.precision == INT8 and split.quantization is not None:
             head = _Link(head, split.quantization)
-        measured.append(replace(artifact, accuracy=_accuracy(Chain(head, tail_runner), test)))
+        measured.append(replace(artifact, accuracy=_accuracy(Chain(head, *hosts), test)))
     float_head = next(a for a in measured if a.role == HEAD and a.format == ONNX and a.precision == FLOAT32)
     return replace(split, artifacts=tuple(measured), accuracy=split.accuracy if split.accuracy is not None else float_head.accuracy)
 
@@ -401,8 +462,10 @@ def _runner(root: Path, artifact: Artifact) -> Runner:
     return OnnxRunner(root / artifact.path) if artifact.format == ONNX else TfliteRunner(root / artifact.path)
 
 
-def _export(module: torch.nn.Module, role: str, root: Path, relpath: str, example: np.ndarray) -> OnnxRunner:
-    export_onnx(module, role, torch.from_numpy(example), root / relpath)
+def _export(
+    module: torch.nn.Module, role: str, root: Path, relpath: str, example: np.ndarray, names: tuple[str, str] | None = None,
+) -> OnnxRunner:
+    export_onnx(module, role, torch.from_numpy(example), root / relpath, names)
     return OnnxRunner(root / relpath)
 
 
