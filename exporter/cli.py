@@ -14,7 +14,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Sequence
 
 from boards import BOARDS
-from device_runtime.bundle import FORMATS, HEAD, INT8, ONNX, PARTS, PRECISIONS
+from device_runtime.bundle import FORMATS, HEAD, INT8, ONNX, PARTS, PRECISIONS, TensorSpec
 from device_runtime.bundle_slice import slice_bundle
 from exporter.deploy.command import add_deploy_command
 from splitedge.errors import SplitEdgeError
@@ -34,6 +34,7 @@ examples:
   split-export build torchvision:mobilenet_v2 --weights mobilenet_v2-b0353104.pth --splits auto --out bundle/
   split-export build mypkg.models:make_net --splits features_4,features_7 --out bundle/ --labels labels.txt
   split-export build torchvision:mobilenet_v2 --splits auto --board rpi-zero2w --formats onnx,tflite --out bundle/
+  split-export build torchvision:mobilenet_v2 --splits auto --chain features_4_conv_2,features_14_conv_2 --out bundle/
   split-export build exporter.zoo:fmnist_vgg --weights cnn.pt --input-shape 1,28,28 --splits auto \
       --bottleneck ae --latent-ratio 0.1 --train-data fashion-mnist --out bundle/
   split-export analyze torchvision:mobilenet_v2 --weights mobilenet_v2-b0353104.pth --data photos/ --out report/
@@ -46,7 +47,8 @@ A cut point is named by its torch.fx node; `points` lists them. Marks: N = natur
 bottleneck (cut tensor smaller than the input, DSC c_l < 1), C = compressive (smaller
 than every earlier cut, DSC Eq. 3), B = a block's output (the cuts DSC counts), * =
 compressive among block outputs; the last line gives the counts at both levels. `--splits
-auto` exports the compressive ones (C).
+auto` exports the compressive ones (C). `--chain A,B` cuts at A and at B: the board runs
+the head up to A, one host the stage from A to B, another the stage from B to the end.
 """
 
 
@@ -81,7 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _model_arguments(build)
     build.add_argument(
-        "--splits", required=True, type=_splits, metavar="auto|ID,ID", help="'auto' (compressive bottlenecks) or cut ids"
+        "--splits", type=_splits, metavar="auto|ID,ID",
+        help="'auto' (compressive bottlenecks) or cut ids; required unless --chain is given",
+    )
+    build.add_argument(
+        "--chain", dest="chains", action="append", type=_cut_ids, default=[], metavar="ID,ID[,ID...]",
+        help="a chain split: the board's head up to the first cut, then one stage per cut for a chain of "
+        "hosts (two cut ids or more, in graph order); repeat for more chains",
     )
     build.add_argument("--out", required=True, metavar="DIR", help="bundle directory to write")
     build.add_argument("--labels", metavar="FILE", help="class names, one per line")
@@ -187,6 +195,8 @@ def _build(args: argparse.Namespace) -> int:
     from exporter.bottleneck import BottleneckOptions, BottleneckTraining
     from exporter.build import build_bundle
 
+    if args.splits is None and not args.chains:
+        raise SplitEdgeError("build needs --splits (auto or cut ids), --chain ID,ID[,ID...], or both")
     bottleneck = None
     if args.bottleneck:
         if not args.train_data:
@@ -203,7 +213,8 @@ def _build(args: argparse.Namespace) -> int:
     manifest = build_bundle(
         args.model,
         weights=args.weights,
-        splits=args.splits,
+        splits=() if args.splits is None else args.splits,
+        chains=args.chains,
         out_dir=args.out,
         labels=args.labels,
         input_shape=args.input_shape,
@@ -216,13 +227,17 @@ def _build(args: argparse.Namespace) -> int:
         test_data=args.test_data,
     )
     print(f"wrote bundle {manifest.bundle_id} to {args.out}: splits {', '.join(s.id for s in manifest.splits)}")
+    for split in manifest.splits:
+        if split.stages:
+            print(f"  chain {split.id}: the board's head, then")
+            for stage in split.stages:
+                print(f"    stage {stage.index} from {stage.cut}: takes {_sent(stage.tensor)}")
     if manifest.model.accuracy_on is not None:
         print(f"measured: {manifest.model.accuracy_on}")
         if manifest.model.accuracy is not None:
             print(f"  full model {manifest.model.accuracy:.4f}")
         for split in manifest.splits:
-            print(f"  {split.id}: {split.accuracy:.4f}, sends {'x'.join(map(str, split.tensor.shape))} "
-                  f"({split.tensor.bytes_per_sample:,} B per sample)")
+            print(f"  {split.id}: {split.accuracy:.4f}, sends {_sent(split.tensor)}")
             for a in split.artifacts:
                 if a.role == HEAD and a.accuracy is not None:
                     print(f"    head {a.format} {a.precision}: {a.accuracy:.4f}, {a.bytes:,} B")
@@ -323,13 +338,23 @@ def _slice_formats(text: str) -> tuple[str, ...]:
     return formats
 
 
+def _sent(tensor: TensorSpec) -> str:
+    """What crosses a link, per sample: ``32x56x56 (401,408 B per sample)``."""
+    return f"{'x'.join(map(str, tensor.shape))} ({tensor.bytes_per_sample:,} B per sample)"
+
+
 def _splits(text: str) -> str | list[str]:
     if text == "auto":
         return text
-    ids = [part.strip() for part in text.split(",") if part.strip()]
+    ids = _cut_ids(text)
     if not ids:
         raise argparse.ArgumentTypeError("expected 'auto' or a comma-separated list of cut ids")
     return ids
+
+
+def _cut_ids(text: str) -> list[str]:
+    """A chain's cut ids as given: their number and order are checked by the build, in one line."""
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 if __name__ == "__main__":
