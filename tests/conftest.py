@@ -19,6 +19,8 @@ import pytest
 PHOTOS = ("coffee", "chelsea", "astronaut", "rocket")
 #: Two compressive cuts of MobileNetV2: an early, large one and a late, small one.
 TEST_SPLITS = ("features_4_conv_2", "features_14_conv_2")
+#: The test bundle also has both cuts as one chain: the head, then a stage on each of two hosts.
+TEST_CHAIN = "+".join(TEST_SPLITS)
 
 
 def offline_weights() -> Path | None:
@@ -63,7 +65,8 @@ def photos_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def mobilenet_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """MobileNetV2 with its real weights, cut at :data:`TEST_SPLITS`, exported once per session."""
+    """MobileNetV2 with its real weights, cut at :data:`TEST_SPLITS` and chained through both
+    (:data:`TEST_CHAIN`), exported once per session (as the Makefile's test bundle is)."""
     if env := os.environ.get("SPLITEDGE_TEST_BUNDLE"):
         return Path(env)
     pytest.importorskip("torch", reason="exporting a bundle needs the workstation environment")
@@ -73,7 +76,7 @@ def mobilenet_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from exporter.build import build_bundle
 
     out = tmp_path_factory.mktemp("bundle")
-    build_bundle("torchvision:mobilenet_v2", weights, list(TEST_SPLITS), out, progress=False)
+    build_bundle("torchvision:mobilenet_v2", weights, list(TEST_SPLITS), out, progress=False, chains=[TEST_SPLITS])
     return out
 
 

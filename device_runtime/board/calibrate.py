@@ -33,10 +33,13 @@ from calibration import (
     Calibration,
     CalibrationError,
     Calibrations,
+    ChainStage,
+    HostView,
     LatencyModel,
     SplitTable,
     SplitTimings,
     Spread,
+    chain_timings,
     load,
     load_all,
     measure_round_robin,
@@ -170,15 +173,23 @@ def precision_of(runner: DeviceRunner) -> str:
 def latency_model(
     runner: DeviceRunner, heads: dict[str, dict[int, float]], tails: dict[str, dict[int, float]], rtt_ms: float
 ) -> LatencyModel:
-    """DSC's terms for every option: each split, full offload (l = 0) and local only (l = L)."""
+    """DSC's terms for every option: each split, full offload (l = 0) and local only (l = L), and
+    each chain with every stage on the host that was profiled (:func:`calibration.chain_timings`:
+    two stages on one host cross no link)."""
     manifest = runner.bundle.manifest
     input_bytes = math.prod(manifest.model.input_shape) * 4  # the preprocessed float32 input crosses for offload
     splits = [SplitTimings(LOCAL, 0, heads[LOCAL], {})]
+    host = HostView("host", tails)
     for split in manifest.splits:
-        if split.id not in tails:
-            continue  # the host has no tail for it: not an option
         sent = runner.payload(split.id, np.zeros((1, *split.tensor.shape), np.float32))[0].nbytes
-        splits.append(SplitTimings(split.id, sent, heads[split.id], tails[split.id]))
+        if split.stages:
+            stages = [ChainStage(split.stage_id(s.index), sent if s.index == 1 else s.tensor.bytes_per_sample)
+                      for s in split.stages]
+            chain = chain_timings(split.id, stages, heads[split.id], [host] * len(stages), sorted(heads[split.id]))
+            if chain is not None:  # None: the host lacks a stage
+                splits.append(chain)
+        elif split.id in tails:  # else the host has no tail for it: not an option
+            splits.append(SplitTimings(split.id, sent, heads[split.id], tails[split.id]))
     if OFFLOAD in tails:
         splits.append(SplitTimings(OFFLOAD, input_bytes, {}, tails[OFFLOAD]))
     return LatencyModel(tuple(splits), rtt_ms)

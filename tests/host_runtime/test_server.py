@@ -17,7 +17,7 @@ from device_runtime.engine.backend import OnnxBackend
 from device_runtime.hosts.client import HostClient
 from device_runtime.wire.protocol import decode, encode_bytes
 from splitedge.errors import RemoteError
-from tests.conftest import TEST_SPLITS, RunningHost, start_host
+from tests.conftest import TEST_CHAIN, TEST_SPLITS, RunningHost, start_host
 
 ATOL = 1e-4  # head → wire → tail against the full model, float32 end to end
 
@@ -69,7 +69,8 @@ def test_hello_lists_bundles_and_splits(host: RunningHost, bundle: Bundle) -> No
 
     info = asyncio.run(go())
     assert info["protocol"] == 1 and info["auth"] is False
-    assert sorted(info["bundles"][bundle.id]) == sorted([*TEST_SPLITS, "offload"])  # offload: the full model
+    # offload: the full model; the chain's two stages as tails of their own
+    assert sorted(info["bundles"][bundle.id]) == sorted([*TEST_SPLITS, "offload", f"{TEST_CHAIN}#1", f"{TEST_CHAIN}#2"])
 
 
 @pytest.mark.parametrize("split_id", TEST_SPLITS)

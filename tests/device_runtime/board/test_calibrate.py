@@ -9,11 +9,13 @@ from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from calibration import FILENAME, Spread, load, load_all
 from device_runtime.board.calibrate import (
     calibration_for,
+    latency_model,
     manifest_sha256,
     measure_heads,
     profile_host,
@@ -21,9 +23,10 @@ from device_runtime.board.calibrate import (
 )
 from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle, write_manifest
 from device_runtime.cli import main
+from device_runtime.engine.runner import DeviceRunner
 from device_runtime.wire.ops import HelloReply
 from splitedge.errors import BundleError, RemoteError
-from tests.conftest import TEST_SPLITS, RunningHost
+from tests.conftest import TEST_CHAIN, TEST_SPLITS, RunningHost
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +41,7 @@ def calibrated(mobilenet_bundle: Path, tmp_path_factory: pytest.TempPathFactory)
                      "--repeats", "3", "--threads", "1"]) == 0
         profiles = host.server.stats.as_dict()["requests"]["profile"]
     # One bounded profile request per tail (the host refuses one request past its budget).
-    assert profiles == len(TEST_SPLITS) + 1  # every cut, and the full model for offload
+    assert profiles == len(TEST_SPLITS) + 1 + 2  # every cut, the full model for offload, the chain's 2 stages
     return root
 
 
@@ -83,8 +86,10 @@ def test_calibration_has_every_option_at_every_batch(calibrated: Path, capsys) -
     bundle = Bundle.load(calibrated, roles=())
     calibration = calibration_for(bundle)
     assert calibration.bundle_id == bundle.id and calibration.manifest_sha256 == manifest_sha256(bundle)
-    assert set(calibration.model.names) == {LOCAL, OFFLOAD, *TEST_SPLITS}
+    assert set(calibration.model.names) == {LOCAL, OFFLOAD, *TEST_SPLITS, TEST_CHAIN}
     assert calibration.batches == (1, 2) and calibration.link is not None
+    assert calibration.model.timings(TEST_CHAIN).bytes_per_sample == calibration.model.timings(
+        TEST_SPLITS[0]).bytes_per_sample  # a chain sends its first cut
     for split in calibration.model.splits:
         if split.split != OFFLOAD:
             assert set(split.head_ms) == {1, 2} and all(ms > 0 for ms in split.head_ms.values())
@@ -239,7 +244,7 @@ def test_spread_warning_names_the_worst_option() -> None:
 
 def test_calibration_keeps_each_heads_spread_beside_its_median(calibrated: Path) -> None:
     calibration = load(calibrated)
-    assert set(calibration.head_spread) == {LOCAL, *TEST_SPLITS}
+    assert set(calibration.head_spread) == {LOCAL, *TEST_SPLITS, TEST_CHAIN}
     for timings in calibration.model.splits:
         for batch, ms in timings.head_ms.items():
             spread = calibration.head_spread[timings.split][batch]
@@ -293,3 +298,18 @@ def test_calibrating_one_backend_keeps_the_others_table(calibrated: Path, tmp_pa
                  "--backend", "onnx"]) == 0
     assert "the onnx/float32 table, kept tflite/int8 (2020-01-01T00:00:00+00:00)" in capsys.readouterr().out
     assert load_all(root).keys == (("tflite", "int8"), ("onnx", "float32"))
+
+
+def test_a_chain_on_the_profiled_host_costs_its_stages_and_no_link_between_them(mobilenet_bundle: Path) -> None:
+    """Both stages on the host that was profiled: the chain's tail is their sum (no hop crosses a
+    link); a host that lacks a stage leaves the chain out, as a host without a tail does a cut."""
+    runner = DeviceRunner(Bundle.load(mobilenet_bundle, roles=(HEAD, FULL)), threads=1)
+    heads = {split: {1: 10.0, 2: 18.0} for split in (LOCAL, *TEST_SPLITS, TEST_CHAIN)}
+    stages = {f"{TEST_CHAIN}#1": {1: 3.0, 2: 5.0}, f"{TEST_CHAIN}#2": {1: 1.0, 2: 1.5}}
+    model = latency_model(runner, heads, {TEST_SPLITS[1]: {1: 2.0, 2: 3.0}, **stages}, rtt_ms=0.5)
+    chain = model.timings(TEST_CHAIN)
+    assert chain.tail_ms == {1: 4.0, 2: 6.5} and chain.head_ms == heads[TEST_CHAIN]
+    assert chain.bytes_per_sample == runner.payload(TEST_CHAIN, np.zeros((1, 32, 28, 28), np.float32))[0].nbytes
+    assert model.names == (LOCAL, TEST_SPLITS[1], TEST_CHAIN)  # the first cut has no tail here
+    partial = latency_model(runner, heads, {f"{TEST_CHAIN}#1": {1: 3.0, 2: 5.0}}, rtt_ms=0.5)
+    assert partial.names == (LOCAL,)
