@@ -52,6 +52,8 @@ from device_runtime.wire.ops import (
     HopTiming,
     InferReply,
     InferRequest,
+    LinksReply,
+    LinksRequest,
     PingReply,
     PingRequest,
     ProfileReply,
@@ -198,7 +200,7 @@ class _HostProtocol(FramedProtocol):
             message = decode(body)
             op = message.get("op")
             self.server.stats.request(op)
-            if op in ("infer", "profile") and self.server.draining:
+            if op in ("infer", "profile", "links") and self.server.draining:
                 raise ProtocolError("this host is shutting down; use another host", "overloaded", message.get("id"))
             request = parse_request(message)
         except ProtocolError as exc:
@@ -219,6 +221,30 @@ class _HostProtocol(FramedProtocol):
         task = asyncio.ensure_future(self.profile(request))
         self.server.tasks.add(task)
         task.add_done_callback(self.server.tasks.discard)
+
+    def on_links(self, request: LinksRequest, received: float) -> None:
+        task = asyncio.ensure_future(self.measure_links(request))
+        self.server.tasks.add(task)
+        task.add_done_callback(self.server.tasks.discard)
+
+    async def measure_links(self, request: LinksRequest) -> None:
+        """Ping each peer asked for, bare and with ``bytes``, one peer and one request at a time
+        (a few hundred kB each: no wall needed beyond that); keep what was measured for ``hello``."""
+        links: dict[str, tuple[float, float]] = {}
+        failed: dict[str, str] = {}
+        async with self.server.measuring:
+            for address in request.peers:
+                try:
+                    self.server.peers.check(address)
+                    client = await self.server.peers.client(address)
+                    rtt_ms = await client.ping(0, timeout=self.server.config.forward_timeout)
+                    probe = await client.probe(request.bytes, timeout=self.server.config.forward_timeout)
+                    links[address] = (request.bytes * 8 * 1000.0 / max(probe.round_trip_ms - rtt_ms, 1e-3), rtt_ms)
+                except SplitEdgeError as exc:  # not allowed (ProtocolError), unreachable, silent
+                    await self.server.peers.drop(address)
+                    failed[address] = str(exc)
+        self.server.links.update(links)
+        self.send_reply(LinksReply(request.id, links, failed))
 
     def on_infer(self, request: InferRequest, received: float) -> None:
         tensor, q = request.tensor, request.quantization
@@ -326,7 +352,7 @@ class _HostProtocol(FramedProtocol):
 #: The dispatch table: one handler per request type of device_runtime.wire.ops.REQUESTS.
 _HANDLERS: dict[type[Request], Callable[[_HostProtocol, Any, float], None]] = {
     HelloRequest: _HostProtocol.on_hello, InferRequest: _HostProtocol.on_infer, PingRequest: _HostProtocol.on_ping,
-    StatsRequest: _HostProtocol.on_stats, ProfileRequest: _HostProtocol.on_profile,
+    StatsRequest: _HostProtocol.on_stats, ProfileRequest: _HostProtocol.on_profile, LinksRequest: _HostProtocol.on_links,
 }
 
 
@@ -378,6 +404,8 @@ class HostServer:
         PromGauge(PREFIX + "partial_frame_bytes", "Bytes held for frames still arriving, all connections (bounded "
                   "by max_partial_bytes).", registry=self.stats.registry).set_function(lambda: self.budget.held)
         self.peers = Peers(Credentials(key=config.key), config.peers)  # a chain's next hops
+        self.links: dict[str, tuple[float, float]] = {}  # peer -> (rate bit/s, round trip ms), last measured
+        self.measuring = asyncio.Lock()  # one links measurement at a time
         self.metrics: MetricsEndpoint | None = None
         self._server: asyncio.AbstractServer | None = None
         self._watchdog: asyncio.Task[None] | None = None
@@ -390,6 +418,7 @@ class HostServer:
             "auth": self.config.key is not None,
             "max_frame_bytes": self.config.max_frame_bytes,
             "device": self.registry.device,
+            "links": dict(self.links),
         }
 
     def load(self) -> float:

@@ -31,6 +31,7 @@ from device_runtime.hosts.kernel_timing import POLL_FIRST_S, KernelTiming, Uploa
 from device_runtime.wire.auth import DeviceAuth
 from device_runtime.wire.connection import FramedProtocol
 from device_runtime.wire.ops import (
+    DEFAULT_LINK_BYTES,
     ErrorReply,
     HelloReply,
     HelloRequest,
@@ -38,6 +39,8 @@ from device_runtime.wire.ops import (
     HopTiming,
     InferReply,
     InferRequest,
+    LinksReply,
+    LinksRequest,
     Parts,
     PingRequest,
     ProfileReply,
@@ -461,6 +464,14 @@ class HostClient:
         request = PingRequest(self._next_id(), np.zeros(payload_bytes, dtype=np.uint8) if payload_bytes else None)
         _, timing = await self._call_timed(request, timeout)
         return Probe(payload_bytes, timing.round_trip_ms, timing.upload, timing.reply_wait_s * 1000.0)
+
+    async def links(
+        self, peers: Sequence[str], payload_bytes: int = DEFAULT_LINK_BYTES, timeout: float = 30.0
+    ) -> LinksReply:
+        """Have the host measure its links to ``peers`` (rate and round trip), for placing a chain."""
+        reply = await self._call(LinksRequest(self._next_id(), tuple(peers), payload_bytes), timeout)
+        assert isinstance(reply, LinksReply)
+        return reply
 
     async def stats(self, timeout: float = 5.0) -> dict[str, Any]:
         """The host's stats reply as a map: ``["stats"]`` holds its figures (docs/protocol.md)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Optional, Union
 
@@ -46,6 +46,9 @@ ERROR_CODES = (
 MAX_ROUTE_HOPS = 8
 MAX_STAGE = MAX_ROUTE_HOPS + 1
 MAX_ADDRESS_CHARS = 255
+#: ``links``: the payload that measures a host-to-host rate (a few ms at a LAN's speed).
+DEFAULT_LINK_BYTES = 256 * 1024
+MAX_LINK_BYTES = 4 * 1024 * 1024
 #: ``profile``'s bounds: a calibration measures a few batch sizes a few times, never a long stall.
 MAX_PROFILE_BATCH = 64
 MAX_PROFILE_REPEATS = 50
@@ -153,6 +156,18 @@ def split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _address(value: Any, path: str) -> str:
+    """A peer's ``host:port`` from a request: text, bounded, with a port."""
+    address = _FIELDS.text(value, path)
+    try:
+        if len(address) > MAX_ADDRESS_CHARS:
+            raise ValueError(f"longer than {MAX_ADDRESS_CHARS} characters")
+        split_address(address)
+    except ValueError as exc:
+        raise ProtocolError(f"{path}: {exc}") from None
+    return address
+
+
 def _route(value: Any, stage: int | None) -> tuple[Hop, ...]:
     """The hops after this one: at most MAX_ROUTE_HOPS, stages counting up from this request's
     by one (so a route can neither loop nor skip a stage), each at a ``host:port``."""
@@ -166,13 +181,7 @@ def _route(value: Any, stage: int | None) -> tuple[Hop, ...]:
     for i, raw in enumerate(value):
         path = f"infer.route[{i}]"
         hop = _FIELDS.obj(raw, path)
-        address = _FIELDS.text(hop.get("address"), f"{path}.address")
-        try:
-            if len(address) > MAX_ADDRESS_CHARS:
-                raise ValueError(f"longer than {MAX_ADDRESS_CHARS} characters")
-            split_address(address)
-        except ValueError as exc:
-            raise ProtocolError(f"{path}.address: {exc}") from None
+        address = _address(hop.get("address"), f"{path}.address")
         expected = stage + 1 + i
         if hop.get("stage") != expected or type(hop.get("stage")) is not int:
             raise ProtocolError(f"{path}.stage: expected {expected} (each hop runs the next stage), "
@@ -307,10 +316,35 @@ class ProfileRequest:
         )
 
 
-Request = Union[HelloRequest, InferRequest, PingRequest, StatsRequest, ProfileRequest]
+@dataclass(slots=True)
+class LinksRequest:
+    """Measure this host's links to ``peers`` (``host:port`` each): a bare ``ping`` for the round
+    trip, one of ``bytes`` for the rate. What a board needs to place a chain's later stages, which
+    it cannot measure itself (DESIGN.md, "Chains and fragments")."""
+
+    id: Any
+    peers: tuple[str, ...]
+    bytes: int = DEFAULT_LINK_BYTES
+    op: ClassVar[str] = "links"
+
+    def parts(self) -> Parts:
+        return {"op": "links", "peers": list(self.peers), "bytes": self.bytes, "id": self.id}, None, _NO_TENSOR_FIELDS
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> LinksRequest:
+        peers = message.get("peers")
+        if not isinstance(peers, list) or not 0 < len(peers) <= MAX_ROUTE_HOPS:
+            raise ProtocolError(f"links.peers: expected a list of 1..{MAX_ROUTE_HOPS} addresses, got {shown(peers)}")
+        for i, address in enumerate(peers):
+            _address(address, f"links.peers[{i}]")
+        return cls(message.get("id"), tuple(peers),
+                   _in_range(message.get("bytes", DEFAULT_LINK_BYTES), "links.bytes", 1, MAX_LINK_BYTES))
+
+
+Request = Union[HelloRequest, InferRequest, PingRequest, StatsRequest, ProfileRequest, LinksRequest]
 #: op -> its request type: the one table a host dispatches from.
 REQUESTS: Mapping[str, type[Request]] = MappingProxyType(
-    {cls.op: cls for cls in (HelloRequest, InferRequest, PingRequest, StatsRequest, ProfileRequest)}
+    {cls.op: cls for cls in (HelloRequest, InferRequest, PingRequest, StatsRequest, ProfileRequest, LinksRequest)}
 )
 OPS = tuple(REQUESTS)
 
@@ -339,7 +373,9 @@ def parse_request(message: Mapping[str, Any]) -> Request:
 @dataclass(slots=True)
 class HelloReply:
     """What a host serves: its protocol, ``{bundle id: [split ids]}``, whether frames must be
-    authenticated, its frame-size limit and where its tails run (``cpu`` or ``cuda``)."""
+    authenticated, its frame-size limit and where its tails run (``cpu`` or ``cuda``); and the
+    links to other hosts it last measured (``links``: address -> (rate bit/s, round trip ms)),
+    which a board placing a chain reads (absent until the host has measured any)."""
 
     id: Any
     protocol: int
@@ -347,12 +383,16 @@ class HelloReply:
     auth: bool
     max_frame_bytes: int
     device: str
+    links: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def parts(self) -> Parts:
-        return {
+        message = {
             "id": self.id, "ok": True, "protocol": self.protocol, "bundles": self.bundles, "auth": self.auth,
             "max_frame_bytes": self.max_frame_bytes, "device": self.device,
-        }, None, _NO_TENSOR_FIELDS
+        }
+        if self.links:
+            message["links"] = _links_map(self.links)
+        return message, None, _NO_TENSOR_FIELDS
 
     @classmethod
     def parse(cls, message: Mapping[str, Any]) -> HelloReply:
@@ -367,7 +407,22 @@ class HelloReply:
             _FIELDS.flag(message.get("auth"), "hello reply.auth"),
             _FIELDS.integer(message.get("max_frame_bytes"), "hello reply.max_frame_bytes", 1),
             _FIELDS.text(message.get("device"), "hello reply.device"),
+            _parse_links(message.get("links", {}), "hello reply.links"),
         )
+
+
+def _links_map(links: Mapping[str, tuple[float, float]]) -> dict[str, dict[str, float]]:
+    return {address: {"rate_bps": rate, "rtt_ms": rtt} for address, (rate, rtt) in links.items()}
+
+
+def _parse_links(value: Any, path: str) -> dict[str, tuple[float, float]]:
+    links = {}
+    for address, link in _FIELDS.obj(value, path).items():
+        where = f"{path}.{address}"
+        link = _FIELDS.obj(link, where)
+        links[_FIELDS.text(address, path)] = (
+            _FIELDS.number(link.get("rate_bps"), f"{where}.rate_bps"), _FIELDS.number(link.get("rtt_ms"), f"{where}.rtt_ms"))
+    return links
 
 
 @dataclass(slots=True)
@@ -521,10 +576,31 @@ class ErrorReply:
         )
 
 
-Reply = Union[HelloReply, InferReply, PingReply, StatsReply, ProfileReply, ErrorReply]
+@dataclass(slots=True)
+class LinksReply:
+    """``links``: address -> (rate bit/s, round trip ms) for each peer measured; ``failed``: address ->
+    why, for each that could not be (unreachable, not allowed: :mod:`host_runtime.peers`)."""
+
+    id: Any
+    links: dict[str, tuple[float, float]]
+    failed: dict[str, str]
+
+    def parts(self) -> Parts:
+        return {"id": self.id, "ok": True, "links": _links_map(self.links), "failed": self.failed}, None, _NO_TENSOR_FIELDS
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> LinksReply:
+        failed = _FIELDS.obj(message.get("failed", {}), "links reply.failed")
+        return cls(message.get("id"), _parse_links(message.get("links"), "links reply.links"),
+                   {_FIELDS.text(a, "links reply.failed"): _FIELDS.text(why, f"links reply.failed.{a}", empty=True)
+                    for a, why in failed.items()})
+
+
+Reply = Union[HelloReply, InferReply, PingReply, StatsReply, ProfileReply, LinksReply, ErrorReply]
 #: op -> the type of its ``ok`` reply (a reply does not name its op: the asker knows it).
 REPLIES: Mapping[str, type[Reply]] = MappingProxyType(
-    {"hello": HelloReply, "infer": InferReply, "ping": PingReply, "stats": StatsReply, "profile": ProfileReply}
+    {"hello": HelloReply, "infer": InferReply, "ping": PingReply, "stats": StatsReply, "profile": ProfileReply,
+     "links": LinksReply}
 )
 assert REPLIES.keys() == REQUESTS.keys(), "every op has one request type and one reply type"
 Message = Union[Request, Reply]

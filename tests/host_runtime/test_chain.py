@@ -166,3 +166,30 @@ def test_a_hop_nobody_answers_is_named_and_the_host_serves_on(
     assert info.value.code == "hop_failed"
     assert info.value.message.startswith(f"stage 2 of {TEST_CHAIN} at {dead}: cannot connect to host {dead}")
     assert [r.where for r in served] == ["remote"] * len(served) and served
+
+
+def test_a_host_measures_its_links_to_peers_on_demand_and_says_so_in_hello(mobilenet_bundle: Path) -> None:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{free.getsockname()[1]}"
+        for b in start_host([mobilenet_bundle]):
+            stranger = "127.0.0.2:9"  # not a --peer of A's: never dialled
+            for a in start_host([mobilenet_bundle], peers=(address(b), dead)):
+
+                async def ask():
+                    client = await HostClient.connect(a.host, a.port)
+                    try:
+                        reply = await client.links([address(b), dead, stranger], payload_bytes=256 * 1024)
+                        await client.close()
+                        client = await HostClient.connect(a.host, a.port)  # a new hello
+                        return reply, client.hello
+                    finally:
+                        await client.close()
+
+                reply, hello = asyncio.run(ask())
+    rate, rtt = reply.links[address(b)]
+    assert rate > 1e8 and 0 < rtt < 1000  # loopback: well over 100 Mbit/s
+    assert set(reply.failed) == {dead, stranger}
+    assert reply.failed[dead].startswith(f"cannot connect to host {dead}")
+    assert "is not one of this host's peers" in reply.failed[stranger]
+    assert hello.links == {address(b): (rate, rtt)}

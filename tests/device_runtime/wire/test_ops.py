@@ -26,6 +26,8 @@ from device_runtime.wire.ops import (
     HopTiming,
     InferReply,
     InferRequest,
+    LinksReply,
+    LinksRequest,
     Message,
     PingReply,
     PingRequest,
@@ -108,7 +110,7 @@ REPLY_OPS = {reply_type: op for op, reply_type in REPLIES.items()} | {ErrorReply
 
 
 def test_the_tables_cover_every_op_once() -> None:
-    assert OPS == ("hello", "infer", "ping", "stats", "profile")
+    assert OPS == ("hello", "infer", "ping", "stats", "profile", "links")
     assert tuple(REQUESTS) == tuple(REPLIES) == OPS
     assert all(request_type.op == op for op, request_type in REQUESTS.items())
 
@@ -136,7 +138,7 @@ HOP2 = {"address": "10.0.0.9:7767", "split": "a+b", "stage": 2}
 @pytest.mark.parametrize(
     ("message", "match"),
     [
-        (infer_map(op="INFER"), "unknown op 'INFER'; ops: hello, infer, ping, stats, profile"),
+        (infer_map(op="INFER"), "unknown op 'INFER'; ops: hello, infer, ping, stats, profile, links$"),
         (infer_map(op=["infer"]), "unknown op"),  # unhashable: no TypeError from the table lookup
         (infer_map(op=MISSING), "unknown op None"),
         (infer_map(bundle=7), "infer.bundle: expected a string, got 7"),
@@ -171,6 +173,10 @@ HOP2 = {"address": "10.0.0.9:7767", "split": "a+b", "stage": 2}
         (infer_map(stage=1, route=[dict(HOP2, address="a" * 300 + ":1")]), r"longer than 255 characters"),
         (infer_map(stage=1, route=["10.0.0.9:7767"]), r"infer.route\[0\]: expected an object"),
         (infer_map(stage=1, route={"0": HOP2}), "infer.route: expected a list"),
+        ({"op": "links", "id": 42, "peers": []}, r"links.peers: expected a list of 1..8 addresses"),
+        ({"op": "links", "id": 42, "peers": ["a:1"] * 9}, r"links.peers: expected a list of 1..8 addresses"),
+        ({"op": "links", "id": 42, "peers": ["a"]}, r"links.peers\[0\]: 'a' is not host:port"),
+        ({"op": "links", "id": 42, "peers": ["a:1"], "bytes": 5 * 2**20}, r"links.bytes: .* 1..4194304"),
     ],
 )
 def test_bad_requests_name_the_field_and_keep_the_id(message: dict, match: str) -> None:
@@ -256,3 +262,14 @@ def test_a_chains_request_and_reply_carry_the_route_and_every_hops_times() -> No
     with pytest.raises(ProtocolError, match="infer reply.hops: expected a list of at most 8"):
         parse_reply("infer", {**decoded(reply), "hops": [hops[0].as_map()] * 9})
     assert "hop_failed" in ERROR_CODES
+
+
+def test_links_are_asked_for_and_answered_and_a_hosts_hello_carries_what_it_measured() -> None:
+    request = LinksRequest(3, ("10.0.0.9:7767", "[fd00::1]:7000"), 65536)
+    same(parse_request(decoded(request)), request)
+    reply = LinksReply(3, {"10.0.0.9:7767": (9.4e8, 0.21)}, {"[fd00::1]:7000": "cannot connect"})
+    same(parse_reply("links", decoded(reply)), reply)
+    hello = HelloReply(1, PROTOCOL_VERSION, BUNDLES, False, 1 << 20, "cpu", {"10.0.0.9:7767": (9.4e8, 0.21)})
+    same(parse_reply("hello", decoded(hello)), hello)
+    with pytest.raises(ProtocolError, match=r"hello reply.links.10.0.0.9:7767.rate_bps"):
+        parse_reply("hello", {**decoded(hello), "links": {"10.0.0.9:7767": {"rate_bps": "fast", "rtt_ms": 1.0}}})
