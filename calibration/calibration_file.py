@@ -71,6 +71,9 @@ class Calibration:
     # the link's pings (LINK_SPREAD_FIELDS); empty in files written before spreads were kept.
     head_spread: dict[str, dict[int, Spread]] = field(default_factory=dict)
     link_spread: dict[str, Spread] = field(default_factory=dict)
+    # Each chain's placement beyond the host it enters (calibration.chains.place): the addresses
+    # (host:port) of the hosts of its stages 2..n; absent for a chain all on one host.
+    routes: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -110,6 +113,13 @@ class Calibration:
             if not isinstance(spread, Spread):
                 raise CalibrationError(f"spread.link.{name}: expected a Spread, got {shown(spread)}")
         object.__setattr__(self, "link_spread", link_spread)
+        routes = {}
+        for chain, hosts in _fields.obj(self.routes, "routes").items():
+            if chain not in self.model.names:
+                raise CalibrationError(f"routes.{chain}: not a split of the model ({', '.join(self.model.names)})")
+            path = f"routes.{chain}"
+            routes[chain] = tuple(_fields.text(h, f"{path}[{i}]") for i, h in enumerate(_fields.array(hosts, path)))
+        object.__setattr__(self, "routes", routes)
         unknown = [s for s in self.table.splits if s not in self.model.names]
         if unknown:
             # The selector predicts the table's choices with the model: each must be in it.
@@ -139,6 +149,7 @@ class Calibration:
                 },
                 "link": {name: s.to_dict() for name, s in self.link_spread.items()},
             },
+            "routes": {chain: list(hosts) for chain, hosts in self.routes.items()},
         }
 
     @classmethod
@@ -153,6 +164,7 @@ class Calibration:
         args["model"] = LatencyModel.from_dict(_fields.member(d, "model", root), join(root, "model"))
         args["table"] = SplitTable.from_dict(_fields.member(d, "table", root), join(root, "table"))
         args["head_spread"], args["link_spread"] = _read_spread(d.get("spread"), join(root, "spread"))
+        args["routes"] = d.get("routes", {})  # files written before chains: none
         with _fields.located(root):
             return cls(**args)
 

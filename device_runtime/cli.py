@@ -14,7 +14,7 @@ import math
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from calibration import FILENAME, Calibration, CalibrationError, Calibrations, save
 from device_runtime.board.calibrate import (
@@ -36,8 +36,9 @@ from device_runtime.board.detect import (
 from device_runtime.board.status import LastRun
 from device_runtime.bundle import CHAIN, FORMATS, FULL, HEAD, LOCAL, OFFLOAD, Bundle
 from device_runtime.engine.runner import PRECISIONS, DeviceRunner, default_split
-from device_runtime.hosts.client import Credentials
+from device_runtime.hosts.client import Credentials, HostClient
 from device_runtime.hosts.connect import connect_host, host_address
+from device_runtime.hosts.discovery import discover
 from device_runtime.hosts.host_link import HostLink
 from device_runtime.hosts.kernel_timing import kernel_timing_support
 from device_runtime.hosts.link_meter import LinkMeter
@@ -71,6 +72,7 @@ CALIBRATE_EXAMPLES = """\
 examples:
   split-device calibrate bundle/                            # host by zeroconf, batches 1,2,4,8,16
   split-device calibrate bundle/ --host 192.168.1.20:7767 --batch 1,4 --repeats 50
+  split-device calibrate bundle/ --host 192.168.1.20:7767 --host 10.0.0.5:7767   # chains placed over both hosts
   split-device calibrate bundle/ --key-file host.key        # a host started with --key-file
   split-device calibrate bundle/ --fps 5 --batch 1          # heads timed as a 5 frames/s camera paces them
   split-device calibrate bundle/ --backend tflite --precision int8  # a second table; run takes the one it runs
@@ -184,7 +186,8 @@ class _Hosts(argparse.Action):
 def _host_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", type=_host, default="auto", action=_Hosts,
                         help="IP:PORT of the host (it prints its port as it starts; no default port), or 'auto' "
-                        "for zeroconf (default); with --split CHAIN, once per stage in order")
+                        "for zeroconf (default); run --split CHAIN: once per stage, in order; calibrate: again for "
+                        "each other host a chain's later stages may run on (with auto: every host found)")
     parser.set_defaults(hops=[])
     parser.add_argument("--interface", action="append", help="interface address for zeroconf (repeatable)")
     parser.add_argument("--timeout", type=float, default=5.0,
@@ -304,7 +307,8 @@ async def _run(args: argparse.Namespace, last_run: LastRun) -> None:
             print(f"no host yet ({hosts.last_error}); running locally, looking for one every "
                   f"{hosts.retry_s:g} s", flush=True)
     config = PipelineConfig(batch=args.batch, queue=args.queue, drop=args.drop, request_timeout_s=args.timeout,
-                            deadline_ms=args.deadline_ms, routes=_routes(bundle, args.split, args.hops))
+                            deadline_ms=args.deadline_ms,
+                            routes=_routes(bundle, args.split, args.hops, calibration.routes if calibration else {}))
     meter = LinkMeter()
     if calibration is not None and calibration.link is not None:
         meter.estimator.observe_rtt(calibration.link["rtt_ms"] / 1000.0)
@@ -335,12 +339,15 @@ async def _run(args: argparse.Namespace, last_run: LastRun) -> None:
           f"locally after a host failure{switches}; by split: {per_split}", flush=True)
 
 
-def _routes(bundle: Bundle, split_id: str, hops: list[str]) -> dict[str, tuple[str, ...]]:
+def _routes(
+    bundle: Bundle, split_id: str, hops: list[str], placed: Mapping[str, tuple[str, ...]]
+) -> dict[str, tuple[str, ...]]:
     """Each chain's hosts after the first: the later ``--host`` flags for the chain named by
-    ``--split``; otherwise every stage on the connected host."""
+    ``--split``; otherwise where calibration placed it (``placed``), else every stage on the
+    connected host."""
     chains = [s for s in bundle.manifest.splits if s.kind == CHAIN]
     if not hops:
-        return {chain.id: () for chain in chains}
+        return {chain.id: tuple(placed.get(chain.id, ())) for chain in chains}
     chain = next((c for c in chains if c.id == split_id), None)
     if chain is None:
         known = ", ".join(c.id for c in chains) or "none in this bundle"
@@ -437,15 +444,18 @@ async def calibrate_command(args: argparse.Namespace) -> None:
     print(f"{board.describe()}: {runner.backend} backend, {runner.threads or 'default'} threads; "
           f"batches {', '.join(map(str, args.batch))}, {args.repeats} repeats"
           + (f" at {args.fps:g} runs/s" if args.fps > 0 else ""), flush=True)
+    credentials = _credentials(args)
     client = None if args.no_host else await connect_host(
-        bundle, args.host, args.interface, timeout=args.timeout, credentials=_credentials(args), without_host="--no-host"
+        bundle, args.host, args.interface, timeout=args.timeout, credentials=credentials, without_host="--no-host"
     )
+    peers = [] if client is None else await _chain_peers(bundle, args, credentials, client.address)
     try:
         result = await calibrate(runner, client, args.batch, args.repeats, board.to_dict(),
-                                 lambda line: print(line, flush=True), args.fps)
+                                 lambda line: print(line, flush=True), args.fps, peers)
     finally:
-        if client is not None:
-            await client.close()
+        for host in (client, *peers):
+            if host is not None:
+                await host.close()
     warning = spread_warning(result.head_spread)
     if warning is not None:
         print(warning, file=sys.stderr, flush=True)
@@ -454,6 +464,24 @@ async def calibrate_command(args: argparse.Namespace) -> None:
     others = [f"{'/'.join(t.key)} ({t.created})" for t in tables.tables if t.key != result.key]
     print(f"wrote {path}: the {'/'.join(result.key)} table" + (f", kept {', '.join(others)}" if others else ""))
     print(_table_text(result))
+
+
+async def _chain_peers(bundle: Bundle, args: argparse.Namespace, credentials: Credentials, first: str) -> list[HostClient]:
+    """The other hosts a chain's later stages may run on: the later ``--host`` flags, or with
+    ``--host auto`` every other host zeroconf finds serving the bundle. One that cannot be reached
+    is named and left out: the chain is placed on the others."""
+    if not any(s.stages for s in bundle.manifest.splits):
+        return []
+    addresses = list(args.hops)
+    if args.host == "auto":
+        addresses = [f"{a.address}:{a.port}" for a in await discover(bundle.id, args.interface, timeout=args.timeout)]
+    peers = []
+    for address in dict.fromkeys(a for a in addresses if a != first):
+        try:
+            peers.append(await connect_host(bundle, address, timeout=args.timeout, credentials=credentials))
+        except HostUnavailableError as exc:
+            print(f"peer {address} left out of chain placement: {exc}", file=sys.stderr, flush=True)
+    return peers
 
 
 def plan(args: argparse.Namespace) -> None:
@@ -546,8 +574,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if admin is not None:
             return admin(args)
         settings_for(args, argv, build_parser)  # device.toml and SPLITEDGE_* fill the flags not given
-        if getattr(args, "hops", []) and args.command != "run":
-            raise SplitEdgeError(f"--host given {1 + len(args.hops)} times: only run takes a chain's hosts")
+        if getattr(args, "hops", []) and args.command not in ("run", "calibrate"):
+            raise SplitEdgeError(f"--host given {1 + len(args.hops)} times: only run and calibrate take a chain's hosts")
     except SplitEdgeError as exc:
         print(f"split-device: error: {exc}", file=sys.stderr)
         return 2

@@ -23,6 +23,7 @@ import functools
 import math
 import statistics
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
@@ -36,6 +37,7 @@ from calibration import (
     ChainStage,
     HostView,
     LatencyModel,
+    Placement,
     SplitTable,
     SplitTimings,
     Spread,
@@ -43,6 +45,7 @@ from calibration import (
     load,
     load_all,
     measure_round_robin,
+    place,
 )
 from calibration.timing import WIDE_MIN_MS, WIDE_RATIO, widest
 from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle
@@ -233,22 +236,32 @@ async def calibrate(
     board: dict[str, Any] | None = None,
     progress: Progress = lambda line: None,
     fps: float = 0.0,
+    peers: Sequence[HostClient] = (),
 ) -> Calibration:
     """Measure everything and build the table. Without a host, only ``local`` is an option. The model
     takes the medians; the spreads are kept beside them (:func:`spread_warning` says when one is wide).
 
     ``fps`` paces the board's timed runs as a camera would (0: back to back); the host's tails
     are timed back to back whatever it is: a host serving a fleet is never idle for long.
+    ``peers`` are other hosts a chain's later stages may run on (:func:`place_chains`).
     """
     started = time.perf_counter()
     head_spread = measure_heads(runner, batches, repeats, progress, fps)  # the caller warns of a wide one
     heads = {split: {b: s.p50 for b, s in by_batch.items()} for split, by_batch in head_spread.items()}
     tails: dict[str, dict[int, float]] = {}
     link, link_spread = None, {}
+    routes: dict[str, tuple[str, ...]] = {}
     if client is not None:
         tails = await profile_host(client, runner.bundle.id, batches, min(repeats, MAX_PROFILE_REPEATS), progress)
         link, link_spread = await measure_link(client, progress)
     model = latency_model(runner, heads, tails, link["rtt_ms"] if link else 0.0)
+    if client is not None and peers and link is not None:
+        entry = HostView(client.address, tails, rate_bps=link["rate_bps"], rtt_ms=link["rtt_ms"])
+        placements = await place_chains(runner, model, heads, entry, client, peers, batches, repeats, progress)
+        model = LatencyModel(tuple(placements[t.split].timings if t.split in placements else t for t in model.splits),
+                             model.rtt_ms)
+        routes = {chain: placement.hosts[1:] for chain, placement in placements.items()
+                  if set(placement.hosts) != {client.address}}
     table = SplitTable.build(model, batches)
     progress(f"done in {time.perf_counter() - started:.1f} s")
     return Calibration(
@@ -267,4 +280,42 @@ async def calibrate(
         table=table,
         head_spread=head_spread,
         link_spread=link_spread,
+        routes=routes,
     )
+
+
+async def place_chains(
+    runner: DeviceRunner, model: LatencyModel, heads: Mapping[str, Mapping[int, float]], entry: HostView,
+    entry_client: HostClient, peers: Sequence[HostClient], batches: Sequence[int], repeats: int, progress: Progress,
+) -> dict[str, Placement]:
+    """Each chain's cheapest placement (:func:`calibration.place`) with its first stage on the host
+    the board calibrated against (``entry``: the one it will send to) and its later stages on any
+    host that serves them: each peer's stage times from its own ``profile``, the hosts' links to
+    each other from their own ``links``. A chain no placement serves keeps its one-host timings."""
+    chains = [s for s in runner.bundle.manifest.splits if s.stages and s.id in model.names]
+    if not chains:
+        return {}
+    names = {chain.stage_id(stage.index) for chain in chains for stage in chain.stages}
+    views = {entry.address: entry}
+    for peer in peers:
+        served = [n for n in peer.hello.bundles.get(runner.bundle.id, ()) if n in names]
+        stage_ms = await peer.profile(runner.bundle.id, batches, min(repeats, MAX_PROFILE_REPEATS), served) if served else {}
+        views[peer.address] = HostView(peer.address, stage_ms)
+        progress(f"peer   {peer.address}: serves {', '.join(served) or 'no stage of a chain'}")
+    for client in (entry_client, *peers):
+        measured = await client.links([a for a in views if a != client.address])
+        views[client.address] = replace(views[client.address], peers=measured.links)
+        for other, (rate, rtt) in measured.links.items():
+            progress(f"link   {client.address} -> {other}: {rate / 1e6:.1f} Mbit/s, round trip {rtt:.2f} ms")
+        for other, why in measured.failed.items():
+            progress(f"link   {client.address} -> {other}: not measured ({why})")
+    placements = {}
+    for chain in chains:
+        stages = [ChainStage(chain.stage_id(s.index), model.timings(chain.id).bytes_per_sample if s.index == 1
+                             else s.tensor.bytes_per_sample) for s in chain.stages]
+        placement = place(chain.id, stages, heads[chain.id], list(views.values()), batch=batches[0], batches=batches)
+        if placement is not None:
+            placements[chain.id] = placement
+            progress(f"chain  {chain.id}: {' > '.join(placement.hosts)}, {placement.predicted_ms:.2f} ms at "
+                     f"B={batches[0]} (predicted)")
+    return placements

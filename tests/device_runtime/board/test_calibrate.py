@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -313,3 +314,43 @@ def test_a_chain_on_the_profiled_host_costs_its_stages_and_no_link_between_them(
     assert model.names == (LOCAL, TEST_SPLITS[1], TEST_CHAIN)  # the first cut has no tail here
     partial = latency_model(runner, heads, {f"{TEST_CHAIN}#1": {1: 3.0, 2: 5.0}}, rtt_ms=0.5)
     assert partial.names == (LOCAL,)
+
+
+class Slow:
+    """A real tail made slower by ``delay_s`` a run: a host that is slow at one stage, on purpose."""
+
+    def __init__(self, tail, delay_s: float) -> None:
+        self.tail, self.delay_s = tail, delay_s
+
+    def run(self, x):
+        time.sleep(self.delay_s)
+        return self.tail.run(x)
+
+    def __getattr__(self, name: str):
+        return getattr(self.tail, name)
+
+
+def test_calibrate_places_a_chains_later_stage_on_the_host_that_runs_it_fastest(
+    mobilenet_bundle: Path, tmp_path: Path, capsys
+) -> None:
+    """Host A runs stage 2 50 ms slower than B: calibrating against A with B as the other host puts
+    stage 2 on B (A measured its link to B), and the table prices the chain that way."""
+    from tests.conftest import start_host
+
+    root = tmp_path / "bundle"
+    shutil.copytree(mobilenet_bundle, root)
+    bundle_id = Bundle.load(root, roles=()).id
+    for b in start_host([root]):
+        b_address = f"{b.host}:{b.port}"
+        for a in start_host([root], peers=(b_address,)):
+            a_address = f"{a.host}:{a.port}"
+            key = (bundle_id, f"{TEST_CHAIN}#2")
+            a.server.registry.tails[key] = Slow(a.server.registry.tails[key], 0.05)
+            assert main(["calibrate", str(root), "--host", a_address, "--host", b_address, "--batch", "1",
+                         "--repeats", "3", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"link   {a_address} -> {b_address}: " in out
+    assert f"chain  {TEST_CHAIN}: {a_address} > {b_address}, " in out
+    calibration = load(root)
+    assert calibration.routes == {TEST_CHAIN: (b_address,)}
+    assert calibration.model.timings(TEST_CHAIN).tail_ms[1] < 50  # A's slow stage 2 is not in it
