@@ -39,11 +39,20 @@ def test_cli_refuses_and_writes_no_manifest(tmp_path: Path, capsys, monkeypatch)
     # The size estimate is the real one; only the board is shrunk, so that the test needs no VGG16 export.
     tiny = dataclasses.replace(build.BOARDS["rpi-zero2w"], memory_mb=300)
     monkeypatch.setattr(build, "BOARDS", {**build.BOARDS, "rpi-zero2w": tiny})
+    checked = []
+
+    def check(board: str, manifest) -> None:
+        checked.append(manifest)
+        check_board(board, manifest)
+
+    monkeypatch.setattr(build, "check_board", check)
+    out = tmp_path / "bundle"
     assert main(["build", "torchvision:resnet18", "--splits", "layer4_1_relu_1", "--board", "rpi-zero2w",
-                 "--out", str(tmp_path)]) == 2
+                 "--out", str(out)]) == 2
     assert "does not fit a Raspberry Pi Zero 2 W" in capsys.readouterr().err
-    assert not (tmp_path / "manifest.json").exists()
-    assert (tmp_path / "full" / "model.tflite").is_file()  # the Zero 2 W's backend, picked by --board
+    assert not out.exists() and list(tmp_path.iterdir()) == []  # nothing half written, no staging left
+    (manifest,) = checked
+    assert {a.format for a in manifest.full} == {"onnx", "tflite"}  # the Zero 2 W's backend, picked by --board
 
 
 def test_board_picks_its_backend_beside_onnx() -> None:
