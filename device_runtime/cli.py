@@ -513,6 +513,8 @@ def _table_text(calibration: Calibration) -> str:
             low, current = rate, above
         spans.append(f"{current} ≥{_mbit(low)}")
         lines.append(f"  B={batch:<3d} " + ";  ".join(spans))
+    for chain, hosts in calibration.routes.items():
+        lines.append(f"  chain {chain}: stage 1 on the host the board sends to, then {' > '.join(hosts)}")
     return "\n".join(lines)
 
 

@@ -351,6 +351,7 @@ def test_calibrate_places_a_chains_later_stage_on_the_host_that_runs_it_fastest(
     out = capsys.readouterr().out
     assert f"link   {a_address} -> {b_address}: " in out
     assert f"chain  {TEST_CHAIN}: {a_address} > {b_address}, " in out
+    assert f"  chain {TEST_CHAIN}: stage 1 on the host the board sends to, then {b_address}" in out  # the plan
     calibration = load(root)
     assert calibration.routes == {TEST_CHAIN: (b_address,)}
     assert calibration.model.timings(TEST_CHAIN).tail_ms[1] < 50  # A's slow stage 2 is not in it
