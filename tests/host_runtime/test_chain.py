@@ -105,6 +105,26 @@ def test_the_board_streams_a_chain_and_loses_no_frame_when_the_last_host_dies(
     assert fallen and all(r.where == "local" and f"stage 2 of {TEST_CHAIN} at {address(b)}" in r.error for r in fallen)
 
 
+def test_the_board_loses_no_frame_when_the_middle_host_dies(mobilenet_bundle: Path, bundle, photos_dir: Path) -> None:
+    """board → A → B with A, the host the board sends to, stopped after 10 answers: the board's
+    connection goes with it, the frames in flight and after are answered on the board, none lost."""
+    runner = DeviceRunner(bundle, threads=1)
+    local = {r.name: r.label for r in asyncio.run(_stream(runner, photos_dir, None, {}, 4, lambda r: None))}
+    for b in start_host([mobilenet_bundle]):
+        for a in start_host([mobilenet_bundle], peers=(address(b),)):
+            stopped = []
+
+            def after(results: list) -> None:
+                if len(results) == 10 and not stopped:
+                    asyncio.run_coroutine_threadsafe(a.server.close(), a.loop).result(10)
+                    stopped.append(True)
+
+            results = asyncio.run(_stream(runner, photos_dir, a, {TEST_CHAIN: (address(b),)}, 30, after))
+    assert sorted(r.index for r in results) == list(range(30))
+    assert all(r.label == local[r.name] for r in results)
+    assert sum(r.where == "remote" for r in results) >= 10 and results[-1].where == "local"
+
+
 async def _stream(runner, photos_dir: Path, host: RunningHost | None, routes: dict, frames: int, after) -> list:
     hosts = None
     if host is not None:
