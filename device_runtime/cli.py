@@ -448,10 +448,10 @@ async def calibrate_command(args: argparse.Namespace) -> None:
     client = None if args.no_host else await connect_host(
         bundle, args.host, args.interface, timeout=args.timeout, credentials=credentials, without_host="--no-host"
     )
-    peers = [] if client is None else await _chain_peers(bundle, args, credentials, client.address)
+    peers, loads = ([], {}) if client is None else await _chain_peers(bundle, args, credentials, client.address)
     try:
         result = await calibrate(runner, client, args.batch, args.repeats, board.to_dict(),
-                                 lambda line: print(line, flush=True), args.fps, peers)
+                                 lambda line: print(line, flush=True), args.fps, peers, loads)
     finally:
         for host in (client, *peers):
             if host is not None:
@@ -466,22 +466,26 @@ async def calibrate_command(args: argparse.Namespace) -> None:
     print(_table_text(result))
 
 
-async def _chain_peers(bundle: Bundle, args: argparse.Namespace, credentials: Credentials, first: str) -> list[HostClient]:
+async def _chain_peers(
+    bundle: Bundle, args: argparse.Namespace, credentials: Credentials, first: str
+) -> tuple[list[HostClient], dict[str, float]]:
     """The other hosts a chain's later stages may run on: the later ``--host`` flags, or with
-    ``--host auto`` every other host zeroconf finds serving the bundle. One that cannot be reached
-    is named and left out: the chain is placed on the others."""
+    ``--host auto`` every other host zeroconf finds serving the bundle (and the loads they
+    advertise). One that cannot be reached is named and left out: the chain is placed on the others."""
     if not any(s.stages for s in bundle.manifest.splits):
-        return []
-    addresses = list(args.hops)
+        return [], {}
+    addresses, loads = list(args.hops), {}
     if args.host == "auto":
-        addresses = [f"{a.address}:{a.port}" for a in await discover(bundle.id, args.interface, timeout=args.timeout)]
+        adverts = await discover(bundle.id, args.interface, timeout=args.timeout)
+        loads = {f"{a.address}:{a.port}": a.load for a in adverts}
+        addresses = list(loads)
     peers = []
     for address in dict.fromkeys(a for a in addresses if a != first):
         try:
             peers.append(await connect_host(bundle, address, timeout=args.timeout, credentials=credentials))
         except HostUnavailableError as exc:
             print(f"peer {address} left out of chain placement: {exc}", file=sys.stderr, flush=True)
-    return peers
+    return peers, loads
 
 
 def plan(args: argparse.Namespace) -> None:

@@ -237,13 +237,15 @@ async def calibrate(
     progress: Progress = lambda line: None,
     fps: float = 0.0,
     peers: Sequence[HostClient] = (),
+    loads: Mapping[str, float] | None = None,
 ) -> Calibration:
     """Measure everything and build the table. Without a host, only ``local`` is an option. The model
     takes the medians; the spreads are kept beside them (:func:`spread_warning` says when one is wide).
 
     ``fps`` paces the board's timed runs as a camera would (0: back to back); the host's tails
     are timed back to back whatever it is: a host serving a fleet is never idle for long.
-    ``peers`` are other hosts a chain's later stages may run on (:func:`place_chains`).
+    ``peers`` are other hosts a chain's later stages may run on (:func:`place_chains`), ``loads``
+    the hosts' advertised loads by address, where zeroconf gave them.
     """
     started = time.perf_counter()
     head_spread = measure_heads(runner, batches, repeats, progress, fps)  # the caller warns of a wide one
@@ -256,8 +258,9 @@ async def calibrate(
         link, link_spread = await measure_link(client, progress)
     model = latency_model(runner, heads, tails, link["rtt_ms"] if link else 0.0)
     if client is not None and peers and link is not None:
-        entry = HostView(client.address, tails, rate_bps=link["rate_bps"], rtt_ms=link["rtt_ms"])
-        placements = await place_chains(runner, model, heads, entry, client, peers, batches, repeats, progress)
+        loads = loads or {}
+        entry = HostView(client.address, tails, loads.get(client.address, 0.0), link["rate_bps"], link["rtt_ms"])
+        placements = await place_chains(runner, model, heads, entry, client, peers, batches, repeats, progress, loads)
         model = LatencyModel(tuple(placements[t.split].timings if t.split in placements else t for t in model.splits),
                              model.rtt_ms)
         routes = {chain: placement.hosts[1:] for chain, placement in placements.items()
@@ -287,11 +290,13 @@ async def calibrate(
 async def place_chains(
     runner: DeviceRunner, model: LatencyModel, heads: Mapping[str, Mapping[int, float]], entry: HostView,
     entry_client: HostClient, peers: Sequence[HostClient], batches: Sequence[int], repeats: int, progress: Progress,
+    loads: Mapping[str, float],
 ) -> dict[str, Placement]:
     """Each chain's cheapest placement (:func:`calibration.place`) with its first stage on the host
     the board calibrated against (``entry``: the one it will send to) and its later stages on any
     host that serves them: each peer's stage times from its own ``profile``, the hosts' links to
-    each other from their own ``links``. A chain no placement serves keeps its one-host timings."""
+    each other from their own ``links``, their queues from ``loads``. A chain no placement serves
+    keeps its one-host timings."""
     chains = [s for s in runner.bundle.manifest.splits if s.stages and s.id in model.names]
     if not chains:
         return {}
@@ -300,7 +305,7 @@ async def place_chains(
     for peer in peers:
         served = [n for n in peer.hello.bundles.get(runner.bundle.id, ()) if n in names]
         stage_ms = await peer.profile(runner.bundle.id, batches, min(repeats, MAX_PROFILE_REPEATS), served) if served else {}
-        views[peer.address] = HostView(peer.address, stage_ms)
+        views[peer.address] = HostView(peer.address, stage_ms, loads.get(peer.address, 0.0))
         progress(f"peer   {peer.address}: serves {', '.join(served) or 'no stage of a chain'}")
     for client in (entry_client, *peers):
         measured = await client.links([a for a in views if a != client.address])
