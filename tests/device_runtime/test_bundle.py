@@ -20,7 +20,7 @@ from device_runtime.bundle import (
     write_manifest,
 )
 from splitedge.errors import BundleError
-from tests.conftest import TEST_SPLITS
+from tests.conftest import TEST_CHAIN, TEST_SPLITS
 
 
 @pytest.fixture
@@ -37,10 +37,11 @@ def edit_manifest(root: Path, edit) -> None:
 
 def test_exported_bundle_loads_and_lists_its_splits(mobilenet_bundle: Path) -> None:
     bundle = Bundle.load(mobilenet_bundle)
-    assert [s.id for s in bundle.manifest.splits] == list(TEST_SPLITS)
+    assert [s.id for s in bundle.manifest.splits] == [*TEST_SPLITS, TEST_CHAIN]
     assert bundle.manifest.model.labels[967] == "espresso"
     assert bundle.artifact(LOCAL, "full").is_file()
-    assert len(bundle.verified) == 1 + 2 * len(TEST_SPLITS)  # every file was hashed
+    # every file was hashed: the full model, a head and a tail per cut, the chain's head and two stages
+    assert len(bundle.verified) == 1 + 2 * len(TEST_SPLITS) + 3
 
 
 def test_corrupt_artifact_is_refused_by_name(bundle_copy: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from device_runtime.bundle import Bundle
+from device_runtime.wire.ops import OPS
 from host_runtime.metrics import stats_from
 from tests.conftest import TEST_SPLITS, start_host
 from tests.host_runtime.helpers import cut, infer, run_with_client
@@ -73,4 +74,4 @@ def test_unknown_ops_share_one_label(host) -> None:
 
     stats = run_with_client(host, session)
     assert stats["requests"]["other"] == 20
-    assert set(stats["requests"]) == {"hello", "infer", "ping", "stats", "profile", "other"}
+    assert set(stats["requests"]) == {*OPS, "other"}
