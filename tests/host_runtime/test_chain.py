@@ -78,50 +78,42 @@ def test_a_chain_over_two_hosts_gives_the_full_models_answers(mobilenet_bundle: 
     assert f"{bundle.id}/{TEST_CHAIN}#2" in b_stats["compute_seconds"]  # stage 2 ran on B
 
 
+def stopped_mid_stream(mobilenet_bundle: Path, bundle: Bundle, photos_dir: Path, victim: str, frames: int):
+    """The photos, looped, along board → A → B, with host ``victim`` ("a" or "b") stopped after 10
+    answers: (results, the board's own answer per photo, A's address, B's address)."""
+    runner = DeviceRunner(bundle, threads=1)
+    local = {r.name: r.label for r in asyncio.run(_stream(runner, photos_dir, None, {}, 4, lambda r: None))}
+    for b in start_host([mobilenet_bundle]):
+        for a in start_host([mobilenet_bundle], peers=(address(b),)):
+            host = {"a": a, "b": b}[victim]
+            stopped = []
+
+            def after(results: list) -> None:
+                if len(results) == 10 and not stopped:
+                    asyncio.run_coroutine_threadsafe(host.server.close(), host.loop).result(10)
+                    stopped.append(True)
+
+            results = asyncio.run(_stream(runner, photos_dir, a, {TEST_CHAIN: (address(b),)}, frames, after))
+    assert sorted(r.index for r in results) == list(range(frames))  # every frame answered, none twice
+    assert all(r.label == local[r.name] for r in results)
+    return results, address(a), address(b)
+
+
 def test_the_board_streams_a_chain_and_loses_no_frame_when_the_last_host_dies(
     mobilenet_bundle: Path, bundle, photos_dir: Path
 ) -> None:
-    """40 frames (the photos, looped) along board → A → B; B is stopped after 10 answers: the frames
-    it would have served are answered on the board (the hop named), every frame is answered, and
-    every answer is the full model's."""
-    runner = DeviceRunner(bundle, threads=1)
-    local = {r.name: r.label for r in asyncio.run(_stream(runner, photos_dir, None, {}, 4, lambda r: None))}
-
-    for b in start_host([mobilenet_bundle]):
-        for a in start_host([mobilenet_bundle], peers=(address(b),)):
-            stopped = []
-
-            def after(results: list) -> None:
-                if len(results) == 10 and not stopped:
-                    asyncio.run_coroutine_threadsafe(b.server.close(), b.loop).result(10)
-                    stopped.append(True)
-
-            results = asyncio.run(_stream(runner, photos_dir, a, {TEST_CHAIN: (address(b),)}, 40, after))
-    assert [r.index for r in sorted(results, key=lambda r: r.index)] == list(range(40))
-    assert all(r.label == local[r.name] for r in results)
+    """B stopped: the frames it would have served are answered on the board, the hop named."""
+    results, a, b = stopped_mid_stream(mobilenet_bundle, bundle, photos_dir, "b", 40)
     remote = [r for r in results if r.where == "remote"]
     fallen = [r for r in results if r.error is not None]
-    assert len(remote) >= 10 and all(r.host == f"{address(a)} > {address(b)}" for r in remote)
-    assert fallen and all(r.where == "local" and f"stage 2 of {TEST_CHAIN} at {address(b)}" in r.error for r in fallen)
+    assert len(remote) >= 10 and all(r.host == f"{a} > {b}" for r in remote)
+    assert fallen and all(r.where == "local" and f"stage 2 of {TEST_CHAIN} at {b}" in r.error for r in fallen)
 
 
 def test_the_board_loses_no_frame_when_the_middle_host_dies(mobilenet_bundle: Path, bundle, photos_dir: Path) -> None:
-    """board → A → B with A, the host the board sends to, stopped after 10 answers: the board's
-    connection goes with it, the frames in flight and after are answered on the board, none lost."""
-    runner = DeviceRunner(bundle, threads=1)
-    local = {r.name: r.label for r in asyncio.run(_stream(runner, photos_dir, None, {}, 4, lambda r: None))}
-    for b in start_host([mobilenet_bundle]):
-        for a in start_host([mobilenet_bundle], peers=(address(b),)):
-            stopped = []
-
-            def after(results: list) -> None:
-                if len(results) == 10 and not stopped:
-                    asyncio.run_coroutine_threadsafe(a.server.close(), a.loop).result(10)
-                    stopped.append(True)
-
-            results = asyncio.run(_stream(runner, photos_dir, a, {TEST_CHAIN: (address(b),)}, 30, after))
-    assert sorted(r.index for r in results) == list(range(30))
-    assert all(r.label == local[r.name] for r in results)
+    """A, the host the board sends to, stopped: the board's connection goes with it, and the frames
+    in flight and after are answered on the board."""
+    results, _, _ = stopped_mid_stream(mobilenet_bundle, bundle, photos_dir, "a", 30)
     assert sum(r.where == "remote" for r in results) >= 10 and results[-1].where == "local"
 
 
