@@ -45,7 +45,6 @@ from device_runtime.wire.framing import FrameBudget
 from device_runtime.bundle import stage_id
 from device_runtime.hosts.client import Credentials
 from device_runtime.wire.ops import (
-    ERROR_CODES,
     ErrorReply,
     HelloReply,
     HelloRequest,
@@ -333,7 +332,7 @@ class _HostProtocol(FramedProtocol):
             reply = await client.infer(request.bundle, hop.split, done.output, timeout,
                                        None if deadline == math.inf else left_s * 1000.0, hop.stage, rest)
         except RemoteError as exc:
-            self.reply_error(request.id, exc.code if exc.code in ERROR_CODES else "hop_failed", f"{where}: {exc.message}")
+            self.reply_error(request.id, exc.code, f"{where}: {exc.message}")  # the hop's own code, passed on
         except SplitEdgeError as exc:  # unreachable, lost, silent, or refused us
             await self.server.peers.drop(hop.address)
             self.reply_error(request.id, "hop_failed", f"{where}: {exc}")
