@@ -222,7 +222,7 @@ async def run_board(tiers: Tiers, bundle: Path, option: Option, fps: float, fram
             await asyncio.to_thread(process.wait)
     if process.returncode != 0:
         raise RuntimeError(f"split-device run --split {option.split} failed ({process.returncode}): {err[-2000:]}")
-    return summarise(trace, replies)
+    return {**summarise(trace, replies), "load_average": os.getloadavg()}  # the machine's, as the run ended
 
 
 # --------------------------------------------------------------------------- figures
