@@ -136,6 +136,12 @@ board: board-ready $(BUILD)/test-bundle/manifest.json
 		$(DEVICE_VENV)/bin/python -m pytest -q -rs --durations=5 tests/testbed/test_board_box.py tests/deploy/test_card.py \
 		tests/deploy/test_board_box_target.py
 
+# MobileNetV2 cut twice and chained: bench/chain_vs_cut.py's bundle (issue 17's benchmark).
+CHAIN_CUTS := features_4_conv_2,features_7_conv_2
+$(BUILD)/bench/chain-bundle/manifest.json: $(VENV)/.installed
+	$(VENV)/bin/split-export build torchvision:mobilenet_v2 --weights $(WEIGHTS) --splits $(CHAIN_CUTS) \
+		--chain $(CHAIN_CUTS) --out $(BUILD)/bench/chain-bundle
+
 bench: $(VENV)/.installed
 	$(VENV)/bin/python bench/protocol_cost.py --out $(BUILD)/bench/protocol_cost.json
 	$(VENV)/bin/python bench/cut_cost.py --out $(BUILD)/bench/cut_cost.json

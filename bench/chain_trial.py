@@ -7,9 +7,9 @@ network configurations (Table 2), the total processing time and the frame drop r
 3-5). Here the same eight cut pairs are splitedge chains (``split-export build --chain``), and
 for comparison the two single cuts (device, then the edge runs the rest) and the device alone:
 
-* **tiers**: three network namespaces (board, edge, cloud), each behind its own veth pair
-  shaped by the kernel's tbf (:class:`testbed.EmulatedLink`); the root namespace joins them, as
-  docker-compose's bridge joins the paper's containers. The edge (``split-host serve --peer``
+* **tiers** (``bench/three_tiers.py``): three network namespaces (board, edge, cloud), each
+  behind its own veth pair shaped by the kernel's tbf (:class:`testbed.EmulatedLink`); the root
+  namespace joins them, as docker-compose's bridge joins the paper's containers. The edge (``split-host serve --peer``
   the cloud) and the cloud (``split-host serve``) run in theirs; the board is ``split-device
   run --split CHAIN --host EDGE --host CLOUD`` in its own, a synthetic camera at ``--fps``.
 * **latency**: the paper's ``tc`` delays every agent's interface both ways (device 2.5 ms, edge
@@ -40,34 +40,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Coroutine, Sequence
 
 import numpy as np
 from seed003_cnn import CUT_AFTER, TABLE_1
 from seed003_cnn import train as train_model
+from three_tiers import Network, cancelled_by_sigterm, run_board, three_tiers
 
 from device_runtime.bundle import LOCAL
-from fieldtrial.trace import read_trace
-from testbed import DelayRelay, EmulatedLink, unavailable_reason
-from testbed.namespace_host import running_host
+from testbed import unavailable_reason
 
-PORT = 7767
-BENCH = Path(__file__).resolve().parent
 MODEL = "bench.seed003_cnn:make"
 DEVICE_ROWS, CLOUD_ROWS = (1, 3), (8, 9, 10, 11)  # Section 4.2's candidate cuts, by Table 1 row
 OVERHEAD = {"board": 10.0, "edge": 5.0, "cloud": 1.0}  # Table 2
-HOST_ARGS = ("--workers", "1", "--threads", "1", "--max-batch", "1")  # frame by frame, as the paper's agents
 BOARD_TIMEOUT_S = 15.0  # a host silent this long is gone: well past a 0.4 Mbit/s upload behind another
 
 
@@ -86,6 +77,10 @@ class NetConfig:
     def one_way_ms(self, a: int, b: int) -> float:
         """A message from tier ``a`` to tier ``b`` leaves one delayed interface and enters another."""
         return self.latency_ms[a] + self.latency_ms[b]
+
+    @property
+    def network(self) -> Network:
+        return Network((self.rate_mbit,) * 3, self.one_way_ms(0, 1), self.one_way_ms(1, 2))
 
 
 CONFIGS = {c.name: c for c in (NetConfig("1", (2.5, 2.5, 250.0), 500_000), NetConfig("2", (2.5, 2.5, 250.0), 50_000),
@@ -144,124 +139,7 @@ def build(root: Path, random_weights: bool, epochs: int) -> tuple[Path, dict]:
     return bundle, info
 
 
-# --------------------------------------------------------------------------- the testbed
-
-
-@dataclass
-class Tiers:
-    """The three namespaces and the relays between them; addresses are what the board dials."""
-
-    board: EmulatedLink
-    edge: EmulatedLink
-    cloud: EmulatedLink
-    to_edge: DelayRelay  # listens on the board's link, delivers to the edge host
-    to_cloud: DelayRelay  # listens on the edge's link, delivers to the cloud host
-
-    def apply(self, config: NetConfig) -> None:
-        for link in (self.board, self.edge, self.cloud):
-            link.set_rate(config.rate_mbit)
-        self.to_edge.set_delay(config.one_way_ms(0, 1))
-        self.to_cloud.set_delay(config.one_way_ms(1, 2))
-
-    def hosts(self, option: Option) -> list[str]:
-        """``--host`` of each stage: the edge (also for local, so no zeroconf runs), then the cloud."""
-        relays = (self.to_edge, self.to_cloud)[: max(option.hosts, 1)]
-        return [_address(relay) for relay in relays]
-
-
-def _address(relay: DelayRelay) -> str:
-    host, port = relay.address
-    return f"{host}:{port}"
-
-
-def tier_command(tier: str, module: str, args: Sequence[str], replies: Path | None = None) -> list[str]:
-    """``python -m MODULE ARGS`` slowed by the tier's overhead (``bench/tier.py``)."""
-    extra = ["--replies", str(replies)] if replies is not None else []
-    return [sys.executable, str(BENCH / "tier.py"), "--overhead", f"{OVERHEAD[tier]:g}", *extra, "-m", module, *args]
-
-
-@contextlib.asynccontextmanager
-async def three_tiers(bundle: Path, config: NetConfig) -> AsyncIterator[Tiers]:
-    """Board, edge and cloud namespaces with hosts on edge and cloud; all removed on the way out."""
-    async with contextlib.AsyncExitStack() as stack:
-        board, edge, cloud = [await stack.enter_async_context(EmulatedLink(config.rate_mbit)) for _ in range(3)]
-        to_edge = await stack.enter_async_context(
-            DelayRelay((edge.namespace_address, PORT), config.one_way_ms(0, 1), listen=(board.root_address, 0)))
-        to_cloud = await stack.enter_async_context(
-            DelayRelay((cloud.namespace_address, PORT), config.one_way_ms(1, 2), listen=(edge.root_address, 0)))
-        for link, tier, peers in ((cloud, "cloud", []), (edge, "edge", ["--peer", _address(to_cloud)])):
-            serve = ["serve", str(bundle), "--port", str(PORT), "--no-zeroconf", *HOST_ARGS, *peers]
-            process = link.popen(tier_command(tier, "host_runtime.cli", serve), stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
-            stack.enter_context(running_host(process, link.namespace_address, PORT))
-        print(f"tiers: board {board.namespace}, edge {edge.namespace} (host {edge.namespace_address}), "
-              f"cloud {cloud.namespace} (host {cloud.namespace_address})", flush=True)
-        yield Tiers(board, edge, cloud, to_edge, to_cloud)
-
-
-async def run_board(tiers: Tiers, bundle: Path, option: Option, fps: float, frames: int, work: Path) -> dict:
-    """One ``split-device run`` in the board's namespace; its trace and replies summarised."""
-    trace, replies = work / "trace.jsonl", work / "replies.jsonl"
-    for path in (trace, replies):
-        path.unlink(missing_ok=True)
-    hosts = [arg for address in tiers.hosts(option) for arg in ("--host", address)]
-    run = ["run", str(bundle), "--split", option.split, "--camera", f"synthetic:{fps:g}", "--frames", str(frames),
-           "--trace", str(trace), "--deadline-ms", "0", "--threads", "1", "--backend", "onnx",
-           "--timeout", f"{BOARD_TIMEOUT_S:g}", *hosts]
-    env = {**os.environ, "SPLITEDGE_CONFIG_DIRS": str(work)}  # no device.toml of this machine's
-    process = tiers.board.popen(tier_command("board", "device_runtime.cli", run, replies), env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    limit = frames / fps + 120.0  # start-up, then the frames, then the last answers
-    try:
-        _, err = await asyncio.to_thread(process.communicate, timeout=limit)
-    except subprocess.TimeoutExpired as exc:
-        raise RuntimeError(f"split-device run --split {option.split} ran past {limit:.0f} s") from exc
-    finally:
-        if process.poll() is None:
-            process.kill()
-            await asyncio.to_thread(process.wait)
-    if process.returncode != 0:
-        raise RuntimeError(f"split-device run --split {option.split} failed ({process.returncode}): {err[-2000:]}")
-    return {**summarise(trace, replies), "load_average": os.getloadavg()}  # the machine's, as the run ended
-
-
 # --------------------------------------------------------------------------- figures
-
-
-def summarise(trace: Path, replies: Path) -> dict:
-    """The paper's two figures and the per-frame latencies of one run, and where the time went."""
-    _, frames = read_trace(trace)
-    answered = [f for f in frames if not f["dropped"]]
-    totals = np.array([f["total_ms"] for f in answered])
-    start = min(f["t"] for f in frames)
-    end = max(f["t"] + f["total_ms"] / 1000.0 for f in answered)
-    return {
-        "frames": len(frames), "answered": len(answered), "drop_rate": 1.0 - len(answered) / len(frames),
-        "fallbacks": sum(1 for f in answered if f["error"]),  # remote frames the board answered itself
-        "time_s": end - start, "mean_ms": float(totals.mean()), "p50_ms": float(np.percentile(totals, 50)),
-        "p95_ms": float(np.percentile(totals, 95)),
-        "stages_ms": {k: float(np.mean([f[k] for f in answered]))
-                      for k in ("preprocess_ms", "head_ms", "transfer_ms", "tail_ms", "queue_ms", "slot_ms")},
-        "hops_ms": hop_times(replies),
-    }
-
-
-def hop_times(replies: Path) -> dict[str, dict[str, float]]:
-    """Median and p95 of each leg over the run's replies: the board's link to the edge (both ways),
-    the edge's queue and stage, then per later hop its link from the host before it, queue and stage."""
-    if not replies.is_file():
-        return {}
-    legs: dict[str, list[float]] = {}
-    for line in replies.read_text().splitlines():
-        reply = json.loads(line)
-        times = {"board-edge link": reply["transfer_ms"], "edge queue": reply["queue_ms"],
-                 "edge compute": reply["compute_ms"]}
-        for name, hop in zip(("cloud",), reply["hops"]):
-            times |= {f"edge-{name} link": hop["link_ms"], f"{name} queue": hop["queue_ms"],
-                      f"{name} compute": hop["compute_ms"]}
-        for leg, ms in times.items():
-            legs.setdefault(leg, []).append(ms)
-    return {leg: {"p50": float(np.percentile(v, 50)), "p95": float(np.percentile(v, 95))} for leg, v in legs.items()}
 
 
 def print_config(name: str, results: dict[str, dict], paper_frames: int) -> None:
@@ -324,13 +202,16 @@ def plot(report: dict, out: Path) -> None:
 async def trial(args: argparse.Namespace, bundle: Path, report: dict, work: Path) -> None:
     chosen = [o for o in options() if args.only is None or o.split in args.only]
     first = CONFIGS[args.configs[0]]
-    async with three_tiers(bundle, first) as tiers:
+    async with three_tiers(bundle, first.network, OVERHEAD) as tiers:
         for name in args.configs:
-            tiers.apply(CONFIGS[name])
+            tiers.apply(CONFIGS[name].network)
             results = report["results"].setdefault(name, {})
             for option in chosen:
-                entry = {**asdict(option), "paper_frames": await run_board(tiers, bundle, option, args.fps, args.frames, work),
-                         "stream": await run_board(tiers, bundle, option, args.stream_fps, args.stream_frames, work)}
+                board = [(args.fps, args.frames), (args.stream_fps, args.stream_frames)]
+                hosts = ("edge", "cloud")[: max(option.hosts, 1)]
+                paper, stream = [await run_board(tiers, bundle, option.split, hosts, fps, frames, work, BOARD_TIMEOUT_S)
+                                 for fps, frames in board]
+                entry = {**asdict(option), "paper_frames": paper, "stream": stream}
                 results[option.split] = entry
                 a, s = entry["paper_frames"], entry["stream"]
                 print(f"  config {name} {option.label:36s} {args.frames} frames: {a['time_s']:6.2f} s, p50 "
@@ -368,20 +249,13 @@ def main() -> None:
               "configs": {n: asdict(CONFIGS[n]) for n in args.configs}, "results": {}}
     with tempfile.TemporaryDirectory(prefix="chain-trial-") as work:
         try:
-            asyncio.run(_cancelled_by_sigterm(trial(args, bundle.resolve(), report, Path(work))))
+            asyncio.run(cancelled_by_sigterm(trial(args, bundle.resolve(), report, Path(work))))
         except (KeyboardInterrupt, asyncio.CancelledError):
             raise SystemExit("stopped: the namespaces, links, relays and processes it made are removed") from None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     plot(report, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
-
-
-async def _cancelled_by_sigterm(work: Coroutine[Any, Any, None]) -> None:
-    """SIGTERM unwinds like Ctrl-C: the task is cancelled and every context removes what it made."""
-    task = asyncio.ensure_future(work)
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    await task
 
 
 if __name__ == "__main__":

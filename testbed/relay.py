@@ -225,6 +225,10 @@ class DelayRelay:
                 # which closing both sides already reports to each peer.
                 await asyncio.gather(*directions, return_exceptions=True)
                 await asyncio.gather(_close(client_writer), _close(upstream_writer))
+        except asyncio.CancelledError:
+            # close() ends the connection: the handler returns, since Python 3.11's streams log a
+            # connection handler that ends cancelled as an error ("Exception in callback ...").
+            return
         finally:
             self._connections.discard(task)
 
