@@ -34,6 +34,7 @@ __all__ = [
     "CUT",
     "FLOAT32",
     "FORMATS",
+    "FRAGMENT_MARK",
     "FULL",
     "HEAD",
     "HOST_PART",
@@ -61,6 +62,7 @@ __all__ = [
     "TFLITE",
     "Artifact",
     "Bundle",
+    "Fragment",
     "Manifest",
     "ModelInfo",
     "Preprocess",
@@ -75,13 +77,15 @@ __all__ = [
     "make_artifact",
     "manifest_digest",
     "parse_manifest",
+    "semantic_id",
     "stage_id",
     "verify_files",
     "write_manifest",
 ]
 
-#: Schema 2 adds chains (``kind: chain`` with ``stages``). A bundle without one is written as
-#: schema 1, byte for byte as before, so boards that read only 1 still take it; both load here.
+#: Schema 2 adds chains (``kind: chain`` with ``stages``) and semantic splits (``kind: semantic``
+#: with ``fragments``). A bundle without either is written as schema 1, byte for byte as before, so
+#: boards that read only 1 still take it; both load here.
 SCHEMA_VERSION = 2
 CHAIN_SCHEMA = 2
 MANIFEST_NAME = "manifest.json"
@@ -103,6 +107,9 @@ LAYER, BOTTLENECK, SEMANTIC, CHAIN = "layer", "bottleneck", "semantic", "chain"
 SPLIT_KINDS = (LAYER, BOTTLENECK, SEMANTIC, CHAIN)
 #: A chain's id joins its cuts' ids with this; a stage is named on the wire as ``<split>#<k>``.
 CHAIN_JOIN, STAGE_MARK = "+", "#"
+#: A semantic split's id is ``<cut>~<K>`` (K fragments after the cut); fragment k is served and
+#: named on the wire like a chain's stage, ``<split>#<k>``.
+FRAGMENT_MARK = "~"
 #: The manifest's identity: derived from the rest of it (:func:`manifest_digest`), so not hashed.
 IDENTITY_FIELDS = ("bundle_id", "manifest_sha256")
 ID_DIGITS = 12
@@ -160,9 +167,23 @@ class Stage:
 
 
 @dataclass(frozen=True)
+class Fragment:
+    """Fragment ``index`` (1..K) of a semantic split (SplitPlace's semantic split, seed-004 paper):
+    a narrow network from the split's cut (its ``tensor``) to the logits of one group of classes,
+    run on a host in parallel with the others. The board scatters each fragment's logits into
+    label order at ``classes`` (label indices, in the order of the fragment's outputs)."""
+
+    index: int
+    classes: tuple[int, ...]
+    artifacts: tuple[Artifact, ...]  # role TAIL: input CUT, output LOGITS with len(classes) columns
+    params: int = 0  # the fragment's parameter count, against the tail's
+
+
+@dataclass(frozen=True)
 class Split:
     """One cut of the network: head on the board, tail on the host; a chain's tail is its
-    ``stages``, one per host, each starting from one of its cuts."""
+    ``stages``, one per host, each starting from one of its cuts; a semantic split's is its
+    ``fragments``, run side by side, each for one group of classes."""
 
     id: str
     position: int  # order of the cut node in the traced graph; larger = deeper
@@ -176,15 +197,31 @@ class Split:
     quantization: Quantization | None = None
     accuracy: float | None = None
     stages: tuple[Stage, ...] = ()  # a chain's stages 1..n; () for every other kind
+    fragments: tuple[Fragment, ...] = ()  # a semantic split's fragments 1..K; () for every other kind
+    # A semantic split: how its classes were grouped, and top-1 accuracies measured on the same
+    # images: "full" (the model), "layer" (head and tail at this cut), "semantic" (head and fragments).
+    grouping: str | None = None
+    accuracies: dict[str, float] = field(default_factory=dict)
 
     def stage_id(self, index: int) -> str:
-        """How a request names stage ``index`` of this chain (:func:`stage_id`)."""
+        """How a request names stage or fragment ``index`` of this split (:func:`stage_id`)."""
         return stage_id(self.id, index)
+
+    @property
+    def parts(self) -> tuple[Stage, ...] | tuple[Fragment, ...]:
+        """What hosts serve of it beside its tail: a chain's stages or a semantic split's fragments."""
+        return self.stages or self.fragments
 
 
 def stage_id(split_id: str, index: int) -> str:
-    """``<split>#<k>``: what a host serves and a request names for stage k of a chain."""
+    """``<split>#<k>``: what a host serves and a request names for stage k of a chain, or
+    fragment k of a semantic split."""
     return f"{split_id}{STAGE_MARK}{index}"
+
+
+def semantic_id(cut: str, fragments: int) -> str:
+    """``<cut>~<K>``: the id of the semantic split of ``fragments`` fragments after ``cut``."""
+    return f"{cut}{FRAGMENT_MARK}{fragments}"
 
 
 @dataclass(frozen=True)
@@ -278,8 +315,9 @@ def _content(manifest: Manifest) -> dict[str, Any]:
     if data["source"] is None:
         del data["source"]
     for split in data["splits"]:
-        if not split["stages"]:
-            del split["stages"]  # only chains have stages: other splits read as in schema 1
+        for key, empty in (("stages", ()), ("fragments", ()), ("grouping", None), ("accuracies", {})):
+            if split[key] in (empty, []):
+                del split[key]  # only chains have stages, only semantic splits the rest: others read as in schema 1
     return data
 
 
@@ -342,6 +380,9 @@ def _split(raw: Any, path: str) -> Split:
         quantization=None if quantization is None else _quantization(quantization, join(path, "quantization")),
         accuracy=_optional_number(obj, "accuracy", path),
         stages=_stages(obj, path),
+        fragments=_fragments(obj, path),
+        grouping=None if obj.get("grouping") is None else _fields.text(*_at(obj, "grouping", path)),
+        accuracies=_accuracies(obj, path),
     )
 
 
@@ -377,6 +418,64 @@ def _stages(split: Mapping[str, Any], path: str) -> tuple[Stage, ...]:
     if len(stages) < 2:
         raise BundleError(f"{where}: a chain has two stages or more (one is a layer split)")
     return tuple(stages)
+
+
+def _fragments(split: Mapping[str, Any], path: str) -> tuple[Fragment, ...]:
+    """A semantic split's fragments 1..K, in order, their class groups disjoint label indices; a
+    semantic split without fragments, or fragments on another kind, is refused. That the groups
+    cover every label is checked against the model's labels by :func:`_check_fragments`."""
+    kind, raw = split.get("kind"), split.get("fragments")
+    where = join(path, "fragments")
+    if raw is None:
+        if kind == SEMANTIC:
+            raise BundleError(f"{where}: a semantic split needs its fragments")
+        return ()
+    if kind != SEMANTIC:
+        raise BundleError(f"{where}: only a semantic split has fragments (this split is {kind!r})")
+    fragments, seen = [], set()
+    for i, value in enumerate(_fields.array(raw, where), 1):
+        fpath = f"{where}[{i - 1}]"
+        obj = _fields.obj(value, fpath)
+        index = _fields.integer(*_at(obj, "index", fpath), minimum=1)
+        if index != i:
+            raise BundleError(f"{join(fpath, 'index')}: fragment {index} where fragment {i} belongs (1..K in order)")
+        cpath = join(fpath, "classes")
+        classes = tuple(_fields.integer(c, f"{cpath}[{j}]", minimum=0)
+                        for j, c in enumerate(_fields.array(_fields.member(obj, "classes", fpath), cpath)))
+        if not classes:
+            raise BundleError(f"{cpath}: a fragment scores at least one class")
+        twice = sorted(seen.intersection(classes))
+        if twice or len(set(classes)) != len(classes):
+            raise BundleError(f"{cpath}: label {(twice or [c for c in classes if classes.count(c) > 1])[0]} is in "
+                              "two groups; each label belongs to exactly one fragment")
+        seen.update(classes)
+        params = obj.get("params", 0)
+        fragments.append(Fragment(index=index, classes=classes, artifacts=_artifacts(obj, "artifacts", fpath),
+                                  params=_fields.integer(params, join(fpath, "params"), minimum=0)))
+    if len(fragments) < 2:
+        raise BundleError(f"{where}: a semantic split has two fragments or more")
+    return tuple(fragments)
+
+
+def _check_fragments(split: Split, labels: int, path: str) -> None:
+    """A semantic split's groups cover the model's labels exactly: a missing label could never be
+    the answer, one past the end has no name."""
+    if not split.fragments:
+        return
+    covered = sorted(c for fragment in split.fragments for c in fragment.classes)
+    if covered != list(range(labels)):
+        outside = [c for c in covered if c >= labels]
+        missing = sorted(set(range(labels)) - set(covered))
+        what = f"label {outside[0]} is past the model's {labels} labels" if outside else f"label {missing[0]} is in no group"
+        raise BundleError(f"{path}: semantic split {split.id}: {what}; its fragments' groups must cover labels 0..{labels - 1}")
+
+
+def _accuracies(split: Mapping[str, Any], path: str) -> dict[str, float]:
+    raw = split.get("accuracies")
+    if raw is None:
+        return {}
+    where = join(path, "accuracies")
+    return {_fields.text(k, where): _fields.number(v, join(where, str(k))) for k, v in _fields.obj(raw, where).items()}
 
 
 def _splits(parent: Mapping[str, Any], path: str) -> tuple[Split, ...]:
@@ -475,10 +574,12 @@ def parse_manifest(data: Any, source: str = MANIFEST_NAME) -> Manifest:
     created_by = "unknown" if created_by is None else _fields.text(created_by, join(root, "created_by"))
     model = _model(_fields.member(data, "model", root), join(root, "model"))
     full, splits = _artifacts(data, "full", root), _splits(data, root)
-    chains = [s.id for s in splits if s.kind == CHAIN]
-    if chains and version < CHAIN_SCHEMA:
-        raise BundleError(f"{source}: chain {chains[0]} in a schema_version {version} manifest; chains came with "
-                          f"schema {CHAIN_SCHEMA}: re-export the bundle")
+    newer = [s for s in splits if s.kind in (CHAIN, SEMANTIC)]
+    if newer and version < CHAIN_SCHEMA:
+        raise BundleError(f"{source}: {newer[0].kind} split {newer[0].id} in a schema_version {version} manifest; "
+                          f"{newer[0].kind} splits came with schema {CHAIN_SCHEMA}: re-export the bundle")
+    for split in splits:
+        _check_fragments(split, len(model.labels), join(root, "splits"))
     origin = data.get("source")
     origin = None if origin is None else _source(origin, join(root, "source"))
     # Fields first: a manifest that is both malformed and edited is refused naming the field.
@@ -535,13 +636,14 @@ class Bundle:
         return [*self.manifest.full, *(a for s in self.manifest.splits for a in artifacts_of(s))]
 
     def stage_artifact(self, split_id: str, index: int) -> Path:
-        """Path of the verified ONNX artifact of stage ``index`` of chain ``split_id``."""
+        """Path of the verified ONNX artifact of stage (or fragment) ``index`` of split ``split_id``."""
         split = self.manifest.split(split_id)
-        for stage in split.stages:
-            if stage.index == index and stage.artifacts:
-                return self.verify(stage.artifacts[0])
-        raise BundleError(f"bundle {self.id} has no stage {index} of split {split_id!r}"
-                          + (f" (stages 1..{len(split.stages)})" if split.stages else " (not a chain)"))
+        for part in split.parts:
+            if part.index == index and part.artifacts:
+                return self.verify(part.artifacts[0])
+        word = "fragment" if split.fragments else "stage"
+        raise BundleError(f"bundle {self.id} has no {word} {index} of split {split_id!r}"
+                          + (f" ({word}s 1..{len(split.parts)})" if split.parts else " (not a chain or semantic split)"))
 
     def verify(self, artifact: Artifact) -> Path:
         path = self.root / artifact.path
@@ -580,8 +682,8 @@ class Bundle:
 
 
 def artifacts_of(split: Split) -> list[Artifact]:
-    """Every artifact of a split: its own (heads, a tail) and its stages' (a chain's hosts)."""
-    return [*split.artifacts, *(a for stage in split.stages for a in stage.artifacts)]
+    """Every artifact of a split: its own (heads, a tail) and its stages' or fragments' (its hosts')."""
+    return [*split.artifacts, *(a for part in split.parts for a in part.artifacts)]
 
 
 def write_manifest(root: str | Path, manifest: Manifest) -> Manifest:
@@ -592,7 +694,7 @@ def write_manifest(root: str | Path, manifest: Manifest) -> Manifest:
     """
     path = Path(root) / MANIFEST_NAME
     # The oldest schema that holds the content: a bundle without chains stays readable by schema-1 boards.
-    manifest = replace(manifest, schema_version=CHAIN_SCHEMA if any(s.stages for s in manifest.splits) else 1)
+    manifest = replace(manifest, schema_version=CHAIN_SCHEMA if any(s.parts for s in manifest.splits) else 1)
     digest = manifest_digest(_content(manifest))
     stamped = replace(manifest, bundle_id=bundle_id(manifest.model.name, digest), manifest_sha256=digest)
     # Round-trip through the parser so that a writer bug cannot produce a bundle readers refuse.

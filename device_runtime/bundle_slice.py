@@ -138,14 +138,15 @@ def slice_manifest(
     splits = []
     for split in manifest.splits:
         artifacts, fell_back = _keep(split.artifacts, roles[:1], kept_formats, precision)
-        # A chain's stages run on hosts: a host keeps their files; a board keeps what they are
-        # (cuts, tensors) to route a request along them, without the files.
-        stages = tuple(replace(stage, artifacts=stage.artifacts if part == HOST_PART else ()) for stage in split.stages)
-        if not artifacts and not any(stage.artifacts for stage in stages):
+        # A chain's stages and a semantic split's fragments run on hosts: a host keeps their files; a
+        # board keeps what they are (cuts, tensors, class groups) to send requests to them, without the files.
+        stages, fragments = ([replace(p, artifacts=p.artifacts if part == HOST_PART else ()) for p in parts]
+                             for parts in (split.stages, split.fragments))
+        if not artifacts and not any(p.artifacts for p in (*stages, *fragments)):
             notes.append(f"split {split.id}: no {'/'.join(kept_formats)} {roles[0]}, left out")
             continue
         notes += [f"split {split.id}: no {precision} {what}, the float32 one is kept" for what in fell_back]
-        splits.append(replace(split, artifacts=tuple(artifacts), stages=stages))
+        splits.append(replace(split, artifacts=tuple(artifacts), stages=tuple(stages), fragments=tuple(fragments)))
     source = SliceSource(
         bundle_id=manifest.wire_id,
         manifest_sha256=origin.manifest_sha256 if origin is not None else manifest.manifest_sha256,

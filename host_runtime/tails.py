@@ -4,7 +4,8 @@ Loading everything up front makes a broken bundle fail at start, not on the firs
 from a board in the field. Lookups that fail raise :class:`ProtocolError` with the typed
 code the device receives (``unknown_bundle``, ``unknown_split``, ``bad_request``).
 
-A chain's stages are served as tails named ``<split>#<k>`` (:func:`~device_runtime.bundle.stage_id`).
+A chain's stages and a semantic split's fragments are served as tails named ``<split>#<k>``
+(:func:`~device_runtime.bundle.stage_id`).
 A bundle with its full model is also served as the split ``offload`` (DSC Eq. 5: the
 input crosses the link and the whole network runs here), the other corner of the table a
 board calibrates. The host times its own tails for that table
@@ -66,10 +67,10 @@ class TailRegistry:
             for split in bundle.manifest.splits:
                 if bundle.has(split.id, TAIL):
                     self.tails[(bundle.id, split.id)] = OnnxBackend(bundle.artifact(split.id, TAIL), threads, providers)
-                for stage in split.stages:  # a chain: each stage is served as a tail of its own
-                    if stage.artifacts:
-                        self.tails[(bundle.id, stage_id(split.id, stage.index))] = OnnxBackend(
-                            bundle.stage_artifact(split.id, stage.index), threads, providers)
+                for part in split.parts:  # a chain's stages, a semantic split's fragments: each a tail of its own
+                    if part.artifacts:
+                        self.tails[(bundle.id, stage_id(split.id, part.index))] = OnnxBackend(
+                            bundle.stage_artifact(split.id, part.index), threads, providers)
             if bundle.has(LOCAL, FULL):
                 self.tails[(bundle.id, OFFLOAD)] = OnnxBackend(bundle.artifact(LOCAL, FULL), threads, providers)
         on_cuda = [CUDA in tail.session.get_providers() for tail in self.tails.values()]
@@ -84,8 +85,8 @@ class TailRegistry:
         return cls((Bundle.load(p, roles=(TAIL, FULL)) for p in paths), threads=threads, device=device)
 
     def served(self) -> dict[str, list[str]]:
-        """bundle id → split ids with a tail here, and chain stages as ``<split>#<k>`` (what ``hello``
-        and zeroconf announce)."""
+        """bundle id → split ids with a tail here, and chain stages and semantic fragments as
+        ``<split>#<k>`` (what ``hello`` and zeroconf announce)."""
         served: dict[str, list[str]] = {bundle_id: [] for bundle_id in self.bundles}
         for bundle_id, split_id in self.tails:
             served[bundle_id].append(split_id)
