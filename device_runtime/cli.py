@@ -34,7 +34,7 @@ from device_runtime.board.detect import (
     resolve_backend,
 )
 from device_runtime.board.status import LastRun
-from device_runtime.bundle import CHAIN, FORMATS, FULL, HEAD, LOCAL, OFFLOAD, Bundle
+from device_runtime.bundle import FORMATS, FULL, HEAD, LOCAL, OFFLOAD, Bundle
 from device_runtime.engine.runner import PRECISIONS, DeviceRunner, default_split
 from device_runtime.hosts.client import Credentials, HostClient
 from device_runtime.hosts.connect import connect_host, host_address
@@ -186,7 +186,8 @@ class _Hosts(argparse.Action):
 def _host_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", type=_host, default="auto", action=_Hosts,
                         help="IP:PORT of the host (it prints its port as it starts; no default port), or 'auto' "
-                        "for zeroconf (default); run --split CHAIN: once per stage, in order; calibrate: again for "
+                        "for zeroconf (default); run --split CHAIN or a semantic split: once per stage or fragment, in "
+                        "order; calibrate: again for "
                         "each other host a chain's later stages may run on (with auto: every host found)")
     parser.set_defaults(hops=[])
     parser.add_argument("--interface", action="append", help="interface address for zeroconf (repeatable)")
@@ -308,7 +309,7 @@ async def _run(args: argparse.Namespace, last_run: LastRun) -> None:
                   f"{hosts.retry_s:g} s", flush=True)
     config = PipelineConfig(batch=args.batch, queue=args.queue, drop=args.drop, request_timeout_s=args.timeout,
                             deadline_ms=args.deadline_ms,
-                            routes=_routes(bundle, args.split, args.hops, calibration.routes if calibration else {}))
+                            **_later_hosts(bundle, args.split, args.hops, calibration.routes if calibration else {}))
     meter = LinkMeter()
     if calibration is not None and calibration.link is not None:
         meter.estimator.observe_rtt(calibration.link["rtt_ms"] / 1000.0)
@@ -339,25 +340,30 @@ async def _run(args: argparse.Namespace, last_run: LastRun) -> None:
           f"locally after a host failure{switches}; by split: {per_split}", flush=True)
 
 
-def _routes(
+def _later_hosts(
     bundle: Bundle, split_id: str, hops: list[str], placed: Mapping[str, tuple[str, ...]]
-) -> dict[str, tuple[str, ...]]:
-    """Each chain's hosts after the first: the later ``--host`` flags for the chain named by
-    ``--split``; otherwise where calibration placed it (``placed``), else every stage on the
-    connected host."""
-    chains = [s for s in bundle.manifest.splits if s.kind == CHAIN]
+) -> dict[str, dict[str, tuple[str, ...]]]:
+    """:class:`PipelineConfig`'s ``routes`` and ``fragments``: the hosts after the connected one of
+    each chain's stages and each semantic split's fragments. The later ``--host`` flags for the
+    split named by ``--split``; otherwise a chain where calibration placed it (``placed``), else
+    every stage or fragment on the connected host."""
+    several = [s for s in bundle.manifest.splits if s.parts]
+    later = {"routes": {s.id: tuple(placed.get(s.id, ())) for s in several if s.stages},
+             "fragments": {s.id: () for s in several if s.fragments}}
     if not hops:
-        return {chain.id: tuple(placed.get(chain.id, ())) for chain in chains}
-    chain = next((c for c in chains if c.id == split_id), None)
-    if chain is None:
-        known = ", ".join(c.id for c in chains) or "none in this bundle"
-        raise SplitEdgeError(f"--host given {1 + len(hops)} times: the later ones are a chain's hosts; name the "
-                             f"chain with --split (chains: {known})")
-    if len(hops) != len(chain.stages) - 1:
-        raise SplitEdgeError(f"chain {chain.id} runs stages 1..{len(chain.stages)} on hosts: give --host once per "
-                             f"stage, in order ({len(chain.stages)}), or once for all of them on one host; "
+        return later
+    split = next((s for s in several if s.id == split_id), None)
+    if split is None:
+        known = ", ".join(s.id for s in several) or "none in this bundle"
+        raise SplitEdgeError(f"--host given {1 + len(hops)} times: the later ones are the hosts of a chain's stages "
+                             f"or a semantic split's fragments; name it with --split (these splits: {known})")
+    word = "stage" if split.stages else "fragment"
+    if len(hops) != len(split.parts) - 1:
+        raise SplitEdgeError(f"{split.kind} split {split.id} runs {word}s 1..{len(split.parts)} on hosts: give --host "
+                             f"once per {word}, in order ({len(split.parts)}), or once for all of them on one host; "
                              f"got {1 + len(hops)}")
-    return {chain.id: tuple(hops)}
+    later["routes" if split.stages else "fragments"][split.id] = tuple(hops)
+    return later
 
 
 def _open_camera(args: argparse.Namespace, chosen: str) -> FrameSource:

@@ -15,12 +15,11 @@ bounded in number (:data:`MAX_PEERS`); one that fails is dropped and made again 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable
 
-from device_runtime.hosts.client import Credentials, HostClient
-from device_runtime.wire.ops import split_address
-from splitedge.errors import HostUnavailableError, ProtocolError
+from device_runtime.hosts.client import Credentials
+from device_runtime.hosts.pool import ClientPool
+from splitedge.errors import ProtocolError
 
 __all__ = ["MAX_PEERS", "Peers"]
 
@@ -28,17 +27,14 @@ __all__ = ["MAX_PEERS", "Peers"]
 MAX_PEERS = 32
 
 
-class Peers:
-    """Connections to next hops, made on first use."""
+class Peers(ClientPool):
+    """Connections to next hops, made on first use, to the hosts this host may dial."""
 
     def __init__(
         self, credentials: Credentials = Credentials(), allowed: Iterable[str] = (), connect_timeout: float = 5.0,
     ) -> None:
-        self.credentials = credentials
+        super().__init__(credentials, connect_timeout, MAX_PEERS, what="next hop")
         self.allowed = frozenset(allowed)  # --peer addresses; with a key, any address may be a next hop
-        self.connect_timeout = connect_timeout
-        self._clients: dict[str, HostClient] = {}
-        self._connecting: dict[str, asyncio.Future[HostClient]] = {}
 
     def check(self, address: str) -> None:
         """Refuse a next hop this host may not dial (``unauthorized``, naming it and what to do)."""
@@ -49,36 +45,3 @@ class Peers:
                 "passes requests on only to the hosts given with --peer (or give the fleet a key, --key-file)",
                 code="unauthorized",
             )
-
-    async def client(self, address: str) -> HostClient:
-        """The connection to ``address``, made (once, whoever asks at the same time) when there is none."""
-        client = self._clients.get(address)
-        if client is not None and client.alive:
-            return client
-        pending = self._connecting.get(address)
-        if pending is None:
-            if len(self._clients) >= MAX_PEERS and address not in self._clients:
-                raise HostUnavailableError(f"next hop {address}: this host already keeps {MAX_PEERS} peer connections")
-            pending = asyncio.ensure_future(self._connect(address))
-            self._connecting[address] = pending
-            pending.add_done_callback(lambda _: self._connecting.pop(address, None))
-        return await asyncio.shield(pending)
-
-    async def _connect(self, address: str) -> HostClient:
-        host, port = split_address(address)
-        client = await HostClient.connect(host, port, self.connect_timeout, credentials=self.credentials)
-        old = self._clients.pop(address, None)
-        if old is not None:
-            await old.close()
-        self._clients[address] = client
-        return client
-
-    async def drop(self, address: str) -> None:
-        """Forget a connection that failed: the next request to ``address`` makes a new one."""
-        client = self._clients.pop(address, None)
-        if client is not None:
-            await client.close()
-
-    async def close(self) -> None:
-        for address in list(self._clients):
-            await self.drop(address)

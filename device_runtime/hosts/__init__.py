@@ -6,8 +6,10 @@ from device_runtime.hosts.connect import connect_host
 from device_runtime.hosts.discovery import HostAdvert, discover
 from device_runtime.hosts.host_link import HostLink
 from device_runtime.hosts.link_meter import LinkMeter
+from device_runtime.hosts.pool import ClientPool
 
 __all__ = [
+    "ClientPool",
     "Credentials",
     "HostAdvert",
     "HostClient",

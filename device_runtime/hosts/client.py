@@ -372,6 +372,8 @@ class HostClient:
             reply = await future
         finally:
             timer.cancel()
+            if future.cancelled():  # the caller gave up on it (a late fragment): its reply is not awaited
+                protocol.pending.pop(request_id, None)
             arrival = protocol.arrivals.pop(request_id, None)
             protocol.take_acks()
             upload = protocol.watch.settled(request_id) if protocol.watch is not None else None

@@ -24,6 +24,9 @@ while the link is slow, and a live source's results come out as soon as each is 
 A chain (several cuts, its stages on a row of hosts) is sent to the connected host as stage 1
 with the route of the stages after it (``PipelineConfig.routes``); the host passes it on and the
 reply says where the time went; a chain that breaks anywhere is answered here, like any split.
+A semantic split's cut goes to each of its fragments' hosts at once (``PipelineConfig.fragments``,
+:mod:`device_runtime.stream.fragments`): the answer merges those that came by the frame's
+deadline, and only a batch no fragment answered is run here.
 
 Which split each batch takes is the policy's (:mod:`device_runtime.stream.policy`): fixed, or the
 calibration table's choice for the current rate estimate (:mod:`device_runtime.hosts.link_meter`),
@@ -43,10 +46,12 @@ import numpy as np
 
 from device_runtime.bundle import LOCAL, OFFLOAD, stage_id
 from device_runtime.engine.runner import DeviceRunner
-from device_runtime.hosts.client import HostClient, InferResult
+from device_runtime.hosts.client import Credentials, HostClient, InferResult
 from device_runtime.hosts.host_link import HostLink
 from device_runtime.hosts.link_meter import LinkMeter, probe_bytes
+from device_runtime.hosts.pool import ClientPool
 from device_runtime.stream.camera import Frame, FrameSource
+from device_runtime.stream.fragments import gather
 from device_runtime.stream.frame_queue import FrameQueue
 from device_runtime.stream.policy import SplitPolicy
 from device_runtime.stream.results import FrameResult, top1
@@ -78,6 +83,10 @@ class PipelineConfig:
     # A chain's id -> the addresses (host:port) of the hosts of its stages 2..n, in order; the
     # connected host runs stage 1, and () puts every stage on it. A chain runs only with a route.
     routes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # A semantic split's id -> the addresses of the hosts of its fragments 2..K, in order: the
+    # connected host runs fragment 1, and () puts every fragment on it. A semantic split runs only
+    # with an entry here.
+    fragments: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("batch", "queue", "in_flight"):
@@ -145,15 +154,22 @@ class Pipeline:
         self._slots: asyncio.Semaphore | None = None  # ... at most ``in_flight`` of them (made in run's loop)
         self._deadline_ms: float | None = None  # each request's, for the source being run
         self._failure: Exception | None = None  # the first stage's failure, raised after the results before it
+        # Connections to a semantic split's fragment hosts other than the connected one.
+        self._pool = ClientPool(hosts.credentials if hosts is not None else Credentials(), config.request_timeout_s,
+                                what="fragment host")
 
     def available(self) -> frozenset[str]:
-        """Splits that can run now: ``local`` always, the host's while one is connected, and a chain
-        with a route whose first stage the connected host serves."""
+        """Splits that can run now: ``local`` always, the host's while one is connected, a chain
+        with a route whose first stage the connected host serves, and a semantic split with its
+        fragments' hosts (those on the connected host served by it)."""
         if self.hosts is None or self.hosts.client is None:
             return frozenset((LOCAL,))
         served = self.hosts.served()
         chains = {chain for chain in self.config.routes if stage_id(chain, 1) in served}
-        return served | chains | {LOCAL}
+        semantic = {split for split in self.config.fragments
+                    if all(stage_id(split, k) in served for k, a in self._placement(split).items()
+                           if a == self.hosts.client.address)}
+        return served | chains | semantic | {LOCAL}
 
     async def run(
         self, source: FrameSource, frames: int | None = None, stop: asyncio.Event | None = None
@@ -187,6 +203,7 @@ class Pipeline:
             for task in (*workers, prober):
                 task.cancel()
             await asyncio.gather(*workers, prober, return_exceptions=True)
+            await self._pool.close()
             self._compute.shutdown(wait=False, cancel_futures=True)
             self._camera.shutdown(wait=False, cancel_futures=True)
 
@@ -311,13 +328,14 @@ class Pipeline:
     ) -> list[FrameResult]:
         """Send the cut and wait for the tail; on any failure answer the batch here instead."""
         loop = asyncio.get_running_loop()
+        if split in self.config.fragments:
+            return await self._gather(batch, x, split, tensor, fields, head_ms, rate, client, waits)
         try:
             result = await self._send(client, split, tensor, fields)
         except (HostUnavailableError, RemoteError) as exc:
             if isinstance(exc, HostUnavailableError) and self.hosts is not None:
                 await self.hosts.lost(client, exc)
-            logits, ms = await loop.run_in_executor(self._compute, self.runner.run_full, x)
-            return self._results(batch, logits, LOCAL, rate, head_ms=head_ms + ms, error=f"{split}: {exc}", **waits)
+            return await self._locally(batch, x, split, head_ms, rate, exc, waits)
         self.meter.observe_reply(tensor.nbytes, result)
         hops = result.hops  # a chain's later hosts: their stages, queues and links are the tail's too
         return self._results(
@@ -326,6 +344,52 @@ class Pipeline:
             tail_ms=result.compute_ms + sum(h.compute_ms for h in hops),
             host_queue_ms=result.queue_ms + sum(h.queue_ms for h in hops), sent_bytes=tensor.nbytes,
             host=" > ".join((client.address, *(h.address for h in hops))), **waits,
+        )
+
+    async def _locally(
+        self, batch: list[_Captured], x: np.ndarray, split: str, head_ms: float, rate: float | None, exc: Exception,
+        waits: dict[str, float],
+    ) -> list[FrameResult]:
+        """A remote batch that failed, answered here with the full model: no frame is lost."""
+        logits, ms = await asyncio.get_running_loop().run_in_executor(self._compute, self.runner.run_full, x)
+        return self._results(batch, logits, LOCAL, rate, head_ms=head_ms + ms, error=f"{split}: {exc}", **waits)
+
+    def _placement(self, split: str) -> dict[int, str]:
+        """Fragment index -> its host's address: 1 on the connected host, the others where the config
+        says (all on the connected host where it says ())."""
+        fragments = self.runner.bundle.manifest.split(split).fragments
+        assert self.hosts is not None and self.hosts.client is not None
+        first = self.hosts.client.address
+        addresses = (first, *self.config.fragments[split]) if self.config.fragments[split] else (first,) * len(fragments)
+        return {f.index: address for f, address in zip(fragments, addresses)}
+
+    async def _gather(
+        self, batch: list[_Captured], x: np.ndarray, split: str, tensor: np.ndarray, fields: dict[str, float],
+        head_ms: float, rate: float | None, client: HostClient, waits: dict[str, float],
+    ) -> list[FrameResult]:
+        """A semantic split: the cut to every fragment's host at once, merged from those that answer
+        by the frame's deadline (the request timeout without one); none answering runs it here."""
+        ticket = self.meter.sending(tensor.nbytes)
+        wait_s = self.config.request_timeout_s if self._deadline_ms is None else self._deadline_ms / 1000.0
+        manifest = self.runner.bundle.manifest
+        try:
+            gathered = await gather(
+                self._pool, self._placement(split), self.runner.bundle.id, manifest.split(split),
+                len(manifest.model.labels), tensor, wait_s, self.config.request_timeout_s, self._deadline_ms,
+                clients={client.address: client}, **fields,
+            )
+        except HostUnavailableError as exc:
+            return await self._locally(batch, x, split, head_ms, rate, exc, waits)
+        finally:
+            self.meter.settled(ticket)
+            self._remote -= 1
+            assert self._slots is not None
+            self._slots.release()
+        slowest = max(gathered.timings, key=lambda t: t.round_trip_ms)
+        return self._results(
+            batch, gathered.logits, split, rate, head_ms=head_ms, transfer_ms=gathered.transfer_ms,
+            tail_ms=slowest.compute_ms, host_queue_ms=slowest.queue_ms, sent_bytes=tensor.nbytes,
+            host=" | ".join(dict.fromkeys(t.address for t in gathered.timings)), missing=gathered.missing, **waits,
         )
 
     async def _send(self, client: HostClient, split: str, tensor: np.ndarray, fields: dict[str, float]) -> InferResult:
@@ -355,6 +419,7 @@ class Pipeline:
         self, batch: list[_Captured], logits: np.ndarray, split: str, rate: float | None, head_ms: float,
         transfer_ms: float = 0.0, tail_ms: float = 0.0, sent_bytes: int = 0, host: str | None = None,
         error: str | None = None, started: float | None = None, slot_ms: float = 0.0, host_queue_ms: float = 0.0,
+        missing: tuple[int, ...] = (),
     ) -> list[FrameResult]:
         """One result per frame; ``started`` (monotonic s) is when the batch's head started: each frame
         waited in the queue from its preprocessing's end until then."""
@@ -370,7 +435,7 @@ class Pipeline:
                     (started - captured.frame.captured) * 1000.0 - captured.preprocess_ms, 0.0),
                 slot_ms=slot_ms, host_queue_ms=host_queue_ms,
                 batch=len(batch), bytes=sent_bytes // len(batch), rate_bps=rate,
-                where="local" if host is None else "remote", host=host, error=error,
+                where="local" if host is None else "remote", host=host, error=error, missing=missing,
             ))
         return results
 

@@ -42,6 +42,7 @@ class FrameResult:
     host: str | None = None
     dropped: bool = False  # dropped from the queue by policy: never classified
     error: str | None = None  # why a remote batch fell back to local
+    missing: tuple[int, ...] = ()  # a semantic split's fragments that did not answer in time (scored absent)
 
     @property
     def waits_ms(self) -> float:
@@ -53,6 +54,8 @@ class FrameResult:
             return f"#{self.index:<4d} {self.name[:24]:24s} dropped (the pipeline was full; newest frames win)"
         rate = f"  rate {self.rate_bps / 1e6:7.2f} Mbit/s" if self.rate_bps else ""
         fallback = "  (fell back to local)" if self.error else ""
+        if self.missing:
+            fallback += f"  (fragments {', '.join(map(str, self.missing))} late: their classes scored absent)"
         return (
             f"#{self.index:<4d} {self.name[:24]:24s} {str(self.label)[:24]:24s} {self.probability:6.3f}  "
             f"split={self.split:<20s} pre {self.preprocess_ms:6.2f} ms  head {self.head_ms:7.2f} ms  transfer {self.transfer_ms:7.2f} ms  "
