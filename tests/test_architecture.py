@@ -58,9 +58,10 @@ BOARD_ROOMS: dict[str, set[str]] = {
     "cli": {"bundle", "bundle_slice", "wire", "engine", "hosts", "stream", "board", "lifecycle", "service"},
 }
 #: The host imports the two contracts, the engine for its sessions, and the shared process lifecycle;
-#: and the protocol's one client, with which it passes a chain's request on to the next host.
+#: and the protocol's one client and its pool of connections, with which it passes a chain's request
+#: on to the next host.
 HOST_SEES = {"bundle", "wire", "engine", "lifecycle"}
-HOST_CLIENT = "device_runtime.hosts.client"
+HOST_CLIENT = ("device_runtime.hosts.client", "device_runtime.hosts.pool")
 
 #: (module, what it may import inside a function): the only lazy imports that go up or sideways.
 LAZY = {("device_runtime.cli", "fieldtrial")}
@@ -168,7 +169,7 @@ def test_the_host_uses_only_the_contracts_and_the_engine_of_the_board_runtime() 
         for path in modules_of("host_runtime")
         for imp in imports_of(path)
         if (room := board_room(imp.module)) is not None and room not in HOST_SEES
-        and not (imp.module + ".").startswith(HOST_CLIENT + ".")
+        and not any((imp.module + ".").startswith(client + ".") for client in HOST_CLIENT)
     ]
     assert offences == []
 

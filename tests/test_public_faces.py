@@ -27,7 +27,7 @@ FACES = {
         "load_backend", "prefers_int8", "preprocess",
     ],
     "device_runtime.hosts": [
-        "Credentials", "HostAdvert", "HostClient", "HostLink", "InferResult", "LinkMeter", "connect_host", "discover",
+        "ClientPool", "Credentials", "HostAdvert", "HostClient", "HostLink", "InferResult", "LinkMeter", "connect_host", "discover",
     ],
     "device_runtime.stream": [
         "AutoPolicy", "Frame", "FrameQueue", "FrameResult", "FrameSource", "Pipeline", "PipelineConfig",
