@@ -34,6 +34,7 @@ class Frame:
     name: str  # file name, or "camera:0#17", "picam:0#17"
     image: np.ndarray  # (H, W, 3) RGB uint8; may be a strided view (BGR memory read backwards, padded rows)
     captured: float  # on time.monotonic()'s clock: when read, or a Pi camera's sensor timestamp
+    deadline_ms: float | None = None  # the application's for this frame (capture to answer); None: the run's
 
 
 def _rgb(bgr: np.ndarray) -> np.ndarray:

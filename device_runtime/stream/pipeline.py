@@ -152,7 +152,7 @@ class Pipeline:
         self._camera = ThreadPoolExecutor(1, thread_name_prefix="capture")
         self._remote = 0  # remote batches in flight
         self._slots: asyncio.Semaphore | None = None  # ... at most ``in_flight`` of them (made in run's loop)
-        self._deadline_ms: float | None = None  # each request's, for the source being run
+        self._deadline_ms: float | None = None  # each frame's, for the source being run, unless the frame has its own
         self._failure: Exception | None = None  # the first stage's failure, raised after the results before it
         # Connections to a semantic split's fragment hosts other than the connected one.
         self._pool = ClientPool(hosts.credentials if hosts is not None else Credentials(), config.request_timeout_s,
@@ -215,6 +215,8 @@ class Pipeline:
             self.stats.per_split[result.split] += 1
         if result.error:
             self.stats.fallbacks += 1
+        if not result.dropped:
+            self.policy.observe_result(result)
 
     async def _capture(
         self, source: FrameSource, queue: FrameQueue[Frame], frames: int | None, stop: asyncio.Event | None,
@@ -301,7 +303,9 @@ class Pipeline:
         client = self.hosts.client if self.hosts is not None else None
         self.meter.crossing = client.crossing if client is not None else None
         rate = self.meter.rate_bps  # capped by an overdue upload, or one crossing slowly, if one is
-        split = self.policy.choose(len(batch), rate, self.available(), link_busy=self.meter.overdue() is not None)
+        deadline = self._deadline(batch)
+        split = self.policy.choose(len(batch), rate, self.available(), link_busy=self.meter.overdue() is not None,
+                                   deadline_ms=deadline)
         if split == LOCAL or client is None:
             logits, ms = await loop.run_in_executor(self._compute, self.runner.run_full, x)
             self.policy.observe_head(LOCAL, len(batch), ms)
@@ -320,18 +324,22 @@ class Pipeline:
         await self._slots.acquire()  # released by _send when the reply (or the failure) comes
         waits = {"started": started, "slot_ms": (time.monotonic() - waiting) * 1e3}
         self._remote += 1
-        return asyncio.ensure_future(self._offload(batch, x, split, tensor, fields, head_ms, rate, client, waits))
+        return asyncio.ensure_future(self._offload(batch, x, split, tensor, fields, head_ms, rate, client, waits, deadline))
+
+    def _deadline(self, batch: list[_Captured]) -> float | None:
+        """The batch's deadline (ms): the tightest of its frames' own, else the run's."""
+        own = [c.frame.deadline_ms for c in batch if c.frame.deadline_ms is not None]
+        return min(own) if own else self._deadline_ms
 
     async def _offload(
         self, batch: list[_Captured], x: np.ndarray, split: str, tensor: np.ndarray, fields: dict[str, float],
-        head_ms: float, rate: float | None, client: HostClient, waits: dict[str, float],
+        head_ms: float, rate: float | None, client: HostClient, waits: dict[str, float], deadline: float | None,
     ) -> list[FrameResult]:
         """Send the cut and wait for the tail; on any failure answer the batch here instead."""
-        loop = asyncio.get_running_loop()
         if split in self.config.fragments:
-            return await self._gather(batch, x, split, tensor, fields, head_ms, rate, client, waits)
+            return await self._gather(batch, x, split, tensor, fields, head_ms, rate, client, waits, deadline)
         try:
-            result = await self._send(client, split, tensor, fields)
+            result = await self._send(client, split, tensor, fields, deadline)
         except (HostUnavailableError, RemoteError) as exc:
             if isinstance(exc, HostUnavailableError) and self.hosts is not None:
                 await self.hosts.lost(client, exc)
@@ -365,17 +373,17 @@ class Pipeline:
 
     async def _gather(
         self, batch: list[_Captured], x: np.ndarray, split: str, tensor: np.ndarray, fields: dict[str, float],
-        head_ms: float, rate: float | None, client: HostClient, waits: dict[str, float],
+        head_ms: float, rate: float | None, client: HostClient, waits: dict[str, float], deadline: float | None,
     ) -> list[FrameResult]:
         """A semantic split: the cut to every fragment's host at once, merged from those that answer
         by the frame's deadline (the request timeout without one); none answering runs it here."""
         ticket = self.meter.sending(tensor.nbytes)
-        wait_s = self.config.request_timeout_s if self._deadline_ms is None else self._deadline_ms / 1000.0
+        wait_s = self.config.request_timeout_s if deadline is None else deadline / 1000.0
         manifest = self.runner.bundle.manifest
         try:
             gathered = await gather(
                 self._pool, self._placement(split), self.runner.bundle.id, manifest.split(split),
-                len(manifest.model.labels), tensor, wait_s, self.config.request_timeout_s, self._deadline_ms,
+                len(manifest.model.labels), tensor, wait_s, self.config.request_timeout_s, deadline,
                 clients={client.address: client}, **fields,
             )
         except HostUnavailableError as exc:
@@ -392,13 +400,15 @@ class Pipeline:
             host=" | ".join(dict.fromkeys(t.address for t in gathered.timings)), missing=gathered.missing, **waits,
         )
 
-    async def _send(self, client: HostClient, split: str, tensor: np.ndarray, fields: dict[str, float]) -> InferResult:
+    async def _send(
+        self, client: HostClient, split: str, tensor: np.ndarray, fields: dict[str, float], deadline: float | None,
+    ) -> InferResult:
         """One remote request, holding one of the ``in_flight`` slots and known to the meter until it settles."""
         ticket = self.meter.sending(tensor.nbytes)
         route = self._route(split, client.address)
         try:
             return await client.infer(
-                self.runner.bundle.id, split, tensor, self.config.request_timeout_s, self._deadline_ms,
+                self.runner.bundle.id, split, tensor, self.config.request_timeout_s, deadline,
                 stage=None if route is None else 1, route=route or (), **fields,
             )
         finally:
@@ -436,6 +446,7 @@ class Pipeline:
                 slot_ms=slot_ms, host_queue_ms=host_queue_ms,
                 batch=len(batch), bytes=sent_bytes // len(batch), rate_bps=rate,
                 where="local" if host is None else "remote", host=host, error=error, missing=missing,
+                deadline_ms=captured.frame.deadline_ms if captured.frame.deadline_ms is not None else self._deadline_ms,
             ))
         return results
 

@@ -11,16 +11,25 @@ from typing import Collection, Protocol
 
 from calibration import Calibration, RunningTimes, SplitSelector
 from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
+from device_runtime.stream.results import FrameResult
 
 __all__ = ["AutoPolicy", "SplitPolicy", "StaticPolicy"]
 
 
 class SplitPolicy(Protocol):
-    def choose(self, batch: int, rate_bps: float | None, available: Collection[str], link_busy: bool = False) -> str:
-        """``link_busy``: an upload is overdue (:meth:`device_runtime.hosts.link_meter.LinkMeter.overdue`)."""
+    def choose(
+        self, batch: int, rate_bps: float | None, available: Collection[str], link_busy: bool = False,
+        deadline_ms: float | None = None,
+    ) -> str:
+        """``link_busy``: an upload is overdue (:meth:`device_runtime.hosts.link_meter.LinkMeter.overdue`);
+        ``deadline_ms``: the batch's deadline, capture to answer (None: none)."""
         ...
 
     def observe_head(self, split: str, batch: int, head_ms: float) -> None: ...
+
+    def observe_result(self, result: FrameResult) -> None:
+        """Each answered frame, as it comes out of the stream."""
+        ...
 
 
 class StaticPolicy:
@@ -31,12 +40,18 @@ class StaticPolicy:
             bundle.manifest.split(split)  # an unknown split fails before the camera starts
         self.split = split
 
-    def choose(self, batch: int, rate_bps: float | None, available: Collection[str], link_busy: bool = False) -> str:
+    def choose(
+        self, batch: int, rate_bps: float | None, available: Collection[str], link_busy: bool = False,
+        deadline_ms: float | None = None,
+    ) -> str:
         """The fixed split, a slow link or not: the run measures that split."""
         return self.split if self.split in available else LOCAL
 
     def observe_head(self, split: str, batch: int, head_ms: float) -> None:
         """A fixed split learns nothing from its timings."""
+
+    def observe_result(self, result: FrameResult) -> None:
+        """Nor from its answers."""
 
 
 class AutoPolicy:
@@ -63,7 +78,10 @@ class AutoPolicy:
     def switches(self) -> int:
         return self.selector.switches
 
-    def choose(self, batch: int, rate_bps: float | None, available: Collection[str], link_busy: bool = False) -> str:
+    def choose(
+        self, batch: int, rate_bps: float | None, available: Collection[str], link_busy: bool = False,
+        deadline_ms: float | None = None,
+    ) -> str:
         """The table's choice; ``local`` at once while an upload is overdue: anything sent now
         would wait in the socket behind it, which DSC Eq. 4's idle link does not account for."""
         return self.selector.choose(batch, rate_bps, (LOCAL,) if link_busy else available)
@@ -74,3 +92,6 @@ class AutoPolicy:
         if self._observed % self.refine_every == 0:
             model = self.running.apply(self.base_model)
             self.selector.retune(self.calibration.table.for_model(model), model)
+
+    def observe_result(self, result: FrameResult) -> None:
+        """The table learns from head times (:meth:`observe_head`), not from answers."""

@@ -43,6 +43,12 @@ class FrameResult:
     dropped: bool = False  # dropped from the queue by policy: never classified
     error: str | None = None  # why a remote batch fell back to local
     missing: tuple[int, ...] = ()  # a semantic split's fragments that did not answer in time (scored absent)
+    deadline_ms: float | None = None  # the frame's deadline, capture to answer (None: none)
+
+    @property
+    def late(self) -> bool:
+        """Answered after its deadline (a violation, in SplitPlace's terms)."""
+        return self.deadline_ms is not None and not self.dropped and self.total_ms > self.deadline_ms
 
     @property
     def waits_ms(self) -> float:

@@ -35,7 +35,7 @@ TRACE_SCHEMA = "splitedge.trace/2"
 _FRAME_FIELDS = (
     "index", "name", "label", "probability", "split", "batch", "bytes", "rate_bps", "preprocess_ms", "head_ms",
     "transfer_ms", "tail_ms", "queue_ms", "slot_ms", "host_queue_ms", "total_ms", "dropped", "where", "host", "error",
-    "missing",
+    "missing", "deadline_ms",
 )
 
 

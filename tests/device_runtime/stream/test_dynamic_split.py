@@ -178,7 +178,10 @@ class _TablePolicy(AutoPolicy):
     is about the table following the estimate.
     """
 
-    def choose(self, batch: int, rate_bps: float | None, available: Collection[str], link_busy: bool = False) -> str:
+    def choose(
+        self, batch: int, rate_bps: float | None, available: Collection[str], link_busy: bool = False,
+        deadline_ms: float | None = None,
+    ) -> str:
         return super().choose(batch, rate_bps, available)
 
 
