@@ -1,4 +1,5 @@
-"""Latency model, split table and switching of dynamic split computing (DSC Eq. 4-7).
+"""Latency model, split table and switching of dynamic split computing (DSC Eq. 4-7), chains and
+semantic fragments placed on hosts, and SplitPlace's per-frame choice between the two kinds of split.
 
 Standard library and numpy only, and of the project only the stdlib-only bottom package
 ``splitedge`` (the error family, the field checker, the split words): the board, the host and
@@ -6,8 +7,12 @@ the benchmarks all use it, so it sits below the runtimes (DESIGN.md, "Latency mo
 switching"). Its one error, :class:`CalibrationError`, is a ``SplitEdgeError`` and a ``ValueError``.
 """
 
+from calibration.bandit import ARMS, BANDIT_FILENAME, LAYER, SEMANTIC, Bandit, reward
 from calibration.chains import ChainStage, HostView, Placement, chain_timings, place
 from calibration.calibration_file import FILENAME, SCHEMA, Calibration, Calibrations, load, load_all, save
+from calibration.fragments import (
+    FragmentPlacement, fragment_names, place_fragments, semantic_cost_ms, semantic_timings, unserved,
+)
 from calibration.gain import gains_over_static, relative_gain
 from calibration.latency import LatencyModel, SplitTimings
 from calibration.rate import MIN_SAMPLE_BYTES, RateEstimator
@@ -17,16 +22,22 @@ from calibration.timing import RunningTimes, Spread, measure_ms, measure_round_r
 from splitedge.errors import CalibrationError
 
 __all__ = [
+    "ARMS",
+    "BANDIT_FILENAME",
     "FILENAME",
+    "LAYER",
     "MIN_SAMPLE_BYTES",
     "POINTS_PER_DECADE",
     "RATE_MAX_BPS",
     "RATE_MIN_BPS",
     "SCHEMA",
+    "SEMANTIC",
+    "Bandit",
     "Calibration",
     "CalibrationError",
     "Calibrations",
     "ChainStage",
+    "FragmentPlacement",
     "HostView",
     "LatencyModel",
     "Placement",
@@ -38,12 +49,18 @@ __all__ = [
     "Spread",
     "chain_timings",
     "decision_cost_us",
+    "fragment_names",
     "gains_over_static",
     "load",
     "load_all",
     "measure_ms",
     "measure_round_robin",
     "place",
+    "place_fragments",
     "relative_gain",
+    "reward",
     "save",
+    "semantic_cost_ms",
+    "semantic_timings",
+    "unserved",
 ]
