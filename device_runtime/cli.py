@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from calibration import FILENAME, Calibration, CalibrationError, Calibrations, save
+from calibration import BANDIT_FILENAME, FILENAME, Bandit, Calibration, CalibrationError, Calibrations, save
 from device_runtime.board.calibrate import (
     DEFAULT_BATCHES,
     calibrate,
@@ -47,7 +47,7 @@ from device_runtime.service import add_service_command, install_service
 from device_runtime.stream.camera import FrameSource, open_source
 from device_runtime.stream.picamera import pi_camera_absent
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig
-from device_runtime.stream.policy import AutoPolicy, SplitPolicy, StaticPolicy
+from device_runtime.stream.policy import AutoPolicy, BanditPolicy, SplitPolicy, StaticPolicy
 from device_runtime.stream.trace import TraceWriter
 from device_runtime.wire.auth import load_key
 from device_runtime.wire.tls import client_context
@@ -126,7 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
                      metavar="MS",
                      help="each frame's budget at the host, its queue and tail: a host that cannot answer in time "
                      "says so and the frame runs here (default: a live camera's frame interval; none for files and "
-                     "videos; 0: none)")
+                     "videos; 0: none). With a semantic split in the bundle and --split auto or a layer split, "
+                     "also each frame's deadline from capture to answer: a bandit chooses per batch between the "
+                     "layer split and the semantic split (SplitPlace), its state kept in bandit.json beside "
+                     "calibration.json")
+    run.add_argument("--learn", action="store_true",
+                     help="with --deadline-ms and a semantic split: learn the choice ε-greedily (SplitPlace) rather "
+                     "than run on what was learned (UCB that keeps learning slowly)")
     _runtime_arguments(run)
     run.add_argument("--transmit", choices=("auto", "float32", "uint8"), default="auto",
                      help="cut tensor on the link (default auto: uint8 where the bundle has its quantization)")
@@ -289,6 +295,12 @@ async def _run(args: argparse.Namespace, last_run: LastRun) -> None:
     calibration = _table_for(runner, tables, args.bundle) if tables is not None else None
     policy: SplitPolicy = AutoPolicy(calibration) if calibration is not None else StaticPolicy(first, bundle)
     warm = list(calibration.table.splits) if calibration is not None else [first]
+    bandit = _bandit(args, bundle)
+    if bandit is not None:
+        policy = BanditPolicy(policy, bundle, bandit[0], bandit[1])
+        warm.append(bandit[0])
+        print(f"choosing per batch between the layer split and {bandit[0]} for a {args.deadline_ms:g} ms deadline "
+              f"({bandit[1].mode}: {'ε-greedy' if args.learn else 'UCB'})", flush=True)
     for split_id in {*warm, LOCAL}:
         runner.warm_up(split_id)
     print(f"{board.describe()}: {runner.backend} backend, {runner.threads or 'default'} threads, "
@@ -333,11 +345,31 @@ async def _run(args: argparse.Namespace, last_run: LastRun) -> None:
             trace.close()
         if hosts is not None:
             await hosts.close()
+        if bandit is not None:
+            print(f"kept what the bandit learned in {bandit[1].save(bundle.root / BANDIT_FILENAME)}", flush=True)
     stats = pipeline.stats
     per_split = ", ".join(f"{k} {v}" for k, v in stats.per_split.most_common())
     switches = f", {policy.switches} split switches" if isinstance(policy, AutoPolicy) else ""
     print(f"{stats.frames} frames: {stats.dropped} dropped ({stats.drop_rate:.1%}), {stats.fallbacks} answered "
           f"locally after a host failure{switches}; by split: {per_split}", flush=True)
+
+
+def _bandit(args: argparse.Namespace, bundle: Bundle) -> tuple[str, Bandit] | None:
+    """The semantic split and the bandit choosing it per batch, where the run has one: a deadline,
+    a semantic split in the bundle, and --split auto or a layer split (the other arm). The bandit
+    goes on from what it learned before (``bandit.json`` beside ``calibration.json``)."""
+    semantic = [s.id for s in bundle.manifest.splits if s.fragments]
+    if not args.deadline_ms or not semantic or args.split in (*semantic, LOCAL):
+        if args.learn:
+            why = ("needs --deadline-ms" if not args.deadline_ms else "needs a semantic split in the bundle "
+                   "(split-export build --semantic K)" if not semantic else f"chooses for --split auto or a layer split, "
+                   f"not {args.split}")
+            raise SplitEdgeError(f"--learn: the layer/semantic bandit {why}")
+        return None
+    path = bundle.root / BANDIT_FILENAME
+    bandit = Bandit.load(path) if path.is_file() else Bandit()
+    bandit.mode = "learn" if args.learn else "run"
+    return semantic[0], bandit
 
 
 def _later_hosts(
@@ -498,6 +530,8 @@ def plan(args: argparse.Namespace) -> None:
     bundle = Bundle.load(args.bundle, roles=())
     for table in calibrations_for(bundle).tables:
         print(_table_text(table))
+    if (bundle.root / BANDIT_FILENAME).is_file():
+        print("\n".join(Bandit.load(bundle.root / BANDIT_FILENAME).describe()))
     calibration = calibration_for(bundle)  # the latest table is the one plotted
     if args.out:
         from fieldtrial.plots import plot_table

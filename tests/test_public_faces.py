@@ -30,7 +30,7 @@ FACES = {
         "ClientPool", "Credentials", "HostAdvert", "HostClient", "HostLink", "InferResult", "LinkMeter", "connect_host", "discover",
     ],
     "device_runtime.stream": [
-        "AutoPolicy", "Frame", "FrameQueue", "FrameResult", "FrameSource", "Pipeline", "PipelineConfig",
+        "AutoPolicy", "BanditPolicy", "Frame", "FrameQueue", "FrameResult", "FrameSource", "Pipeline", "PipelineConfig",
         "PipelineStats", "SplitPolicy", "StaticPolicy", "TRACE_SCHEMA", "TraceWriter", "open_source", "top1",
     ],
     "device_runtime.board": [

@@ -4,12 +4,13 @@ capture, head, transfer and tail, each frame's result, and the trace writer."""
 from device_runtime.stream.camera import Frame, FrameSource, open_source
 from device_runtime.stream.frame_queue import FrameQueue
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig, PipelineStats
-from device_runtime.stream.policy import AutoPolicy, SplitPolicy, StaticPolicy
+from device_runtime.stream.policy import AutoPolicy, BanditPolicy, SplitPolicy, StaticPolicy
 from device_runtime.stream.results import FrameResult, top1
 from device_runtime.stream.trace import TRACE_SCHEMA, TraceWriter
 
 __all__ = [
     "AutoPolicy",
+    "BanditPolicy",
     "Frame",
     "FrameQueue",
     "FrameResult",

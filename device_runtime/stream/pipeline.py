@@ -360,7 +360,8 @@ class Pipeline:
     ) -> list[FrameResult]:
         """A remote batch that failed, answered here with the full model: no frame is lost."""
         logits, ms = await asyncio.get_running_loop().run_in_executor(self._compute, self.runner.run_full, x)
-        return self._results(batch, logits, LOCAL, rate, head_ms=head_ms + ms, error=f"{split}: {exc}", **waits)
+        return self._results(batch, logits, LOCAL, rate, head_ms=head_ms + ms, error=f"{split}: {exc}", attempted=split,
+                             **waits)
 
     def _placement(self, split: str) -> dict[int, str]:
         """Fragment index -> its host's address: 1 on the connected host, the others where the config
@@ -429,7 +430,7 @@ class Pipeline:
         self, batch: list[_Captured], logits: np.ndarray, split: str, rate: float | None, head_ms: float,
         transfer_ms: float = 0.0, tail_ms: float = 0.0, sent_bytes: int = 0, host: str | None = None,
         error: str | None = None, started: float | None = None, slot_ms: float = 0.0, host_queue_ms: float = 0.0,
-        missing: tuple[int, ...] = (),
+        missing: tuple[int, ...] = (), attempted: str | None = None,
     ) -> list[FrameResult]:
         """One result per frame; ``started`` (monotonic s) is when the batch's head started: each frame
         waited in the queue from its preprocessing's end until then."""
@@ -445,7 +446,7 @@ class Pipeline:
                     (started - captured.frame.captured) * 1000.0 - captured.preprocess_ms, 0.0),
                 slot_ms=slot_ms, host_queue_ms=host_queue_ms,
                 batch=len(batch), bytes=sent_bytes // len(batch), rate_bps=rate,
-                where="local" if host is None else "remote", host=host, error=error, missing=missing,
+                where="local" if host is None else "remote", host=host, error=error, missing=missing, attempted=attempted,
                 deadline_ms=captured.frame.deadline_ms if captured.frame.deadline_ms is not None else self._deadline_ms,
             ))
         return results

@@ -42,6 +42,7 @@ class FrameResult:
     host: str | None = None
     dropped: bool = False  # dropped from the queue by policy: never classified
     error: str | None = None  # why a remote batch fell back to local
+    attempted: str | None = None  # the split chosen for a batch that fell back to local
     missing: tuple[int, ...] = ()  # a semantic split's fragments that did not answer in time (scored absent)
     deadline_ms: float | None = None  # the frame's deadline, capture to answer (None: none)
 
