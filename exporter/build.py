@@ -1,12 +1,13 @@
-"""Build a bundle: the full model and a head and tail per split (a head and stages per chain),
-each validated, then the manifest.
+"""Build a bundle: the full model and a head and tail per split (a head and stages per chain, a
+head and fragments per semantic split), each validated, then the manifest.
 
 Nothing is written to the manifest that has not been checked: the full ONNX model must
 reproduce the torch model, every head must reproduce the torch head, and every head
 followed by its tail (or by a chain's stages, one after the other) must reproduce the full
-torch model, at batch 1 and batch 3 from the same files (so the dynamic batch axis is
-exercised too). A failed build leaves the output directory as it was: the bundle is written
-beside it and moved into place only when whole.
+torch model (a semantic split's head and fragments, merged, its torch semantic model), at batch
+1 and batch 3 from the same files (so the dynamic batch axis is exercised too). A failed build
+leaves the output directory as it was: the bundle is written beside it and moved into place
+only when whole.
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ from device_runtime.bundle import (
     LAYER,
     MIDDLE_STAGE_IO,
     ONNX,
+    SEMANTIC,
     TAIL,
     TFLITE,
     Artifact,
+    Fragment,
     Manifest,
     ModelInfo,
     Quantization,
@@ -49,6 +52,7 @@ from device_runtime.bundle import (
     TensorSpec,
     artifacts_of,
     make_artifact,
+    semantic_id,
     write_manifest,
 )
 from device_runtime.wire.quantization import dequantize, quantize
@@ -57,8 +61,11 @@ from exporter.datasets import ImageSet, TrainTest, load_images, train_test
 from exporter.graph import CutPoint, TracedModel, find_cut_points, get_chain, get_cut_point, split_at, split_chain, trace
 from exporter.models import LoadedModel, load_model, read_labels
 from exporter.preprocessing import PreprocessFlags
-from exporter.onnx_export import export_onnx
+from exporter.onnx_export import export_onnx, onnx_bytes
 from exporter.quantize import calibration_sets, cut_quantization, quantize_onnx
+from exporter.semantic import (
+    Merged, SemanticOptions, SemanticParts, check_fragment_count, default_cut, make_semantic, parameters,
+)
 from exporter.tflite_export import export_tflite
 from exporter.train import accuracy
 from exporter.validate import Case, Chain, OnnxRunner, Runner, TfliteRunner, torch_cases, validate
@@ -108,6 +115,7 @@ def build_bundle(
     test_data: str | None = None,
     preprocessing: PreprocessFlags | None = None,
     chains: Sequence[Sequence[str]] = (),
+    semantic: SemanticOptions | None = None,
 ) -> Manifest:
     """Export, validate and describe ``model_spec`` cut at ``splits`` into the bundle ``out_dir``.
 
@@ -131,6 +139,10 @@ def build_bundle(
     after the layer splits: the board's head up to its first cut, as a layer split's (in every
     variant), then one stage per cut for the hosts (float32 ONNX), head and stages in a row
     validated against the model and measured as a layer split is.
+    With ``semantic``, one split of kind ``semantic`` comes last (:mod:`exporter.semantic`): the
+    board's head up to its cut, as a layer split's (in every variant), then K fragments trained on
+    its training data, validated merged against the torch semantic model; its ``accuracies``
+    (full, layer, semantic) are measured on the same test images, which the bundle's others use too.
     The bundle is built beside ``out_dir`` and replaces it only once it is whole (:func:`staged`).
     """
     unknown = sorted(set(formats) - set(FORMATS))
@@ -146,12 +158,27 @@ def build_bundle(
     if chained and bottleneck is not None:
         raise ExportError("--bottleneck and --chain together: an autoencoder is trained at a layer split's cut; "
                           "export chains in a build without --bottleneck")
+    if semantic is not None:
+        if bottleneck is not None:
+            raise ExportError("--bottleneck and --semantic together: export the semantic split in a build "
+                              "without --bottleneck")
+        semantic = replace(semantic, cut=(default_cut(cut_points) if semantic.cut is None
+                                          else get_cut_point(cut_points, semantic.cut)).id)
+        with torch.no_grad():
+            check_fragment_count(semantic.fragments, int(traced.module(torch.zeros((1, *shape))).shape[-1]))
     # Everything that can refuse the data is read before the first file is written.
     calibration = None
     if quantize_from is not None:
         images = load_images(quantize_from, shape, loaded.preprocess, loaded.categories, labelled=False)
         calibration = calibration_sets(images, calibration_samples, test_data is None and bottleneck is None, seed)
     test = load_images(test_data, shape, loaded.preprocess, loaded.categories) if test_data and not bottleneck else None
+    semantic_parts = None
+    if semantic is not None:
+        data = train_test(semantic.train_data, semantic.test_data or test_data, shape, loaded.preprocess,
+                          loaded.categories, seed=seed)
+        test = data.test if test is None else test
+        semantic_parts = make_semantic(traced, cut_points, semantic, data.train.subset(semantic.train_images, seed),
+                                       progress)
     rng = np.random.default_rng(seed)
     inputs = [rng.standard_normal((b, *shape), dtype=np.float32) for b in VALIDATION_BATCHES]
 
@@ -184,6 +211,8 @@ def build_bundle(
                 for (cut,) in cuts
             ]
             test = data.test
+        if semantic_parts is not None:
+            split_entries.append(_export_semantic(semantic_parts, root, inputs, variants))
         if test is None and calibration is not None:
             test = _held_out_test(calibration.held_out, OnnxRunner(root / FULL_PATH))
         accuracy_on = None
@@ -191,6 +220,8 @@ def build_bundle(
             if test.labelled and model_accuracy is None:
                 model_accuracy = _accuracy(OnnxRunner(root / FULL_PATH), test)
             split_entries = [_measure_variants(split, root, test) for split in split_entries]
+            if semantic_parts is not None and test.labelled:
+                split_entries[-1] = _with_accuracies(split_entries[-1], semantic_parts, root, test, model_accuracy)
             full = tuple(replace(a, accuracy=_accuracy(_runner(root, a), test)) for a in full)
             accuracy_on = _described(test)
         output_shape = tuple(next(iter(reference[0].expected.values())).shape[1:])
@@ -277,11 +308,13 @@ class Variants:
 def _export_parts(
     head: torch.nn.Module, hosts: Sequence[tuple[torch.nn.Module, str]], name: str, root: Path,
     inputs: list[np.ndarray], reference: list[Case], variants: Variants,
+    groups: Sequence[Sequence[int]] | None = None,
 ) -> tuple[tuple[Artifact, ...], tuple[Artifact, ...], Quantization | None]:
     """Export and validate a head (in every variant asked for) and what the hosts run after it, in
-    a row (``(module, path)``: a tail, or a chain's stages); head and hosts together must reproduce
-    ``reference``. Returns the head's artifacts (float32 ONNX first), the hosts' (one each, in
-    order) and the uint8 link's parameters."""
+    a row (``(module, path)``: a tail, or a chain's stages) or, with ``groups``, side by side (a
+    semantic split's fragments, one per group of classes, merged into label order); head and hosts
+    together must reproduce ``reference``. Returns the head's artifacts (float32 ONNX first), the
+    hosts' (one each, in order) and the uint8 link's parameters."""
     head_path = f"head/{name}.onnx"
     head_cases = torch_cases(head, IO_NAMES[HEAD], inputs)
     head_runner = _export(head, HEAD, root, head_path, inputs[0])
@@ -289,20 +322,25 @@ def _export_parts(
     # Each host part is traced on the torch output before it; what they must reproduce is the whole model.
     example = head_cases[0].expected[IO_NAMES[HEAD][1]]
     host_runners = []
-    for module, path in hosts[:-1]:  # a chain's middle stages: from one cut to the next
-        host_runners.append(_export(module, TAIL, root, path, example, MIDDLE_STAGE_IO))
-        with torch.no_grad():
-            example = module(torch.from_numpy(example)).numpy()
-    tail, tail_path = hosts[-1]
-    host_runners.append(_export(tail, TAIL, root, tail_path, example))
-    followed_by = ", then ".join(f"{'tail' if len(hosts) == 1 else 'stage'} {path}" for _, path in hosts)
-    validate(Chain(head_runner, *host_runners), reference, ATOL, f"head {head_path} followed by {followed_by}")
+    if groups is not None:  # fragments: each from the cut, merged as the board merges them
+        host = Merged([_export(module, TAIL, root, path, example) for module, path in hosts], groups)
+        followed_by = f"fragments {', '.join(path for _, path in hosts)}, merged"
+    else:
+        for module, path in hosts[:-1]:  # a chain's middle stages: from one cut to the next
+            host_runners.append(_export(module, TAIL, root, path, example, MIDDLE_STAGE_IO))
+            with torch.no_grad():
+                example = module(torch.from_numpy(example)).numpy()
+        tail, tail_path = hosts[-1]
+        host_runners.append(_export(tail, TAIL, root, tail_path, example))
+        host = Chain(*host_runners)
+        followed_by = ", then ".join(f"{'tail' if len(hosts) == 1 else 'stage'} {path}" for _, path in hosts)
+    validate(Chain(head_runner, host), reference, ATOL, f"head {head_path} followed by {followed_by}")
     artifacts = (make_artifact(root, head_path, HEAD, ONNX, FLOAT32),)
     host_artifacts = tuple(make_artifact(root, path, TAIL, ONNX, FLOAT32) for _, path in hosts)
     if variants.tflite:
         tflite_path = f"head/{name}.tflite"
         artifacts += (_export_tflite(head, HEAD, root, tflite_path, inputs, head_cases),)
-        validate(Chain(TfliteRunner(root / tflite_path), *host_runners), reference, ATOL,
+        validate(Chain(TfliteRunner(root / tflite_path), host), reference, ATOL,
                  f"head {tflite_path} followed by {followed_by}")
     if variants.calibration is None:
         return artifacts, host_artifacts, None
@@ -381,6 +419,34 @@ def _export_chain(
     )
 
 
+def _export_semantic(parts: SemanticParts, root: Path, inputs: list[np.ndarray], variants: Variants) -> Split:
+    """A semantic split: the head up to its cut (what the board sends is that cut's, in every
+    variant a layer split's head has), then fragment k, ``fragment/<id>.<k>.onnx``, for the hosts;
+    head and fragments, merged, validated against the torch semantic model."""
+    model = parts.model
+    split_id = semantic_id(parts.cut.id, len(model.fragments))
+    paths = [f"fragment/{split_id}.{k}.onnx" for k in range(1, len(model.fragments) + 1)]
+    reference = torch_cases(model, IO_NAMES[FULL], inputs)
+    heads, fragment_artifacts, quantization = _export_parts(
+        model.head, list(zip(model.fragments, paths)), split_id, root, inputs, reference, variants, model.groups)
+    fragments = tuple(
+        Fragment(index=k, classes=classes, artifacts=(artifact,), params=parameters(module))
+        for k, (classes, artifact, module) in enumerate(zip(model.groups, fragment_artifacts, model.fragments), 1)
+    )
+    return Split(id=split_id, kind=SEMANTIC, artifacts=heads, quantization=quantization, **_sent_at(parts.cut),
+                 fragments=fragments, grouping=parts.grouping)
+
+
+def _with_accuracies(split: Split, parts: SemanticParts, root: Path, test: ImageSet, full: float | None) -> Split:
+    """A semantic split's accuracies on the bundle's test images: the full model's, the layer split's
+    at the same cut (its float32 head, then the tail, in ONNX) and its own (head, then fragments)."""
+    head = next(a for a in split.artifacts if a.role == HEAD and a.format == ONNX and a.precision == FLOAT32)
+    example = torch.zeros((1, *split.tensor.shape))
+    layer = Chain(OnnxRunner(root / head.path), OnnxRunner(onnx_bytes(parts.tail, TAIL, example)))
+    measured = {"layer": _accuracy(layer, test), "semantic": split.accuracy}
+    return replace(split, accuracies={**({} if full is None else {"full": full}), **measured})
+
+
 def _tensor(cut: CutPoint) -> TensorSpec:
     return TensorSpec(shape=cut.shape, dtype=cut.dtype, bytes_per_sample=cut.bytes_per_sample)
 
@@ -443,8 +509,12 @@ class _Link:
 
 def _measure_variants(split: Split, root: Path, test: ImageSet) -> Split:
     """Top-1 of the split model through each head variant (int8 heads with the uint8 link) and
-    the host's tail, or a chain's stages in a row."""
-    hosts = [OnnxRunner(root / a.path) for a in artifacts_of(split) if a.role == TAIL]
+    the host's tail, a chain's stages in a row, or a semantic split's fragments merged."""
+    if split.fragments:
+        hosts = [Merged([OnnxRunner(root / f.artifacts[0].path) for f in split.fragments],
+                        [f.classes for f in split.fragments])]
+    else:
+        hosts = [OnnxRunner(root / a.path) for a in artifacts_of(split) if a.role == TAIL]
     measured = []
     for artifact in split.artifacts:
         if artifact.role != HEAD:

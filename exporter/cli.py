@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 # The commands that need torch import it when they run: `slice` runs where torch is absent (a deploy).
 AE_EPOCHS = 2  # exporter.bottleneck.BottleneckTraining.ae_epochs, checked by tests/exporter/test_cli.py
+# exporter.semantic's defaults (FragmentTraining.epochs == AE_EPOCHS, SemanticOptions.width and
+# .train_images), checked by tests/exporter/test_semantic.py
+SEMANTIC_WIDTH = 0.5
+SEMANTIC_IMAGES = 10_000
 
 PROG = "split-export"
 
@@ -35,6 +39,8 @@ examples:
   split-export build mypkg.models:make_net --splits features_4,features_7 --out bundle/ --labels labels.txt
   split-export build torchvision:mobilenet_v2 --splits auto --board rpi-zero2w --formats onnx,tflite --out bundle/
   split-export build torchvision:mobilenet_v2 --splits auto --chain features_4_conv_2,features_14_conv_2 --out bundle/
+  split-export build exporter.zoo:fmnist_vgg --weights cnn.pt --input-shape 1,28,28 --splits auto \
+      --semantic 5 --train-data fashion-mnist --out bundle/
   split-export build exporter.zoo:fmnist_vgg --weights cnn.pt --input-shape 1,28,28 --splits auto \
       --bottleneck ae --latent-ratio 0.1 --train-data fashion-mnist --out bundle/
   split-export analyze torchvision:mobilenet_v2 --weights mobilenet_v2-b0353104.pth --data photos/ --out report/
@@ -49,6 +55,9 @@ than every earlier cut, DSC Eq. 3), B = a block's output (the cuts DSC counts), 
 compressive among block outputs; the last line gives the counts at both levels. `--splits
 auto` exports the compressive ones (C). `--chain A,B` cuts at A and at B: the board runs
 the head up to A, one host the stage from A to B, another the stage from B to the end.
+`--semantic K` cuts at `--cut` (default: the first C) and replaces the tail by K narrow
+fragments, each scoring one group of classes (the classes the model confuses go together),
+run side by side on hosts (SplitPlace's semantic split).
 """
 
 
@@ -84,13 +93,22 @@ def build_parser() -> argparse.ArgumentParser:
     _model_arguments(build)
     build.add_argument(
         "--splits", type=_splits, metavar="auto|ID,ID",
-        help="'auto' (compressive bottlenecks) or cut ids; required unless --chain is given",
+        help="'auto' (compressive bottlenecks) or cut ids; required unless --chain or --semantic is given",
     )
     build.add_argument(
         "--chain", dest="chains", action="append", type=_cut_ids, default=[], metavar="ID,ID[,ID...]",
         help="a chain split: the board's head up to the first cut, then one stage per cut for a chain of "
         "hosts (two cut ids or more, in graph order); repeat for more chains",
     )
+    build.add_argument(
+        "--semantic", type=int, metavar="K",
+        help="a semantic split: the board's head up to --cut, then K narrow fragments of the tail for hosts, each "
+        "scoring one group of classes, grouped by the model's confusion on --train-data (2 to the number of labels)",
+    )
+    build.add_argument("--cut", metavar="ID", help="where --semantic cuts (default: the first compressive "
+                       "bottleneck, the first C of `split-export points`)")
+    build.add_argument("--width", type=float, default=SEMANTIC_WIDTH, metavar="W",
+                       help=f"each --semantic fragment's channel widths, a fraction of the tail's (default {SEMANTIC_WIDTH})")
     build.add_argument("--out", required=True, metavar="DIR", help="bundle directory to write")
     build.add_argument("--labels", metavar="FILE", help="class names, one per line")
     build.add_argument(
@@ -105,13 +123,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="calibration images used (default 64, at least 32)")
     build.add_argument("--bottleneck", choices=("ae",), help="inject and train an I-SPLIT autoencoder at each split")
     build.add_argument("--latent-ratio", type=float, default=0.1, help="latent size / cut tensor size (default 0.1)")
-    build.add_argument("--train-data", metavar="SPEC", help="data the bottleneck is trained on (as --data of analyze)")
+    build.add_argument("--train-data", metavar="SPEC",
+                       help="data the bottleneck or the semantic fragments are trained on (as --data of analyze)")
     build.add_argument("--test-data", metavar="SPEC", help="measure every variant's accuracy on this data (default "
                        "with --bottleneck: fashion-mnist's test split, else 20%% of --train-data held out; with "
                        "--quantize: 32-500 images of --calib-data held out of calibration)")
-    build.add_argument("--train-images", type=int, metavar="N", help="train on at most N images")
+    build.add_argument("--train-images", type=int, metavar="N",
+                       help=f"train on at most N images (default: all for --bottleneck, {SEMANTIC_IMAGES:,} for --semantic)")
     build.add_argument("--epochs", type=int, default=AE_EPOCHS,
-                       help="autoencoder epochs (I-SPLIT Eq. 3); one end-to-end fine-tuning epoch follows")
+                       help="training epochs: the autoencoder's (I-SPLIT Eq. 3; end-to-end fine-tuning follows) or "
+                       f"the semantic fragments' (default {AE_EPOCHS})")
     build.add_argument(
         "--board", choices=sorted(BOARDS), metavar="ID",
         help="write the formats this board runs best and refuse the bundle unless each head and the full model "
@@ -195,8 +216,9 @@ def _build(args: argparse.Namespace) -> int:
     from exporter.bottleneck import BottleneckOptions, BottleneckTraining
     from exporter.build import build_bundle
 
-    if args.splits is None and not args.chains:
-        raise SplitEdgeError("build needs --splits (auto or cut ids), --chain ID,ID[,ID...], or both")
+    if args.splits is None and not args.chains and args.semantic is None:
+        raise SplitEdgeError("build needs --splits (auto or cut ids), --chain ID,ID[,ID...], --semantic K, or several")
+    semantic = _semantic_options(args)
     bottleneck = None
     if args.bottleneck:
         if not args.train_data:
@@ -225,6 +247,7 @@ def _build(args: argparse.Namespace) -> int:
         quantize_from=quantize_from,
         calibration_samples=args.calib_samples,
         test_data=args.test_data,
+        semantic=semantic,
     )
     print(f"wrote bundle {manifest.bundle_id} to {args.out}: splits {', '.join(s.id for s in manifest.splits)}")
     for split in manifest.splits:
@@ -232,6 +255,8 @@ def _build(args: argparse.Namespace) -> int:
             print(f"  chain {split.id}: the board's head, then")
             for stage in split.stages:
                 print(f"    stage {stage.index} from {stage.cut}: takes {_sent(stage.tensor)}")
+        if split.fragments:
+            print(_semantic_summary(split))
     if manifest.model.accuracy_on is not None:
         print(f"measured: {manifest.model.accuracy_on}")
         if manifest.model.accuracy is not None:
@@ -245,6 +270,37 @@ def _build(args: argparse.Namespace) -> int:
             if a.accuracy is not None:
                 print(f"  full {a.format} {a.precision}: {a.accuracy:.4f}, {a.bytes:,} B")
     return 0
+
+
+def _semantic_options(args: argparse.Namespace):
+    """``--semantic K`` and its companions, checked before the model is loaded; None without it."""
+    if args.semantic is None:
+        if args.cut is not None:
+            raise SplitEdgeError("--cut names where a semantic split cuts: give --semantic K with it")
+        return None
+    from exporter.semantic import FragmentTraining, SemanticOptions
+
+    if args.semantic < 2:
+        raise SplitEdgeError(f"--semantic {args.semantic}: a semantic split has 2 fragments or more, one group of "
+                             "classes each (up to one per label)")
+    if not args.train_data:
+        raise SplitEdgeError("--semantic needs --train-data to train the fragments on, e.g. --train-data fashion-mnist")
+    if not 0 < args.width <= 1:
+        raise SplitEdgeError(f"--width {args.width:g}: a fragment's widths are a fraction of the tail's, in (0, 1]")
+    return SemanticOptions(
+        fragments=args.semantic, train_data=args.train_data, test_data=args.test_data, cut=args.cut, width=args.width,
+        train_images=SEMANTIC_IMAGES if args.train_images is None else args.train_images,
+        training=FragmentTraining(epochs=args.epochs),
+    )
+
+
+def _semantic_summary(split) -> str:
+    """``semantic split _17~5: 5 fragments, groups ..., accuracy full 0.90 / layer 0.90 / semantic 0.87``."""
+    groups = " | ".join(",".join(map(str, f.classes)) for f in split.fragments)
+    params = ", ".join(f"{f.params:,}" for f in split.fragments)
+    accuracy = " / ".join(f"{k} {v:.4f}" for k, v in split.accuracies.items())
+    return (f"  semantic split {split.id}: {len(split.fragments)} fragments, groups {groups} "
+            f"({params} parameters){', accuracy ' + accuracy if accuracy else ''}\n    grouped by {split.grouping}")
 
 
 def _analyze(args: argparse.Namespace) -> int:
