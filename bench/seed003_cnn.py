@@ -37,6 +37,7 @@ from torch import nn
 
 from exporter.datasets import FASHION_MNIST_CLASSES, load_images
 from exporter.train import accuracy, train_classifier
+from exporter.zoo import Grey
 
 __all__ = ["CUT_AFTER", "INPUT_SHAPE", "TABLE_1", "keras_params", "make", "train"]
 
@@ -60,18 +61,6 @@ TABLE_1: tuple[tuple[str, tuple[int, ...], int], ...] = (
     ("Dense", (512,), 131_584),
     ("Dense", (10,), 5_130),
 )
-
-
-class Grey(nn.Module):
-    """RGB (B, 3, H, W) → luma (B, 1, H, W): the board's 3-channel input for a grey model."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        # Not persistent: a constant of the conversion, not a weight of the paper's model.
-        self.register_buffer("luma", torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1), persistent=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x * self.luma).sum(1, keepdim=True)
 
 
 class ReluAfter(nn.Module):

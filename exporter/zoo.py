@@ -10,7 +10,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["fmnist_vgg", "fmnist_resnet"]
+from exporter.datasets import FASHION_MNIST_CLASSES
+
+__all__ = ["Grey", "fmnist_camera", "fmnist_resnet", "fmnist_vgg"]
+
+
+class Grey(nn.Module):
+    """RGB (B, 3, H, W) → luma (B, 1, H, W) (ITU-R BT.601): a grey model's input from a camera,
+    whose frames the board always makes RGB. Three equal channels pass through unchanged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Not persistent: a constant of the conversion, not a weight.
+        self.register_buffer("luma", torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * self.luma).sum(1, keepdim=True)
 
 
 def _conv(cin: int, cout: int, stride: int = 1) -> list[nn.Module]:
@@ -25,6 +40,17 @@ def fmnist_vgg() -> nn.Module:
         *_conv(32, 64), nn.MaxPool2d(2),  # 64x3x3
         nn.Flatten(), nn.Linear(64 * 3 * 3, 128), nn.ReLU(), nn.Linear(128, 10),
     )  # fmt: skip
+
+
+def fmnist_camera() -> nn.Module:
+    """:func:`fmnist_vgg` behind :class:`Grey`: (3, 28, 28) RGB in [0, 1] → 10 classes, so that
+    ``split-device run`` can feed it camera frames (scaled to 28x28, no normalisation)."""
+    return nn.Sequential(Grey(), *fmnist_vgg())
+
+
+# What split-export reads off the factory: the board scales frames to 28x28 in [0, 1], as Fashion-MNIST is read.
+fmnist_camera.splitedge_preprocessing = {"resize": 28, "crop": 28, "mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0]}  # type: ignore[attr-defined]
+fmnist_camera.splitedge_labels = list(FASHION_MNIST_CLASSES)  # type: ignore[attr-defined]
 
 
 class _Block(nn.Module):
@@ -50,3 +76,33 @@ def fmnist_resnet() -> nn.Module:
         _Block(16, 16, 1), _Block(16, 32, 2), _Block(32, 32, 1), _Block(32, 64, 2), _Block(64, 64, 1),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10),
     )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m exporter.zoo fmnist_vgg --out weights.pt``: train a zoo model on Fashion-MNIST and
+    save its state dict, for ``split-export build exporter.zoo:fmnist_vgg --weights weights.pt``."""
+    import argparse
+
+    from exporter.datasets import load_images
+    from exporter.train import accuracy, train_classifier
+
+    factories = {f.__name__: f for f in (fmnist_vgg, fmnist_resnet, fmnist_camera)}
+    parser = argparse.ArgumentParser(
+        prog="python -m exporter.zoo", description=main.__doc__,
+        epilog="example: python -m exporter.zoo fmnist_vgg --images 10000 --epochs 1 --out build/fmnist-vgg.pt")
+    parser.add_argument("model", choices=sorted(factories))
+    parser.add_argument("--out", required=True, help="where to save the state dict")
+    parser.add_argument("--images", type=int, default=None, help="train on this many images, stratified (default: all 60,000)")
+    parser.add_argument("--epochs", type=int, default=1, help="default 1")
+    args = parser.parse_args(argv)
+    model = factories[args.model]()
+    shape = (3, 28, 28) if isinstance(model[0], Grey) else (1, 28, 28)
+    train = load_images("fashion-mnist:train", shape).subset(args.images)
+    train_classifier(model, train, epochs=args.epochs)
+    torch.save(model.state_dict(), args.out)
+    print(f"wrote {args.out}: {args.model} trained {args.epochs} epoch(s) on {train.source}; top-1 on the 10,000 "
+          f"test images {accuracy(model, load_images('fashion-mnist:test', shape)):.4f}")
+
+
+if __name__ == "__main__":
+    main()
