@@ -217,7 +217,8 @@ def _build(args: argparse.Namespace) -> int:
     from exporter.build import build_bundle
 
     if args.splits is None and not args.chains and args.semantic is None:
-        raise SplitEdgeError("build needs --splits (auto or cut ids), --chain ID,ID[,ID...], --semantic K, or several")
+        raise SplitEdgeError("build needs --splits (auto or cut ids), --chain ID,ID[,ID...], or both; "
+                             "or --semantic K, alone or beside them")
     semantic = _semantic_options(args)
     bottleneck = None
     if args.bottleneck:
