@@ -51,6 +51,16 @@ $(BUILD)/test-bundle/manifest.json: $(VENV)/.installed
 	$(VENV)/bin/split-export build torchvision:mobilenet_v2 --weights $(WEIGHTS) --splits $(TEST_SPLITS) --chain $(TEST_SPLITS) \
 		--out $(BUILD)/test-bundle
 
+# A Fashion-MNIST model a camera can feed, cut at SEMANTIC_CUT twice: a layer split and a semantic
+# split of 3 fragments (tests/conftest.py's semantic_bundle; bench/splitplace.py builds its own).
+SEMANTIC_CUT := _14
+$(BUILD)/fmnist-camera.pt: $(VENV)/.installed $(FASHION_MNIST)
+	$(VENV)/bin/python -m exporter.zoo fmnist_camera --images 10000 --epochs 1 --out $@
+
+$(BUILD)/semantic-bundle/manifest.json: $(BUILD)/fmnist-camera.pt
+	$(VENV)/bin/split-export build exporter.zoo:fmnist_camera --weights $< --splits $(SEMANTIC_CUT) --semantic 3 \
+		--cut $(SEMANTIC_CUT) --train-data fashion-mnist:train --test-data fashion-mnist:test --out $(BUILD)/semantic-bundle
+
 demo: $(BUILD)/demo-bundle/manifest.json $(BUILD)/photos/.written
 	@$(VENV)/bin/split-host serve $(BUILD)/demo-bundle --interface 127.0.0.1 --port 0 > $(BUILD)/demo-host.log 2>&1 & \
 	host=$$!; trap 'kill -INT $$host 2>/dev/null; wait $$host; echo "--- host log"; cat $(BUILD)/demo-host.log' EXIT; \
@@ -83,8 +93,10 @@ test-workstation: $(VENV)/.installed $(FASHION_MNIST)
 
 # Everything else runs once, in the environment without torch (as on a board and a host),
 # against a bundle the workstation exported.
-test-device: $(DEVICE_VENV)/.installed $(BUILD)/test-bundle/manifest.json $(BUILD)/photos/.written $(SSHD)
+test-device: $(DEVICE_VENV)/.installed $(BUILD)/test-bundle/manifest.json $(BUILD)/semantic-bundle/manifest.json \
+		$(BUILD)/photos/.written $(SSHD)
 	SPLITEDGE_DEVICE_ENV=1 SPLITEDGE_TEST_BUNDLE=$(BUILD)/test-bundle SPLITEDGE_TEST_PHOTOS=$(BUILD)/photos \
+	SPLITEDGE_TEST_SEMANTIC_BUNDLE=$(BUILD)/semantic-bundle \
 	$(DEVICE_VENV)/bin/python -m pytest -q tests/test_architecture.py tests/test_public_faces.py tests/test_docs_agree.py tests/splitedge tests/device_runtime tests/host_runtime tests/e2e tests/calibration tests/boards tests/fieldtrial tests/testbed tests/deploy
 
 # ---- The board in a box: arm64 Debian Bookworm (64-bit Raspberry Pi OS's base, Python 3.11) under

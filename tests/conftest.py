@@ -21,6 +21,9 @@ PHOTOS = ("coffee", "chelsea", "astronaut", "rocket")
 TEST_SPLITS = ("features_4_conv_2", "features_14_conv_2")
 #: The test bundle also has both cuts as one chain: the head, then a stage on each of two hosts.
 TEST_CHAIN = "+".join(TEST_SPLITS)
+#: The semantic bundle's cut (the Makefile's SEMANTIC_CUT) and its semantic split of 3 fragments.
+SEMANTIC_CUT = "_14"
+SEMANTIC_SPLIT = f"{SEMANTIC_CUT}~3"
 
 
 def offline_weights() -> Path | None:
@@ -78,6 +81,31 @@ def mobilenet_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("bundle")
     build_bundle("torchvision:mobilenet_v2", weights, list(TEST_SPLITS), out, progress=False, chains=[TEST_SPLITS])
     return out
+
+
+@pytest.fixture(scope="session")
+def semantic_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """:func:`exporter.zoo.fmnist_camera` trained briefly on Fashion-MNIST, cut at :data:`SEMANTIC_CUT`
+    as a layer split and as a semantic split of 3 fragments (:data:`SEMANTIC_SPLIT`), as the
+    Makefile's semantic bundle is (with fewer images here: only behaviour is tested on it)."""
+    if env := os.environ.get("SPLITEDGE_TEST_SEMANTIC_BUNDLE"):
+        return Path(env)
+    torch = pytest.importorskip("torch", reason="exporting a bundle needs the workstation environment")
+    from exporter.build import build_bundle
+    from exporter.datasets import load_images
+    from exporter.semantic import FragmentTraining, SemanticOptions
+    from exporter.train import train_classifier
+    from exporter.zoo import fmnist_camera
+
+    root = tmp_path_factory.mktemp("semantic")
+    model = train_classifier(fmnist_camera(), load_images("fashion-mnist:train", (3, 28, 28)).subset(2000),
+                             progress=False)
+    torch.save(model.state_dict(), root / "weights.pt")
+    options = SemanticOptions(3, "fashion-mnist:train", "fashion-mnist:test", cut=SEMANTIC_CUT, train_images=2000,
+                              training=FragmentTraining(epochs=1))
+    build_bundle("exporter.zoo:fmnist_camera", root / "weights.pt", [SEMANTIC_CUT], root / "bundle", progress=False,
+                 semantic=options)
+    return root / "bundle"
 
 
 @dataclass
