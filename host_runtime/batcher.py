@@ -6,7 +6,9 @@ arrive close together run as one batch: concatenated along the batch axis, run o
 each request gets its own slice of the output back. The oldest waiting request waits at
 most ``max_wait_ms`` for company; a batch of ``max_batch`` samples goes at once; while every
 worker is busy, requests gather anyway and the next free worker takes up to ``max_batch``
-of them. ``max_batch = 1`` turns batching off.
+of them. ``max_batch = 1`` turns batching off. With ``buckets`` (a GPU's), a batch is padded
+with zeros up to the next bucket size (:func:`~host_runtime.tails.run_batch`) and each request
+still gets only its own rows back.
 
 Admission is decided at once, on the event loop, so a refusal costs the device one round
 trip rather than a timeout:
@@ -41,7 +43,7 @@ from typing import Any, Callable
 import numpy as np
 
 from device_runtime.engine.backend import Backend
-from host_runtime.tails import run_batch
+from host_runtime.tails import bucket_for, can_pad, run_batch
 from splitedge.errors import ProtocolError
 
 log = logging.getLogger("splitedge.host")
@@ -60,9 +62,13 @@ class BatchConfig:
     # docs/benchmarks.md "Host under load").
     max_wait_ms: float = 0.0
     max_queue: int = 256  # samples waiting across the host before requests are refused
+    # Batch sizes a batch is padded up to (host_runtime.tails.bucket_sizes); () runs every batch at its own size.
+    buckets: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         assert self.max_batch >= 1, f"max_batch must be at least 1, got {self.max_batch}"
+        assert list(self.buckets) == sorted(set(self.buckets)) and all(b >= 1 for b in self.buckets), (
+            f"buckets must be distinct positive sizes in ascending order, got {self.buckets}")
         assert self.max_wait_ms >= 0, f"max_wait_ms must not be negative, got {self.max_wait_ms}"
         assert self.max_queue >= 1, f"max_queue must be at least 1, got {self.max_queue}"
 
@@ -97,6 +103,7 @@ class _Tail:
     queue: deque[_Request] = field(default_factory=deque)
     queued: int = 0  # samples in ``queue``
     ms_per_sample: float | None = None
+    buckets: tuple[int, ...] = ()  # the batcher's, or none for a tail whose shape cannot be padded
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     dispatcher: asyncio.Task[None] | None = None
 
@@ -136,11 +143,13 @@ class LoadMeter:
 class Batcher:
     """Queues and batches infer requests per tail and runs them on ``workers`` threads."""
 
-    def __init__(self, config: BatchConfig, executor: Executor, workers: int, on_batch: Callable[[int], Any]) -> None:
+    def __init__(self, config: BatchConfig, executor: Executor, workers: int, on_batch: Callable[[int], Any],
+                 on_padding: Callable[[int], Any] = lambda rows: None) -> None:
         self.config = config
         self.executor = executor
         self.workers = workers
         self.on_batch = on_batch  # called with each batch's sample count (the batch-size histogram)
+        self.on_padding = on_padding  # called with the zero rows a batch was padded with, when any
         self.tails: dict[TailKey, _Tail] = {}
         self.queued = 0  # samples waiting, all tails
         self.running = 0  # samples in batches on a worker
@@ -232,7 +241,7 @@ class Batcher:
     def _tail(self, key: TailKey, backend: Backend) -> _Tail:
         tail = self.tails.get(key)
         if tail is None:
-            tail = self.tails[key] = _Tail(key, backend)
+            tail = self.tails[key] = _Tail(key, backend, buckets=self.config.buckets if self.config.buckets and can_pad(backend) else ())
             tail.dispatcher = asyncio.ensure_future(self._dispatch(tail))
         return tail
 
@@ -312,7 +321,8 @@ class Batcher:
 
     def _launch(self, tail: _Tail, batch: list[_Request]) -> None:
         loop = asyncio.get_running_loop()
-        run = loop.run_in_executor(self.executor, run_batch, tail.backend, [r.tensor for r in batch])
+        bucket = bucket_for(sum(r.samples for r in batch), tail.buckets)
+        run = loop.run_in_executor(self.executor, run_batch, tail.backend, [r.tensor for r in batch], bucket)
         run.add_done_callback(partial(self._finished, tail, batch))
 
     def _finished(self, tail: _Tail, batch: list[_Request], run: asyncio.Future[tuple[np.ndarray, float, float]]) -> None:
@@ -335,6 +345,9 @@ class Batcher:
             return
         output, started, compute_ms = run.result()
         self.on_batch(samples)
+        padded = bucket_for(samples, tail.buckets) - samples
+        if padded:
+            self.on_padding(padded)
         per_sample = compute_ms / samples
         tail.ms_per_sample = per_sample if tail.ms_per_sample is None else (
             (1 - EWMA_ALPHA) * tail.ms_per_sample + EWMA_ALPHA * per_sample

@@ -51,6 +51,8 @@ class HostStats:
             Gauge(PREFIX + name, doc, registry=self.registry).set_function(read)
         self.batch_size = Histogram(PREFIX + "batch_size", "Samples per tail run (one observation per batch).",
                                     buckets=BATCH_BUCKETS, registry=self.registry)
+        self.padded_samples = Counter(PREFIX + "padded_samples", "Zero rows tail runs were padded with up to their "
+                                      "bucket (--buckets); computed, then dropped.", registry=self.registry)
         per_split = ["bundle", "split"]
         self.queue_seconds = Histogram(PREFIX + "queue_seconds", "Request fully received to its batch starting.",
                                        per_split, buckets=LATENCY_BUCKETS, registry=self.registry)

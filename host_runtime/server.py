@@ -78,7 +78,7 @@ from host_runtime.limits import (
 from host_runtime.metrics import PREFIX, HostStats, MetricsEndpoint
 from host_runtime.peers import Peers
 from host_runtime.profiling import Profiler, plan_profile
-from host_runtime.tails import TailRegistry
+from host_runtime.tails import TailRegistry, warm_up
 from splitedge.errors import FrameRefused, ProtocolError, RemoteError, SplitEdgeError
 
 log = logging.getLogger("splitedge.host")
@@ -94,6 +94,7 @@ class ServerConfig:
     shutdown_timeout: float = 5.0
     batching: BatchConfig = field(default_factory=BatchConfig)  # --max-batch, --max-wait-ms, --max-queue
     metrics_port: int | None = None  # Prometheus text on host:metrics_port (0: a free port); None: off
+    metrics_host: str | None = None  # where the metrics listen, if not on ``host`` (a --procs child: 127.0.0.1)
     key: bytes | None = field(default=None, repr=False)  # --key-file: every frame authenticated (device_runtime.wire.auth)
     tls: ssl.SSLContext | None = None  # --tls-cert/--tls-key (device_runtime.wire.tls.server_context)
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # in all; past it a new connection is refused
@@ -104,6 +105,8 @@ class ServerConfig:
     max_partial_bytes: int = 4 * DEFAULT_MAX_FRAME_BYTES
     peers: tuple[str, ...] = ()  # --peer host:port: next hops a host without a key may pass chains on to
     forward_timeout: float = 10.0  # s to wait for a next hop's answer when the request has no deadline
+    # Listen with SO_REUSEPORT: ``--procs`` runs several servers on one port, the kernel spreading connections.
+    reuse_port: bool = False
 
     def __post_init__(self) -> None:
         assert self.max_partial_bytes >= self.max_frame_bytes, (
@@ -387,7 +390,8 @@ class HostServer:
             in_flight=lambda: self.batcher.pending,
             queue_depth=lambda: self.batcher.queued,
         )
-        self.batcher = Batcher(config.batching, self.executor, config.workers, on_batch=self.stats.batch_size.observe)
+        self.batcher = Batcher(config.batching, self.executor, config.workers, on_batch=self.stats.batch_size.observe,
+                               on_padding=self.stats.padded_samples.inc)
         self.frames_refused = PromCounter(
             PREFIX + "frames_refused", "Frames refused by authentication (each closes its connection), by reason.",
             ["reason"], registry=self.stats.registry,
@@ -424,19 +428,29 @@ class HostServer:
         """Mean samples queued or running per worker since the previous call (the TXT record's ``load``)."""
         return self.batcher.load()
 
+    def warm_up(self) -> int:
+        """Run every tail once at each bucket size (``BatchConfig.buckets``), before serving: the GPU's
+        algorithm search and allocations for each shape are done when the first request comes.
+        Returns the runs made."""
+        return sum(warm_up(tail, self.config.batching.buckets) for tail in self.registry.tails.values())
+
     async def start(self) -> tuple[str, int]:
-        """Bind and listen; returns the bound address (port 0 picks a free port)."""
+        """Warm the buckets up, bind and listen; returns the bound address (port 0 picks a free port)."""
         loop = asyncio.get_running_loop()
         self.clock = loop.time
+        if self.config.batching.buckets:
+            await loop.run_in_executor(self.executor, self.warm_up)
         with _port_in_use(self.config.host, self.config.port, "--port"):
             self._server = await loop.create_server(
-                lambda: _HostProtocol(self), self.config.host, self.config.port, reuse_address=True, ssl=self.config.tls
+                lambda: _HostProtocol(self), self.config.host, self.config.port, reuse_address=True,
+                reuse_port=self.config.reuse_port or None, ssl=self.config.tls,
             )
         host, port = self._server.sockets[0].getsockname()[:2]
         if self.config.metrics_port is not None:
             try:
-                with _port_in_use(self.config.host, self.config.metrics_port, "--metrics-port"):
-                    self.metrics = self.stats.serve_http(self.config.host, self.config.metrics_port)
+                metrics_host = self.config.metrics_host or self.config.host
+                with _port_in_use(metrics_host, self.config.metrics_port, "--metrics-port"):
+                    self.metrics = self.stats.serve_http(metrics_host, self.config.metrics_port)
             except SplitEdgeError:
                 self._server.close()
                 raise

@@ -14,13 +14,25 @@ board calibrates. The host times its own tails for that table
 Tails run on onnxruntime's CUDA provider when the host has one (``--device auto``, the
 default) and on the CPU otherwise; the device actually used is read back from the sessions,
 since onnxruntime quietly falls back to the CPU when CUDA's libraries cannot be loaded.
+
+On CUDA the provider is told to give the CPU's answers (:func:`cuda_options`): onnxruntime's
+CUDA provider computes in TF32 by default on Ampere and later GPUs, which moved MobileNetV2's
+logits by 0.013 on an H100 (issue 19); with ``use_tf32=0`` they stay within 1e-5 of the CPU's.
+``--tf32`` gives that accuracy back for speed. Inputs and outputs go through onnxruntime's I/O
+binding there (:class:`TailSession`).
+
+Batches may be padded to a few fixed sizes (buckets, Triton's "preferred batch sizes",
+:func:`bucket_sizes`): a GPU then sees a handful of shapes, each warmed once at start
+(:func:`warm_up`: cuDNN chooses its algorithms before the first request, not during it), and
+the padded rows' outputs are dropped (:func:`run_batch`).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence, Union
 
 import numpy as np
 
@@ -31,10 +43,28 @@ from splitedge.errors import BackendError, BundleError, ProtocolError
 DEVICES = ("auto", "cpu", "cuda")
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
+#: A provider as onnxruntime takes it: a name, or a name and its options.
+Provider = Union[str, tuple[str, dict[str, str]]]
+#: ``--buckets`` words (or a list of sizes): auto pads on CUDA, where a fixed shape pays, and not on
+#: the CPU, where every padded row costs as much compute as a real one.
+BUCKETS_AUTO, BUCKETS_OFF = "auto", "off"
 
 
-def providers_for(device: str) -> list[str]:
-    """onnxruntime providers for ``--device``: ``auto`` takes CUDA when this onnxruntime has it.
+def cuda_options(tf32: bool = False, fixed_shapes: bool = False) -> dict[str, str]:
+    """The CUDA provider's options: the CPU's answers unless ``tf32``.
+
+    ``use_tf32=0``: onnxruntime's CUDA provider uses TF32 by default, 0.013 off on logits (issue
+    19). ``cudnn_conv_algo_search``: cuDNN's exhaustive search runs once per new input shape; with
+    ``fixed_shapes`` (buckets, each warmed at start) it runs at start and finds the best algorithm
+    for each; without, any batch size may come and a search in the middle of serving would stall
+    every request behind it, so cuDNN's heuristic picks at once.
+    """
+    return {"use_tf32": "1" if tf32 else "0", "cudnn_conv_algo_search": "EXHAUSTIVE" if fixed_shapes else "HEURISTIC"}
+
+
+def providers_for(device: str, tf32: bool = False, fixed_shapes: bool = False) -> list[Provider]:
+    """onnxruntime providers for ``--device``: ``auto`` takes CUDA when this onnxruntime has it,
+    with :func:`cuda_options`.
 
     CUDA keeps the CPU provider behind it for the few operators CUDA lacks.
     """
@@ -50,29 +80,109 @@ def providers_for(device: str) -> list[str]:
             f"--device cuda: this onnxruntime has no {CUDA} (it has {', '.join(available)}); "
             "install onnxruntime-gpu or use --device cpu"
         )
-    return [CUDA, CPU]
+    return [(CUDA, cuda_options(tf32, fixed_shapes)), CPU]
+
+
+def on_cuda(device: str) -> bool:
+    """Whether ``--device`` will put the tails on CUDA (auto: where this onnxruntime has it)."""
+    import onnxruntime as ort
+
+    return device == "cuda" or (device == "auto" and CUDA in ort.get_available_providers())
+
+
+def bucket_sizes(buckets: str, max_batch: int, cuda: bool) -> tuple[int, ...]:
+    """``--buckets`` as the batch sizes batches are padded to; () for none.
+
+    ``auto``: powers of two up to ``max_batch`` on CUDA, none on the CPU; ``off``: none; a list
+    (``1,2,4,8``): those sizes. ``max_batch`` is always the largest, so that no batch runs at a
+    size of its own (a single request larger than it still does, unpadded).
+    """
+    if buckets == BUCKETS_OFF or (buckets == BUCKETS_AUTO and not cuda) or max_batch == 1:
+        return ()
+    if buckets == BUCKETS_AUTO:
+        sizes = {1 << k for k in range(max_batch.bit_length()) if 1 << k <= max_batch}
+    else:
+        try:
+            sizes = {int(size) for size in buckets.split(",")}
+        except ValueError:
+            raise BackendError(f"--buckets {buckets!r}: give auto, off or batch sizes such as 1,2,4,8") from None
+        if min(sizes) < 1 or max(sizes) > max_batch:
+            raise BackendError(f"--buckets {buckets}: sizes must be from 1 to --max-batch ({max_batch})")
+    return tuple(sorted(sizes | {max_batch}))
+
+
+def bucket_for(samples: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds ``samples`` (``samples`` itself past the largest, or with none)."""
+    for size in buckets:
+        if size >= samples:
+            return size
+    return samples
+
+
+class TailSession(OnnxBackend):
+    """A tail's onnxruntime session; with ``io_binding``, each run binds its input and output
+    (``session.io_binding()``) instead of ``session.run``'s feed dict.
+
+    On CUDA a bound run copies the input to the GPU once and fetches the output once, on
+    onnxruntime's own stream, without the per-call argument conversion of ``run``. A binding
+    is not shared between threads: each worker thread keeps its own.
+    """
+
+    def __init__(self, path: str | Path, threads: int | None, providers: Sequence[Provider], io_binding: bool) -> None:
+        super().__init__(path, threads, providers)  # type: ignore[arg-type]  # onnxruntime takes (name, options) too
+        self.io_binding = io_binding
+        self._output_device = "cuda" if CUDA in self.session.get_providers() else "cpu"
+        self._bindings = threading.local()
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        if not self.io_binding:
+            return super().run(x)
+        check_input(x, self.input_shape, self.input_dtype, self.name)
+        binding = getattr(self._bindings, "binding", None)
+        if binding is None:
+            binding = self._bindings.binding = self.session.io_binding()
+        try:
+            binding.bind_cpu_input(self.input_name, np.ascontiguousarray(x))
+            binding.bind_output(self.output_name, self._output_device)
+            self.session.run_with_iobinding(binding)
+            (y,) = binding.copy_outputs_to_cpu()
+        except Exception as exc:
+            raise BackendError(f"{self.name}: onnxruntime failed: {exc}") from exc
+        finally:
+            binding.clear_binding_inputs()
+            binding.clear_binding_outputs()
+        return y
 
 
 class TailRegistry:
-    """Every tail of every bundle given, ready to run."""
+    """Every tail of every bundle given, ready to run.
 
-    def __init__(self, bundles: Iterable[Bundle], threads: int | None = None, device: str = "auto") -> None:
+    ``tf32`` and ``fixed_shapes`` go to the CUDA provider (:func:`cuda_options`); ``io_binding``
+    (None: on CUDA only) to every :class:`TailSession`.
+    """
+
+    def __init__(self, bundles: Iterable[Bundle], threads: int | None = None, device: str = "auto",
+                 tf32: bool = False, fixed_shapes: bool = False, io_binding: bool | None = None) -> None:
         self.bundles: dict[str, Bundle] = {}
-        self.tails: dict[tuple[str, str], OnnxBackend] = {}
-        providers = providers_for(device)
+        self.tails: dict[tuple[str, str], TailSession] = {}
+        providers = providers_for(device, tf32, fixed_shapes)
+        bind = CUDA in (p if isinstance(p, str) else p[0] for p in providers) if io_binding is None else io_binding
+
+        def session(path: Path) -> TailSession:
+            return TailSession(path, threads, providers, bind)
         for bundle in bundles:
             if bundle.id in self.bundles:
                 raise BundleError(f"{bundle.root}: bundle {bundle.id} is already served from {self.bundles[bundle.id].root}")
             self.bundles[bundle.id] = bundle
             for split in bundle.manifest.splits:
                 if bundle.has(split.id, TAIL):
-                    self.tails[(bundle.id, split.id)] = OnnxBackend(bundle.artifact(split.id, TAIL), threads, providers)
+                    self.tails[(bundle.id, split.id)] = session(bundle.artifact(split.id, TAIL))
                 for part in split.parts:  # a chain's stages, a semantic split's fragments: each a tail of its own
                     if part.artifacts:
-                        self.tails[(bundle.id, stage_id(split.id, part.index))] = OnnxBackend(
-                            bundle.stage_artifact(split.id, part.index), threads, providers)
+                        self.tails[(bundle.id, stage_id(split.id, part.index))] = session(
+                            bundle.stage_artifact(split.id, part.index))
             if bundle.has(LOCAL, FULL):
-                self.tails[(bundle.id, OFFLOAD)] = OnnxBackend(bundle.artifact(LOCAL, FULL), threads, providers)
+                self.tails[(bundle.id, OFFLOAD)] = session(bundle.artifact(LOCAL, FULL))
         on_cuda = [CUDA in tail.session.get_providers() for tail in self.tails.values()]
         if device == "cuda" and not all(on_cuda):
             raise BackendError(f"--device cuda: onnxruntime fell back to the CPU for {on_cuda.count(False)} tails "
@@ -81,8 +191,9 @@ class TailRegistry:
         self.device = "cuda" if on_cuda and all(on_cuda) else "cpu"
 
     @classmethod
-    def from_paths(cls, paths: Iterable[str | Path], threads: int | None = None, device: str = "auto") -> "TailRegistry":
-        return cls((Bundle.load(p, roles=(TAIL, FULL)) for p in paths), threads=threads, device=device)
+    def from_paths(cls, paths: Iterable[str | Path], threads: int | None = None, device: str = "auto",
+                   **options: Any) -> "TailRegistry":
+        return cls((Bundle.load(p, roles=(TAIL, FULL)) for p in paths), threads=threads, device=device, **options)
 
     def served(self) -> dict[str, list[str]]:
         """bundle id → split ids with a tail here, and chain stages and semantic fragments as
@@ -114,14 +225,38 @@ class TailRegistry:
         return tail
 
 
-def run_batch(tail: Backend, tensors: Sequence[np.ndarray]) -> tuple[np.ndarray, float, float]:
+def can_pad(tail: Backend) -> bool:
+    """Whether batches of ``tail`` can be padded: its batch axis is free and nothing else is."""
+    shape = tail.input_shape
+    return bool(shape) and not isinstance(shape[0], int) and all(isinstance(d, int) for d in shape[1:])
+
+
+def warm_up(tail: Backend, buckets: Sequence[int]) -> int:
+    """Run ``tail`` once at every bucket size, on zeros, before any request: cuDNN's algorithm
+    search and onnxruntime's per-shape allocations happen here. Returns the runs made (none for a
+    tail that cannot be padded)."""
+    if not buckets or not can_pad(tail):
+        return 0
+    sample = tuple(int(d) for d in tail.input_shape[1:])
+    for size in buckets:
+        tail.run(np.zeros((size, *sample), dtype=tail.input_dtype))
+    return len(buckets)
+
+
+def run_batch(tail: Backend, tensors: Sequence[np.ndarray], bucket: int = 0) -> tuple[np.ndarray, float, float]:
     """Run requests as one batch in a worker thread: concatenated along the batch axis (a lone
-    request is not copied). Returns the output (sum of B, ...), the perf_counter time the tail
-    started (each request's queue time ends there) and the ms of compute."""
-    x = tensors[0] if len(tensors) == 1 else np.concatenate(tensors)
+    request is not copied), padded with zeros up to ``bucket`` samples when that is more. Returns
+    the output of the requests' own rows (sum of B, ...; the padded rows' are dropped), the
+    perf_counter time the tail started (each request's queue time ends there) and the ms of compute."""
+    samples = sum(int(t.shape[0]) for t in tensors)
+    if bucket > samples:
+        x = np.zeros((bucket, *tensors[0].shape[1:]), dtype=tensors[0].dtype)
+        np.concatenate(tensors, out=x[:samples])
+    else:
+        x = tensors[0] if len(tensors) == 1 else np.concatenate(tensors)
     start = time.perf_counter()
     output = tail.run(x)
     compute_ms = (time.perf_counter() - start) * 1000.0
     if output.shape[:1] != x.shape[:1]:
         raise BackendError(f"{tail.name} returned {output.shape[:1]} samples for a batch of {x.shape[0]}")
-    return output, start, compute_ms
+    return output[:samples], start, compute_ms

@@ -43,10 +43,11 @@ def test_cuda_without_cuda_is_refused_at_start(mobilenet_bundle, capsys) -> None
 @pytest.mark.needs_gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs onnxruntime with the CUDA provider and a GPU")
 def test_cuda_tails_match_the_cpu(mobilenet_bundle) -> None:
+    """TF32 off by default (issue 19: with it, 0.013 off on an H100; without, 1e-5)."""
     bundle = Bundle.load(mobilenet_bundle)
     registry = TailRegistry([bundle], device="cuda")
     assert registry.device == "cuda"
     for split_id in TEST_SPLITS:
         x = cut(bundle, split_id, 4)
         (expected,) = unbatched(bundle, split_id, [x])
-        np.testing.assert_allclose(registry.lookup(bundle.id, split_id).run(x), expected, atol=1e-3, rtol=1e-3)
+        np.testing.assert_allclose(registry.lookup(bundle.id, split_id).run(x), expected, atol=1e-4, rtol=0)
