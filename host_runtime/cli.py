@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import signal
 import sys
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from device_runtime.lifecycle import run_command, stop_on_signals
 from device_runtime.wire.auth import load_key
@@ -17,9 +19,11 @@ from host_runtime.advertise import Advertiser, local_address_for
 from host_runtime.batcher import BatchConfig
 from host_runtime.event_loop import LOOPS, loop_runner
 from host_runtime.limits import fit_fd_limit
+from host_runtime.metrics import MetricsEndpoint
+from host_runtime.procs import Child, Supervisor, child_setup, serve_summed_metrics, supervise
 from host_runtime.server import HostServer, ServerConfig
 from host_runtime.service import SERVICE_EXAMPLES, install_service, service_arguments
-from host_runtime.tails import DEVICES, TailRegistry
+from host_runtime.tails import BUCKETS_AUTO, BUCKETS_OFF, DEVICES, TailRegistry, bucket_sizes, on_cuda
 from splitedge.errors import SplitEdgeError
 
 EXAMPLES = """\
@@ -31,6 +35,9 @@ examples:
   split-host serve bundle/ --max-batch 32 --max-wait-ms 5   # bigger batches for a busy fleet
   split-host serve bundle/ --max-batch 1 --max-queue 64     # no batching, refuse sooner
   split-host serve bundle/ --device cpu            # keep the tails off the GPU
+  split-host serve bundle/ --device cuda --max-batch 32 --procs 4   # a GPU host for a large fleet
+  split-host serve bundle/ --device cuda --tf32    # faster on the GPU, answers ~1e-2 off the CPU's
+  split-host serve bundle/ --max-batch 32 --buckets 1,8,32   # pad batches to these sizes only
   split-host serve bundle/ --max-connections 256 --idle-timeout 60   # a smaller host, stricter
   split-host serve bundle/ --loop asyncio          # asyncio's own event loop even where uvloop is installed
   openssl rand -hex 32 > host.key && chmod 600 host.key   # a pre-shared key; copy it to the boards
@@ -40,6 +47,9 @@ examples:
 """
 
 NO_KEY_WARNING = "warning: no --key-file: frames are not authenticated; anyone on this network can use this host"
+#: Tail worker threads on CUDA: one GPU runs one kernel stream at a time, and on an H100 2 workers
+#: served more than 16 (issue 19), where threads queued on the GPU.
+CUDA_WORKERS = 2
 
 
 def _at_least(minimum: float, kind: type[int] | type[float]) -> Callable[[str], int | float]:
@@ -83,8 +93,9 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--port", type=int, default=7767, help="TCP port (0 picks a free one; default 7767)")
     serve.add_argument("--interface", default="0.0.0.0", help="address to listen and advertise on (default: all)")
     serve.add_argument("--no-zeroconf", action="store_true", help="do not advertise the host")
-    serve.add_argument("--workers", type=int, default=ServerConfig.workers,
-                       help=f"tail worker threads (default: one per CPU, {ServerConfig.workers})")
+    serve.add_argument("--workers", type=_at_least(1, int), default=None,
+                       help=f"tail worker threads: the tail runs at once on this many (default: {CUDA_WORKERS} when the "
+                       f"tails run on CUDA, else one per CPU, {ServerConfig.workers})")
     serve.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads per tail")
     serve.add_argument(
         "--max-frame-mb", type=_at_least(0.001, float), default=DEFAULT_MAX_FRAME_BYTES / 2**20,
@@ -118,7 +129,20 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--device", choices=DEVICES, default="auto",
-        help="where tails run: auto takes onnxruntime's CUDA provider when available (default: auto)",
+        help="where tails run: auto takes onnxruntime's CUDA provider when available (default: auto); on CUDA "
+        "the answers are the CPU's within 1e-4 (TF32 off, see --tf32)",
+    )
+    serve.add_argument(
+        "--tf32", action="store_true",
+        help="let CUDA compute in TF32 (Ampere and later): faster matrix products, but answers no longer the "
+        "CPU's: MobileNetV2's logits moved by up to 0.013 on an H100 (1e-5 without); no effect on the CPU",
+    )
+    serve.add_argument(
+        "--buckets", type=_buckets, default=BUCKETS_AUTO, metavar="auto|off|SIZES",
+        help="pad each batch with zeros up to the next of a few fixed sizes, each warmed up at start, so a GPU "
+        "sees few shapes and chooses its algorithms before the first request (the padded rows are computed and "
+        "dropped); auto: powers of two up to --max-batch on CUDA, off on the CPU, where padding costs compute; "
+        "or sizes such as 1,2,4,8 (--max-batch is always one; default: auto)",
     )
     defaults = BatchConfig()
     serve.add_argument(
@@ -153,7 +177,25 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         help="a host this one may pass a chain's requests on to (repeat for each); a host with --key-file "
         "passes authenticated requests on to any host, one without only to these",
     )
+    serve.add_argument(
+        "--procs", type=_at_least(1, int), default=1,
+        help="serve from this many processes on one port (SO_REUSEPORT, Linux; the kernel spreads the connections): "
+        "each its own event loop, framing, auth, tails and batches; one zeroconf record, one --metrics-port "
+        "summing them, one shutdown; a process that dies stops the host, exit status 2 (default: 1)",
+    )
     serve.add_argument("-v", "--verbose", action="store_true", help="log every error reply")
+
+
+def _buckets(text: str) -> str:
+    if text in (BUCKETS_AUTO, BUCKETS_OFF):
+        return text
+    try:
+        sizes = [int(size) for size in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give auto, off or batch sizes such as 1,2,4,8") from None
+    if min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: batch sizes are at least 1")
+    return ",".join(str(size) for size in sorted(set(sizes)))
 
 
 def _address(text: str) -> str:
@@ -164,55 +206,148 @@ def _address(text: str) -> str:
     return text
 
 
-async def serve(args: argparse.Namespace) -> None:
+async def serve(args: argparse.Namespace, child: Child | None = None) -> None:
+    """One host process: the whole host, or (``child``) one of ``--procs`` on a shared port, which
+    reports to the parent instead of printing, and leaves zeroconf to it."""
     key = load_key(args.key_file) if args.key_file else None  # checked before the bundles load
     tls = server_context(args.tls_cert, args.tls_key) if args.tls_cert or args.tls_key else None
-    registry = TailRegistry.from_paths(args.bundles, threads=args.threads, device=args.device)
+    fixed = bucket_sizes(args.buckets, args.max_batch, cuda=True) != ()  # whether CUDA will see fixed shapes
+    registry = TailRegistry.from_paths(args.bundles, threads=args.threads, device=args.device, tf32=args.tf32,
+                                       fixed_shapes=fixed and on_cuda(args.device))
+    cuda = registry.device == "cuda"
+    buckets = bucket_sizes(args.buckets, args.max_batch, cuda)
+    workers = args.workers or (CUDA_WORKERS if cuda else ServerConfig.workers)
+    notes: list[tuple[Any, str]] = []  # (stream, line): printed, or sent to the parent by a child
     max_connections, fd_warning = fit_fd_limit(args.max_connections)
     if fd_warning is not None:
-        print(fd_warning, file=sys.stderr, flush=True)
+        notes.append((sys.stderr, fd_warning))
     max_frame_bytes = int(args.max_frame_mb * 2**20)
     config = ServerConfig(
-        host=args.interface, port=args.port, workers=args.workers, max_frame_bytes=max_frame_bytes,
-        batching=BatchConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue),
-        metrics_port=args.metrics_port, key=key, tls=tls, max_connections=max_connections,
+        host=args.interface, port=args.port if child is None else child.port, workers=workers,
+        max_frame_bytes=max_frame_bytes,
+        batching=BatchConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
+                             buckets=buckets),
+        metrics_port=args.metrics_port if child is None or args.metrics_port is None else 0,
+        metrics_host=None if child is None else "127.0.0.1",
+        key=key, tls=tls, max_connections=max_connections,
         max_connections_per_address=args.max_connections_per_address, idle_timeout=args.idle_timeout,
         frame_timeout=args.frame_timeout,
         max_partial_bytes=4 * max_frame_bytes if args.max_partial_mb is None else int(args.max_partial_mb * 2**20),
-        peers=tuple(args.peer),
+        peers=tuple(args.peer), reuse_port=child is not None,
     )
     server = HostServer(registry, config)
     stop = asyncio.Event()
-    stop_on_signals(stop)
+    if child is None:
+        stop_on_signals(stop)
+    else:  # SIGINT is ignored (child_setup): the parent stops its children with SIGTERM
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     host, port = await server.start()
     for bundle_id, splits in registry.served().items():
-        print(f"bundle {bundle_id}: {len(splits)} tails ({', '.join(splits)})", flush=True)
+        notes.append((sys.stdout, f"bundle {bundle_id}: {len(splits)} tails ({', '.join(splits)})"))
     if key is None:
-        print(NO_KEY_WARNING, file=sys.stderr, flush=True)
+        notes.append((sys.stderr, NO_KEY_WARNING))
     frames = "frames authenticated (HMAC-SHA256)" if key is not None else "frames not authenticated"
-    print(f"listening on {host}:{port}; {frames}, {'TLS' if tls is not None else 'no TLS'}", flush=True)
+    listening = f"listening on {host}:{port}; {frames}, {'TLS' if tls is not None else 'no TLS'}"
     event_loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # "uvloop" or "asyncio"
-    print(f"tails run on {registry.device}; batches of up to {args.max_batch} samples, waiting at most "
-          f"{args.max_wait_ms:g} ms; queue of {args.max_queue} samples; {event_loop} event loop", flush=True)
-    print(f"limits: {config.max_connections} connections ({config.max_connections_per_address} per address), "
-          f"idle {config.idle_timeout:g} s, frames finished within {config.frame_timeout:g} s, "
-          f"{config.max_partial_bytes / 2**20:g} MiB of frames arriving", flush=True)
-    if server.metrics is not None:
-        print(f"metrics on http://{host}:{server.metrics.port}/metrics", flush=True)
+    padding = f"padded to {','.join(map(str, buckets))} (warmed up)" if buckets else "not padded"
+    after = [(sys.stdout, f"tails run on {registry.device} ({workers} workers{', TF32' if cuda and args.tf32 else ''}); "
+                              f"batches of up to {args.max_batch} samples, {padding}, waiting at most "
+                              f"{args.max_wait_ms:g} ms; queue of {args.max_queue} samples; {event_loop} event loop"),
+             (sys.stdout, f"limits: {config.max_connections} connections ({config.max_connections_per_address} "
+                              f"per address), idle {config.idle_timeout:g} s, frames finished within "
+                              f"{config.frame_timeout:g} s, {config.max_partial_bytes / 2**20:g} MiB of frames arriving")]
     try:
-        if args.no_zeroconf:
-            await stop.wait()
+        if child is not None:
+            child.reports.put(("ready", child.index, {
+                "pid": os.getpid(), "metrics_port": None if server.metrics is None else server.metrics.port,
+                "served": registry.served(), "listening": listening,
+                "notes": [("stderr" if stream is sys.stderr else "stdout", line) for stream, line in notes],
+                "after": [line for _, line in after],
+            }))
+            await _report_load(server, child, stop)
         else:
-            interfaces = None if args.interface == "0.0.0.0" else [args.interface]
-            async with Advertiser(
-                local_address_for(args.interface), port, list(registry.served()), interfaces, load=server.load,
-                auth=key is not None,
-            ) as ad:
-                print(f"advertised as {ad.info.name}", flush=True)
-                await stop.wait()
-            print("zeroconf record withdrawn", flush=True)
+            _print_notes(notes)
+            print(listening, flush=True)
+            _print_notes(after)
+            if server.metrics is not None:
+                print(f"metrics on http://{host}:{server.metrics.port}/metrics", flush=True)
+            await _advertise(args, port, registry.served(), server.load, key is not None, stop.wait)
     finally:
         await server.close()
+        if child is None:
+            print("host stopped", flush=True)
+
+
+def _print_notes(notes: Sequence[tuple[Any, str]]) -> None:
+    for stream, line in notes:
+        print(line, file=stream, flush=True)
+
+
+async def _report_load(server: HostServer, child: Child, stop: asyncio.Event) -> None:
+    """A child's load into the parent's shared array once a second (for its zeroconf record), until ``stop``."""
+    while not stop.is_set():
+        child.loads[child.index] = server.load()
+        try:
+            await asyncio.wait_for(stop.wait(), 1.0)
+        except asyncio.TimeoutError:
+            pass
+
+
+async def _advertise(args: argparse.Namespace, port: int, served: dict[str, list[str]], load: Callable[[], float],
+                     auth: bool, until: Callable[[], Any]) -> None:
+    """The zeroconf record, registered until ``until()`` returns (unless ``--no-zeroconf``)."""
+    if args.no_zeroconf:
+        await until()
+        return
+    interfaces = None if args.interface == "0.0.0.0" else [args.interface]
+    async with Advertiser(local_address_for(args.interface), port, list(served), interfaces, load=load, auth=auth) as ad:
+        print(f"advertised as {ad.info.name}", flush=True)
+        await until()
+    print("zeroconf record withdrawn", flush=True)
+
+
+def _serve_child(args: argparse.Namespace, child: Child) -> None:
+    """A ``--procs`` child process's entry (spawned): one host on the shared port until SIGTERM."""
+    child_setup(child)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format=f"%(name)s[{child.index}]: %(message)s")
+    try:
+        loop_runner(args.loop)(serve(args, child))
+    except SplitEdgeError as exc:
+        child.reports.put(("failed", child.index, str(exc)))
+        sys.exit(2)
+
+
+async def serve_procs(args: argparse.Namespace) -> None:
+    """``--procs N``: the parent, which supervises N children on one port (:mod:`host_runtime.procs`)."""
+    if args.key_file:
+        load_key(args.key_file)  # a bad key is one line from the parent, before any child starts
+    stop = asyncio.Event()
+    stop_on_signals(stop)
+
+    async def parent(supervisor: Supervisor, ready: list[dict[str, Any]], stop: asyncio.Event) -> None:
+        first = ready[0]
+        _print_notes([(sys.stderr if stream == "stderr" else sys.stdout, line) for stream, line in first["notes"]])
+        print(first["listening"], flush=True)
+        _print_notes([(sys.stdout, line) for line in first["after"]])
+        print(f"{args.procs} processes on port {supervisor.port} (SO_REUSEPORT): pids "
+              f"{', '.join(str(r['pid']) for r in ready)}", flush=True)
+        metrics: MetricsEndpoint | None = None
+        if args.metrics_port is not None:
+            metrics = serve_summed_metrics(args.interface, args.metrics_port, [r["metrics_port"] for r in ready])
+            print(f"metrics on http://{args.interface}:{metrics.port}/metrics (the {args.procs} processes summed)",
+                  flush=True)
+        try:
+            await _advertise(args, supervisor.port, first["served"], supervisor.load, bool(args.key_file),
+                             lambda: supervisor.watch(stop))
+        finally:
+            if metrics is not None:
+                await asyncio.get_running_loop().run_in_executor(None, metrics.close)
+
+    try:
+        await supervise(args.procs, args.interface, args.port, _serve_child, args, parent, stop,
+                        ServerConfig.shutdown_timeout)
+    finally:
         print("host stopped", flush=True)
 
 
@@ -223,6 +358,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--tls-cert and --tls-key go together")
     if args.max_partial_mb is not None and args.max_partial_mb < args.max_frame_mb:
         parser.error(f"--max-partial-mb {args.max_partial_mb:g} cannot hold one frame of --max-frame-mb {args.max_frame_mb:g}")
+    try:
+        bucket_sizes(args.buckets, args.max_batch, cuda=True)
+    except SplitEdgeError as exc:
+        parser.error(str(exc))
     if args.command == "install-service":
         return install_service(args, build_parser)
     try:
@@ -230,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SplitEdgeError as exc:
         parser.error(str(exc))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
-    return run_command("split-host", serve(args), runner)
+    return run_command("split-host", serve(args) if args.procs == 1 else serve_procs(args), runner)
 
 
 if __name__ == "__main__":

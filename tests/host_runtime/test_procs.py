@@ -1,0 +1,177 @@
+"""``split-host serve --procs N`` (issue 19): N processes on one port, checked on this machine's
+2 cores: real requests from several boards answered right, both processes given connections,
+one metrics endpoint that sums them, one clean shutdown with no process left; a process that
+dies stops the host with status 2."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from device_runtime.bundle import Bundle
+from device_runtime.hosts.client import HostClient
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from host_runtime.metrics import HostStats
+from host_runtime.procs import sum_scrapes
+from tests.conftest import TEST_SPLITS
+from tests.host_runtime.helpers import cut, port_from_log, serve_process, unbatched
+
+SPLIT = TEST_SPLITS[1]
+BOARDS = 16
+
+
+def started(log: Path, process: subprocess.Popen, timeout: float = 120.0) -> tuple[int, list[int], int]:
+    """The port, the children's pids and the metrics port the parent printed once every child listened."""
+    port = port_from_log(process, log, timeout)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = log.read_text().splitlines()
+        pids = [line for line in lines if " processes on port " in line]
+        metrics = [line for line in lines if line.startswith("metrics on ")]
+        if pids and metrics:
+            children = [int(pid) for pid in pids[0].split("pids ")[1].split(", ")]
+            return port, children, int(metrics[0].split()[2].rsplit(":", 1)[1].split("/")[0])
+        time.sleep(0.05)
+    raise AssertionError(log.read_text())
+
+
+def metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return values
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def wait_gone(pids: list[int], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(gone(pid) for pid in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_two_processes_share_one_port_balance_sum_and_stop_cleanly(mobilenet_bundle, tmp_path) -> None:
+    bundle = Bundle.load(mobilenet_bundle)
+    log = tmp_path / "host.log"
+    process = serve_process(mobilenet_bundle, log, "--procs", "2", "--metrics-port", "0", "--workers", "1")
+    children: list[int] = []
+    try:
+        port, children, metrics_port = started(log, process)
+        assert len(children) == 2 and process.pid not in children
+        tensors = [cut(bundle, SPLIT, 1, seed=i) for i in range(BOARDS)]
+        expected = unbatched(bundle, SPLIT, tensors)
+
+        async def boards() -> list[list[np.ndarray]]:
+            clients = await asyncio.gather(*(HostClient.connect("127.0.0.1", port) for _ in range(BOARDS)))
+            try:
+                async def board(client: HostClient, x: np.ndarray) -> list[np.ndarray]:
+                    return [(await client.infer(bundle.id, SPLIT, x, 30.0)).output for _ in range(3)]
+
+                return await asyncio.gather(*(board(c, x) for c, x in zip(clients, tensors)))
+            finally:
+                await asyncio.gather(*(c.close() for c in clients))
+
+        answers = asyncio.run(boards())
+        for outputs, want in zip(answers, expected):
+            for output in outputs:
+                np.testing.assert_allclose(output, want, atol=1e-5, rtol=0)
+        values = metrics(metrics_port)
+        # Summed over both processes: every request once.
+        assert values[("splitedge_host_requests_total", (("op", "infer"),))] == 3 * BOARDS
+        assert values[("splitedge_host_requests_total", (("op", "hello"),))] == BOARDS
+        assert values[("splitedge_host_processes_up", ())] == 2
+        count = values[("splitedge_host_compute_seconds_count", (("bundle", bundle.id), ("split", SPLIT)))]
+        assert count == 3 * BOARDS
+        per_process = [values[("splitedge_host_process_requests_total", (("op", "hello"), ("process", str(i))))]
+                       for i in range(2)]
+        assert sum(per_process) == BOARDS and min(per_process) >= 1, per_process  # the kernel used both
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0, log.read_text()
+        assert wait_gone(children), "a child outlived its parent"
+        assert log.read_text().splitlines()[-1] == "host stopped"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        for pid in children:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_process_that_dies_stops_the_host(mobilenet_bundle, tmp_path) -> None:
+    log = tmp_path / "host.log"
+    process = serve_process(mobilenet_bundle, log, "--procs", "2", "--metrics-port", "0", "--workers", "1")
+    children: list[int] = []
+    try:
+        _, children, _ = started(log, process)
+        os.kill(children[0], signal.SIGKILL)
+        assert process.wait(30) == 2
+        assert wait_gone(children)
+        text = log.read_text()
+        assert f"split-host: error: process 0 (pid {children[0]}) exited with status -9; the host stopped its " \
+               "other processes" in text
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        for pid in children:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_port_in_use_is_refused_before_any_process_starts(mobilenet_bundle) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "host_runtime.cli", "serve", str(mobilenet_bundle), "--interface", "127.0.0.1",
+                   "--port", str(port), "--no-zeroconf", "--procs", "2"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert f"port {port} on 127.0.0.1 is in use" in result.stderr
+    assert " processes on port " not in result.stdout
+
+
+def test_summing_adds_every_sample_and_drops_created() -> None:
+    """Two children's real registries, scraped as text and summed (a third did not answer)."""
+    children = []
+    for infers, depth, batches in ((3, 1, (1, 4)), (4, 2, (2,))):
+        stats = HostStats(connections=lambda: 1, in_flight=lambda: 0, queue_depth=lambda d=depth: d)
+        for _ in range(infers):
+            stats.request("infer")
+        for batch in batches:
+            stats.batch_size.observe(batch)
+        children.append(generate_latest(stats.registry).decode())
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in sum_scrapes([children[0], None, children[1]]) for s in family.samples}
+    assert samples[("splitedge_host_requests_total", (("op", "infer"),))] == 7
+    assert not any(name.endswith("_created") for name, _ in samples)
+    assert samples[("splitedge_host_queue_depth", ())] == 3
+    assert samples[("splitedge_host_connections", ())] == 2
+    assert samples[("splitedge_host_batch_size_bucket", (("le", "1.0"),))] == 1
+    assert samples[("splitedge_host_batch_size_bucket", (("le", "+Inf"),))] == 3
+    assert samples[("splitedge_host_batch_size_sum", ())] == 7
+    assert samples[("splitedge_host_processes_up", ())] == 2
+    assert samples[("splitedge_host_process_requests_total", (("op", "infer"), ("process", "2")))] == 4
