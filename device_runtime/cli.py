@@ -16,7 +16,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from calibration import BANDIT_FILENAME, FILENAME, Bandit, Calibration, CalibrationError, Calibrations, save
+from calibration import (
+    BANDIT_FILENAME, FILENAME, Bandit, Calibration, CalibrationError, Calibrations, HostView, place_fragments, save,
+)
 from device_runtime.board.calibrate import (
     DEFAULT_BATCHES,
     calibrate,
@@ -319,9 +321,11 @@ async def _run(args: argparse.Namespace, last_run: LastRun) -> None:
         else:
             print(f"no host yet ({hosts.last_error}); running locally, looking for one every "
                   f"{hosts.retry_s:g} s", flush=True)
+    placements = _placements(bundle, args.split, args.host, args.hops, calibration.routes if calibration else {})
+    if hosts is not None and args.host == "auto":
+        placements["fragments"] = {**placements["fragments"], **await _spread_fragments(bundle, args)}
     config = PipelineConfig(batch=args.batch, queue=args.queue, drop=args.drop, request_timeout_s=args.timeout,
-                            deadline_ms=args.deadline_ms,
-                            **_later_hosts(bundle, args.split, args.hops, calibration.routes if calibration else {}))
+                            deadline_ms=args.deadline_ms, **placements)
     meter = LinkMeter()
     if calibration is not None and calibration.link is not None:
         meter.estimator.observe_rtt(calibration.link["rtt_ms"] / 1000.0)
@@ -372,13 +376,32 @@ def _bandit(args: argparse.Namespace, bundle: Bundle) -> tuple[str, Bandit] | No
     return semantic[0], bandit
 
 
-def _later_hosts(
-    bundle: Bundle, split_id: str, hops: list[str], placed: Mapping[str, tuple[str, ...]]
+async def _spread_fragments(bundle: Bundle, args: argparse.Namespace) -> dict[str, tuple[str, ...]]:
+    """Each semantic split's fragments over the hosts zeroconf finds serving the bundle
+    (:func:`calibration.place_fragments`: the least loaded, no two on one host while another is
+    free), from the loads they advertise. Nothing found: every fragment on the connected host."""
+    semantic = [s for s in bundle.manifest.splits if s.fragments]
+    if not semantic:
+        return {}
+    adverts = await discover(bundle.id, args.interface, timeout=args.timeout)
+    placed = {}
+    for split in semantic:
+        names = [split.stage_id(f.index) for f in split.fragments]
+        views = [HostView(f"{a.address}:{a.port}", {n: {1: 0.0} for n in names}, a.load, rate_bps=1.0) for a in adverts]
+        placement = place_fragments(split.id, names, split.tensor.bytes_per_sample, {1: 0.0}, views, batch=1) if views else None
+        if placement is not None:
+            placed[split.id] = placement.hosts
+            print(f"semantic split {split.id}: fragments on {', '.join(placement.hosts)}", flush=True)
+    return placed
+
+
+def _placements(
+    bundle: Bundle, split_id: str, first: str, hops: list[str], placed: Mapping[str, tuple[str, ...]]
 ) -> dict[str, dict[str, tuple[str, ...]]]:
-    """:class:`PipelineConfig`'s ``routes`` and ``fragments``: the hosts after the connected one of
-    each chain's stages and each semantic split's fragments. The later ``--host`` flags for the
-    split named by ``--split``; otherwise a chain where calibration placed it (``placed``), else
-    every stage or fragment on the connected host."""
+    """:class:`PipelineConfig`'s ``routes`` (each chain's hosts after the connected one) and
+    ``fragments`` (each semantic split's fragments' hosts): the ``--host`` flags (``first``, then
+    ``hops``) for the split named by ``--split``; otherwise a chain where calibration placed it
+    (``placed``), else every stage or fragment on the connected host."""
     several = [s for s in bundle.manifest.splits if s.parts]
     later = {"routes": {s.id: tuple(placed.get(s.id, ())) for s in several if s.stages},
              "fragments": {s.id: () for s in several if s.fragments}}
@@ -394,7 +417,10 @@ def _later_hosts(
         raise SplitEdgeError(f"{split.kind} split {split.id} runs {word}s 1..{len(split.parts)} on hosts: give --host "
                              f"once per {word}, in order ({len(split.parts)}), or once for all of them on one host; "
                              f"got {1 + len(hops)}")
-    later["routes" if split.stages else "fragments"][split.id] = tuple(hops)
+    if split.stages:
+        later["routes"][split.id] = tuple(hops)
+    else:
+        later["fragments"][split.id] = (first, *hops)
     return later
 
 

@@ -48,6 +48,7 @@ class Gathered:
     timings: tuple[FragmentTiming, ...]  # the fragments that answered
     missing: tuple[int, ...] = ()  # fragments without an answer in time: late or failed
     failures: dict[int, str] = field(default_factory=dict)  # fragment -> why it failed (late ones are not here)
+    gone: frozenset[str] = frozenset()  # hosts whose connection failed: their fragments want another host
 
     @property
     def transfer_ms(self) -> float:
@@ -99,13 +100,15 @@ async def gather(
         for task in tasks.values():
             task.cancel()  # the late ones: their replies are not waited for
         await asyncio.gather(*tasks.values(), return_exceptions=True)
-    outputs, timings, failures = {}, [], {}
+    outputs, timings, failures, gone = {}, [], {}, set()
     for index, task in tasks.items():
         if task.cancelled():
             continue
         error = task.exception()
         if isinstance(error, (HostUnavailableError, RemoteError)):
             failures[index] = f"{placement[index]}: {error}"
+            if isinstance(error, HostUnavailableError):
+                gone.add(placement[index])
             continue
         if error is not None:
             raise error
@@ -118,4 +121,4 @@ async def gather(
         raise HostUnavailableError(f"semantic split {split.id}: no fragment answered ({why})")
     logits = merge(split, labels, outputs, len(tensor))
     missing = tuple(sorted(set(tasks) - set(outputs)))
-    return Gathered(logits, tuple(timings), missing, failures)
+    return Gathered(logits, tuple(timings), missing, failures, frozenset(gone))

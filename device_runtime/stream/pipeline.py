@@ -36,14 +36,16 @@ which comes from the stream's own transfers and, while nothing is offloaded, fro
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Mapping
+from typing import AsyncIterator, Collection, Mapping
 
 import numpy as np
 
+from calibration import HostView, place_fragments
 from device_runtime.bundle import LOCAL, OFFLOAD, stage_id
 from device_runtime.engine.runner import DeviceRunner
 from device_runtime.hosts.client import Credentials, HostClient, InferResult
@@ -59,6 +61,8 @@ from device_runtime.wire.ops import Hop
 from splitedge.errors import HostUnavailableError, RemoteError
 
 __all__ = ["Pipeline", "PipelineConfig", "PipelineStats"]
+
+log = logging.getLogger("splitedge.device")
 
 
 @dataclass(frozen=True)
@@ -83,9 +87,9 @@ class PipelineConfig:
     # A chain's id -> the addresses (host:port) of the hosts of its stages 2..n, in order; the
     # connected host runs stage 1, and () puts every stage on it. A chain runs only with a route.
     routes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    # A semantic split's id -> the addresses of the hosts of its fragments 2..K, in order: the
-    # connected host runs fragment 1, and () puts every fragment on it. A semantic split runs only
-    # with an entry here.
+    # A semantic split's id -> the addresses of the hosts of its fragments 1..K, in order; () puts
+    # every fragment on the connected host. A semantic split runs only with an entry here. A
+    # fragment whose host goes away is placed again on the others (calibration.place_fragments).
     fragments: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -154,7 +158,9 @@ class Pipeline:
         self._slots: asyncio.Semaphore | None = None  # ... at most ``in_flight`` of them (made in run's loop)
         self._deadline_ms: float | None = None  # each frame's, for the source being run, unless the frame has its own
         self._failure: Exception | None = None  # the first stage's failure, raised after the results before it
-        # Connections to a semantic split's fragment hosts other than the connected one.
+        # Connections to a semantic split's fragment hosts other than the connected one, and where
+        # fragments were moved to after their host went away.
+        self._placed: dict[str, dict[int, str]] = {}
         self._pool = ClientPool(hosts.credentials if hosts is not None else Credentials(), config.request_timeout_s,
                                 what="fragment host")
 
@@ -364,13 +370,35 @@ class Pipeline:
                              **waits)
 
     def _placement(self, split: str) -> dict[int, str]:
-        """Fragment index -> its host's address: 1 on the connected host, the others where the config
+        """Fragment index -> its host's address: where they were moved to, else where the config
         says (all on the connected host where it says ())."""
+        if split in self._placed:
+            return self._placed[split]
         fragments = self.runner.bundle.manifest.split(split).fragments
         assert self.hosts is not None and self.hosts.client is not None
-        first = self.hosts.client.address
-        addresses = (first, *self.config.fragments[split]) if self.config.fragments[split] else (first,) * len(fragments)
+        addresses = self.config.fragments[split] or (self.hosts.client.address,) * len(fragments)
         return {f.index: address for f, address in zip(fragments, addresses)}
+
+    def _move(self, split: str, gone: Collection[str]) -> None:
+        """Fragments whose host went away, placed again over the hosts still in view that serve them
+        (:func:`calibration.place_fragments`: least loaded, spread, the others kept where they were).
+        Where none serves one, it stays put and its classes are scored absent until its host is back."""
+        placement = self._placement(split)
+        assert self.hosts is not None and self.hosts.client is not None
+        bundle_id = self.runner.bundle.id
+        views = []
+        for address in dict.fromkeys((self.hosts.client.address, *placement.values())):
+            client = self.hosts.client if address == self.hosts.client.address else self._pool.connected(address)
+            if address in gone or client is None or client.hello is None:
+                continue
+            served = client.hello.bundles.get(bundle_id, ())
+            views.append(HostView(address, {name: {1: 0.0} for name in served}, rate_bps=1.0))
+        names = {stage_id(split, k): k for k in placement}
+        previous = {name: placement[k] for name, k in names.items()}
+        moved = place_fragments(split, list(names), 0, {1: 0.0}, views, batch=1, previous=previous)
+        if moved is not None and moved.moved:
+            self._placed[split] = {names[name]: host for name, host in zip(names, moved.hosts)}
+            log.info("fragments %s of %s moved off %s", ", ".join(moved.moved), split, ", ".join(gone))
 
     async def _gather(
         self, batch: list[_Captured], x: np.ndarray, split: str, tensor: np.ndarray, fields: dict[str, float],
@@ -388,12 +416,15 @@ class Pipeline:
                 clients={client.address: client}, **fields,
             )
         except HostUnavailableError as exc:
+            self._move(split, set(self._placement(split).values()) - {client.address})
             return await self._locally(batch, x, split, head_ms, rate, exc, waits)
         finally:
             self.meter.settled(ticket)
             self._remote -= 1
             assert self._slots is not None
             self._slots.release()
+        if gathered.gone:
+            self._move(split, gathered.gone)
         slowest = max(gathered.timings, key=lambda t: t.round_trip_ms)
         return self._results(
             batch, gathered.logits, split, rate, head_ms=head_ms, transfer_ms=gathered.transfer_ms,
