@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -10,13 +11,27 @@ from pathlib import Path
 import pytest
 
 from device_runtime.bundle import (
+    FLOAT32,
+    HEAD,
+    LAYER,
     LOCAL,
     MANIFEST_NAME,
+    ONNX,
     SCHEMA_VERSION,
+    SEMANTIC,
+    TAIL,
     Bundle,
+    Fragment,
+    Manifest,
+    ModelInfo,
+    Preprocess,
     Quantization,
+    Split,
+    TensorSpec,
+    make_artifact,
     manifest_digest,
     parse_manifest,
+    semantic_id,
     write_manifest,
 )
 from splitedge.errors import BundleError
@@ -146,3 +161,79 @@ def test_unknown_split_names_the_known_ones(mobilenet_bundle: Path) -> None:
     bundle = Bundle.load(mobilenet_bundle, roles=())
     with pytest.raises(BundleError, match=f"unknown split 'features_99'.*{TEST_SPLITS[0]}"):
         bundle.artifact("features_99", "head")
+
+
+def _semantic_manifest(root: Path) -> dict:
+    """A written manifest with a layer split and a semantic split of it in 3 fragments (labels 0..5),
+    as JSON data, its files dummies (the parser reads the manifest, not the files)."""
+    def artifact(path: str, role: str):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_bytes(path.encode())
+        return make_artifact(root, path, role, ONNX, FLOAT32)
+
+    tensor = TensorSpec((8, 2, 2), FLOAT32, 128)
+    common = dict(position=4, tensor=tensor, compression_ratio=0.5, natural=True, compressive=True)
+    split_id = semantic_id("_4", 3)
+    groups = ((0, 3), (1, 4), (2, 5))
+    manifest = Manifest(
+        model=ModelInfo(name="tiny", input_shape=(1, 8, 8), input_dtype=FLOAT32, layout="NCHW", output_shape=(6,),
+                        preprocess=Preprocess(8, 8, (0.5,), (0.5,)), labels=tuple("abcdef"), accuracy=0.9),
+        full=(artifact("full/model.onnx", "full"),),
+        splits=(
+            Split(id="_4", kind=LAYER, artifacts=(artifact("head/_4.onnx", HEAD), artifact("tail/_4.onnx", TAIL)),
+                  **common),
+            Split(id=split_id, kind=SEMANTIC, artifacts=(artifact(f"head/{split_id}.onnx", HEAD),), **common,
+                  fragments=tuple(Fragment(index=k, classes=g, artifacts=(artifact(f"fragment/{split_id}.{k}.onnx", TAIL),),
+                                           params=100 + k) for k, g in enumerate(groups, 1)),
+                  grouping="confusion of the full model on 60 training images; 3 groups of 2",
+                  accuracies={"full": 0.9, "layer": 0.9, "semantic": 0.85}),
+        ),
+    )
+    written = write_manifest(root, manifest)
+    assert written.schema_version == 2 and written.splits == manifest.splits  # a semantic split round-trips
+    return json.loads((root / MANIFEST_NAME).read_text())
+
+
+def test_a_semantic_split_round_trips(tmp_path: Path) -> None:
+    _semantic_manifest(tmp_path)
+    bundle = Bundle.load(tmp_path)
+    split = bundle.manifest.split("_4~3")
+    assert split.kind == "semantic" and [f.classes for f in split.fragments] == [(0, 3), (1, 4), (2, 5)]
+    assert split.accuracies == {"full": 0.9, "layer": 0.9, "semantic": 0.85} and split.grouping.startswith("confusion")
+    assert [f.params for f in split.fragments] == [101, 102, 103]
+    assert bundle.stage_artifact("_4~3", 2) == tmp_path / "fragment" / "_4~3.2.onnx"
+    assert bundle.manifest.split("_4").fragments == () and bundle.manifest.split("_4").accuracies == {}
+    with pytest.raises(BundleError, match=r"no fragment 4 of split '_4~3' \(fragments 1\.\.3\)"):
+        bundle.stage_artifact("_4~3", 4)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        pytest.param(lambda d: d["splits"][1]["fragments"][1].update(classes=[1, 3]),
+                     "splits[1].fragments[1].classes: label 3 is in two groups; each label belongs to exactly one fragment",
+                     id="overlapping groups"),
+        pytest.param(lambda d: d["splits"][1]["fragments"][2].update(classes=[2]),
+                     "splits: semantic split _4~3: label 5 is in no group; its fragments' groups must cover labels 0..5",
+                     id="a label in no group"),
+        pytest.param(lambda d: d["splits"][1]["fragments"][2].update(classes=[2, 5, 6]),
+                     "splits: semantic split _4~3: label 6 is past the model's 6 labels",
+                     id="a label past the end"),
+        pytest.param(lambda d: d["splits"][0].update(fragments=d["splits"][1]["fragments"]),
+                     "splits[0].fragments: only a semantic split has fragments (this split is 'layer')",
+                     id="fragments on a layer split"),
+        pytest.param(lambda d: d["splits"][1].update(fragments=[{**d["splits"][1]["fragments"][0], "classes": list(range(6))}]),
+                     "splits[1].fragments: a semantic split has two fragments or more", id="one fragment"),
+        pytest.param(lambda d: d["splits"][1].pop("fragments"), "splits[1].fragments: a semantic split needs its fragments",
+                     id="no fragments"),
+        pytest.param(lambda d: d["splits"][1]["fragments"][1].update(index=3),
+                     "splits[1].fragments[1].index: fragment 3 where fragment 2 belongs", id="out of order"),
+        pytest.param(lambda d: d["splits"][1].update(accuracies={"semantic": "high"}),
+                     "splits[1].accuracies.semantic: expected a number", id="an accuracy not a number"),
+    ],
+)
+def test_bad_semantic_splits_are_refused_naming_the_field(tmp_path: Path, edit, message: str) -> None:
+    data = _semantic_manifest(tmp_path)
+    edit(data)
+    with pytest.raises(BundleError, match="^manifest.json: " + re.escape(message)):
+        parse_manifest(data)
