@@ -38,7 +38,8 @@ from fieldtrial.trace import read_trace
 from testbed import DelayRelay, EmulatedLink
 from testbed.namespace_host import running_host
 
-__all__ = ["PORT", "Network", "Tiers", "cancelled_by_sigterm", "run_board", "summarise", "three_tiers"]
+__all__ = ["HOST_ARGS", "PORT", "Network", "Tiers", "cancelled_by_sigterm", "run_board", "summarise", "three_tiers",
+           "tier_command"]
 
 PORT = 7767
 BENCH = Path(__file__).resolve().parent
@@ -80,10 +81,14 @@ class Tiers:
         return _address({"edge": self.to_edge, "cloud": self.to_cloud}[tier])
 
     def command(self, tier: str, module: str, args: Sequence[str], replies: Path | None = None) -> list[str]:
-        """``python -m MODULE ARGS`` slowed by the tier's overhead (``bench/tier.py``)."""
-        extra = ["--replies", str(replies)] if replies is not None else []
-        return [sys.executable, str(BENCH / "tier.py"), "--overhead", f"{self.overhead[tier]:g}", *extra,
-                "-m", module, *args]
+        return tier_command(self.overhead[tier], module, args, replies)
+
+
+def tier_command(overhead: float, module: str, args: Sequence[str], replies: Path | None = None) -> list[str]:
+    """``python -m MODULE ARGS`` with every inference followed by ``overhead`` times its time asleep
+    (``bench/tier.py``): a slower machine, or one busy with others' work."""
+    extra = ["--replies", str(replies)] if replies is not None else []
+    return [sys.executable, str(BENCH / "tier.py"), "--overhead", f"{overhead:g}", *extra, "-m", module, *args]
 
 
 def _address(relay: DelayRelay) -> str:
