@@ -58,9 +58,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
-import tempfile
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -68,6 +66,7 @@ from typing import Any
 
 from splitedge.errors import CalibrationError
 from splitedge.fields import Fields, shown
+from splitedge.files import write_atomically
 
 __all__ = [
     "ARMS", "BANDIT_FILENAME", "BANDIT_SCHEMA", "CONTEXTS", "HIGH", "LAYER", "LEARN", "LOW", "MODES", "RUN",
@@ -331,18 +330,7 @@ class Bandit:
         """Write the state to ``path`` (a file, or the directory holding ``calibration.json``)
         atomically: a board that loses power mid-write keeps the previous state. Returns the file."""
         path = _file(path)
-        text = json.dumps(self.to_dict(), indent=2) + "\n"
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())  # the data reaches the card before the rename does
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-        return path
+        return write_atomically(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | Path, rng: random.Random | None = None) -> Bandit:

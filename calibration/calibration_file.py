@@ -18,9 +18,7 @@ splits instead of falling back to a fixed cut until someone calibrates it again.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -31,6 +29,7 @@ from calibration.table import SplitTable
 from calibration.timing import Spread
 from splitedge.errors import CalibrationError
 from splitedge.fields import Fields, join, shown
+from splitedge.files import write_atomically
 from splitedge.words import FORMATS, PRECISIONS
 
 _fields = Fields(CalibrationError)  # field checks raising this package's error
@@ -301,17 +300,7 @@ def save(calibration: Calibration, path: str | Path) -> Calibrations:
         tables = load_all(path, calibration.bundle_id, calibration.manifest_sha256).with_table(calibration)
     except CalibrationError:  # none yet, another bundle's, or unreadable
         tables = Calibrations(calibration.bundle_id, calibration.manifest_sha256, (calibration,))
-    text = json.dumps(tables.to_dict(), indent=2) + "\n"  # fails before any file is touched
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())  # the data reaches the card before the rename does
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_atomically(path, json.dumps(tables.to_dict(), indent=2) + "\n")  # the JSON fails before any file is touched
     return tables
 
 

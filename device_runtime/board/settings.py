@@ -23,7 +23,6 @@ import argparse
 import difflib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 
 from splitedge.errors import ConfigError
 from splitedge.fields import shown
+from splitedge.files import write_atomically
 
 __all__ = ["FILENAME", "KEYS", "Setting", "Settings", "apply_settings", "config_files", "load_settings",
            "write_settings"]
@@ -290,13 +290,5 @@ def write_settings(path: Path, updates: Mapping[str, str | None], check: Check) 
             changes[name] = (before, after)
     path.parent.mkdir(parents=True, exist_ok=True)
     body = "".join(f"{name} = {_toml_value(value)}\n" for name, value in data.items())
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write("# splitedge board settings (split-device config --set KEY=VALUE)\n" + body)
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    write_atomically(path, "# splitedge board settings (split-device config --set KEY=VALUE)\n" + body)
     return changes

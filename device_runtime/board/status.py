@@ -9,10 +9,8 @@ layout (:mod:`device_runtime.board.release`), asks systemd about the service, an
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +19,7 @@ from typing import Any, Protocol
 from device_runtime.board.release import Layout
 from device_runtime.bundle import MANIFEST_NAME, Bundle, artifacts_of, verify_files
 from splitedge.errors import SplitEdgeError
+from splitedge.files import write_atomically
 
 __all__ = ["LAST_RUN", "SERVICE", "LastRun", "board_status", "format_status", "service_state", "verify_report"]
 
@@ -93,11 +92,7 @@ class LastRun:
         if not (self.path.parent / MANIFEST_NAME).is_file():
             return None  # no bundle there: nothing to write beside
         try:
-            fd, temp = tempfile.mkstemp(prefix=f".{LAST_RUN}.", dir=self.path.parent)
-            with os.fdopen(fd, "w") as fh:
-                json.dump(record, fh, indent=2)
-            os.chmod(temp, 0o644)
-            os.replace(temp, self.path)
+            write_atomically(self.path, json.dumps(record, indent=2))
         except OSError as exc:
             print(f"warning: could not write {self.path}: {exc}", flush=True)
             return None
