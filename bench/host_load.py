@@ -2,7 +2,7 @@
 
 - **host**: ``split-host serve`` in a process of its own (its own interpreter and event loop,
   ``--loop`` as given here: uvloop by default where installed, as the host itself does),
-  on 127.0.0.1, CPU tails, started once per batching mode (``--max-batch 1``: off; larger:
+  on 127.0.0.1, tails on ``--device`` (cpu by default; ``--procs`` processes on one port), started once per batching mode (``--max-batch 1``: off; larger:
   on), with ``--workers`` and ``--threads`` as given here.
 - **boards**: 1, 8, 32 and 128 simulated boards, each an asyncio task with its own TCP
   connection (the device's own ``HostClient``), in ``--generators`` processes apart from the
@@ -64,6 +64,14 @@ BASELINE_BATCHES = (1, 2, 4, 8, 16, 32)
 MODES = ("off=1/0", "on=8/0", "tuned=32/0")
 REQUEST_TIMEOUT_S = 30.0
 EXACT = 1e-5
+
+
+def tolerance(device: str, tf32: bool) -> float:
+    """How far the host's answer may be from onnxruntime's on the CPU: the CPU's own batching noise,
+    CUDA without TF32 (the host's default, 1e-5 measured on an H100), CUDA with ``--tf32`` (0.013)."""
+    if device == "cpu":
+        return EXACT
+    return 1e-2 if tf32 else 1e-4
 
 
 # -- the bundle and the cut ----------------------------------------------------------------------
@@ -144,12 +152,14 @@ class Host:
     """``split-host serve`` in a subprocess; its output goes to ``log``."""
 
     def __init__(self, bundle_dir: Path, log: Path, max_batch: int, max_wait_ms: float, workers: int,
-                 threads: int | None, loop: str) -> None:
+                 threads: int | None, loop: str, device: str = "cpu", procs: int = 1, tf32: bool = False) -> None:
         command = [
             sys.executable, "-m", "host_runtime.cli", "serve", str(bundle_dir), "--interface", "127.0.0.1",
-            "--port", "0", "--no-zeroconf", "--device", "cpu", "--workers", str(workers),
-            "--max-batch", str(max_batch), "--max-wait-ms", str(max_wait_ms), "--loop", loop,
+            "--port", "0", "--no-zeroconf", "--device", device, "--workers", str(workers),
+            "--max-batch", str(max_batch), "--max-wait-ms", str(max_wait_ms), "--loop", loop, "--procs", str(procs),
         ]
+        if tf32:
+            command.append("--tf32")
         if threads is not None:
             command += ["--threads", str(threads)]
         self.log = log
@@ -160,8 +170,10 @@ class Host:
     def _port(self) -> int:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            for line in self.log.read_text(errors="replace").splitlines():
-                if line.startswith("listening on "):
+            lines = self.log.read_text(errors="replace").splitlines()
+            ready = any(line.startswith("limits: ") for line in lines)  # printed once every --procs child listens
+            for line in lines:
+                if ready and line.startswith("listening on "):
                     return int(line.split()[2].rstrip(";").rsplit(":", 1)[1])
             if self.process.poll() is not None:
                 break
@@ -170,9 +182,16 @@ class Host:
         raise RuntimeError(f"split-host serve did not start:\n{self.log.read_text()}")
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time of the host process so far (Linux /proc)."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+        """User + system CPU time of the host process and its --procs children so far (Linux /proc)."""
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:  # gone meanwhile
+                continue
+            if stat.parent.name == str(self.process.pid) or fields[1] == str(self.process.pid):  # itself, or ppid
+                total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -184,8 +203,9 @@ class Host:
                 self.process.wait(5)
 
 
-def check_answer(port: int, bundle_id: str, split: str, cut: np.ndarray, expected: np.ndarray) -> None:
-    """One request before the load: the host answers what the tail computes (within 1e-5)."""
+def check_answer(port: int, bundle_id: str, split: str, cut: np.ndarray, expected: np.ndarray,
+                 atol: float = EXACT) -> None:
+    """One request before the load: the host answers what the tail computes on the CPU (within ``atol``)."""
 
     async def go() -> np.ndarray:
         client = await HostClient.connect("127.0.0.1", port)
@@ -194,7 +214,7 @@ def check_answer(port: int, bundle_id: str, split: str, cut: np.ndarray, expecte
         finally:
             await client.close()
 
-    np.testing.assert_allclose(asyncio.run(go()), expected, atol=EXACT, rtol=0)
+    np.testing.assert_allclose(asyncio.run(go()), expected, atol=atol, rtol=0)
 
 
 # -- the boards ----------------------------------------------------------------------------------
@@ -355,7 +375,11 @@ def main() -> None:
     parser.add_argument("--boards", type=int, nargs="+", default=list(BOARDS))
     parser.add_argument("--modes", type=parse_mode, nargs="+", default=[parse_mode(m) for m in MODES],
                         help=f"NAME=MAX_BATCH/MAX_WAIT_MS per host run (default: {' '.join(MODES)})")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="host tail threads (default: cores)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="host tail threads (default: cores on the CPU, 2 on CUDA: the host's own defaults)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the host and the baseline run tails")
+    parser.add_argument("--tf32", action="store_true", help="the host's --tf32 (CUDA); the answer is checked to 1e-2")
+    parser.add_argument("--procs", type=int, default=1, help="the host's --procs: processes on one port")
     parser.add_argument("--loop", choices=LOOPS, default="auto", help="the host's event loop (default auto)")
     parser.add_argument("--threads", type=int, default=1,
                         help="onnxruntime intra-op threads per tail, host and baseline alike (default 1)")
@@ -365,16 +389,21 @@ def main() -> None:
     parser.add_argument("--baseline-seconds", type=float, default=1.5, help="per batch size and caller count")
     parser.add_argument("--out", type=Path, default=Path("build/bench/host_load.json"))
     args = parser.parse_args()
+    if args.workers is None:
+        args.workers = 2 if args.device == "cuda" else os.cpu_count() or 1
+    atol = tolerance(args.device, args.tf32)
 
     bundle_dir = ensure_bundle(args.bundle, args.split, args.weights)
     bundle = Bundle.load(bundle_dir)
     cut = cut_tensor(bundle, args.split)
     expected = OnnxBackend(bundle.artifact(args.split, "tail"), threads=1).run(cut)
     print(f"bundle {bundle.id}, split {args.split}: cut {list(cut.shape)} float32, {cut.nbytes:,} bytes; "
-          f"host: --workers {args.workers} --threads {args.threads} --loop {args.loop}; {args.generators} generator process(es); "
+          f"host: --device {args.device}{' --tf32' if args.tf32 else ''} --procs {args.procs} --workers {args.workers} "
+          f"--threads {args.threads} --loop {args.loop}; answers checked to {atol:g}; {args.generators} generator process(es); "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
     # The tail as the host builds it: same registry, same session options and threads.
-    tail = TailRegistry.from_paths([bundle_dir], threads=args.threads, device="cpu").lookup(bundle.id, args.split)
+    tail = TailRegistry.from_paths([bundle_dir], threads=args.threads, device=args.device,
+                                   tf32=args.tf32).lookup(bundle.id, args.split)
 
     load_before = os.getloadavg()
     base_before = scan(tail, cut, args.workers, args.baseline_seconds)
@@ -384,9 +413,9 @@ def main() -> None:
     logs.mkdir(parents=True, exist_ok=True)
     for mode, max_batch, max_wait_ms in args.modes:
         host = Host(bundle_dir, logs / "host_load-host.log", max_batch, max_wait_ms, args.workers, args.threads,
-                    args.loop)
+                    args.loop, args.device, args.procs, args.tf32)
         try:
-            check_answer(host.port, bundle.id, args.split, cut, expected)
+            check_answer(host.port, bundle.id, args.split, cut, expected, atol)
             for boards in args.boards:
                 # The best baseline again just before and just after the row: what onnxruntime alone
                 # gets under the background load of the moment (the machine may be shared).
@@ -436,7 +465,7 @@ def main() -> None:
 
     args.out.write_text(json.dumps({
         "benchmark": "host_load", "command": " ".join(sys.argv), "bundle": bundle.id, "split": args.split,
-        "loop": args.loop,
+        "loop": args.loop, "device": args.device, "tf32": args.tf32, "procs": args.procs, "atol": atol,
         "cut_bytes": int(cut.nbytes), "workers": args.workers, "threads": args.threads, "generators": args.generators,
         "warmup_s": args.warmup, "duration_s": args.duration,
         "machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
