@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -396,49 +396,51 @@ def _tensor_spec(parent: Mapping[str, Any], path: str) -> TensorSpec:
     )
 
 
+#: What a chain's stages and a semantic split's fragments are called in errors: (the kind's name,
+#: a part's, the order they run in, what too few of them would be).
+_PARTS = {CHAIN: ("a chain", "stage", "stages run 1..n in order", "a chain has two stages or more (one is a layer split)"),
+          SEMANTIC: ("a semantic split", "fragment", "1..K in order", "a semantic split has two fragments or more")}
+
+
+def _numbered(split: Mapping[str, Any], path: str, key: str, kind: str, parse: Callable[[Any, str, int], Any]) -> tuple:
+    """A chain's ``stages`` or a semantic split's ``fragments``: numbered 1..n in order, two or more,
+    on that kind of split only; each parsed by ``parse(obj, path, index)``."""
+    name, word, order, too_few = _PARTS[kind]
+    own, raw = split.get("kind"), split.get(key)
+    where = join(path, key)
+    if raw is None:
+        if own == kind:
+            raise BundleError(f"{where}: {name} needs its {key}")
+        return ()
+    if own != kind:
+        raise BundleError(f"{where}: only {name} has {key} (this split is {own!r})")
+    parts = []
+    for i, value in enumerate(_fields.array(raw, where), 1):
+        ppath = f"{where}[{i - 1}]"
+        obj = _fields.obj(value, ppath)
+        index = _fields.integer(*_at(obj, "index", ppath), minimum=1)
+        if index != i:
+            raise BundleError(f"{join(ppath, 'index')}: {word} {index} where {word} {i} belongs ({order})")
+        parts.append(parse(obj, ppath, index))
+    if len(parts) < 2:
+        raise BundleError(f"{where}: {too_few}")
+    return tuple(parts)
+
+
 def _stages(split: Mapping[str, Any], path: str) -> tuple[Stage, ...]:
     """A chain's stages 1..n, in order; a chain without stages, or stages on another kind, is refused."""
-    kind, raw = split.get("kind"), split.get("stages")
-    if raw is None:
-        if kind == CHAIN:
-            raise BundleError(f"{join(path, 'stages')}: a chain needs its stages")
-        return ()
-    where = join(path, "stages")
-    if kind != CHAIN:
-        raise BundleError(f"{where}: only a chain has stages (this split is {kind!r})")
-    stages = []
-    for i, value in enumerate(_fields.array(raw, where), 1):
-        spath = f"{where}[{i - 1}]"
-        obj = _fields.obj(value, spath)
-        index = _fields.integer(*_at(obj, "index", spath), minimum=1)
-        if index != i:
-            raise BundleError(f"{join(spath, 'index')}: stage {index} where stage {i} belongs (stages run 1..n in order)")
-        stages.append(Stage(index=index, cut=_fields.text(*_at(obj, "cut", spath)), tensor=_tensor_spec(obj, spath),
-                            artifacts=_artifacts(obj, "artifacts", spath)))
-    if len(stages) < 2:
-        raise BundleError(f"{where}: a chain has two stages or more (one is a layer split)")
-    return tuple(stages)
+    return _numbered(split, path, "stages", CHAIN, lambda obj, spath, index: Stage(
+        index=index, cut=_fields.text(*_at(obj, "cut", spath)), tensor=_tensor_spec(obj, spath),
+        artifacts=_artifacts(obj, "artifacts", spath)))
 
 
 def _fragments(split: Mapping[str, Any], path: str) -> tuple[Fragment, ...]:
     """A semantic split's fragments 1..K, in order, their class groups disjoint label indices; a
     semantic split without fragments, or fragments on another kind, is refused. That the groups
     cover every label is checked against the model's labels by :func:`_check_fragments`."""
-    kind, raw = split.get("kind"), split.get("fragments")
-    where = join(path, "fragments")
-    if raw is None:
-        if kind == SEMANTIC:
-            raise BundleError(f"{where}: a semantic split needs its fragments")
-        return ()
-    if kind != SEMANTIC:
-        raise BundleError(f"{where}: only a semantic split has fragments (this split is {kind!r})")
-    fragments, seen = [], set()
-    for i, value in enumerate(_fields.array(raw, where), 1):
-        fpath = f"{where}[{i - 1}]"
-        obj = _fields.obj(value, fpath)
-        index = _fields.integer(*_at(obj, "index", fpath), minimum=1)
-        if index != i:
-            raise BundleError(f"{join(fpath, 'index')}: fragment {index} where fragment {i} belongs (1..K in order)")
+    seen: set[int] = set()
+
+    def fragment(obj: Any, fpath: str, index: int) -> Fragment:
         cpath = join(fpath, "classes")
         classes = tuple(_fields.integer(c, f"{cpath}[{j}]", minimum=0)
                         for j, c in enumerate(_fields.array(_fields.member(obj, "classes", fpath), cpath)))
@@ -450,11 +452,10 @@ def _fragments(split: Mapping[str, Any], path: str) -> tuple[Fragment, ...]:
                               "two groups; each label belongs to exactly one fragment")
         seen.update(classes)
         params = obj.get("params", 0)
-        fragments.append(Fragment(index=index, classes=classes, artifacts=_artifacts(obj, "artifacts", fpath),
-                                  params=_fields.integer(params, join(fpath, "params"), minimum=0)))
-    if len(fragments) < 2:
-        raise BundleError(f"{where}: a semantic split has two fragments or more")
-    return tuple(fragments)
+        return Fragment(index=index, classes=classes, artifacts=_artifacts(obj, "artifacts", fpath),
+                        params=_fields.integer(params, join(fpath, "params"), minimum=0))
+
+    return _numbered(split, path, "fragments", SEMANTIC, fragment)
 
 
 def _check_fragments(split: Split, labels: int, path: str) -> None:
