@@ -53,8 +53,9 @@ class FragmentTraining:
     """How the fragments are trained: Adam on KL(teacher ‖ merged) at ``temperature`` (scaled by T²,
     weight ``distillation``) plus cross-entropy of the merged logits (weight ``1 - distillation``)."""
 
-    # Measured on Fashion-MNIST at width 0.5, 10,000 images: fmnist_vgg trained 3 epochs (0.9061 top-1)
-    # cut at _17 gave 0.9049 (K=2) and 0.9107 (K=5) after these 2 epochs; tests/exporter/test_semantic.py.
+    # Measured on Fashion-MNIST at width 0.5, 10,000 images, these 2 epochs: fmnist_vgg trained 3 epochs
+    # (0.9061 top-1) cut at _17 gave 0.9049 (K=2) and 0.9107 (K=5); fmnist_resnet (0.8977) cut at
+    # _5_relu 0.8846 and 0.8854 (tests/exporter/test_semantic.py).
     epochs: int = 2
     batch_size: int = 128
     lr: float = 2e-3
