@@ -114,12 +114,17 @@ def test_two_processes_share_one_port_balance_sum_and_stop_cleanly(mobilenet_bun
         assert wait_gone(children), "a child outlived its parent"
         assert log.read_text().splitlines()[-1] == "host stopped"
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
-        for pid in children:
-            if not gone(pid):
-                os.kill(pid, signal.SIGKILL)
+        reap(process, children)
+
+
+def reap(process, children: list[int]) -> None:
+    """Whatever a failed test left running: the parent, then any child that outlived it."""
+    if process.poll() is None:
+        process.kill()
+        process.wait(10)
+    for pid in children:
+        if not gone(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_process_that_dies_stops_the_host(mobilenet_bundle, tmp_path) -> None:
@@ -135,12 +140,7 @@ def test_a_process_that_dies_stops_the_host(mobilenet_bundle, tmp_path) -> None:
         assert f"split-host: error: process 0 (pid {children[0]}) exited with status -9; the host stopped its " \
                "other processes" in text
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
-        for pid in children:
-            if not gone(pid):
-                os.kill(pid, signal.SIGKILL)
+        reap(process, children)
 
 
 def test_a_port_in_use_is_refused_before_any_process_starts(mobilenet_bundle) -> None:
