@@ -99,7 +99,7 @@ def load_images(
     if spec.startswith("fashion-mnist"):
         _, _, split = spec.partition(":")
         images = _fashion_mnist(split or "test")
-        if tuple(input_shape)[:1] == (3,):  # a camera model: the grey images as three equal channels
+        if tuple(input_shape) == (3, *images.x.shape[2:]):  # a camera model: the grey images as three equal channels
             x = np.broadcast_to(images.x, (len(images), 3, *images.x.shape[2:]))  # a view: copied only when taken
             images = ImageSet(x, images.y, images.classes, images.source, images.labelled)
     else:
