@@ -554,10 +554,10 @@ async def _chain_peers(
 
 def plan(args: argparse.Namespace) -> None:
     bundle = Bundle.load(args.bundle, roles=())
+    if (bundle.root / BANDIT_FILENAME).is_file():  # what a run with --deadline-ms learned, calibrated or not
+        print("\n".join(Bandit.load(bundle.root / BANDIT_FILENAME).describe()))
     for table in calibrations_for(bundle).tables:
         print(_table_text(table))
-    if (bundle.root / BANDIT_FILENAME).is_file():
-        print("\n".join(Bandit.load(bundle.root / BANDIT_FILENAME).describe()))
     calibration = calibration_for(bundle)  # the latest table is the one plotted
     if args.out:
         from fieldtrial.plots import plot_table

@@ -185,3 +185,23 @@ def _limited(source: FrameSource, frames: int, deadline_ms: float | None = None)
                 yield Frame(frame.index, frame.name, frame.image, frame.captured, deadline_ms)
 
     return Limited()
+
+
+def test_plan_shows_what_the_bandit_learned(semantic_bundle: Path, tmp_path: Path, capsys) -> None:
+    """bandit.json beside the bundle, no calibration yet: plan shows the bandit's state per context,
+    then says what to run for the table."""
+    import shutil
+
+    from device_runtime.cli import main
+
+    copy = tmp_path / "bundle"
+    shutil.copytree(semantic_bundle, copy)
+    bandit = Bandit(random.Random(0))
+    bandit.observe(LAYER, 50.0, 60.0, 0.91)
+    bandit.observe(SEMANTIC, 50.0, 30.0, 0.89)
+    bandit.save(copy)
+    assert main(["plan", str(copy)]) != 0
+    out, err = capsys.readouterr()
+    assert "split choice (SplitPlace bandit): mode learn" in out
+    assert "low  (deadline < estimate): layer n=0 mean 0.000  semantic n=1 mean 0.500  -> semantic" in out
+    assert "no calibration for this bundle" in err
