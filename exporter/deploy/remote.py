@@ -116,7 +116,12 @@ class Remote:
         # --whole-file: a changed file crosses whole. A re-exported head differs throughout, so a
         # delta would save little, and rsync 3.2.7's delta against a --link-dest basis was seen to
         # fail its own check ("failed verification -- update discarded", exit 23) on every run.
-        argv = ["rsync", "-a", "--whole-file", "--delete", "--stats", "-e", shlex.join(self.ssh_argv())]
+        # --modify-window=-1: times compared to the nanosecond. At rsync's default (whole seconds) a
+        # redeploy sliced within the second of the last one, whose manifest.json has the same size
+        # (the ids and hashes are fixed-width), had the old manifest hard-linked into the new release
+        # and failed verification on the board (one run in the tests).
+        argv = ["rsync", "-a", "--whole-file", "--modify-window=-1", "--delete", "--stats", "-e",
+                shlex.join(self.ssh_argv())]
         if link_dest is not None:
             argv.append(f"--link-dest={link_dest}")
         argv += [f"{local}/", f"{self.destination}:{shlex.quote(remote_dir)}/"]
