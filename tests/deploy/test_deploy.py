@@ -322,3 +322,28 @@ def test_a_first_deploy_that_fails_after_its_switch_leaves_no_release_current(
     assert out.stdout.splitlines()[1].endswith("; rolled back to no release current, as before"), out.stdout
     assert boards["board1"].current() is None
     assert not (boards["board1"].home / ".config/splitedge/device.toml").exists()
+
+
+def test_a_file_changed_within_the_same_second_is_sent_not_linked(make_boards, tmp_path: Path) -> None:
+    """rsync's quick check compares size and time; at its default, whole seconds. A release sliced
+    within the second of the last one, whose manifest had the same size, once had the old
+    manifest hard-linked in (and failed the board's verification): the upload must send it."""
+    from exporter.deploy.remote import Remote
+
+    boards = make_boards(board1={})
+    home = boards["board1"].home
+    second = 1_700_000_000
+    for name, text, ns in (("old", "a" * 100, 100), ("new", "b" * 100, 900)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text(text)
+        os.utime(tmp_path / name / "manifest.json", ns=(second * 10**9 + ns,) * 2)
+    control = Path(tempfile.mkdtemp(prefix="ctl-", dir="/tmp"))  # short: a socket path has a length limit
+    remote = Remote("board1", control, boards.ssh_config)
+    try:
+        remote.upload(tmp_path / "old", str(home / "r1"), None, rsync_on_board=True)
+        remote.upload(tmp_path / "new", str(home / "r2"), "../r1", rsync_on_board=True)
+    finally:
+        remote.close()
+        shutil.rmtree(control, ignore_errors=True)
+    assert (home / "r2" / "manifest.json").read_text() == "b" * 100
+    assert (home / "r1" / "manifest.json").stat().st_ino != (home / "r2" / "manifest.json").stat().st_ino
