@@ -141,6 +141,19 @@ def start_host(bundles: list[Path], new_loop=asyncio.new_event_loop, **config) -
         loop.close()
 
 
+async def until(condition, within: float = 30.0, what: str = "the condition") -> None:
+    """Wait, polling, until ``condition()`` holds; fail naming ``what`` after ``within`` seconds.
+
+    A stream test that needs the device to have found a host again waits here (the camera's frames
+    queue meanwhile) instead of hoping it happens within the frames left: on a busy machine it may not.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not condition():
+        assert loop.time() < deadline, f"{what} did not happen within {within:g} s"
+        await asyncio.sleep(0.05)
+
+
 @pytest.fixture
 def host(mobilenet_bundle: Path) -> Iterator[RunningHost]:
     yield from start_host([mobilenet_bundle])

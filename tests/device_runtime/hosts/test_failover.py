@@ -17,7 +17,7 @@ from device_runtime.stream.pipeline import Pipeline, PipelineConfig
 from device_runtime.stream.policy import StaticPolicy
 from host_runtime.advertise import Advertiser
 from splitedge.errors import HostUnavailableError
-from tests.conftest import TEST_SPLITS, run_stream, start_host
+from tests.conftest import TEST_SPLITS, run_stream, start_host, until
 
 LOOPBACK = ["127.0.0.1"]
 FRAMES = 90
@@ -47,6 +47,9 @@ def test_device_moves_to_the_other_host_and_answers_every_frame(mobilenet_bundle
                     if len(results) == 15:  # the host in use goes away: server closed, record withdrawn
                         await asyncio.get_running_loop().run_in_executor(None, next, idle_hosts, None)
                         await idle_ad.__aexit__(None, None, None)
+                    if len(results) == 45:  # the rest go to the other host, however long finding it took
+                        moved_to = f"{busy.host}:{busy.port}"
+                        await until(lambda: hosts.address == moved_to, what=f"moving to {moved_to}")
             return first, results, hosts.losses
         finally:
             await hosts.close()

@@ -20,7 +20,7 @@ from device_runtime.stream.frame_queue import FrameQueue
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig
 from device_runtime.stream.policy import StaticPolicy
 from splitedge.errors import BundleError
-from tests.conftest import TEST_SPLITS, run_stream, start_host
+from tests.conftest import TEST_SPLITS, run_stream, start_host, until
 
 SPLIT = TEST_SPLITS[-1]
 
@@ -141,6 +141,8 @@ def test_host_killed_mid_stream_every_frame_answered_then_offloads_again(mobilen
                     results.append(r)
                     if len(results) == 10:
                         seen.set()
+                    if len(results) == 60:  # the rest offload, however long the restart took
+                        await until(lambda: hosts.client is not None, what="finding the restarted host")
         finally:
             seen.set()
             await hosts.close()
