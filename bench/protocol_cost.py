@@ -166,7 +166,6 @@ def main() -> None:
     rows = []
     for name, shape in SHAPES.items():
         tensor = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
-        # Fresh servers per shape so one case's buffers do not warm the other's.
         # Fresh servers per case so one case's buffers do not warm the other's. The raw server
         # serves one connection, so the latency and the throughput runs each get their own.
         proto_server, proto_port = _start(_serve_splitedge)
