@@ -314,8 +314,9 @@ class _HostProtocol(FramedProtocol):
             task.add_done_callback(self.server.tasks.discard)
             return
         self.settled()
-        self.send_reply(InferReply(request.id, done.output, done.compute_ms, done.queue_ms, done.batch))
+        # Counted before the reply leaves: whoever has the answer may read the stats at once.
         self.server.stats.served(key, done.queue_ms / 1000.0, done.compute_ms / 1000.0, time.perf_counter() - received)
+        self.send_reply(InferReply(request.id, done.output, done.compute_ms, done.queue_ms, done.batch))
 
     async def forward(
         self, request: InferRequest, key: TailKey, received: float, deadline: float, done: BatchResult
@@ -345,8 +346,8 @@ class _HostProtocol(FramedProtocol):
         else:
             link_ms = max(reply.round_trip_ms - reply.queue_ms - reply.compute_ms - reply.downstream_ms, 0.0)
             hops = (HopTiming(hop.address, hop.stage, reply.queue_ms, reply.compute_ms, link_ms, reply.batch), *reply.hops)
-            self.send_reply(InferReply(request.id, reply.output, done.compute_ms, done.queue_ms, done.batch, hops))
             self.server.stats.served(key, done.queue_ms / 1000.0, done.compute_ms / 1000.0, time.perf_counter() - received)
+            self.send_reply(InferReply(request.id, reply.output, done.compute_ms, done.queue_ms, done.batch, hops))
         finally:
             self.settled()
 
