@@ -50,7 +50,7 @@ import numpy as np
 
 from device_runtime.bundle import Bundle
 from device_runtime.engine.backend import Backend, OnnxBackend
-from device_runtime.hosts.client import HostClient
+from device_runtime.wire.client import HostClient
 from host_runtime.event_loop import LOOPS, loop_runner
 from host_runtime.tails import TailRegistry
 from splitedge.errors import HostUnavailableError, RemoteError

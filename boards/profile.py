@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from splitedge.words import FORMATS
+from splitedge import FORMATS
 
 #: Artifact formats a profile may recommend; the names match the bundle's artifact formats.
 BACKENDS = FORMATS

@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from boards.profile import BoardProfile
-from splitedge.words import ONNX, TFLITE
+from splitedge import ONNX, TFLITE
 
 #: Resident MB of a board-side process with the backend imported and no artifact loaded.
 #: Measured with Python 3.11 (VmRSS): interpreter + numpy + msgpack + zeroconf 39 MB,

@@ -19,34 +19,38 @@ from calibration.rate import MIN_SAMPLE_BYTES, RateEstimator
 from calibration.switching import SplitSelector, decision_cost_us
 from calibration.table import POINTS_PER_DECADE, RATE_MAX_BPS, RATE_MIN_BPS, SplitTable
 from calibration.timing import RunningTimes, Spread, measure_ms, measure_round_robin
-from splitedge.errors import CalibrationError
+from splitedge import CalibrationError
+
+from calibration.timing import WIDE_MIN_MS, WIDE_RATIO, widest
 
 __all__ = [
     "ARMS",
     "BANDIT_FILENAME",
-    "FILENAME",
-    "LAYER",
-    "MIN_SAMPLE_BYTES",
-    "POINTS_PER_DECADE",
-    "RATE_MAX_BPS",
-    "RATE_MIN_BPS",
-    "SCHEMA",
-    "SEMANTIC",
     "Bandit",
     "Calibration",
     "CalibrationError",
     "Calibrations",
     "ChainStage",
+    "FILENAME",
     "FragmentPlacement",
     "HostView",
+    "LAYER",
     "LatencyModel",
+    "MIN_SAMPLE_BYTES",
+    "POINTS_PER_DECADE",
     "Placement",
+    "RATE_MAX_BPS",
+    "RATE_MIN_BPS",
     "RateEstimator",
     "RunningTimes",
+    "SCHEMA",
+    "SEMANTIC",
     "SplitSelector",
     "SplitTable",
     "SplitTimings",
     "Spread",
+    "WIDE_MIN_MS",
+    "WIDE_RATIO",
     "chain_timings",
     "decision_cost_us",
     "fragment_names",
@@ -63,4 +67,5 @@ __all__ = [
     "semantic_cost_ms",
     "semantic_timings",
     "unserved",
+    "widest",
 ]

@@ -64,9 +64,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from splitedge.errors import CalibrationError
-from splitedge.fields import Fields, shown
-from splitedge.files import write_atomically
+from splitedge import CalibrationError, Fields, shown, write_atomically
 
 __all__ = [
     "ARMS", "BANDIT_FILENAME", "BANDIT_SCHEMA", "CONTEXTS", "HIGH", "LAYER", "LEARN", "LOW", "MODES", "RUN",

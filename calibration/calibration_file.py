@@ -27,10 +27,7 @@ from typing import Any
 from calibration.latency import LatencyModel, _batch_key
 from calibration.table import SplitTable
 from calibration.timing import Spread
-from splitedge.errors import CalibrationError
-from splitedge.fields import Fields, join, shown
-from splitedge.files import write_atomically
-from splitedge.words import FORMATS, PRECISIONS
+from splitedge import FORMATS, PRECISIONS, CalibrationError, Fields, join, shown, write_atomically
 
 _fields = Fields(CalibrationError)  # field checks raising this package's error
 

@@ -33,8 +33,7 @@ from dataclasses import dataclass
 
 from calibration.chains import MAX_PLACEMENTS, HostView, _link_ms, _stage_ms
 from calibration.latency import SplitTimings
-from splitedge.errors import CalibrationError
-from splitedge.fields import Fields
+from splitedge import CalibrationError, Fields
 
 __all__ = ["FragmentPlacement", "fragment_names", "place_fragments", "semantic_cost_ms", "semantic_timings",
            "unserved"]

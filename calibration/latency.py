@@ -12,9 +12,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from splitedge.errors import CalibrationError
-from splitedge.fields import Fields, join, shown
-from splitedge.words import LOCAL
+from splitedge import LOCAL, CalibrationError, Fields, join, shown
 
 _fields = Fields(CalibrationError)  # field checks raising this package's error
 

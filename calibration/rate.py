@@ -13,8 +13,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from splitedge.errors import CalibrationError
-from splitedge.fields import Fields
+from splitedge import CalibrationError, Fields
 
 _fields = Fields(CalibrationError)  # field checks raising this package's error
 

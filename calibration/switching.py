@@ -16,9 +16,7 @@ from collections.abc import Collection
 
 from calibration.latency import LatencyModel
 from calibration.table import SplitTable
-from splitedge.errors import CalibrationError
-from splitedge.fields import Fields
-from splitedge.words import LOCAL
+from splitedge import LOCAL, CalibrationError, Fields
 
 _fields = Fields(CalibrationError)  # field checks raising this package's error
 

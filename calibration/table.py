@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calibration.latency import LatencyModel
-from splitedge.errors import CalibrationError
-from splitedge.fields import Fields, join, shown
+from splitedge import CalibrationError, Fields, join, shown
 
 _fields = Fields(CalibrationError)  # field checks raising this package's error
 

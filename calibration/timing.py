@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from calibration.latency import LatencyModel
-from splitedge.errors import CalibrationError
-from splitedge.fields import Fields, join
+from splitedge import CalibrationError, Fields, join
 
 _fields = Fields(CalibrationError)  # field checks raising this package's error
 

@@ -9,4 +9,51 @@ contract.
 
 from device_runtime.bundle import LOCAL, OFFLOAD, Bundle, Manifest
 
-__all__ = ["LOCAL", "OFFLOAD", "Bundle", "Manifest"]
+from device_runtime.bundle import (
+    Artifact, BOARD_PART, BOTTLENECK, CHAIN, CHAIN_JOIN, CUT, FLOAT32, FORMATS, FULL, Fragment, HEAD, INT8,
+    IO_NAMES, LAYER, LOGITS, MIDDLE_STAGE_IO, ModelInfo, ONNX, PARTS, PRECISIONS, Preprocess, Quantization,
+    SEMANTIC, Split, Stage, TAIL, TFLITE, TensorSpec, artifacts_of, make_artifact, semantic_id, stage_id,
+    write_manifest,
+)
+from device_runtime.bundle_slice import slice_bundle
+
+__all__ = [
+    "Artifact",
+    "BOARD_PART",
+    "BOTTLENECK",
+    "Bundle",
+    "CHAIN",
+    "CHAIN_JOIN",
+    "CUT",
+    "FLOAT32",
+    "FORMATS",
+    "FULL",
+    "Fragment",
+    "HEAD",
+    "INT8",
+    "IO_NAMES",
+    "LAYER",
+    "LOCAL",
+    "LOGITS",
+    "MIDDLE_STAGE_IO",
+    "Manifest",
+    "ModelInfo",
+    "OFFLOAD",
+    "ONNX",
+    "PARTS",
+    "PRECISIONS",
+    "Preprocess",
+    "Quantization",
+    "SEMANTIC",
+    "Split",
+    "Stage",
+    "TAIL",
+    "TFLITE",
+    "TensorSpec",
+    "artifacts_of",
+    "make_artifact",
+    "semantic_id",
+    "slice_bundle",
+    "stage_id",
+    "write_manifest",
+]

@@ -21,9 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from splitedge.errors import BundleError
-from splitedge.fields import Fields, join
-from splitedge.words import FLOAT32, FORMATS, INT8, LOCAL, OFFLOAD, ONNX, PRECISIONS, TFLITE
+from splitedge import FLOAT32, FORMATS, INT8, LOCAL, OFFLOAD, ONNX, PRECISIONS, TFLITE, BundleError, Fields, join
 
 __all__ = [
     "BOARD_PART",

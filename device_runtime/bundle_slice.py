@@ -40,7 +40,7 @@ from device_runtime.bundle import (
     artifacts_of,
     write_manifest,
 )
-from splitedge.errors import BundleError
+from splitedge import BundleError
 
 __all__ = ["SliceResult", "slice_bundle"]
 

@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from boards import BOARDS, check_fits
-from device_runtime.bundle import (
+from device_runtime import (
     BOTTLENECK,
     CHAIN,
     CHAIN_JOIN,
@@ -55,7 +55,7 @@ from device_runtime.bundle import (
     semantic_id,
     write_manifest,
 )
-from device_runtime.wire.quantization import dequantize, quantize
+from device_runtime.wire import dequantize, quantize
 from exporter.bottleneck import BottleneckOptions, SplitModel, make_autoencoder, train_bottleneck
 from exporter.datasets import ImageSet, TrainTest, load_images, train_test
 from exporter.graph import CutPoint, TracedModel, find_cut_points, get_chain, get_cut_point, split_at, split_chain, trace
@@ -69,7 +69,7 @@ from exporter.semantic import (
 from exporter.tflite_export import export_tflite
 from exporter.train import accuracy
 from exporter.validate import Case, Chain, OnnxRunner, Runner, TfliteRunner, torch_cases, validate
-from splitedge.errors import BoardFitError, CutPointError, ExportError, ModelSpecError
+from splitedge import BoardFitError, CutPointError, ExportError, ModelSpecError
 
 __all__ = ["ATOL", "VALIDATION_BATCHES", "build_bundle", "check_board", "select_splits", "staged"]
 

@@ -14,10 +14,9 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Sequence
 
 from boards import BOARDS
-from device_runtime.bundle import FORMATS, HEAD, INT8, ONNX, PARTS, PRECISIONS, TensorSpec
-from device_runtime.bundle_slice import slice_bundle
-from exporter.deploy.command import add_deploy_command
-from splitedge.errors import SplitEdgeError
+from device_runtime import FORMATS, HEAD, INT8, ONNX, PARTS, PRECISIONS, TensorSpec, slice_bundle
+from exporter.deploy import add_deploy_command
+from splitedge import SplitEdgeError
 
 if TYPE_CHECKING:
     from exporter.graph import CutPoint

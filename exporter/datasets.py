@@ -24,10 +24,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from device_runtime.bundle import Preprocess
-from device_runtime.engine.preprocess import preprocess
-from device_runtime.stream.camera import IMAGE_SUFFIXES
-from splitedge.errors import SplitEdgeError
+from device_runtime import Preprocess
+from device_runtime.engine import preprocess
+from device_runtime.stream import IMAGE_SUFFIXES
+from splitedge import SplitEdgeError
 
 __all__ = ["DataError", "ImageSet", "FASHION_MNIST_CLASSES", "FASHION_MNIST_DIR", "TrainTest", "hold_out", "load_images",
            "read_synonyms", "train_test"]

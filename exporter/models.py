@@ -25,9 +25,9 @@ from typing import Any, Callable
 import torch
 import torchvision
 
-from device_runtime.bundle import Preprocess
+from device_runtime import Preprocess
 from exporter.preprocessing import LABELS, PREPROCESSING, PreprocessFlags, declared, resolve
-from splitedge.errors import ModelSpecError
+from splitedge import ModelSpecError
 
 __all__ = ["LoadedModel", "FACTORY_KWARGS", "load_model", "load_state_dict", "read_labels"]
 

@@ -17,8 +17,8 @@ from typing import BinaryIO
 
 import torch
 
-from device_runtime.bundle import IO_NAMES
-from splitedge.errors import ExportError
+from device_runtime import IO_NAMES
+from splitedge import ExportError
 
 __all__ = ["OPSET", "export_onnx", "onnx_bytes"]
 

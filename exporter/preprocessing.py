@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from device_runtime.bundle import Preprocess
-from splitedge.errors import ModelSpecError
+from device_runtime import Preprocess
+from splitedge import ModelSpecError
 
 __all__ = ["LABELS", "PREPROCESSING", "PreprocessFlags", "declared", "resolve"]
 

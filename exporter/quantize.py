@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-from device_runtime.bundle import Quantization
-from device_runtime.wire.quantization import affine_params
+from device_runtime import Quantization
+from device_runtime.wire import affine_params
 from exporter.datasets import ImageSet, hold_out
 from exporter.validate import OnnxRunner
-from splitedge.errors import ExportError
+from splitedge import ExportError
 
 __all__ = ["HELD_OUT_SAMPLES", "MIN_CALIBRATION_SAMPLES", "MIN_HELD_OUT", "CalibrationSets", "calibration_sets",
            "cut_quantization", "quantize_onnx"]

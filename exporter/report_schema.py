@@ -12,7 +12,7 @@ from typing import Any
 
 import jsonschema
 
-from splitedge.errors import SplitEdgeError
+from splitedge import SplitEdgeError
 
 SCHEMA_ID = "splitedge.points/1"
 

@@ -36,8 +36,8 @@ from typing import BinaryIO, Iterator
 import numpy as np
 import torch
 
-from device_runtime.bundle import FLOAT32, IO_NAMES, PRECISIONS
-from splitedge.errors import ExportError
+from device_runtime import FLOAT32, IO_NAMES, PRECISIONS
+from splitedge import ExportError
 
 __all__ = ["MIN_CALIBRATION_SAMPLES", "MAX_BATCH", "export_tflite", "tflite_bytes"]
 

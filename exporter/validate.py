@@ -19,7 +19,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from splitedge.errors import BundleError, ValidationError
+from splitedge import BundleError, ValidationError
 
 __all__ = ["Case", "Runner", "OnnxRunner", "TfliteRunner", "Chain", "torch_cases", "compare", "validate"]
 
@@ -64,7 +64,7 @@ class TfliteRunner:
     """A TFLite file in the board's LiteRT backend behind the :class:`Runner` interface."""
 
     def __init__(self, model: str | Path, threads: int | None = None) -> None:
-        from device_runtime.engine.litert_backend import LiteRTBackend  # the interpreter is an optional dependency
+        from device_runtime.engine import LiteRTBackend  # the interpreter is an optional dependency
 
         self.backend = LiteRTBackend(model, threads=threads)
         self.input_names = (self.backend.input_name,)

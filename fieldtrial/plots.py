@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from calibration import Calibration
-from device_runtime.bundle import LOCAL, OFFLOAD
-from splitedge.errors import SplitEdgeError
+from device_runtime import LOCAL, OFFLOAD
+from splitedge import SplitEdgeError
 
 __all__ = [
     "graph_order",

@@ -23,10 +23,10 @@ import numpy as np
 
 import calibration as cal
 from calibration import Calibration, CalibrationError, Calibrations, gains_over_static
-from device_runtime.bundle import LOCAL
+from device_runtime import LOCAL
 from fieldtrial import plots
 from fieldtrial.trace import read_trace, records_waits
-from splitedge.errors import SplitEdgeError
+from splitedge import SplitEdgeError
 
 __all__ = ["PLOTS", "SUMMARY_FILE", "format_summary", "summarize", "write_report"]
 

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from device_runtime.stream.trace import TRACE_SCHEMA
-from splitedge.errors import SplitEdgeError
+from device_runtime.stream import TRACE_SCHEMA
+from splitedge import SplitEdgeError
 
 __all__ = ["TRACE_SCHEMA_1", "read_trace", "records_waits"]
 

@@ -42,9 +42,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from device_runtime.engine.backend import Backend
+from device_runtime.engine import Backend
 from host_runtime.tails import bucket_for, can_pad, run_batch
-from splitedge.errors import ProtocolError
+from splitedge import ProtocolError
 
 log = logging.getLogger("splitedge.host")
 

@@ -10,11 +10,8 @@ import signal
 import sys
 from typing import Any, Callable, Sequence
 
-from device_runtime.lifecycle import run_command, stop_on_signals
-from device_runtime.wire.auth import load_key
-from device_runtime.wire.ops import split_address
-from device_runtime.wire.protocol import DEFAULT_MAX_FRAME_BYTES
-from device_runtime.wire.tls import server_context
+from splitedge import run_command, stop_on_signals
+from device_runtime.wire import DEFAULT_MAX_FRAME_BYTES, load_key, server_context, split_address
 from host_runtime.advertise import Advertiser, local_address_for
 from host_runtime.batcher import BatchConfig
 from host_runtime.event_loop import LOOPS, loop_runner
@@ -24,7 +21,7 @@ from host_runtime.procs import Child, Supervisor, child_setup, serve_summed_metr
 from host_runtime.server import HostServer, ServerConfig
 from host_runtime.service import SERVICE_EXAMPLES, install_service, service_arguments
 from host_runtime.tails import BUCKETS_AUTO, BUCKETS_OFF, DEVICES, TailRegistry, bucket_sizes, on_cuda
-from splitedge.errors import SplitEdgeError
+from splitedge import SplitEdgeError
 
 EXAMPLES = """\
 examples:

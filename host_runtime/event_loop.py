@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from device_runtime.lifecycle import Runner
-from splitedge.errors import SplitEdgeError
+from splitedge import Runner, SplitEdgeError
 
 __all__ = ["LOOPS", "loop_runner"]
 

@@ -18,7 +18,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.metrics_core import Metric
 
-from device_runtime.wire.protocol import ERROR_CODES, OPS
+from device_runtime.wire import ERROR_CODES, OPS
 
 PREFIX = "splitedge_host_"
 #: The label an op outside :data:`OPS` is counted under.

@@ -2,7 +2,7 @@
 
 A request for a chain's stage carries its route (:class:`~device_runtime.wire.ops.Hop`): this
 host runs its stage and sends the result to the next hop as any device would, with the protocol's
-one client (:class:`~device_runtime.hosts.client.HostClient`) and this host's own key, so a hop
+one client (:class:`~device_runtime.wire.client.HostClient`) and this host's own key, so a hop
 that authenticates frames takes it only from hosts of the same fleet.
 
 Who may be a next hop is a wall, not a convenience: a route names addresses, and a host that
@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from device_runtime.hosts.client import Credentials
-from device_runtime.hosts.pool import ClientPool
-from splitedge.errors import ProtocolError
+from device_runtime.wire import ClientPool, Credentials
+from splitedge import ProtocolError
 
 __all__ = ["MAX_PEERS", "Peers"]
 

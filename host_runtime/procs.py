@@ -44,7 +44,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from host_runtime.metrics import PREFIX, MetricsEndpoint
-from splitedge.errors import SplitEdgeError
+from splitedge import SplitEdgeError
 
 __all__ = ["Child", "child_setup", "reserve_port", "sum_scrapes", "supervise"]
 

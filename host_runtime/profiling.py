@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from calibration import measure_ms
-from device_runtime.engine.backend import Backend
-from device_runtime.wire.ops import ProfileRequest
+from device_runtime.engine import Backend
+from device_runtime.wire import ProfileRequest
 from host_runtime.tails import TailRegistry
-from splitedge.errors import ProtocolError
+from splitedge import ProtocolError
 
 #: Untimed runs before each batch size's timed ones (onnxruntime plans its memory on the first).
 PROFILE_WARMUP = 3

@@ -36,15 +36,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Iterator
 
-from prometheus_client import Counter as PromCounter
-from prometheus_client import Gauge as PromGauge
+from prometheus_client import Counter as PromCounter, Gauge as PromGauge
 
-from device_runtime.wire.auth import REFUSAL_KINDS, HostAuth
-from device_runtime.wire.connection import FramedProtocol
-from device_runtime.wire.framing import FrameBudget
-from device_runtime.bundle import stage_id
-from device_runtime.hosts.client import Credentials
-from device_runtime.wire.ops import (
+from device_runtime.wire import REFUSAL_KINDS, FrameBudget, FramedProtocol, HostAuth
+from device_runtime import stage_id
+from device_runtime.wire import Credentials
+from device_runtime.wire import (
     ErrorReply,
     HelloReply,
     HelloRequest,
@@ -63,8 +60,7 @@ from device_runtime.wire.ops import (
     StatsRequest,
     parse_request,
 )
-from device_runtime.wire.protocol import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION, Oversized, decode, encode_message
-from device_runtime.wire.quantization import dequantize
+from device_runtime.wire import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION, Oversized, decode, dequantize, encode_message
 from host_runtime.batcher import BatchConfig, Batcher, BatchResult, TailKey
 from host_runtime.limits import (
     DEFAULT_FRAME_TIMEOUT_S,
@@ -79,7 +75,7 @@ from host_runtime.metrics import PREFIX, HostStats, MetricsEndpoint
 from host_runtime.peers import Peers
 from host_runtime.profiling import Profiler, plan_profile
 from host_runtime.tails import TailRegistry, warm_up
-from splitedge.errors import FrameRefused, ProtocolError, RemoteError, SplitEdgeError
+from splitedge import FrameRefused, ProtocolError, RemoteError, SplitEdgeError
 
 log = logging.getLogger("splitedge.host")
 
@@ -199,7 +195,7 @@ class _HostProtocol(FramedProtocol):
     def frame_received(self, body: memoryview) -> None:
         received = time.perf_counter()  # the frame is all here: queue_ms and deadlines count from now
         try:
-            message = decode(body)
+            message = decode(body, REQUEST_LIMITS)
             op = message.get("op")
             self.server.stats.request(op)
             if op in ("infer", "profile", "links") and self.server.draining:

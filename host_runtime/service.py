@@ -14,10 +14,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from device_runtime.bundle import FULL, TAIL, Bundle
-from device_runtime.wire.auth import load_key
-from splitedge.errors import SplitEdgeError
-from splitedge.units import UNIT_DIR, Credential, ServiceUnit, enable_unit, write_unit
+from device_runtime import FULL, TAIL, Bundle
+from device_runtime.wire import load_key
+from splitedge import UNIT_DIR, Credential, ServiceUnit, SplitEdgeError, enable_unit, write_unit
 
 __all__ = ["SERVICE_EXAMPLES", "install_service", "host_unit", "service_arguments"]
 

@@ -36,9 +36,9 @@ from typing import Any, Iterable, Sequence, Union
 
 import numpy as np
 
-from device_runtime.bundle import FULL, LOCAL, OFFLOAD, TAIL, Bundle, stage_id
-from device_runtime.engine.backend import Backend, OnnxBackend, check_input
-from splitedge.errors import BackendError, BundleError, ProtocolError
+from device_runtime import FULL, LOCAL, OFFLOAD, TAIL, Bundle, stage_id
+from device_runtime.engine import Backend, OnnxBackend, check_input
+from splitedge import BackendError, BundleError, ProtocolError
 
 DEVICES = ("auto", "cpu", "cuda")
 CUDA = "CUDAExecutionProvider"

@@ -12,4 +12,56 @@ they run").
 from splitedge.errors import SplitEdgeError
 from splitedge.words import LOCAL, OFFLOAD
 
-__all__ = ["LOCAL", "OFFLOAD", "SplitEdgeError"]
+from splitedge.errors import (
+    AuthenticationError, BackendError, BoardFitError, BundleError, CalibrationError, CameraError, ConfigError,
+    CredentialsError, CutPointError, DeployError, ExportError, FrameRefused, HostUnavailableError,
+    ModelSpecError, ProtocolError, RemoteError, ValidationError,
+)
+from splitedge.fields import Fields, join, shown
+from splitedge.files import write_atomically
+from splitedge.lifecycle import Runner, notify, run_command, stop_on_signals
+from splitedge.units import Credential, ServiceUnit, UNIT_DIR, enable_offline, enable_unit, write_unit
+from splitedge.words import FLOAT32, FORMATS, INT8, ONNX, PRECISIONS, TFLITE
+
+__all__ = [
+    "AuthenticationError",
+    "BackendError",
+    "BoardFitError",
+    "BundleError",
+    "CalibrationError",
+    "CameraError",
+    "ConfigError",
+    "Credential",
+    "CredentialsError",
+    "CutPointError",
+    "DeployError",
+    "ExportError",
+    "FLOAT32",
+    "FORMATS",
+    "Fields",
+    "FrameRefused",
+    "HostUnavailableError",
+    "INT8",
+    "LOCAL",
+    "ModelSpecError",
+    "OFFLOAD",
+    "ONNX",
+    "PRECISIONS",
+    "ProtocolError",
+    "RemoteError",
+    "Runner",
+    "ServiceUnit",
+    "SplitEdgeError",
+    "TFLITE",
+    "UNIT_DIR",
+    "ValidationError",
+    "enable_offline",
+    "enable_unit",
+    "join",
+    "notify",
+    "run_command",
+    "shown",
+    "stop_on_signals",
+    "write_atomically",
+    "write_unit",
+]

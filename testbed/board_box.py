@@ -37,7 +37,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from splitedge.errors import SplitEdgeError
+from splitedge import SplitEdgeError
 
 __all__ = [
     "BOARD_EXTRAS",

@@ -21,12 +21,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from device_runtime.bundle import FULL, HEAD, LOCAL, Bundle
+from device_runtime import FULL, HEAD, LOCAL, Bundle
 from device_runtime.engine import DeviceRunner
-from device_runtime.hosts import HostClient
-from device_runtime.hosts.connect import host_address
+from device_runtime.wire import HostClient
+from device_runtime.hosts import host_address
 from device_runtime.stream import open_source, top1
-from splitedge.errors import SplitEdgeError
+from splitedge import SplitEdgeError
 
 __all__ = ["probe"]
 

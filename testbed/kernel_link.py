@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
-from splitedge.errors import SplitEdgeError
+from splitedge import SplitEdgeError
 
 #: Every link takes a /30 of this network: root side .1, namespace side .2.
 LINK_NETWORK = ipaddress.IPv4Network("10.213.0.0/16")

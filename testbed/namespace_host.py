@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from splitedge.errors import HostUnavailableError
+from splitedge import HostUnavailableError
 from testbed.kernel_link import EmulatedLink
 
 __all__ = ["running_host", "serve_in", "wait_listening"]

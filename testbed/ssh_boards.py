@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from device_runtime.bundle import HEAD, Bundle, make_artifact, write_manifest
+from device_runtime import HEAD, Bundle, make_artifact, write_manifest
 
 __all__ = ["BOARD_PYTHON", "SSHD", "SshBoard", "SshBoards", "install_board_venv", "one_head_changed",
            "unavailable_reason"]

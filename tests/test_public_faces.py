@@ -1,58 +1,89 @@
-"""Each package's ``__init__.py`` is its public face: ``__all__`` pinned here, every name real.
+"""Each package's ``__init__.py`` is its public face: ``__all__`` pinned here, every name real,
+and code outside a package imports it only through that face.
 
 A name added to or dropped from a face is a change to what users import; it should be made
 here on purpose, not by accident. ``calibration`` and ``boards`` pin theirs in their own tests.
+A package's other modules are its own business: code in another package that imports one of
+them (``from device_runtime.wire.ops import ...``) is refused below, so they can change freely.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 
 import pytest
 
 FACES = {
-    "splitedge": ["LOCAL", "OFFLOAD", "SplitEdgeError"],
-    "device_runtime": ["Bundle", "LOCAL", "Manifest", "OFFLOAD"],
+    "splitedge": [
+        "AuthenticationError", "BackendError", "BoardFitError", "BundleError", "CalibrationError",
+        "CameraError", "ConfigError", "Credential", "CredentialsError", "CutPointError", "DeployError",
+        "ExportError", "FLOAT32", "FORMATS", "Fields", "FrameRefused", "HostUnavailableError", "INT8", "LOCAL",
+        "ModelSpecError", "OFFLOAD", "ONNX", "PRECISIONS", "ProtocolError", "RemoteError", "Runner",
+        "ServiceUnit", "SplitEdgeError", "TFLITE", "UNIT_DIR", "ValidationError", "enable_offline",
+        "enable_unit", "join", "notify", "run_command", "shown", "stop_on_signals", "write_atomically",
+        "write_unit",
+    ],
+    "device_runtime": [
+        "Artifact", "BOARD_PART", "BOTTLENECK", "Bundle", "CHAIN", "CHAIN_JOIN", "CUT", "FLOAT32", "FORMATS",
+        "FULL", "Fragment", "HEAD", "INT8", "IO_NAMES", "LAYER", "LOCAL", "LOGITS", "MIDDLE_STAGE_IO",
+        "Manifest", "ModelInfo", "OFFLOAD", "ONNX", "PARTS", "PRECISIONS", "Preprocess", "Quantization",
+        "SEMANTIC", "Split", "Stage", "TAIL", "TFLITE", "TensorSpec", "artifacts_of", "make_artifact",
+        "semantic_id", "slice_bundle", "stage_id", "write_manifest",
+    ],
     "device_runtime.wire": [
-        "DEFAULT_MAX_FRAME_BYTES", "DeviceAuth", "ERROR_CODES", "ErrorReply", "FrameAuth", "FrameDecoder",
-        "FramedProtocol", "HelloReply", "HelloRequest", "Hop", "HopTiming", "HostAuth", "InferReply", "InferRequest",
-        "MAX_ROUTE_HOPS", "OPS", "Oversized",
-        "PROTOCOL_VERSION", "PingReply", "PingRequest", "ProfileReply", "ProfileRequest", "Quantization", "REPLIES",
-        "REQUESTS", "Reply", "Request", "StatsReply", "StatsRequest", "TxtRecord", "affine_params", "client_context",
-        "decode", "decode_tensor", "dequantize", "encode", "encode_bytes", "encode_message", "error_reply",
-        "load_key", "parse_reply", "parse_request", "parse_txt", "quantize", "server_context", "txt_record",
+        "ClientPool", "Credentials", "DEFAULT_MAX_FRAME_BYTES", "DeviceAuth", "ERROR_CODES", "ErrorReply",
+        "FrameAuth", "FrameBudget", "FrameDecoder", "FramedProtocol", "HelloReply", "HelloRequest", "Hop",
+        "HopTiming", "HostAuth", "HostClient", "InferReply", "InferRequest", "InferResult", "LinksReply",
+        "LinksRequest", "MAX_PROFILE_REPEATS", "MAX_ROUTE_HOPS", "OPS", "Oversized", "PROTOCOL_VERSION",
+        "PingReply", "PingRequest", "ProfileReply", "ProfileRequest", "Quantization", "REFUSAL_KINDS",
+        "REPLIES", "REQUESTS", "Reply", "Request", "SERVICE_TYPE", "StatsReply", "StatsRequest", "TxtRecord",
+        "UploadTiming", "affine_params", "client_context", "decode", "decode_tensor", "dequantize", "encode",
+        "encode_bytes", "encode_message", "error_reply", "kernel_timing_support", "load_key", "open_zeroconf",
+        "parse_reply", "parse_request", "parse_txt", "quantize", "server_context", "split_address",
+        "txt_record",
     ],
     "device_runtime.engine": [
-        "Backend", "DeviceRunner", "INT8_MARGIN", "LiteRTBackend", "OnnxBackend", "PRECISIONS", "default_split",
-        "load_backend", "prefers_int8", "preprocess",
+        "AUTO", "Backend", "DeviceRunner", "INT8_MARGIN", "LiteRTBackend", "OnnxBackend", "PRECISIONS",
+        "check_input", "default_split", "load_backend", "prefers_int8", "preprocess",
     ],
     "device_runtime.hosts": [
-        "ClientPool", "Credentials", "HostAdvert", "HostClient", "HostLink", "InferResult", "LinkMeter", "connect_host", "discover",
+        "HostAdvert", "HostLink", "LinkMeter", "connect_host", "discover", "host_address", "probe_bytes",
     ],
     "device_runtime.stream": [
-        "AutoPolicy", "BanditPolicy", "Frame", "FrameQueue", "FrameResult", "FrameSource", "Pipeline", "PipelineConfig",
-        "PipelineStats", "SplitPolicy", "StaticPolicy", "TRACE_SCHEMA", "TraceWriter", "open_source", "top1",
+        "AutoPolicy", "BanditPolicy", "Frame", "FrameQueue", "FrameResult", "FrameSource", "IMAGE_SUFFIXES",
+        "Pipeline", "PipelineConfig", "PipelineStats", "SplitPolicy", "StaticPolicy", "TRACE_SCHEMA",
+        "TraceWriter", "open_source", "pi_camera_absent", "top1",
     ],
     "device_runtime.board": [
-        "DEFAULT_BATCHES", "DetectedBoard", "InstalledBackend", "Layout", "UpdateDeferred", "calibrate",
-        "calibration_for", "default_root", "detect_board", "installed_backends", "resolve_backend",
+        "CAMERA_GROUP", "CalibrateSettings", "Connection", "DEFAULT_BATCHES", "DetectedBoard",
+        "InstalledBackend", "KEYS", "LastRun", "Layout", "RunSettings", "Runtime", "SERVICE", "START_TIMEOUT_S",
+        "SettingError", "UpdateDeferred", "add_commands", "add_service_command", "as_flag_type", "batches",
+        "calibrate", "calibrate_settings", "calibration_for", "calibrations_for", "default_root",
+        "detect_board", "device_unit", "handler", "install_service", "installed_backends", "non_negative_rate",
+        "positive_int", "precision_of", "resolve_backend", "run_checker", "run_settings", "settings_for",
+        "spread_warning", "write_settings",
     ],
-    "host_runtime": ["BatchConfig", "HostServer", "ServerConfig", "TailRegistry"],
+    "host_runtime": [
+        "BatchConfig", "HostServer", "ServerConfig", "TailRegistry",
+    ],
     "fieldtrial": [
-        "format_summary", "plot_drop_rate", "plot_latency_cdf", "plot_latency_over_time", "plot_measured_vs_model",
-        "plot_table", "read_trace", "summarize", "write_report",
+        "format_summary", "plot_drop_rate", "plot_latency_cdf", "plot_latency_over_time",
+        "plot_measured_vs_model", "plot_table", "read_trace", "summarize", "write_report",
     ],
     "testbed": [
-        "DelayRelay", "EmulatedLink", "LinkEmulationError", "LinkEmulationUnavailable", "RateSchedule", "RateStep",
-        "remove_stale_links", "serve_in", "tbf_parameters", "unavailable_reason",
+        "DelayRelay", "EmulatedLink", "LinkEmulationError", "LinkEmulationUnavailable", "RateSchedule",
+        "RateStep", "remove_stale_links", "serve_in", "tbf_parameters", "unavailable_reason",
     ],
     "exporter.deploy": [
-        "BoardFacts", "BoardResult", "Fleet", "FleetResult", "Release", "Remote", "UploadStats", "board_steps",
-        "deploy_board", "parse_max_fail", "probe", "rollback_board",
+        "BoardFacts", "BoardResult", "Fleet", "FleetResult", "Release", "Remote", "UploadStats",
+        "add_deploy_command", "board_steps", "deploy_board", "parse_max_fail", "probe", "rollback_board",
     ],
     "exporter": [
-        "Case", "Chain", "CutPoint", "LoadedModel", "OnnxRunner", "Runner", "TracedModel", "build_bundle", "compare",
-        "export_onnx", "find_cut_points", "get_cut_point", "load_model", "select_splits", "split_at", "trace", "validate",
+        "Case", "Chain", "CutPoint", "LoadedModel", "OnnxRunner", "Runner", "TracedModel", "build_bundle",
+        "compare", "export_onnx", "find_cut_points", "get_cut_point", "load_model", "select_splits", "split_at",
+        "trace", "validate",
     ],
 }
 
@@ -64,3 +95,47 @@ def test_public_face(package: str) -> None:
     module = importlib.import_module(package)
     assert sorted(module.__all__) == sorted(FACES[package])
     assert [name for name in module.__all__ if not hasattr(module, name)] == []
+
+
+ROOT = Path(__file__).resolve().parents[1]
+PRODUCT = ("splitedge", "boards", "calibration", "device_runtime", "host_runtime", "exporter", "fieldtrial", "testbed")
+#: Every package with a face: the directories holding an ``__init__.py``.
+PACKAGES = {".".join(init.parent.relative_to(ROOT).parts) for top in PRODUCT for init in (ROOT / top).rglob("__init__.py")}
+
+
+def _package_of(dotted: str) -> str | None:
+    """The innermost package holding ``dotted`` (a module, or a name imported from a face)."""
+    parts = dotted.split(".")
+    return next((".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in PACKAGES), None)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every ``from X import ...`` in ``path``, at any depth."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [(node.lineno, node.module) for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module]
+
+
+def test_code_outside_a_package_imports_only_its_face() -> None:
+    offences = []
+    for top in PRODUCT:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            here = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            for line, module in _imports(path):
+                package = _package_of(module)
+                if package is None or module == package:
+                    continue
+                if here == package or here.startswith(package + "."):
+                    continue  # inside the package: its own modules are its own business
+                offences.append(f"{path.relative_to(ROOT)}:{line} imports {module}, past the face of {package}")
+    assert offences == []
+
+
+def test_the_face_check_sees_a_deep_import(tmp_path: Path) -> None:
+    """The walker itself: it must find the module of a ``from`` import wherever it stands."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("def go():\n    from device_runtime.wire.ops import OPS\n")
+    assert _imports(probe) == [(2, "device_runtime.wire.ops")]
+    assert _package_of("device_runtime.wire.ops") == "device_runtime.wire"
+    assert _package_of("device_runtime.Bundle") == "device_runtime"

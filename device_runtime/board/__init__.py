@@ -12,16 +12,55 @@ from device_runtime.board.detect import (
 )
 from device_runtime.board.release import Layout, UpdateDeferred, default_root
 
+from device_runtime.board.calibrate import calibrations_for, precision_of, spread_warning
+from device_runtime.board.commands import add_commands, handler, settings_for
+from device_runtime.board.run_settings import (
+    KEYS, CalibrateSettings, Connection, RunSettings, Runtime, SettingError, as_flag_type, batches, calibrate_settings,
+    non_negative_rate, positive_int, run_settings,
+)
+from device_runtime.board.service import (
+    CAMERA_GROUP, START_TIMEOUT_S, add_service_command, device_unit, install_service,
+)
+from device_runtime.board.settings import run_checker, write_settings
+from device_runtime.board.status import LastRun, SERVICE
+
 __all__ = [
+    "CAMERA_GROUP",
+    "CalibrateSettings",
+    "Connection",
     "DEFAULT_BATCHES",
     "DetectedBoard",
     "InstalledBackend",
+    "KEYS",
+    "LastRun",
     "Layout",
+    "RunSettings",
+    "Runtime",
+    "SERVICE",
+    "START_TIMEOUT_S",
+    "SettingError",
     "UpdateDeferred",
+    "add_commands",
+    "add_service_command",
+    "as_flag_type",
+    "batches",
     "calibrate",
+    "calibrate_settings",
     "calibration_for",
+    "calibrations_for",
     "default_root",
     "detect_board",
+    "device_unit",
+    "handler",
+    "install_service",
     "installed_backends",
+    "non_negative_rate",
+    "positive_int",
+    "precision_of",
     "resolve_backend",
+    "run_checker",
+    "run_settings",
+    "settings_for",
+    "spread_warning",
+    "write_settings",
 ]

@@ -47,12 +47,11 @@ from calibration import (
     measure_round_robin,
     place,
 )
-from calibration.timing import WIDE_MIN_MS, WIDE_RATIO, widest
+from calibration import WIDE_MIN_MS, WIDE_RATIO, widest
 from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle
-from device_runtime.engine.runner import DeviceRunner
-from device_runtime.hosts.client import HostClient
-from device_runtime.wire.ops import MAX_PROFILE_REPEATS
-from splitedge.errors import BundleError, RemoteError
+from device_runtime.engine import DeviceRunner
+from device_runtime.wire import MAX_PROFILE_REPEATS, HostClient
+from splitedge import BundleError, RemoteError
 
 __all__ = [
     "DEFAULT_BATCHES", "calibrate", "calibration_for", "calibrations_for", "manifest_sha256", "measure_heads",

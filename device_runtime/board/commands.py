@@ -16,7 +16,7 @@ from pathlib import Path
 from device_runtime.board.release import DEFAULT_KEEP, Layout, UpdateDeferred, default_root
 from device_runtime.board.settings import (
     apply_settings,
-    checker_from,
+    run_checker,
     config_files,
     describe,
     load_settings,
@@ -24,7 +24,7 @@ from device_runtime.board.settings import (
     write_settings,
 )
 from device_runtime.board.status import board_status, check_root, format_status, status_exit_code, verify_report
-from splitedge.errors import BundleError, ConfigError
+from splitedge import BundleError, ConfigError
 
 __all__ = ["ADMIN_EXAMPLES", "add_commands", "handler", "settings_for"]
 
@@ -146,8 +146,8 @@ def status(args: argparse.Namespace) -> int:
 def config_command(args: argparse.Namespace, parser_factory: Callable[[], argparse.ArgumentParser]) -> int:
     parser = parser_factory()
     if args.set_values or args.unset:
-        return _change_config(args, checker_from(parser, "run"))
-    settings = load_settings(checker_from(parser, "run"))
+        return _change_config(args, run_checker())
+    settings = load_settings(run_checker())
     rows = describe(settings, run_defaults(parser))
     if args.json:
         print(json.dumps({

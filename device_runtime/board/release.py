@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from device_runtime.bundle import MANIFEST_NAME, verify_files
-from splitedge.errors import BundleError, SplitEdgeError
+from splitedge import BundleError, SplitEdgeError
 
 __all__ = ["DEFAULT_KEEP", "Layout", "UpdateDeferred", "default_root"]
 

@@ -21,56 +21,22 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from splitedge.errors import ConfigError
-from splitedge.fields import shown
-from splitedge.files import write_atomically
+import tomli_w
+
+from device_runtime.board.run_settings import KEYS, Key, SettingError
+from splitedge import ConfigError, shown, write_atomically
 
 __all__ = ["FILENAME", "KEYS", "Setting", "Settings", "apply_settings", "config_files", "load_settings",
-           "write_settings"]
+           "run_checker", "write_settings"]
 
 FILENAME = "device.toml"
-ENV_PREFIX = "SPLITEDGE_"
-
-
-@dataclass(frozen=True)
-class Key:
-    """One setting: the flag it stands for, the TOML type it must have, the commands it applies to."""
-
-    dest: str  # the argparse dest (and the key's name)
-    kind: type | tuple[type, ...]
-    commands: tuple[str, ...] = ("run", "calibrate")
-    many: bool = False  # a list in the file, comma-separated in the environment (--interface, repeatable)
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.dest.replace("_", "-")
-
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + self.dest.upper()
-
-
-KEYS: dict[str, Key] = {k.dest: k for k in (
-    Key("host", str),
-    Key("interface", str, many=True),
-    Key("timeout", (int, float)),
-    Key("key_file", str),
-    Key("tls_ca", str),
-    Key("backend", str),
-    Key("precision", str),
-    Key("threads", int),
-    Key("camera", (str, int), commands=("run",)),
-    Key("split", str, commands=("run",)),
-    Key("batch", int, commands=("run",)),
-    Key("deadline_ms", (int, float), commands=("run",)),
-)}
 _TYPE_WORDS = {str: "a string", int: "an integer", float: "a number", (int, float): "a number",
                (str, int): "a string or an integer"}
 
@@ -92,22 +58,47 @@ def config_files(environ: Mapping[str, str] | None = None) -> list[Path]:
     return [d / FILENAME for d in dirs]
 
 
-def _toml(path: Path) -> dict[str, Any]:
+def _toml_reader():
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         try:
             import tomli as tomllib  # type: ignore[no-redef]
         except ModuleNotFoundError:
-            raise ConfigError(f"{path}: reading it needs Python 3.11 (tomllib) or, on 3.10, "
-                              "pip install tomli") from None
+            raise ConfigError("reading device.toml needs Python 3.11 (tomllib) or, on 3.10, pip install tomli") from None
+    return tomllib
+
+
+def _toml(path: Path) -> dict[str, Any]:
+    tomllib = _toml_reader()
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
+        raise ConfigError(f"{path}: not valid TOML ({exc}): correct that line, or rewrite the file without it "
+                          f"with split-device config --file {path} --set KEY=VALUE") from exc
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deep to be a settings file: correct it, or rewrite it with "
+                          f"split-device config --file {path} --set KEY=VALUE") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read ({exc.strerror})") from exc
+
+
+def _salvage(path: Path) -> tuple[dict[str, Any], list[int]]:
+    """The keys of a broken file that still read line by line, and the numbers of the lines that
+    do not: what ``--set`` keeps when it rewrites a file no reader can load whole."""
+    tomllib = _toml_reader()
+    kept: dict[str, Any] = {}
+    dropped = []
+    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            kept.update(tomllib.loads(line))
+        except (tomllib.TOMLDecodeError, RecursionError):
+            dropped.append(number)
+    return {k: v for k, v in kept.items() if k in KEYS}, dropped
 
 
 Check = Callable[[str, Any, str], Any]  # (key, value, where) -> the value as the flag would have it
@@ -152,7 +143,7 @@ def _key(name: str, path: Path) -> Key:
 def load_settings(check: Check, environ: Mapping[str, str] | None = None,
                   files: Sequence[Path] | None = None) -> Settings:
     """Read the files then the environment; ``check`` turns a key's text into the flag's value or
-    raises :class:`ConfigError` (see :func:`checker_from`)."""
+    raises :class:`ConfigError` (see :func:`run_checker`)."""
     env = os.environ if environ is None else environ
     values: dict[str, Setting] = {}
     read, absent = [], []
@@ -178,25 +169,16 @@ def load_settings(check: Check, environ: Mapping[str, str] | None = None,
     return Settings(values, read, absent)
 
 
-def _actions(parser: argparse.ArgumentParser, command: str) -> dict[str, argparse.Action]:
-    (subs,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return {a.dest: a for a in subs.choices[command]._actions}
-
-
-def checker_from(parser: argparse.ArgumentParser, command: str = "run") -> Check:
-    """A :data:`Check` that applies the flag's own argparse ``type`` and ``choices`` to a setting."""
-    actions = _actions(parser, command)
+def run_checker() -> Check:
+    """The :data:`Check` of every key: its :data:`KEYS` entry's, the same one its flag's argparse
+    ``type`` applies, so a file cannot say what a flag may not."""
 
     def check(dest: str, text: str, where: str) -> Any:
-        action = actions[dest]
+        key = KEYS[dest]
         try:
-            value = action.type(text) if action.type is not None else text
-        except (argparse.ArgumentTypeError, ValueError) as exc:
-            raise ConfigError(f"{where}: {dest}: {exc or 'invalid value'} (as {action.option_strings[0]} takes it), "
-                              f"got {text!r}") from None
-        if action.choices is not None and value not in action.choices:
-            raise ConfigError(f"{where}: {dest}: expected one of {', '.join(map(str, action.choices))}, got {text!r}")
-        return value
+            return key.check(text)
+        except SettingError as exc:
+            raise ConfigError(f"{where}: {dest}: {exc} (as {key.flag} takes it)") from None
 
     return check
 
@@ -221,7 +203,7 @@ def apply_settings(
 ) -> Settings:
     """Set on ``args`` every setting of the files and the environment that its command takes and its
     command line did not give; returns them all with their sources (flags included)."""
-    settings = load_settings(checker_from(parser_factory(), "run"), environ)
+    settings = load_settings(run_checker(), environ)
     given = _given(parser_factory, argv)
     for name, setting in settings.values.items():
         key = KEYS[name]
@@ -244,16 +226,8 @@ def describe(settings: Settings, defaults: Mapping[str, Any]) -> list[tuple[str,
 
 
 def run_defaults(parser: argparse.ArgumentParser) -> dict[str, Any]:
-    return {dest: action.default for dest, action in _actions(parser, "run").items()}
-
-
-def _toml_value(value: Any) -> str:
-    """A TOML value for a setting: JSON's escapes are TOML's, ``ensure_ascii`` keeps it plain."""
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return repr(value)
-    return json.dumps(str(value))
+    (subs,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return {a.dest: a.default for a in subs.choices["run"]._actions}
 
 
 def _file_value(key: Key, text: str, check: Check, where: str) -> Any:
@@ -272,12 +246,22 @@ def _file_value(key: Key, text: str, check: Check, where: str) -> Any:
     return text
 
 
-def write_settings(path: Path, updates: Mapping[str, str | None], check: Check) -> dict[str, tuple[Any, Any]]:
+def write_settings(path: Path, updates: Mapping[str, str | None], check: Check | None = None) -> dict[str, tuple[Any, Any]]:
     """Set (``text``) or remove (``None``) keys of the settings file at ``path``, keeping its other
     keys; the file is replaced whole (a temporary file renamed over it), so a reader never sees
-    half of it. Returns ``{key: (before, after)}`` for the keys that changed."""
-    data = _toml(path) if path.is_file() else {}
+    half of it. A file no reader can load is rewritten from the lines that still read (the others
+    named in a warning line on stderr), so ``--set`` can always repair it. Returns
+    ``{key: (before, after)}`` for the keys that changed."""
+    check = run_checker() if check is None else check
     changes: dict[str, tuple[Any, Any]] = {}
+    for name in updates:
+        _key(name, path)
+    try:
+        data = _toml(path) if path.is_file() else {}
+    except ConfigError as exc:
+        data, dropped = _salvage(path)
+        print(f"warning: {exc}; rewriting it without line(s) {', '.join(map(str, dropped)) or 'none'}",
+              file=sys.stderr)
     for name, text in updates.items():
         key = _key(name, path)
         before = data.get(name)
@@ -289,6 +273,5 @@ def write_settings(path: Path, updates: Mapping[str, str | None], check: Check) 
         if before != after:
             changes[name] = (before, after)
     path.parent.mkdir(parents=True, exist_ok=True)
-    body = "".join(f"{name} = {_toml_value(value)}\n" for name, value in data.items())
-    write_atomically(path, "# splitedge board settings (split-device config --set KEY=VALUE)\n" + body)
+    write_atomically(path, "# splitedge board settings (split-device config --set KEY=VALUE)\n" + tomli_w.dumps(data))
     return changes

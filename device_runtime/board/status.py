@@ -18,8 +18,7 @@ from typing import Any, Protocol
 
 from device_runtime.board.release import Layout
 from device_runtime.bundle import MANIFEST_NAME, Bundle, artifacts_of, verify_files
-from splitedge.errors import SplitEdgeError
-from splitedge.files import write_atomically
+from splitedge import SplitEdgeError, write_atomically
 
 __all__ = ["LAST_RUN", "SERVICE", "LastRun", "board_status", "format_status", "service_state", "verify_report"]
 

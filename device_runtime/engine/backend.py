@@ -14,7 +14,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from device_runtime.bundle import FORMATS, ONNX, TFLITE
-from splitedge.errors import BackendError
+from splitedge import BackendError
 
 
 class Backend(Protocol):

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from device_runtime.engine.backend import check_input
-from device_runtime.wire.quantization import dequantize, quantize
-from splitedge.errors import BackendError
+from device_runtime.wire import dequantize, quantize
+from splitedge import BackendError
 
 __all__ = ["LiteRTBackend", "load_interpreter_class"]
 

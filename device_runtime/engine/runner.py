@@ -11,12 +11,13 @@ import time
 
 import numpy as np
 
-from device_runtime.bundle import FLOAT32, FULL, HEAD, INT8, LOCAL, OFFLOAD, ONNX, Bundle
-from device_runtime.bundle import PRECISIONS as ARTIFACT_PRECISIONS
+from device_runtime.bundle import (
+    FLOAT32, FULL, HEAD, INT8, LOCAL, OFFLOAD, ONNX, Bundle, PRECISIONS as ARTIFACT_PRECISIONS,
+)
 from device_runtime.engine.backend import Backend, load_backend
 from device_runtime.engine.preprocess import preprocess
-from device_runtime.wire.quantization import quantize
-from splitedge.errors import BundleError
+from device_runtime.wire import quantize
+from splitedge import BundleError
 
 AUTO = "auto"
 #: How much top-1 (as a fraction) ``auto`` gives up for an int8 artifact: one point.

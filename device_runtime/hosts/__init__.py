@@ -1,21 +1,17 @@
-"""The board's side of its hosts: the client, zeroconf discovery, connecting and failing over,
-and the link meter that turns replies into a rate estimate."""
+"""The board's side of its hosts: zeroconf discovery, connecting and failing over, and the link
+meter that turns replies into a rate estimate. The protocol's client itself is ``wire``'s."""
 
-from device_runtime.hosts.client import Credentials, HostClient, InferResult
-from device_runtime.hosts.connect import connect_host
+from device_runtime.hosts.connect import connect_host, host_address
 from device_runtime.hosts.discovery import HostAdvert, discover
 from device_runtime.hosts.host_link import HostLink
-from device_runtime.hosts.link_meter import LinkMeter
-from device_runtime.hosts.pool import ClientPool
+from device_runtime.hosts.link_meter import LinkMeter, probe_bytes
 
 __all__ = [
-    "ClientPool",
-    "Credentials",
     "HostAdvert",
-    "HostClient",
     "HostLink",
-    "InferResult",
     "LinkMeter",
     "connect_host",
     "discover",
+    "host_address",
+    "probe_bytes",
 ]

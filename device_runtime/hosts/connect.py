@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from device_runtime.bundle import Bundle
-from device_runtime.hosts.client import Credentials, HostClient
+from device_runtime.wire import Credentials, HostClient
 from device_runtime.hosts.discovery import discover
-from splitedge.errors import HostUnavailableError
+from splitedge import HostUnavailableError
 
 __all__ = ["connect_host", "host_address"]
 

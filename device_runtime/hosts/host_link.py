@@ -14,9 +14,9 @@ import logging
 from typing import Sequence
 
 from device_runtime.bundle import Bundle
-from device_runtime.hosts.client import Credentials, HostClient
+from device_runtime.wire import Credentials, HostClient
 from device_runtime.hosts.connect import connect_host, host_address
-from splitedge.errors import HostUnavailableError
+from splitedge import HostUnavailableError
 
 __all__ = ["HostLink"]
 

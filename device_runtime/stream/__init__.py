@@ -8,6 +8,9 @@ from device_runtime.stream.policy import AutoPolicy, BanditPolicy, SplitPolicy, 
 from device_runtime.stream.results import FrameResult, top1
 from device_runtime.stream.trace import TRACE_SCHEMA, TraceWriter
 
+from device_runtime.stream.camera import IMAGE_SUFFIXES
+from device_runtime.stream.picamera import pi_camera_absent
+
 __all__ = [
     "AutoPolicy",
     "BanditPolicy",
@@ -15,6 +18,7 @@ __all__ = [
     "FrameQueue",
     "FrameResult",
     "FrameSource",
+    "IMAGE_SUFFIXES",
     "Pipeline",
     "PipelineConfig",
     "PipelineStats",
@@ -23,5 +27,6 @@ __all__ = [
     "TRACE_SCHEMA",
     "TraceWriter",
     "open_source",
+    "pi_camera_absent",
     "top1",
 ]

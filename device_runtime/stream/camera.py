@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from splitedge.errors import CameraError
+from splitedge import CameraError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".tif", ".tiff", ".webp")
 

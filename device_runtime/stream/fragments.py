@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from device_runtime.bundle import Split
-from device_runtime.hosts.client import HostClient, InferResult
-from device_runtime.hosts.pool import ClientPool
-from splitedge.errors import HostUnavailableError, RemoteError
+from device_runtime.wire import ClientPool, HostClient, InferResult
+from splitedge import HostUnavailableError, RemoteError
 
 __all__ = ["FragmentTiming", "Gathered", "gather", "merge"]
 

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from device_runtime.stream.camera import Frame, FrameSource
-from splitedge.errors import CameraError
+from splitedge import CameraError
 
 __all__ = ["FORMAT", "INSTALL", "PiCamera", "open_picamera", "pi_camera_absent"]
 

@@ -47,18 +47,17 @@ import numpy as np
 
 from calibration import HostView, place_fragments
 from device_runtime.bundle import LOCAL, OFFLOAD, stage_id
-from device_runtime.engine.runner import DeviceRunner
-from device_runtime.hosts.client import Credentials, HostClient, InferResult
-from device_runtime.hosts.host_link import HostLink
-from device_runtime.hosts.link_meter import LinkMeter, probe_bytes
-from device_runtime.hosts.pool import ClientPool
+from device_runtime.engine import DeviceRunner
+from device_runtime.wire import Credentials, HostClient, InferResult
+from device_runtime.hosts import HostLink, LinkMeter, probe_bytes
+from device_runtime.wire import ClientPool
 from device_runtime.stream.camera import Frame, FrameSource
 from device_runtime.stream.fragments import gather
 from device_runtime.stream.frame_queue import FrameQueue
 from device_runtime.stream.policy import SplitPolicy
 from device_runtime.stream.results import FrameResult, top1
-from device_runtime.wire.ops import Hop
-from splitedge.errors import HostUnavailableError, RemoteError
+from device_runtime.wire import Hop
+from splitedge import HostUnavailableError, RemoteError
 
 __all__ = ["Pipeline", "PipelineConfig", "PipelineStats"]
 

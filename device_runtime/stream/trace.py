@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from device_runtime.stream.results import FrameResult
-from splitedge.errors import SplitEdgeError
+from splitedge import SplitEdgeError
 
 __all__ = ["TRACE_SCHEMA", "TraceWriter"]
 

@@ -36,17 +36,30 @@ from device_runtime.wire.ops import (
     parse_reply,
     parse_request,
 )
-from device_runtime.wire.protocol import decode, decode_tensor, encode, encode_bytes, encode_message
+from device_runtime.wire.msgpack_view import DecodeLimits
+from device_runtime.wire.protocol import REPLY_LIMITS, REQUEST_LIMITS, decode, decode_tensor, encode, encode_bytes, encode_message
 from device_runtime.wire.quantization import affine_params, dequantize, quantize
 from device_runtime.wire.tls import client_context, server_context
 from device_runtime.wire.txt import TxtRecord, parse_txt, txt_record
 
+from device_runtime.wire.auth import REFUSAL_KINDS
+from device_runtime.wire.client import Credentials, HostClient, InferResult
+from device_runtime.wire.framing import FrameBudget
+from device_runtime.wire.kernel_timing import UploadTiming, kernel_timing_support
+from device_runtime.wire.ops import LinksReply, LinksRequest, MAX_PROFILE_REPEATS, split_address
+from device_runtime.wire.pool import ClientPool
+from device_runtime.wire.txt import SERVICE_TYPE, open_zeroconf
+
 __all__ = [
+    "ClientPool",
+    "Credentials",
     "DEFAULT_MAX_FRAME_BYTES",
+    "DecodeLimits",
     "DeviceAuth",
     "ERROR_CODES",
     "ErrorReply",
     "FrameAuth",
+    "FrameBudget",
     "FrameDecoder",
     "FramedProtocol",
     "HelloReply",
@@ -54,8 +67,13 @@ __all__ = [
     "Hop",
     "HopTiming",
     "HostAuth",
+    "HostClient",
     "InferReply",
     "InferRequest",
+    "InferResult",
+    "LinksReply",
+    "LinksRequest",
+    "MAX_PROFILE_REPEATS",
     "MAX_ROUTE_HOPS",
     "OPS",
     "Oversized",
@@ -65,13 +83,18 @@ __all__ = [
     "ProfileReply",
     "ProfileRequest",
     "Quantization",
+    "REFUSAL_KINDS",
     "REPLIES",
+    "REPLY_LIMITS",
     "REQUESTS",
+    "REQUEST_LIMITS",
     "Reply",
     "Request",
+    "SERVICE_TYPE",
     "StatsReply",
     "StatsRequest",
     "TxtRecord",
+    "UploadTiming",
     "affine_params",
     "client_context",
     "decode",
@@ -81,11 +104,14 @@ __all__ = [
     "encode_bytes",
     "encode_message",
     "error_reply",
+    "kernel_timing_support",
     "load_key",
+    "open_zeroconf",
     "parse_reply",
     "parse_request",
     "parse_txt",
     "quantize",
     "server_context",
+    "split_address",
     "txt_record",
 ]

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Sequence, Union
 
 from device_runtime.wire.framing import LENGTH
 from device_runtime.wire.msgpack_view import unpack
-from splitedge.errors import CredentialsError, FrameRefused, ProtocolError
+from splitedge import CredentialsError, FrameRefused, ProtocolError
 
 __all__ = [
     "DeviceAuth", "FrameAuth", "HostAuth", "load_key", "MAX_HANDSHAKE_BYTES", "MIN_KEY_BYTES", "REFUSAL_KINDS", "SCHEME",

@@ -1,131 +1,221 @@
-"""A msgpack reader whose ``bin`` values are views of the frame, not copies.
+"""A bounded msgpack reader: msgpack's own C unpacker, with limits, and ``bin`` values that are views.
 
-msgpack-python always copies a bin into a new ``bytes``. For a cut tensor of megabytes per
-frame, that copy and the page faults of its fresh allocation cost more than everything else
-the protocol does, so frames are *read* here (they are still *written* by msgpack-python).
-Input comes from the network: every length is checked against the bytes left before it is
-sliced or used to size a container, and nesting is bounded.
+Input comes from the network, so every count is bounded before anything is built for it. A
+frame once raised a host's memory by 1.18 GB and froze it for 48 s: 16 MiB of empty arrays
+inside one array header, each read into a Python list by a pure-Python reader. Now:
+
+- the frame's *header* (everything but a tensor's data) is read by msgpack's C ``Unpacker``
+  with its limits (array and map lengths, string and ext sizes) set from :class:`DecodeLimits`,
+  and no more than ``header_bytes`` of it is ever handed to the unpacker: a frame's values
+  cost at most a few times ``header_bytes`` in memory and microseconds to a few ms of one core,
+  whatever the frame's size;
+- keys that name a bounded list (a route's hops, a shape's dimensions) have their own, smaller
+  cap, checked at the list's header;
+- nesting deeper than ``max_depth`` is refused before anything else reads the value;
+- ``bin`` values of the top-level map and of its ``tensor`` map are *views* of the frame, not
+  copies: for a cut tensor of megabytes per frame, msgpack-python's copy and the page faults of
+  its fresh allocation cost more than everything else the protocol does. They are skipped by
+  the unpacker, never fed to it, and do not count against ``header_bytes``.
+
+Anything malformed or past a limit is a :class:`ProtocolError` (``bad_request``) that names it.
 """
 
 from __future__ import annotations
 
-import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
-from splitedge.errors import ProtocolError
+import msgpack
 
-MAX_DEPTH = 16
-# first byte -> struct reading the length (or the value) that follows it
-_BE = {1: struct.Struct(">B"), 2: struct.Struct(">H"), 4: struct.Struct(">I"), 8: struct.Struct(">Q")}
-_SIGNED = {0xD0: struct.Struct(">b"), 0xD1: struct.Struct(">h"), 0xD2: struct.Struct(">i"), 0xD3: struct.Struct(">q")}
-_UINTS = {0xCC: _BE[1], 0xCD: _BE[2], 0xCE: _BE[4], 0xCF: _BE[8]}
-_FLOATS = {0xCA: struct.Struct(">f"), 0xCB: struct.Struct(">d")}
-_BINS = {0xC4: _BE[1], 0xC5: _BE[2], 0xC6: _BE[4]}
-_STRS = {0xD9: _BE[1], 0xDA: _BE[2], 0xDB: _BE[4]}
-_ARRAYS = {0xDC: _BE[2], 0xDD: _BE[4]}
-_MAPS = {0xDE: _BE[2], 0xDF: _BE[4]}
-_CONSTANTS = {0xC0: None, 0xC2: False, 0xC3: True}
+from splitedge import ProtocolError
+
+__all__ = ["DecodeLimits", "unpack"]
+
+_BIN_HEADERS = {0xC4: 1, 0xC5: 2, 0xC6: 4}  # bin 8/16/32: bytes of the length after the type byte
 
 
-def _truncated(need: int, pos: int, view: memoryview) -> ProtocolError:
-    return ProtocolError(f"malformed msgpack: needs {need} bytes at offset {pos}, frame has {len(view) - pos}")
+def _is_map(byte: int) -> bool:
+    return 0x80 <= byte <= 0x8F or byte in (0xDE, 0xDF)
 
 
-def _fixed(view: memoryview, pos: int, fmt: struct.Struct) -> tuple[Any, int]:
-    end = pos + fmt.size
-    if end > len(view):
-        raise _truncated(fmt.size, pos, view)
-    return fmt.unpack_from(view, pos)[0], end
+def _is_array(byte: int) -> bool:
+    return 0x90 <= byte <= 0x9F or byte in (0xDC, 0xDD)
 
 
-def _slice(view: memoryview, pos: int, n: int) -> tuple[memoryview, int]:
-    end = pos + n
-    if end > len(view):
-        raise _truncated(n, pos, view)
-    return view[pos:end], end
+@dataclass(frozen=True)
+class DecodeLimits:
+    """What one frame may hold, outside its tensor's data. The host reads requests with small
+    limits fit to the ops (:data:`~device_runtime.wire.protocol.REQUEST_LIMITS`); a device reads
+    replies, whose ``stats`` and ``hello`` maps are larger, with larger ones."""
+
+    header_bytes: int  # bytes the unpacker is given at most: the frame outside its views
+    max_array_len: int
+    max_map_len: int
+    max_str_len: int
+    max_depth: int = 16
+    #: key -> most items of the list under it, wherever the key appears in the top-level or tensor map
+    array_caps: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
 
-def _text(view: memoryview, pos: int, n: int) -> tuple[str, int]:
-    end = pos + n
-    if end > len(view):
-        raise _truncated(n, pos, view)
-    try:
-        return str(view[pos:end], "utf-8"), end
-    except UnicodeDecodeError as exc:
-        raise ProtocolError(f"malformed msgpack: string is not UTF-8 ({exc})") from exc
+#: Generous bounds: what tests and tools read when they do not say.
+DEFAULT_LIMITS = DecodeLimits(header_bytes=1 << 20, max_array_len=1 << 16, max_map_len=1 << 16, max_str_len=1 << 20)
 
 
-def _count(view: memoryview, pos: int, n: int, min_item_bytes: int) -> int:
-    # A header may claim 4 billion items; each needs at least one byte, so bound it first.
-    if n * min_item_bytes > len(view) - pos:
-        raise ProtocolError(f"malformed msgpack: container of {n} items in {len(view) - pos} bytes")
-    return n
+#: The first bytes of a header given to the unpacker; more, doubling, while a value needs them
+#: (a request's header is about 100 bytes, and copying a whole window costs more than reading it).
+FIRST_FEED = 512
 
 
-def _value(view: memoryview, pos: int, depth: int) -> tuple[Any, int]:
-    """The value starting at ``pos`` and the offset after it. Plain functions and struct
-    lookups keep this at a few microseconds for a request header."""
-    if depth > MAX_DEPTH:
-        raise ProtocolError(f"malformed msgpack: nested deeper than {MAX_DEPTH}")
-    if pos >= len(view):
-        raise _truncated(1, pos, view)
-    b = view[pos]
-    pos += 1
-    if b <= 0x7F:
-        return b, pos
-    if b >= 0xE0:
-        return b - 0x100, pos
-    if b <= 0x8F:
-        return _map(view, pos, b & 0x0F, depth)
-    if b <= 0x9F:
-        return _array(view, pos, b & 0x0F, depth)
-    if b <= 0xBF:
-        return _text(view, pos, b & 0x1F)
-    if b in _CONSTANTS:
-        return _CONSTANTS[b], pos
-    if b in _BINS:
-        n, pos = _fixed(view, pos, _BINS[b])
-        return _slice(view, pos, n)
-    if b in _UINTS:
-        return _fixed(view, pos, _UINTS[b])
-    if b in _SIGNED:
-        return _fixed(view, pos, _SIGNED[b])
-    if b in _FLOATS:
-        return _fixed(view, pos, _FLOATS[b])
-    if b in _STRS:
-        n, pos = _fixed(view, pos, _STRS[b])
-        return _text(view, pos, n)
-    if b in _ARRAYS:
-        n, pos = _fixed(view, pos, _ARRAYS[b])
-        return _array(view, pos, _count(view, pos, n, 1), depth)
-    if b in _MAPS:
-        n, pos = _fixed(view, pos, _MAPS[b])
-        return _map(view, pos, _count(view, pos, n, 2), depth)
-    raise ProtocolError(f"malformed msgpack: type byte 0x{b:02x} (ext or reserved) is not used by this protocol")
+class _Reader:
+    """The frame's header through a C unpacker fed in windows; views taken where bins are."""
+
+    def __init__(self, view: memoryview, limits: DecodeLimits) -> None:
+        self.view, self.limits = view, limits
+        self.spent = 0  # header bytes consumed by unpackers before the current one
+        self._open(0)
+
+    def _open(self, pos: int) -> None:
+        """A fresh unpacker reading from ``pos``, within what is left of ``header_bytes``."""
+        limits = self.limits
+        self.base, self.fed = pos, 0
+        self.room = min(len(self.view) - pos, max(limits.header_bytes - self.spent, 0))
+        self.unpacker = msgpack.Unpacker(
+            raw=False, strict_map_key=True, max_ext_len=0, max_bin_len=self.room,
+            max_str_len=limits.max_str_len, max_array_len=limits.max_array_len, max_map_len=limits.max_map_len,
+        )
+        self._feed(FIRST_FEED)
+
+    def _feed(self, nbytes: int) -> bool:
+        """Give the unpacker up to ``nbytes`` more of the frame (False: nothing more may be given)."""
+        more = min(nbytes, self.room - self.fed)
+        if more <= 0:
+            return False
+        start = self.base + self.fed
+        self.unpacker.feed(self.view[start : start + more])
+        self.fed += more
+        return True
+
+    @property
+    def pos(self) -> int:
+        return self.base + self.unpacker.tell()
+
+    def peek(self) -> int:
+        pos = self.pos
+        if pos >= len(self.view):
+            raise ProtocolError(f"malformed msgpack: needs 1 byte at offset {pos}, frame has 0")
+        return self.view[pos]
+
+    def _read(self, read: Any) -> Any:
+        """``read()`` of the unpacker, fed more while the value needs it; errors as ProtocolError."""
+        while True:
+            try:
+                return read()
+            except msgpack.OutOfData:
+                if not self._feed(max(self.fed, FIRST_FEED)):
+                    raise self._short() from None
+            except (ValueError, msgpack.UnpackException) as exc:  # limits, bad UTF-8, ext, nesting past C's stack
+                raise ProtocolError(f"malformed msgpack at offset {self.pos}: {_why(exc)}") from None
+
+    def value(self, depth: int) -> Any:
+        value = self._read(self.unpacker.unpack)
+        if type(value) in (list, dict):
+            _check_depth(value, self.limits.max_depth - depth)
+        return value
+
+    def capped(self, key: str, cap: int, depth: int) -> list[Any]:
+        n = self._read(self.unpacker.read_array_header)
+        if n > cap:
+            raise ProtocolError(f"{key}: a list of {n} items, at most {cap} allowed")
+        return [self.value(depth + 1) for _ in range(n)]
+
+    def bin_view(self) -> memoryview:
+        """The bin at the current position as a view of the frame; the unpacker moves past it."""
+        pos = self.pos
+        width = _BIN_HEADERS[self.view[pos]]
+        start = pos + 1 + width
+        if start > len(self.view):
+            raise ProtocolError(f"malformed msgpack: needs {width + 1} bytes at offset {pos}, frame has {len(self.view) - pos}")
+        n = int.from_bytes(self.view[pos + 1 : start], "big")
+        end = start + n
+        if end > len(self.view):
+            raise ProtocolError(f"malformed msgpack: needs {n} bytes at offset {start}, frame has {len(self.view) - start}")
+        if end <= self.base + self.fed:
+            self._read(self.unpacker.skip)  # within what the unpacker holds: skipped in C, nothing built
+        else:
+            self.spent += self.unpacker.tell() + 1 + width
+            self._open(end)
+        return self.view[start:end]
+
+    def entry(self, key: Any, depth: int, views: bool) -> Any:
+        """The value under ``key`` in a map at ``depth``: a view for a bin (``views``), a capped
+        list for a capped key, a decoded value otherwise."""
+        byte = self.peek()
+        if views and byte in _BIN_HEADERS:
+            return self.bin_view()
+        cap = self.limits.array_caps.get(key) if type(key) is str else None
+        if cap is not None and _is_array(byte):
+            return self.capped(key, cap, depth)
+        if key == "tensor" and depth == 1 and _is_map(byte):
+            return self.map(depth + 1)
+        return self.value(depth + 1)
+
+    def map(self, depth: int) -> dict[Any, Any]:
+        n = self._read(self.unpacker.read_map_header)
+        if n > self.limits.max_map_len:
+            raise ProtocolError(f"malformed msgpack: a map of {n} entries exceeds max_map_len({self.limits.max_map_len})")
+        out: dict[Any, Any] = {}
+        for _ in range(n):
+            key = self.value(depth + 1)
+            if type(key) is not str:
+                raise ProtocolError(f"malformed msgpack: map key of type {type(key).__name__}")
+            out[key] = self.entry(key, depth, views=True)
+        return out
+
+    def end(self) -> None:
+        pos = self.pos
+        if pos != len(self.view):
+            raise ProtocolError(f"malformed msgpack: {len(self.view) - pos} trailing bytes after the value")
+
+    def _short(self) -> ProtocolError:
+        if self.base + self.room < len(self.view):
+            return ProtocolError(
+                f"the frame's header (everything but its tensor data) is over {self.limits.header_bytes} bytes"
+            )
+        return ProtocolError(f"malformed msgpack: the frame ends in the middle of a value ({len(self.view)} bytes)")
 
 
-def _array(view: memoryview, pos: int, n: int, depth: int) -> tuple[list[Any], int]:
-    out = []
-    for _ in range(n):
-        item, pos = _value(view, pos, depth + 1)
-        out.append(item)
-    return out, pos
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, msgpack.StackError):
+        return "nested too deep"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"string is not UTF-8 ({exc.reason})"
+    return str(exc) or type(exc).__name__
 
 
-def _map(view: memoryview, pos: int, n: int, depth: int) -> tuple[dict[Any, Any], int]:
-    out: dict[Any, Any] = {}
-    for _ in range(n):
-        key, pos = _value(view, pos, depth + 1)
-        if not isinstance(key, (str, int)):
-            raise ProtocolError(f"malformed msgpack: map key of type {type(key).__name__}")
-        out[key], pos = _value(view, pos, depth + 1)
-    return out, pos
+def _check_depth(value: Any, limit: int) -> None:
+    """Refuse a value nested deeper than ``limit`` (level by level, no recursion)."""
+    level, depth = [value], 0
+    while level:
+        depth += 1
+        if depth > limit:
+            raise ProtocolError(f"malformed msgpack: nested deeper than the protocol allows ({limit} more levels)")
+        below: list[Any] = []
+        for item in level:
+            children = item.values() if type(item) is dict else item
+            below.extend(child for child in children if type(child) in (list, dict))
+        level = below
 
 
-def unpack(body: bytes | bytearray | memoryview) -> Any:
-    """One msgpack value filling ``body`` exactly; bins are memoryviews into ``body``."""
+def unpack(body: bytes | bytearray | memoryview, limits: DecodeLimits = DEFAULT_LIMITS) -> Any:
+    """One msgpack value filling ``body`` exactly, within ``limits``. In a map, and in its
+    ``tensor`` map, bins are memoryviews into ``body``; elsewhere they are bytes."""
     view = memoryview(body).cast("B")
-    value, pos = _value(view, 0, 0)
-    if pos != len(view):
-        raise ProtocolError(f"malformed msgpack: {len(view) - pos} trailing bytes after the value")
+    reader = _Reader(view, limits)
+    if len(view) and _is_map(view[0]):
+        value: Any = reader.map(1)
+    else:
+        value = reader.value(0)
+    reader.end()
     return value

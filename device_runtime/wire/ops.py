@@ -28,8 +28,7 @@ from typing import Any, ClassVar, Optional, Union
 
 import numpy as np
 
-from splitedge.errors import ProtocolError
-from splitedge.fields import Fields, shown
+from splitedge import Fields, ProtocolError, shown
 
 PROTOCOL_VERSION = 1
 ERROR_CODES = (

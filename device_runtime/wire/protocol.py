@@ -25,10 +25,17 @@ import msgpack
 import numpy as np
 
 from device_runtime.wire.framing import DEFAULT_MAX_FRAME_BYTES, LENGTH, FrameDecoder, Oversized  # noqa: F401 (re-exported)
-from device_runtime.wire.msgpack_view import unpack
-from device_runtime.wire.ops import ERROR_CODES, OPS, PROTOCOL_VERSION, Message, error_reply  # noqa: F401 (re-exported)
-from splitedge.errors import ProtocolError
-from splitedge.fields import shown
+from device_runtime.wire.msgpack_view import DecodeLimits, unpack
+from device_runtime.wire.ops import (  # noqa: F401 (re-exported)
+    ERROR_CODES,
+    MAX_PROFILE_BATCH,
+    MAX_ROUTE_HOPS,
+    OPS,
+    PROTOCOL_VERSION,
+    Message,
+    error_reply,
+)
+from splitedge import ProtocolError, shown
 
 DTYPES = ("float32", "float16", "uint8", "int8", "int32", "int64")
 MAX_NDIM = 8
@@ -41,6 +48,15 @@ _ITEMSIZES = {name: np.dtype(name).itemsize for name in DTYPES}
 
 Buffer = Union[bytes, bytearray, memoryview]
 
+#: What a host reads a request with: a request's header is a few hundred bytes (a chain's route of
+#: 8 hops at the longest addresses, 3 KB), its lists a route, a shape, a profile's batch sizes.
+#: A frame past these is ``bad_request`` before anything is built for it.
+REQUEST_LIMITS = DecodeLimits(
+    header_bytes=16 * 1024, max_array_len=MAX_PROFILE_BATCH, max_map_len=32, max_str_len=1024,
+    array_caps={"route": MAX_ROUTE_HOPS, "peers": MAX_ROUTE_HOPS, "shape": MAX_NDIM, "batches": MAX_PROFILE_BATCH},
+)
+#: What a device reads a reply with: ``stats`` and ``hello`` carry a host's figures and bundles.
+REPLY_LIMITS = DecodeLimits(header_bytes=1 << 20, max_array_len=4096, max_map_len=4096, max_str_len=64 * 1024)
 
 _EMPTY_BIN = b"\xc4\x00"
 
@@ -93,13 +109,14 @@ def encode_bytes(message: dict[str, Any], tensor: np.ndarray | None = None, **te
     return b"".join(bytes(b) for b in encode(message, tensor, **tensor_fields))
 
 
-def decode(body: Buffer) -> dict[str, Any]:
-    """Decode one frame body into a message; a ``tensor`` entry becomes a numpy array.
+def decode(body: Buffer, limits: DecodeLimits = REPLY_LIMITS) -> dict[str, Any]:
+    """Decode one frame body into a message; a ``tensor`` entry becomes a numpy array. A host
+    passes :data:`REQUEST_LIMITS`: its peers are anyone.
 
     Raises :class:`ProtocolError` (code ``bad_request``) for anything malformed: not
     msgpack, not a map, a tensor whose dtype, shape or byte count is wrong.
     """
-    message = unpack(body)
+    message = unpack(body, limits)
     if not isinstance(message, dict):
         raise ProtocolError(f"a frame must hold a msgpack map, got {type(message).__name__}")
     message.pop("quantization", None)  # set below from the tensor's own fields, never taken from the wire

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 
-from splitedge.errors import CredentialsError
+from splitedge import CredentialsError
 
 __all__ = ["client_context", "server_context"]
 

@@ -9,6 +9,8 @@ from exporter.deploy.board import BoardFacts, BoardResult, Release, board_steps,
 from exporter.deploy.fleet import Fleet, FleetResult, parse_max_fail
 from exporter.deploy.remote import Remote, UploadStats
 
+from exporter.deploy.command import add_deploy_command
+
 __all__ = [
     "BoardFacts",
     "BoardResult",
@@ -17,6 +19,7 @@ __all__ = [
     "Release",
     "Remote",
     "UploadStats",
+    "add_deploy_command",
     "board_steps",
     "deploy_board",
     "parse_max_fail",

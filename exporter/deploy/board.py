@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from device_runtime.bundle import Manifest
-from device_runtime.board.status import SERVICE
+from device_runtime import Manifest
+from device_runtime.board import SERVICE
 from exporter.deploy.remote import Remote, UploadStats
-from splitedge.errors import DeployError
+from splitedge import DeployError
 
 __all__ = ["BoardFacts", "BoardResult", "Release", "ServiceOptions", "board_steps", "deploy_board", "probe",
            "rollback_board"]

@@ -20,16 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from device_runtime.board import Layout
-from device_runtime.board.settings import checker_from, write_settings
-from device_runtime.board.status import SERVICE
-from device_runtime.bundle import BOARD_PART
-from device_runtime.bundle_slice import slice_bundle
-from device_runtime.cli import build_parser as device_parser
-from device_runtime.service import CAMERA_GROUP, START_TIMEOUT_S, device_unit
+from device_runtime.board import SERVICE, Layout, write_settings
+from device_runtime import BOARD_PART, slice_bundle
+from device_runtime.board import CAMERA_GROUP, START_TIMEOUT_S, device_unit, run_checker
 from exporter.deploy.board import BoardResult
-from splitedge.errors import DeployError, SplitEdgeError
-from splitedge.units import enable_offline, write_unit
+from splitedge import DeployError, SplitEdgeError, enable_offline, write_unit
 
 __all__ = ["CardUser", "card_user", "deploy_card"]
 
@@ -148,7 +143,7 @@ def deploy_card(
             if settings:
                 config = home / ".config" / "splitedge" / "device.toml"
                 _own_dirs(home, config.parent, user)
-                write_settings(config, dict(settings), checker_from(device_parser(), "run"))
+                write_settings(config, dict(settings), run_checker())
                 os.chown(config, user.uid, user.gid)
             if service:
                 groups = (CAMERA_GROUP,) if _group_on(card, CAMERA_GROUP) else ()

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from device_runtime.bundle import PRECISIONS
+from device_runtime import PRECISIONS
 from exporter.deploy.board import ServiceOptions
 from exporter.deploy.card import deploy_card
 from exporter.deploy.fleet import Fleet, parse_max_fail
-from splitedge.errors import SplitEdgeError
+from splitedge import SplitEdgeError
 
 __all__ = ["DEPLOY_EXAMPLES", "add_deploy_command"]
 

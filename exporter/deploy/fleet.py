@@ -15,11 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from device_runtime.bundle import BOARD_PART
-from device_runtime.bundle_slice import slice_bundle
+from device_runtime import BOARD_PART, slice_bundle
 from exporter.deploy.board import BoardResult, Release, ServiceOptions, deploy_board, probe, rollback_board
 from exporter.deploy.remote import Remote
-from splitedge.errors import DeployError, SplitEdgeError
+from splitedge import DeployError, SplitEdgeError
 
 __all__ = ["Fleet", "FleetResult", "parse_max_fail"]
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from splitedge.errors import DeployError
+from splitedge import DeployError
 
 __all__ = ["Remote", "UploadStats"]
 

@@ -145,7 +145,13 @@ def test_config_set_writes_checked_values_and_keeps_the_other_keys(dirs) -> None
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--set", "threads=many"], "--set threads: threads: invalid literal for int()"),
+    (["--set", "threads=many"], "--set threads: threads: expected a whole number >= 1, like 4, got 'many'"),
+    (["--set", "batch=0"], "--set batch: batch: expected a whole number >= 1, like 4, got '0'"),
+    (["--set", "batch=-3"], "--set batch: batch: expected a whole number >= 1"),
+    (["--set", "timeout=nan"], "--set timeout: timeout: timeout 'nan': expected seconds > 0"),
+    (["--set", "timeout=-5"], "--set timeout: timeout: timeout '-5': expected seconds > 0"),
+    (["--set", "timeout=0"], "--set timeout: timeout: timeout '0': expected seconds > 0"),
+    (["--set", "camera=a\udcffb"], "--set camera: camera: 'a\\udcffb' is not valid UTF-8 text"),
     (["--set", "hots=1.2.3.4:1"], "unknown key 'hots' (did you mean host?)"),
     (["--set", "host"], "--set 'host': expected KEY=VALUE"),
 ])
@@ -155,3 +161,45 @@ def test_config_set_refuses_what_the_flag_would_and_leaves_the_file(dirs, argv: 
     out = device("config", *argv, env=env_for(system, user))
     assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert (user / "device.toml").read_text() == "threads = 2\n"
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("SPLITEDGE_BATCH", "0", "environment variable SPLITEDGE_BATCH: batch: expected a whole number >= 1"),
+    ("SPLITEDGE_TIMEOUT", "nan", "environment variable SPLITEDGE_TIMEOUT: timeout: timeout 'nan': expected seconds > 0"),
+])
+def test_the_environment_is_checked_as_the_flags_are(dirs, key: str, value: str, message: str) -> None:
+    system, user = dirs
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        settle(["run", "bundle/"], env_for(system, user, **{key: value}))
+
+
+@pytest.mark.parametrize("flag, value", [("--batch", "0"), ("--timeout", "nan"), ("--timeout", "-5")])
+def test_the_flags_refuse_what_the_files_refuse(flag: str, value: str) -> None:
+    out = device("run", "bundle/", flag, value, env={})
+    assert out.returncode == 2 and "expected " in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("text", [
+    "camera = 0\nhost = \nthreads = 3\n",  # a broken line amid good ones
+    "x = " + "[" * 5000 + "]" * 5000 + "\nthreads = 3\n",  # nested too deep for the reader
+])
+def test_a_broken_file_is_one_line_and_set_repairs_it(dirs, text: str) -> None:
+    system, user = dirs
+    path = user / "device.toml"
+    path.write_text(text)
+    shown = device("config", env=env_for(system, user))
+    assert shown.returncode == 2 and str(path) in shown.stderr and "--set" in shown.stderr
+    assert len(shown.stderr.strip().splitlines()) == 1 and "Traceback" not in shown.stderr
+    fixed = device("config", "--set", "batch=2", env=env_for(system, user))
+    assert fixed.returncode == 0, fixed.stderr
+    data = json.loads(device("config", "--json", env=env_for(system, user)).stdout)["settings"]
+    assert data["batch"]["value"] == 2 and data["threads"]["value"] == 3  # the lines that read are kept
+
+
+def test_set_writes_text_a_reader_loads_back(dirs) -> None:
+    """Quotes, backslashes and non-ASCII text go through the TOML writer, not string pasting."""
+    system, user = dirs
+    odd = 'cam "1" \\ é'
+    assert device("config", "--set", f"camera={odd}", env=env_for(system, user)).returncode == 0
+    data = json.loads(device("config", "--json", env=env_for(system, user)).stdout)["settings"]
+    assert data["camera"]["value"] == odd

@@ -26,7 +26,7 @@ from calibration import FILENAME, Calibration, LatencyModel, RateEstimator, Spli
 from device_runtime.board.calibrate import calibration_for, manifest_sha256
 from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
 from device_runtime.engine.runner import DeviceRunner
-from device_runtime.hosts.client import HostClient
+from device_runtime.wire.client import HostClient
 from device_runtime.hosts.host_link import HostLink
 from device_runtime.hosts.link_meter import LinkMeter
 from device_runtime.stream.camera import Synthetic

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from device_runtime import cli as device_cli
+from device_runtime import run as device_run
 from device_runtime.board.detect import DetectedBoard
 from device_runtime.stream.camera import open_source
 from device_runtime.stream.picamera import FORMAT, PiCamera, open_picamera, pi_camera_absent
@@ -196,14 +197,14 @@ def test_split_device_run_chooses_the_pi_camera_on_a_pi_with_one(
     module; OpenCV camera 0 anywhere else, with the reason; a named source as it is."""
     pi = _board("Raspberry Pi 4 Model B Rev 1.5")
     assert device_cli.build_parser().parse_args(["run", "bundle/"]).camera == "auto"
-    assert device_cli._camera("auto", pi) == ("picam", " (auto: a Raspberry Pi with a camera module)")
-    assert device_cli._camera("auto", _board(None)) == ("0", " (auto: not a Raspberry Pi, so OpenCV camera 0)")
-    assert device_cli._camera("clip.mp4", pi) == ("clip.mp4", "")
+    assert device_run._camera("auto", pi) == ("picam", " (auto: a Raspberry Pi with a camera module)")
+    assert device_run._camera("auto", _board(None)) == ("0", " (auto: not a Raspberry Pi, so OpenCV camera 0)")
+    assert device_run._camera("clip.mp4", pi) == ("clip.mp4", "")
     picamera2.CAMERAS.clear()
     no_module = " (auto: OpenCV camera 0, no Pi camera: libcamera lists no camera module)"
-    assert device_cli._camera("auto", pi) == ("0", no_module)
+    assert device_run._camera("auto", pi) == ("0", no_module)
     monkeypatch.setitem(sys.modules, "picamera2", None)
-    spec, why = device_cli._camera("auto", pi)
+    spec, why = device_run._camera("auto", pi)
     assert spec == "0" and "sudo apt install python3-picamera2" in why
 
 
@@ -226,8 +227,8 @@ def test_a_camera_auto_could_not_open_says_why_auto_took_it(
 ) -> None:
     """A Pi without a camera module and without a webcam: the error names camera 0 and why."""
     picamera2.CAMERAS.clear()
-    monkeypatch.setattr(device_cli, "detect_board", lambda: _board("Raspberry Pi 5 Model B Rev 1.0"))
-    monkeypatch.setattr(device_cli, "open_source", _no_camera_0)
+    monkeypatch.setattr(device_run, "detect_board", lambda: _board("Raspberry Pi 5 Model B Rev 1.0"))
+    monkeypatch.setattr(device_run, "open_source", _no_camera_0)
     assert device_cli.main(["run", str(mobilenet_bundle), "--split", "local", "--frames", "1", "--threads", "1"]) == 2
     assert ("cannot open camera 0 (auto: OpenCV camera 0, no Pi camera: libcamera lists no camera module)"
             in capsys.readouterr().err)

@@ -1,5 +1,6 @@
-"""The zero-copy msgpack reader agrees with msgpack-python on everything the protocol sends,
-and refuses malformed input with a ProtocolError instead of crashing or allocating."""
+"""The bounded msgpack reader agrees with msgpack-python on everything the protocol sends, takes
+a frame's bins as views, and refuses malformed input or input past its limits with a
+ProtocolError before building it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from device_runtime.wire.msgpack_view import MAX_DEPTH, unpack
+import time
+
+from device_runtime.wire.msgpack_view import DecodeLimits, unpack
+from device_runtime.wire.protocol import REQUEST_LIMITS
 from splitedge.errors import ProtocolError
 
 scalars = (
@@ -22,7 +26,7 @@ scalars = (
 values = st.recursive(
     scalars,
     lambda children: st.lists(children, max_size=20)
-    | st.dictionaries(st.text(max_size=20) | st.integers(-1000, 1000), children, max_size=20),
+    | st.dictionaries(st.text(max_size=20), children, max_size=20),
     max_leaves=60,
 )
 
@@ -42,7 +46,7 @@ def plain(value):
 @given(values)
 def test_agrees_with_msgpack_python(value) -> None:
     packed = msgpack.packb(value, use_bin_type=True)
-    assert plain(unpack(packed)) == msgpack.unpackb(packed, raw=False, strict_map_key=False)
+    assert plain(unpack(packed)) == msgpack.unpackb(packed, raw=False)
 
 
 @settings(max_examples=300, deadline=None)
@@ -65,17 +69,39 @@ def test_bins_are_views_not_copies() -> None:
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        (b"\xdd\xff\xff\xff\xff", "container of 4294967295 items in 0 bytes"),
-        (b"\xdf\x7f\xff\xff\xff\x00", "container of 2147483647 items"),
-        (b"\xc6\xff\xff\xff\xff", "needs 4294967295 bytes"),
-        (b"\xd4\x01\x00", "type byte 0xd4"),
-        (b"\xc1", "type byte 0xc1"),
+        (b"\xdd\xff\xff\xff\xff", "exceeds max_array_len"),
+        (b"\xdf\x7f\xff\xff\xff\x00", "exceeds max_map_len"),
+        (b"\x81\xa1d\xc6\xff\xff\xff\xff", "needs 4294967295 bytes"),
+        (b"\xd4\x01\x00", "exceeds max_ext_len"),
+        (b"\xc1", "malformed msgpack"),
         (b"\xa2\xff\xfe", "not UTF-8"),
         (b"\x81\x90\x01", "map key of type list"),
         (b"\x01\x02", "1 trailing bytes"),
-        (b"\x91" * (MAX_DEPTH + 5) + b"\x00", f"nested deeper than {MAX_DEPTH}"),
+        (b"\x91" * 25 + b"\x00", "nested deeper"),
+        (b"\x91" * 3000 + b"\x00", "nested too deep"),
+        (b"\x81\xa5route\xdd\x00\x0a\xae\x60" + b"\x80" * 700_000, "route: a list of 700000 items, at most 8"),
+        (b"\x81\xa1x\xdd\x01\x00\x00\x00" + b"\x90" * (1 << 24), "exceeds max_array_len"),
+        (b"\x81\xa1x\xdc\x00\x40" + (b"\xda\x03\xe8" + b"a" * 1000) * 64, "header .* is over 16384 bytes"),
     ],
 )
-def test_malformed_input(body: bytes, message: str) -> None:
+def test_malformed_or_unbounded_input_is_refused_before_it_is_built(body: bytes, message: str) -> None:
     with pytest.raises(ProtocolError, match=message):
-        unpack(body)
+        unpack(body, REQUEST_LIMITS)
+
+
+def test_a_tensor_of_megabytes_is_a_view_and_costs_no_header_bytes() -> None:
+    data = bytes(range(256)) * 8192  # 2 MiB: far past the request header's 16 KiB
+    body = msgpack.packb({"op": "ping", "tensor": {"dtype": "uint8", "shape": [len(data)], "data": data}, "id": 3},
+                         use_bin_type=True)
+    message = unpack(body, REQUEST_LIMITS)
+    assert isinstance(message["tensor"]["data"], memoryview) and message["tensor"]["data"] == data
+    assert message["id"] == 3  # read after the view, by a fresh unpacker
+
+
+def test_a_decode_bomb_is_refused_in_milliseconds_whatever_its_size() -> None:
+    limits = DecodeLimits(header_bytes=16 * 1024, max_array_len=1 << 30, max_map_len=32, max_str_len=1024)
+    bomb = b"\x81\xa1x\xdd" + (1 << 24).to_bytes(4, "big") + b"\x90" * (1 << 24)  # 16 Mi empty arrays
+    started = time.thread_time()
+    with pytest.raises(ProtocolError, match="over 16384 bytes"):
+        unpack(bomb, limits)
+    assert time.thread_time() - started < 1.0  # CPU of this thread: the header window, never the 16 MiB

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 
-from device_runtime.hosts.client import Credentials, HostClient
+from device_runtime.wire.client import Credentials, HostClient
 from device_runtime.wire.ops import split_address
-from splitedge.errors import HostUnavailableError
+from splitedge import HostUnavailableError
 
 __all__ = ["MAX_CONNECTIONS", "ClientPool"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from device_runtime.lifecycle import notify
+from splitedge.lifecycle import notify
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ import pytest
 
 from device_runtime import cli
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ME = pwd.getpwuid(__import__("os").getuid()).pw_name
 
 

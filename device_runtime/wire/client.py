@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from device_runtime.hosts.kernel_timing import POLL_FIRST_S, KernelTiming, UploadTiming, UploadWatch
+from device_runtime.wire.kernel_timing import POLL_FIRST_S, KernelTiming, UploadTiming, UploadWatch
 from device_runtime.wire.auth import DeviceAuth
 from device_runtime.wire.connection import FramedProtocol
 from device_runtime.wire.ops import (
@@ -52,7 +52,7 @@ from device_runtime.wire.ops import (
     parse_reply,
 )
 from device_runtime.wire.protocol import DEFAULT_MAX_FRAME_BYTES, Oversized, decode
-from splitedge.errors import AuthenticationError, FrameRefused, HostUnavailableError, ProtocolError, RemoteError
+from splitedge import AuthenticationError, FrameRefused, HostUnavailableError, ProtocolError, RemoteError
 
 
 @dataclass(frozen=True)
@@ -443,7 +443,7 @@ class HostClient:
 
     def crossing(self) -> tuple[float, float] | None:
         """The rate (bit/s) and span (s) the kernel sees the oldest upload in flight crossing at
-        now (:meth:`~device_runtime.hosts.kernel_timing.UploadWatch.crossing`); None without one."""
+        now (:meth:`~device_runtime.wire.kernel_timing.UploadWatch.crossing`); None without one."""
         watch = self._protocol.watch
         return watch.crossing() if watch is not None else None
 

@@ -20,8 +20,7 @@ from pathlib import Path
 
 from device_runtime.board.release import CURRENT
 from device_runtime.board.status import SERVICE
-from splitedge.errors import SplitEdgeError
-from splitedge.units import UNIT_DIR, ServiceUnit, enable_unit, write_unit
+from splitedge import UNIT_DIR, ServiceUnit, SplitEdgeError, enable_unit, write_unit
 
 __all__ = ["SERVICE_EXAMPLES", "add_service_command", "device_unit", "install_service"]
 

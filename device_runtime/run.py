@@ -1,0 +1,384 @@
+"""``split-device run`` and ``calibrate`` assembled from typed settings: the library the CLI calls.
+
+Following ``--split`` from the flag to the wire stays in this module: the camera ``auto`` stands
+for, the calibration table of the backend that runs, the policy (the table, a fixed split, the
+bandit), the hosts (``--host`` once, or once per chain stage or fragment), the pipeline and its
+trace. The CLI parses flags into :class:`RunSettings` and prints what :class:`Output` is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+from calibration import (
+    BANDIT_FILENAME, FILENAME, Bandit, Calibration, Calibrations, HostView, place_fragments, save,
+)
+from device_runtime.board import (
+    CalibrateSettings, Connection, DetectedBoard, LastRun, RunSettings, Runtime, calibrate, calibrations_for,
+    detect_board, installed_backends, precision_of, resolve_backend, spread_warning,
+)
+from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle
+from device_runtime.engine import AUTO, DeviceRunner, default_split
+from device_runtime.hosts import HostLink, LinkMeter, connect_host, discover
+from device_runtime.stream import (
+    AutoPolicy, BanditPolicy, FrameSource, Pipeline, PipelineConfig, PipelineStats, SplitPolicy, StaticPolicy,
+    TraceWriter, open_source, pi_camera_absent,
+)
+from device_runtime.wire import Credentials, HostClient, client_context, load_key
+from splitedge import BundleError, CameraError, HostUnavailableError, SplitEdgeError, notify, stop_on_signals
+
+__all__ = ["Output", "calibrate_board", "run_stream", "table_text"]
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _stdout(line: str) -> None:
+    print(line, flush=True)
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where the library's lines go: ``say`` for progress and answers, ``warn`` for what the user
+    should act on. The CLI prints them; a test or an embedding application collects them."""
+
+    say: Callable[[str], None] = field(default=_stdout)
+    warn: Callable[[str], None] = field(default=_stderr)
+
+
+def _credentials(connection: Connection) -> Credentials:
+    """The key and TLS context of --key-file and --tls-ca, checked before anything starts."""
+    return Credentials(
+        key=load_key(connection.key_file) if connection.key_file else None,
+        tls=client_context(connection.tls_ca) if connection.tls_ca else None,
+    )
+
+
+def _runner(runtime: Runtime, bundle: Bundle, split_id: str, board: DetectedBoard, transmit: str = AUTO) -> DeviceRunner:
+    backend = resolve_backend(runtime.backend, bundle, split_id, board)
+    threads = runtime.threads or (board.profile.threads if board.profile else None)
+    return DeviceRunner(bundle, threads=threads, backend=backend, transmit=transmit, precision=runtime.precision)
+
+
+async def run_stream(settings: RunSettings, out: Output = Output()) -> PipelineStats:
+    """The stream, leaving its summary in ``last-run.json`` beside the bundle (split-device status)."""
+    last_run = LastRun(settings.bundle)
+    try:
+        return await _run(settings, last_run, out)
+    except BaseException as exc:
+        last_run.failed(exc)
+        raise
+    finally:
+        last_run.write()
+
+
+async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> PipelineStats:
+    connection = settings.connection
+    credentials = _credentials(connection)
+    bundle = Bundle.load(settings.bundle, roles=(HEAD, FULL))
+    board = detect_board()
+    camera, chosen = _camera(settings.camera, board)
+    first = default_split(bundle) if settings.auto else settings.split
+    start_split = LOCAL if first == OFFLOAD else first
+    tables = _tables(bundle, out) if settings.auto else None
+    runtime = settings.runtime
+    if tables is not None and runtime.backend == AUTO:
+        runtime = Runtime(_calibrated_backend(tables, bundle, start_split, board), runtime.precision, runtime.threads)
+    runner = _runner(runtime, bundle, start_split, board, settings.transmit)
+    calibration = _table_for(runner, tables, settings.bundle, out) if tables is not None else None
+    policy: SplitPolicy = AutoPolicy(calibration) if calibration is not None else StaticPolicy(first, bundle)
+    warm = list(calibration.table.splits) if calibration is not None else [first]
+    bandit = _bandit(settings, bundle)
+    if bandit is not None:
+        policy = BanditPolicy(policy, bundle, bandit[0], bandit[1])
+        warm.append(bandit[0])
+        out.say(f"choosing per batch between the layer split and {bandit[0]} for a {settings.deadline_ms:g} ms "
+                f"deadline ({bandit[1].mode}: {'ε-greedy' if settings.learn else 'UCB'})")
+    for split_id in {*warm, LOCAL}:
+        runner.warm_up(split_id)
+    out.say(f"{board.describe()}: {runner.backend} backend, {runner.threads or 'default'} threads, "
+            f"split {settings.split}")
+    stop = asyncio.Event()
+    stop_on_signals(stop)
+    hosts = None if settings.local else await _hosts(settings, bundle, credentials, out)
+    placements = _placements(bundle, settings.split, connection.host, connection.hops,
+                             calibration.routes if calibration else {})
+    if hosts is not None and connection.host == AUTO:
+        placements["fragments"] = {**placements["fragments"], **await _spread_fragments(bundle, connection, out)}
+    config = PipelineConfig(batch=settings.batch, queue=settings.queue, drop=settings.drop,
+                            request_timeout_s=connection.timeout, deadline_ms=settings.deadline_ms, **placements)
+    meter = LinkMeter()
+    if calibration is not None and calibration.link is not None:
+        meter.estimator.observe_rtt(calibration.link["rtt_ms"] / 1000.0)
+    pipeline = Pipeline(runner, policy, hosts, config, meter)
+    last_run.watch(bundle, pipeline.stats, policy)
+    trace = TraceWriter(settings.trace, _run_record(settings, camera, bundle, runner, calibration)) \
+        if settings.trace else None
+    try:
+        with _open_camera(camera, settings, chosen) as source:
+            out.say(f"camera: {source.description}{chosen}")
+            ready = False
+            async for result in pipeline.run(source, frames=settings.frames, stop=stop):
+                out.say(result.line())
+                if not ready:  # a frame answered: bundle, camera and a path to the result all work
+                    notify(f"READY=1\nSTATUS=running {bundle.manifest.bundle_id} from {settings.bundle}")
+                    ready = True
+                if trace is not None:
+                    trace.frame(result)
+    finally:
+        notify("STOPPING=1")
+        if trace is not None:
+            trace.close()
+        if hosts is not None:
+            await hosts.close()
+        if bandit is not None:
+            out.say(f"kept what the bandit learned in {bandit[1].save(bundle.root / BANDIT_FILENAME)}")
+    stats = pipeline.stats
+    per_split = ", ".join(f"{k} {v}" for k, v in stats.per_split.most_common())
+    switches = f", {policy.switches} split switches" if isinstance(policy, AutoPolicy) else ""
+    out.say(f"{stats.frames} frames: {stats.dropped} dropped ({stats.drop_rate:.1%}), {stats.fallbacks} answered "
+            f"locally after a host failure{switches}; by split: {per_split}")
+    return stats
+
+
+async def _hosts(settings: RunSettings, bundle: Bundle, credentials: Credentials, out: Output) -> HostLink:
+    """The host link, connected where a host answers; a fixed split without one is an error,
+    ``--split auto`` starts locally and keeps looking."""
+    connection = settings.connection
+    hosts = HostLink(bundle, connection.host, connection.interface, timeout=connection.timeout,
+                     credentials=credentials)
+    if await hosts.connect():
+        out.say(f"host {hosts.address}: bundle {bundle.id}")
+    elif not settings.auto:
+        await hosts.close()
+        raise SplitEdgeError(f"{hosts.last_error} (or run with --split auto to start locally and offload when "
+                             "a host appears)")
+    else:
+        out.say(f"no host yet ({hosts.last_error}); running locally, looking for one every {hosts.retry_s:g} s")
+    return hosts
+
+
+def _bandit(settings: RunSettings, bundle: Bundle) -> tuple[str, Bandit] | None:
+    """The semantic split and the bandit choosing it per batch, where the run has one: a deadline,
+    a semantic split in the bundle, and --split auto or a layer split (the other arm). The bandit
+    goes on from what it learned before (``bandit.json`` beside ``calibration.json``)."""
+    semantic = [s.id for s in bundle.manifest.splits if s.fragments]
+    if not settings.deadline_ms or not semantic or settings.split in (*semantic, LOCAL):
+        if settings.learn:
+            why = ("needs --deadline-ms" if not settings.deadline_ms else "needs a semantic split in the bundle "
+                   "(split-export build --semantic K)" if not semantic else f"chooses for --split auto or a layer "
+                   f"split, not {settings.split}")
+            raise SplitEdgeError(f"--learn: the layer/semantic bandit {why}")
+        return None
+    path = bundle.root / BANDIT_FILENAME
+    bandit = Bandit.load(path) if path.is_file() else Bandit()
+    bandit.mode = "learn" if settings.learn else "run"
+    return semantic[0], bandit
+
+
+async def _spread_fragments(bundle: Bundle, connection: Connection, out: Output) -> dict[str, tuple[str, ...]]:
+    """Each semantic split's fragments over the hosts zeroconf finds serving the bundle
+    (:func:`calibration.place_fragments`: the least loaded, no two on one host while another is
+    free), from the loads they advertise. Nothing found: every fragment on the connected host."""
+    semantic = [s for s in bundle.manifest.splits if s.fragments]
+    if not semantic:
+        return {}
+    adverts = await discover(bundle.id, connection.interface, timeout=connection.timeout)
+    placed = {}
+    for split in semantic:
+        names = [split.stage_id(f.index) for f in split.fragments]
+        views = [HostView(f"{a.address}:{a.port}", {n: {1: 0.0} for n in names}, a.load, rate_bps=1.0) for a in adverts]
+        placement = place_fragments(split.id, names, split.tensor.bytes_per_sample, {1: 0.0}, views, batch=1) if views else None
+        if placement is not None:
+            placed[split.id] = placement.hosts
+            out.say(f"semantic split {split.id}: fragments on {', '.join(placement.hosts)}")
+    return placed
+
+
+def _placements(
+    bundle: Bundle, split_id: str, first: str, hops: tuple[str, ...], placed: Mapping[str, tuple[str, ...]]
+) -> dict[str, dict[str, tuple[str, ...]]]:
+    """:class:`PipelineConfig`'s ``routes`` (each chain's hosts after the connected one) and
+    ``fragments`` (each semantic split's fragments' hosts): the ``--host`` flags (``first``, then
+    ``hops``) for the split named by ``--split``; otherwise a chain where calibration placed it
+    (``placed``), else every stage or fragment on the connected host."""
+    several = [s for s in bundle.manifest.splits if s.parts]
+    later = {"routes": {s.id: tuple(placed.get(s.id, ())) for s in several if s.stages},
+             "fragments": {s.id: () for s in several if s.fragments}}
+    if not hops:
+        return later
+    split = next((s for s in several if s.id == split_id), None)
+    if split is None:
+        known = ", ".join(s.id for s in several) or "none in this bundle"
+        raise SplitEdgeError(f"--host given {1 + len(hops)} times: the later ones are the hosts of a chain's stages "
+                             f"or a semantic split's fragments; name it with --split (these splits: {known})")
+    word = "stage" if split.stages else "fragment"
+    if len(hops) != len(split.parts) - 1:
+        raise SplitEdgeError(f"{split.kind} split {split.id} runs {word}s 1..{len(split.parts)} on hosts: give --host "
+                             f"once per {word}, in order ({len(split.parts)}), or once for all of them on one host; "
+                             f"got {1 + len(hops)}")
+    if split.stages:
+        later["routes"][split.id] = tuple(hops)
+    else:
+        later["fragments"][split.id] = (first, *hops)
+    return later
+
+
+def _open_camera(camera: str, settings: RunSettings, chosen: str) -> FrameSource:
+    try:
+        return open_source(camera, loop=settings.loop, realtime=settings.realtime)
+    except CameraError as exc:
+        raise CameraError(f"{exc}{chosen}") from exc  # with why --camera auto took this one
+
+
+def _camera(spec: str, board: DetectedBoard) -> tuple[str, str]:
+    """The source ``--camera auto`` stands for here, and a note saying why (empty when named)."""
+    if spec != AUTO:
+        return spec, ""
+    if not (board.model or "").startswith("Raspberry Pi"):
+        return "0", " (auto: not a Raspberry Pi, so OpenCV camera 0)"
+    absent = pi_camera_absent()
+    if absent is None:
+        return "picam", " (auto: a Raspberry Pi with a camera module)"
+    return "0", f" (auto: OpenCV camera 0, no Pi camera: {absent})"
+
+
+def _tables(bundle: Bundle, out: Output) -> Calibrations | None:
+    """The bundle's calibration tables for ``--split auto`` (None, with a warning, when there are
+    none: the run then holds the smallest cut)."""
+    try:
+        return calibrations_for(bundle)
+    except BundleError as exc:
+        out.warn(f"warning: {exc}; using split {default_split(bundle)} (the smallest cut) until then")
+        return None
+
+
+def _calibrated_backend(tables: Calibrations, bundle: Bundle, split_id: str, board: DetectedBoard) -> str:
+    """``--backend auto`` with a calibration: the board profile's backend when it was calibrated, else the
+    backend of the latest table that can run here (the table's timings are its backend's)."""
+    preferred = resolve_backend(AUTO, bundle, split_id, board)
+    if any(t.backend == preferred for t in tables.tables):
+        return preferred
+    installed = {b.format for b in installed_backends()}
+    role = FULL if split_id == LOCAL else HEAD
+    usable = tuple(t for t in tables.tables if t.backend in installed and bundle.has(split_id, role, fmt=t.backend))
+    if not usable:
+        return preferred
+    return Calibrations(tables.bundle_id, tables.manifest_sha256, usable).latest().backend
+
+
+def _table_for(runner: DeviceRunner, tables: Calibrations, bundle_dir: str, out: Output) -> Calibration:
+    """The table of the backend and precision ``runner`` runs. Without one, a one-line warning naming
+    both and the command that measures it, and the nearest table (the same backend, else the same
+    precision): its link and host times hold for any backend, and the head times of the splits
+    this run takes are replaced by the ones it measures (AutoPolicy), which holds the cut better
+    than no table at all would."""
+    backend, precision = runner.backend, precision_of(runner)
+    table = tables.get(backend, precision)
+    if table is not None:
+        return table
+    table = tables.nearest(backend, precision)
+    out.warn(f"warning: {Path(bundle_dir) / FILENAME} was measured for {tables.describe()}, not for "
+             f"{backend}/{precision}, which this run uses; choosing splits with the {'/'.join(table.key)} table "
+             f"(its head times corrected as this run measures its own) — to measure this one, run split-device "
+             f"calibrate {bundle_dir} --backend {backend} --precision {precision}")
+    return table
+
+
+def _run_record(
+    settings: RunSettings, camera: str, bundle: Bundle, runner: DeviceRunner, calibration: Calibration | None,
+) -> dict[str, object]:
+    return {
+        "bundle_id": bundle.id, "policy": settings.split, "batch": settings.batch, "source": camera,
+        "calibration": str(Path(settings.bundle) / FILENAME) if calibration is not None else None,
+        # The table the run chose its splits with, and what it ran: the report compares with the same table.
+        "calibration_key": list(calibration.key) if calibration is not None else None,
+        "backend": runner.backend, "precision": precision_of(runner),
+        "host": settings.connection.host, "queue": settings.queue, "drop": settings.drop,
+        "realtime": settings.realtime,
+    }
+
+
+async def calibrate_board(settings: CalibrateSettings, out: Output = Output()) -> Calibration:
+    """Time the board's heads, the host's tails and the link; write ``calibration.json`` beside the
+    bundle (keeping the other backends' tables) and return the new table."""
+    connection = settings.connection
+    bundle = Bundle.load(settings.bundle, roles=(HEAD, FULL))
+    board = detect_board()
+    runner = _runner(settings.runtime, bundle, bundle.manifest.splits[0].id if bundle.manifest.splits else LOCAL, board)
+    out.say(f"{board.describe()}: {runner.backend} backend, {runner.threads or 'default'} threads; "
+            f"batches {', '.join(map(str, settings.batches))}, {settings.repeats} repeats"
+            + (f" at {settings.fps:g} runs/s" if settings.fps > 0 else ""))
+    credentials = _credentials(connection)
+    client = None if settings.no_host else await connect_host(
+        bundle, connection.host, connection.interface, timeout=connection.timeout, credentials=credentials,
+        without_host="--no-host",
+    )
+    peers, loads = ([], {}) if client is None else await _chain_peers(bundle, connection, credentials,
+                                                                      client.address, out)
+    try:
+        result = await calibrate(runner, client, settings.batches, settings.repeats, board.to_dict(), out.say,
+                                 settings.fps, peers, loads)
+    finally:
+        for host in (client, *peers):
+            if host is not None:
+                await host.close()
+    warning = spread_warning(result.head_spread)
+    if warning is not None:
+        out.warn(warning)
+    path = bundle.root / FILENAME
+    tables = save(result, path)
+    others = [f"{'/'.join(t.key)} ({t.created})" for t in tables.tables if t.key != result.key]
+    out.say(f"wrote {path}: the {'/'.join(result.key)} table" + (f", kept {', '.join(others)}" if others else ""))
+    out.say(table_text(result))
+    return result
+
+
+async def _chain_peers(
+    bundle: Bundle, connection: Connection, credentials: Credentials, first: str, out: Output
+) -> tuple[list[HostClient], dict[str, float]]:
+    """The other hosts a chain's later stages may run on: the later ``--host`` flags, or with
+    ``--host auto`` every other host zeroconf finds serving the bundle (and the loads they
+    advertise). One that cannot be reached is named and left out: the chain is placed on the others."""
+    if not any(s.stages for s in bundle.manifest.splits):
+        return [], {}
+    addresses, loads = list(connection.hops), {}
+    if connection.host == AUTO:
+        adverts = await discover(bundle.id, connection.interface, timeout=connection.timeout)
+        loads = {f"{a.address}:{a.port}": a.load for a in adverts}
+        addresses = list(loads)
+    peers = []
+    for address in dict.fromkeys(a for a in addresses if a != first):
+        try:
+            peers.append(await connect_host(bundle, address, timeout=connection.timeout, credentials=credentials))
+        except HostUnavailableError as exc:
+            out.warn(f"peer {address} left out of chain placement: {exc}")
+    return peers, loads
+
+
+def table_text(calibration: Calibration) -> str:
+    """For each batch size, the rate ranges over which each split is best (DSC Eq. 6)."""
+    table = calibration.table
+    lines = [f"best split by batch size and link rate (bundle {calibration.bundle_id}, "
+             f"{'/'.join(calibration.key)} heads, calibrated {calibration.created}):"]
+    for batch in table.batches:
+        edges = table.boundaries(batch)
+        first = table.lookup(batch, table.rates_bps[0])
+        spans, low, current = [], table.rates_bps[0], first
+        for rate, _, above in edges:
+            spans.append(f"{current} {_mbit(low)}–{_mbit(rate)}")
+            low, current = rate, above
+        spans.append(f"{current} ≥{_mbit(low)}")
+        lines.append(f"  B={batch:<3d} " + ";  ".join(spans))
+    for chain, hosts in calibration.routes.items():
+        lines.append(f"  chain {chain}: stage 1 on the host the board sends to, then {' > '.join(hosts)}")
+    return "\n".join(lines)
+
+
+def _mbit(rate_bps: float) -> str:
+    return f"{rate_bps / 1e6:.3g} Mbit/s"
