@@ -125,7 +125,7 @@ def options() -> list[Option]:
 def build(root: Path, random_weights: bool, epochs: int) -> tuple[Path, dict]:
     """The bundle (both single cuts and the eight chains), with the model trained on Fashion-MNIST
     unless ``random_weights``; cached in ``root``. Returns it and what is known of the model."""
-    from exporter.build import build_bundle
+    from exporter.build import BuildSpec, build_bundle
 
     weights, info_path, bundle = root / "weights.pt", root / "model.json", root / "bundle"
     if not random_weights and not weights.is_file():
@@ -134,8 +134,7 @@ def build(root: Path, random_weights: bool, epochs: int) -> tuple[Path, dict]:
     info = json.loads(info_path.read_text()) if not random_weights else {"weights": "random"}
     if not (bundle / "manifest.json").is_file():
         chains = [o.rows for o in options() if o.hosts == 2]
-        build_bundle(MODEL, None if random_weights else weights, [CUT_AFTER[r] for r in DEVICE_ROWS], bundle,
-                     progress=False, chains=[[CUT_AFTER[r] for r in rows] for rows in chains])
+        build_bundle(BuildSpec(MODEL, weights=None if random_weights else weights, splits=[CUT_AFTER[r] for r in DEVICE_ROWS], chains=[[CUT_AFTER[r] for r in rows] for rows in chains]), bundle, progress=False)
     return bundle, info
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from exporter.build import build_bundle
+from exporter.build import BuildSpec, build_bundle
 from exporter.graph import find_cut_points, trace
 from exporter.models import load_model
 from exporter.validate import OnnxRunner
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     x = np.random.default_rng(0).standard_normal((1, *loaded.input_shape), dtype=np.float32)
 
     with tempfile.TemporaryDirectory() as root:
-        manifest = build_bundle(MODEL, args.weights, splits, root, progress=False)
+        manifest = build_bundle(BuildSpec(MODEL, weights=args.weights, splits=splits), root, progress=False)
         full = OnnxRunner(Path(root) / manifest.full[0].path)
         # Each timed call: (name, runner, feeds); a tail is fed its own head's real output.
         calls = [("full", full, {"input": x})]

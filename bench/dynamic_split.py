@@ -90,14 +90,14 @@ def device(args: Sequence[str], **kwargs) -> subprocess.Popen:
 
 def build_bundles(weights: str, root: Path) -> dict[str, Path]:
     """MobileNetV2 (real weights) and ResNet-18, each cut at its compressive bottlenecks; cached."""
-    from exporter.build import build_bundle
+    from exporter.build import BuildSpec, build_bundle
 
     bundles = {"mobilenet_v2": ("torchvision:mobilenet_v2", weights), "resnet18": ("torchvision:resnet18", None)}
     out = {}
     for name, (spec, w) in bundles.items():
         path = root / name
         if not (path / "manifest.json").is_file():
-            build_bundle(spec, w, "auto", path, progress=True)
+            build_bundle(BuildSpec(spec, weights=w, splits="auto"), path, progress=True)
         out[name] = path
     return out
 

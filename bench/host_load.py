@@ -81,12 +81,12 @@ def ensure_bundle(path: Path, split: str, weights: Path | None) -> Path:
     """MobileNetV2 with its real weights cut at ``split``, exported once into ``path`` (cached)."""
     if (path / "manifest.json").is_file():
         return path
-    from exporter.build import build_bundle  # needs torch: only when the bundle is not there yet
+    from exporter.build import BuildSpec, build_bundle  # needs torch: only when the bundle is not there yet
 
     if weights is None:
         raise SystemExit(f"no bundle at {path}: pass --weights mobilenet_v2-b0353104.pth to export one")
     print(f"exporting MobileNetV2 cut at {split} into {path} ...", flush=True)
-    build_bundle("torchvision:mobilenet_v2", weights, [split], path, progress=False)
+    build_bundle(BuildSpec("torchvision:mobilenet_v2", weights=weights, splits=[split]), path, progress=False)
     return path
 
 

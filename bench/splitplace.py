@@ -94,7 +94,7 @@ def build(root: Path, epochs: int, images: int | None) -> Path:
     """The model trained and cut (cached in ``root``)."""
     import torch
 
-    from exporter.build import build_bundle
+    from exporter.build import BuildSpec, build_bundle
     from exporter.datasets import load_images
     from exporter.semantic import SemanticOptions
     from exporter.train import accuracy, train_classifier
@@ -108,8 +108,7 @@ def build(root: Path, epochs: int, images: int | None) -> Path:
         torch.save(model.state_dict(), weights)
         print(f"top-1 {accuracy(model, load_images('fashion-mnist:test', (3, 28, 28))):.4f}", flush=True)
     if not (bundle / "manifest.json").is_file():
-        build_bundle("exporter.zoo:fmnist_camera", weights, [CUT], bundle,
-                     semantic=SemanticOptions(FRAGMENTS, "fashion-mnist:train", "fashion-mnist:test", cut=CUT))
+        build_bundle(BuildSpec("exporter.zoo:fmnist_camera", weights=weights, splits=[CUT], semantic=SemanticOptions(FRAGMENTS, "fashion-mnist:train", "fashion-mnist:test", cut=CUT)), bundle)
     return bundle
 
 

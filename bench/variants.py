@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from device_runtime.engine.backend import load_backend
 from device_runtime.engine.preprocess import preprocess
-from exporter.build import build_bundle
+from exporter.build import BuildSpec, build_bundle
 from exporter.graph import split_at, trace
 from exporter.models import load_model
 from exporter.quantize import quantize_onnx
@@ -85,7 +85,7 @@ def main() -> None:
     rows, failures = [], []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        manifest = build_bundle("torchvision:mobilenet_v2", args.weights, "auto", root, progress=False)
+        manifest = build_bundle(BuildSpec("torchvision:mobilenet_v2", weights=args.weights, splits="auto"), root, progress=False)
         for split in tqdm(manifest.splits, desc="variants", unit="split"):
             head, _ = split_at(traced, split.id)
             paths = {("onnx", "float32"): root / f"head/{split.id}.onnx"}

@@ -11,7 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from exporter.build import build_bundle, select_splits
+    from exporter.build import BuildSpec, build_bundle, select_splits
     from exporter.graph import CutPoint, TracedModel, find_cut_points, get_cut_point, split_at, trace
     from exporter.models import LoadedModel, load_model
     from exporter.onnx_export import export_onnx
@@ -27,6 +27,7 @@ _HOMES = {
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [
+    "BuildSpec",
     "Case",
     "Chain",
     "CutPoint",

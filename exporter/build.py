@@ -71,7 +71,7 @@ from exporter.train import accuracy
 from exporter.validate import Case, Chain, OnnxRunner, Runner, TfliteRunner, torch_cases, validate
 from splitedge import BoardFitError, CutPointError, ExportError, ModelSpecError
 
-__all__ = ["ATOL", "VALIDATION_BATCHES", "build_bundle", "check_board", "select_splits", "staged"]
+__all__ = ["ATOL", "VALIDATION_BATCHES", "BuildSpec", "build_bundle", "check_board", "select_splits", "staged"]
 
 ATOL = 1e-4
 VALIDATION_BATCHES = (1, 3)
@@ -98,26 +98,30 @@ def select_splits(cuts: Sequence[CutPoint], splits: Literal["auto"] | Sequence[s
     return sorted({get_cut_point(cuts, s) for s in splits}, key=lambda c: c.position)
 
 
-def build_bundle(
-    model_spec: str,
-    weights: str | Path | None = None,
-    splits: Literal["auto"] | Sequence[str] = "auto",
-    out_dir: str | Path = "bundle",
-    labels: str | Path | None = None,
-    input_shape: tuple[int, ...] | None = None,
-    seed: int = 0,
-    progress: bool = True,
-    board: str | None = None,
-    bottleneck: BottleneckOptions | None = None,
-    formats: Sequence[str] = (ONNX,),
-    quantize_from: str | None = None,
-    calibration_samples: int = 64,
-    test_data: str | None = None,
-    preprocessing: PreprocessFlags | None = None,
-    chains: Sequence[Sequence[str]] = (),
-    semantic: SemanticOptions | None = None,
-) -> Manifest:
-    """Export, validate and describe ``model_spec`` cut at ``splits`` into the bundle ``out_dir``.
+@dataclass(frozen=True)
+class BuildSpec:
+    """What a bundle is built from: the model, its cuts and the variants to export, as
+    ``split-export build``'s flags say it. Defaults are the flags' defaults."""
+
+    model: str  # torchvision:NAME or package.module:factory
+    weights: str | Path | None = None
+    splits: Literal["auto"] | Sequence[str] = "auto"
+    labels: str | Path | None = None
+    input_shape: tuple[int, ...] | None = None  # per sample; None: the model's own (its weights' crop)
+    seed: int = 0
+    board: str | None = None
+    bottleneck: BottleneckOptions | None = None
+    formats: Sequence[str] = (ONNX,)
+    quantize_from: str | None = None
+    calibration_samples: int = 64
+    test_data: str | None = None
+    preprocessing: PreprocessFlags | None = None
+    chains: Sequence[Sequence[str]] = ()
+    semantic: SemanticOptions | None = None
+
+
+def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool = True) -> Manifest:
+    """Export, validate and describe ``spec.model`` cut at ``spec.splits`` into the bundle ``out_dir``.
 
     ``input_shape`` is per sample and defaults to the model's own (its weights' crop size).
     Random validation inputs come from ``seed`` so that a failure can be reproduced.
@@ -145,6 +149,11 @@ def build_bundle(
     (full, layer, semantic) are measured on the same test images, which the bundle's others use too.
     The bundle is built beside ``out_dir`` and replaces it only once it is whole (:func:`staged`).
     """
+    model_spec, weights, splits, labels, input_shape, seed = (
+        spec.model, spec.weights, spec.splits, spec.labels, spec.input_shape, spec.seed)
+    board, bottleneck, formats, quantize_from, calibration_samples = (
+        spec.board, spec.bottleneck, spec.formats, spec.quantize_from, spec.calibration_samples)
+    test_data, preprocessing, chains, semantic = spec.test_data, spec.preprocessing, spec.chains, spec.semantic
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown or ONNX not in formats:
         raise ExportError(f"formats {list(formats)}: ONNX is always written, and the others are {FORMATS[1:]}")

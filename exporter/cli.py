@@ -213,7 +213,7 @@ def _points(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     from exporter.bottleneck import BottleneckOptions, BottleneckTraining
-    from exporter.build import build_bundle
+    from exporter.build import BuildSpec, build_bundle
 
     if args.splits is None and not args.chains and args.semantic is None:
         raise SplitEdgeError("build needs --splits (auto or cut ids), --chain ID,ID[,ID...], or both; "
@@ -232,12 +232,11 @@ def _build(args: argparse.Namespace) -> int:
         quantize_from = args.calib_data or args.train_data
         if quantize_from is None:
             raise SplitEdgeError("--quantize int8 needs --calib-data (or --train-data) to calibrate on")
-    manifest = build_bundle(
+    spec = BuildSpec(
         args.model,
         weights=args.weights,
         splits=() if args.splits is None else args.splits,
         chains=args.chains,
-        out_dir=args.out,
         labels=args.labels,
         input_shape=args.input_shape,
         preprocessing=_preprocessing(args),
@@ -249,6 +248,7 @@ def _build(args: argparse.Namespace) -> int:
         test_data=args.test_data,
         semantic=semantic,
     )
+    manifest = build_bundle(spec, args.out)
     print(f"wrote bundle {manifest.bundle_id} to {args.out}: splits {', '.join(s.id for s in manifest.splits)}")
     for split in manifest.splits:
         if split.stages:

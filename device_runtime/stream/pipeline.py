@@ -125,6 +125,26 @@ class PipelineStats:
 
 
 @dataclass(frozen=True)
+class _Answer:
+    """How one batch was answered: the split that answered it, its stages' times (ms), the host
+    (None: here) and the waits apart from its stages; every frame of the batch shares them."""
+
+    split: str
+    rate: float | None  # the rate estimate the split was chosen with (bit/s)
+    head_ms: float
+    transfer_ms: float = 0.0
+    tail_ms: float = 0.0
+    sent_bytes: int = 0
+    host: str | None = None
+    error: str | None = None  # why a remote answer fell back here
+    started: float | None = None  # monotonic s when the batch's head started
+    slot_ms: float = 0.0
+    host_queue_ms: float = 0.0
+    missing: tuple[int, ...] = ()  # semantic fragments that did not answer in time
+    attempted: str | None = None  # the split tried before a fallback
+
+
+@dataclass(frozen=True)
 class _Captured:
     frame: Frame
     x: np.ndarray  # (1, *input) preprocessed
@@ -315,7 +335,7 @@ class Pipeline:
             logits, ms = await loop.run_in_executor(self._compute, self.runner.run_full, x)
             self.policy.observe_head(LOCAL, len(batch), ms)
             done: asyncio.Future[list[FrameResult]] = loop.create_future()
-            done.set_result(self._results(batch, logits, LOCAL, rate, head_ms=ms, started=time.monotonic() - ms / 1e3))
+            done.set_result(self._results(batch, logits, _Answer(LOCAL, rate, ms, started=time.monotonic() - ms / 1e3)))
             return done
         if split == OFFLOAD:
             cut, head_ms = x, 0.0
@@ -351,13 +371,13 @@ class Pipeline:
             return await self._locally(batch, x, split, head_ms, rate, exc, waits)
         self.meter.observe_reply(tensor.nbytes, result)
         hops = result.hops  # a chain's later hosts: their stages, queues and links are the tail's too
-        return self._results(
-            batch, result.output, split, rate, head_ms=head_ms,
+        return self._results(batch, result.output, _Answer(
+            split, rate, head_ms,
             transfer_ms=result.transfer_ms + sum(h.link_ms for h in hops),
             tail_ms=result.compute_ms + sum(h.compute_ms for h in hops),
             host_queue_ms=result.queue_ms + sum(h.queue_ms for h in hops), sent_bytes=tensor.nbytes,
             host=" > ".join((client.address, *(h.address for h in hops))), **waits,
-        )
+        ))
 
     async def _locally(
         self, batch: list[_Captured], x: np.ndarray, split: str, head_ms: float, rate: float | None, exc: Exception,
@@ -365,8 +385,8 @@ class Pipeline:
     ) -> list[FrameResult]:
         """A remote batch that failed, answered here with the full model: no frame is lost."""
         logits, ms = await asyncio.get_running_loop().run_in_executor(self._compute, self.runner.run_full, x)
-        return self._results(batch, logits, LOCAL, rate, head_ms=head_ms + ms, error=f"{split}: {exc}", attempted=split,
-                             **waits)
+        return self._results(batch, logits, _Answer(LOCAL, rate, head_ms + ms, error=f"{split}: {exc}",
+                                                    attempted=split, **waits))
 
     def _placement(self, split: str) -> dict[int, str]:
         """Fragment index -> its host's address: where they were moved to, else where the config
@@ -425,11 +445,11 @@ class Pipeline:
         if gathered.gone:
             self._move(split, gathered.gone)
         slowest = max(gathered.timings, key=lambda t: t.round_trip_ms)
-        return self._results(
-            batch, gathered.logits, split, rate, head_ms=head_ms, transfer_ms=gathered.transfer_ms,
+        return self._results(batch, gathered.logits, _Answer(
+            split, rate, head_ms, transfer_ms=gathered.transfer_ms,
             tail_ms=slowest.compute_ms, host_queue_ms=slowest.queue_ms, sent_bytes=tensor.nbytes,
             host=" | ".join(dict.fromkeys(t.address for t in gathered.timings)), missing=gathered.missing, **waits,
-        )
+        ))
 
     async def _send(
         self, client: HostClient, split: str, tensor: np.ndarray, fields: dict[str, float], deadline: float | None,
@@ -456,27 +476,24 @@ class Pipeline:
         stages = self.runner.bundle.manifest.split(split).stages[1:]
         return tuple(Hop(address, split, stage.index) for address, stage in zip(addresses or (first,) * len(stages), stages))
 
-    def _results(
-        self, batch: list[_Captured], logits: np.ndarray, split: str, rate: float | None, head_ms: float,
-        transfer_ms: float = 0.0, tail_ms: float = 0.0, sent_bytes: int = 0, host: str | None = None,
-        error: str | None = None, started: float | None = None, slot_ms: float = 0.0, host_queue_ms: float = 0.0,
-        missing: tuple[int, ...] = (), attempted: str | None = None,
-    ) -> list[FrameResult]:
-        """One result per frame; ``started`` (monotonic s) is when the batch's head started: each frame
-        waited in the queue from its preprocessing's end until then."""
+    def _results(self, batch: list[_Captured], logits: np.ndarray, answer: _Answer) -> list[FrameResult]:
+        """One result per frame; each frame waited in the queue from its preprocessing's end until
+        the batch's head started (``answer.started``)."""
         now = time.monotonic()
         results = []
         for captured, row in zip(batch, logits):
             label, probability = top1(row, self.runner.labels)
             results.append(FrameResult(
                 index=captured.frame.index, name=captured.frame.name, label=label, probability=probability,
-                split=split, preprocess_ms=captured.preprocess_ms, head_ms=head_ms, transfer_ms=transfer_ms,
-                tail_ms=tail_ms, total_ms=(now - captured.frame.captured) * 1000.0, captured=captured.frame.captured,
-                queue_ms=0.0 if started is None else max(
-                    (started - captured.frame.captured) * 1000.0 - captured.preprocess_ms, 0.0),
-                slot_ms=slot_ms, host_queue_ms=host_queue_ms,
-                batch=len(batch), bytes=sent_bytes // len(batch), rate_bps=rate,
-                where="local" if host is None else "remote", host=host, error=error, missing=missing, attempted=attempted,
+                split=answer.split, preprocess_ms=captured.preprocess_ms, head_ms=answer.head_ms,
+                transfer_ms=answer.transfer_ms, tail_ms=answer.tail_ms,
+                total_ms=(now - captured.frame.captured) * 1000.0, captured=captured.frame.captured,
+                queue_ms=0.0 if answer.started is None else max(
+                    (answer.started - captured.frame.captured) * 1000.0 - captured.preprocess_ms, 0.0),
+                slot_ms=answer.slot_ms, host_queue_ms=answer.host_queue_ms,
+                batch=len(batch), bytes=answer.sent_bytes // len(batch), rate_bps=answer.rate,
+                where="local" if answer.host is None else "remote", host=answer.host, error=answer.error,
+                missing=answer.missing, attempted=answer.attempted,
                 deadline_ms=captured.frame.deadline_ms if captured.frame.deadline_ms is not None else self._deadline_ms,
             ))
         return results

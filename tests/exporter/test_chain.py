@@ -37,7 +37,7 @@ from device_runtime.bundle import (  # noqa: E402
 )
 from device_runtime.bundle_slice import slice_bundle  # noqa: E402
 from device_runtime.engine import OnnxBackend, preprocess  # noqa: E402
-from exporter.build import build_bundle  # noqa: E402
+from exporter.build import BuildSpec, build_bundle  # noqa: E402
 from exporter.cli import main  # noqa: E402
 from exporter.datasets import FASHION_MNIST_DIR  # noqa: E402
 from tests.conftest import PHOTOS, TEST_SPLITS  # noqa: E402
@@ -143,8 +143,7 @@ def four_stages(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
         pytest.skip("Fashion-MNIST missing")
     weights = request.getfixturevalue("trained")[1]  # asked for only where the data is: it trains on it
     out = tmp_path_factory.mktemp("four") / "bundle"
-    build_bundle(SMALL[0], weights, input_shape=(1, 28, 28), splits=(), chains=[SMALL_CUTS], out_dir=out,
-                 progress=False, quantize_from="fashion-mnist:train")
+    build_bundle(BuildSpec(SMALL[0], weights=weights, input_shape=(1, 28, 28), splits=(), chains=[SMALL_CUTS], quantize_from="fashion-mnist:train"), out, progress=False)
     return out
 
 

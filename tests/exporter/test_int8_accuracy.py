@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("torch")
 
 from device_runtime.bundle import FLOAT32, FULL, HEAD, INT8, MANIFEST_NAME, ONNX, Bundle  # noqa: E402
-from exporter import build_bundle  # noqa: E402
+from exporter import BuildSpec, build_bundle  # noqa: E402
 from exporter.quantize import MIN_CALIBRATION_SAMPLES, MIN_HELD_OUT  # noqa: E402
 from splitedge.errors import ExportError  # noqa: E402
 from tests.exporter.test_preprocessing import FACTORY  # noqa: E402
@@ -56,7 +56,7 @@ def accuracies(manifest) -> dict[tuple[str, str, str], float | None]:
 
 def test_folders_named_after_labels_measure_top1_on_held_out_images(factory, photos_dir: Path, tmp_path: Path) -> None:
     data = crops(photos_dir, tmp_path / "calib", PHOTO_OF, per_folder=30)  # 90 images: 58 calibrate, 32 held out
-    manifest = build_bundle(factory, splits=["a"], out_dir=tmp_path / "bundle", quantize_from=str(data), progress=False)
+    manifest = build_bundle(BuildSpec(factory, splits=["a"], quantize_from=str(data)), tmp_path / "bundle", progress=False)
     assert manifest.model.accuracy_on == f"top-1 on {MIN_HELD_OUT} labelled images of {data} (held out)"
     measured = accuracies(manifest)
     assert set(measured) == {(FULL, ONNX, FLOAT32), (FULL, ONNX, INT8), ("a", ONNX, FLOAT32), ("a", ONNX, INT8)}
@@ -69,8 +69,7 @@ def test_folders_named_after_labels_measure_top1_on_held_out_images(factory, pho
 
 def test_unlabelled_calibration_images_measure_agreement_with_float32(factory, photos_dir: Path, tmp_path: Path) -> None:
     data = crops(photos_dir, tmp_path / "calib", {"misc": "astronaut", "more": "coffee"}, per_folder=40)
-    manifest = build_bundle(factory, splits=["a"], out_dir=tmp_path / "bundle", quantize_from=str(data),
-                            calibration_samples=40, progress=False)
+    manifest = build_bundle(BuildSpec(factory, splits=["a"], quantize_from=str(data), calibration_samples=40), tmp_path / "bundle", progress=False)
     assert manifest.model.accuracy_on.startswith("top-1 agreement with the float32 ONNX model on 40 unlabelled images")
     assert manifest.model.accuracy is None  # the float model agreeing with itself says nothing
     measured = accuracies(manifest)
@@ -108,7 +107,7 @@ def test_a_build_that_fails_midway_leaves_the_last_good_bundle(
     import exporter.build
 
     out = tmp_path / "bundle"
-    good = build_bundle(factory, splits=["a"], out_dir=out, progress=False)
+    good = build_bundle(BuildSpec(factory, splits=["a"]), out, progress=False)
     real = exporter.build.validate
 
     def failing_on_the_tail(runner, cases, atol, what):
@@ -118,7 +117,7 @@ def test_a_build_that_fails_midway_leaves_the_last_good_bundle(
 
     monkeypatch.setattr(exporter.build, "validate", failing_on_the_tail)
     with pytest.raises(ExportError, match="followed by tail"):
-        build_bundle(factory, splits=["a", "b"], out_dir=out, progress=False)
+        build_bundle(BuildSpec(factory, splits=["a", "b"]), out, progress=False)
     assert Bundle.load(out).manifest == good
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle", "mynet.py"]
     manifest = json.loads((out / MANIFEST_NAME).read_text())

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 skimage_data = pytest.importorskip("skimage.data")
 
-from exporter.build import build_bundle  # noqa: E402
+from exporter.build import BuildSpec, build_bundle  # noqa: E402
 from exporter.validate import Chain, OnnxRunner  # noqa: E402
 from tests.conftest import PHOTOS  # noqa: E402
 
@@ -24,7 +24,7 @@ def _photos() -> np.ndarray:
 
 
 def test_auto_splits_keep_top1_on_photos(tmp_path: Path, mobilenet_weights: Path) -> None:
-    manifest = build_bundle("torchvision:mobilenet_v2", mobilenet_weights, "auto", tmp_path, progress=False)
+    manifest = build_bundle(BuildSpec("torchvision:mobilenet_v2", weights=mobilenet_weights, splits="auto"), tmp_path, progress=False)
     assert manifest.model.preprocess.resize == 256  # the V1 weights' own transforms, found by file name
     labels = manifest.model.labels
     photos = _photos()

@@ -19,7 +19,7 @@ from torch import nn  # noqa: E402
 from bench.seed003_cnn import CUT_AFTER, INPUT_SHAPE, TABLE_1, keras_params, make  # noqa: E402
 from device_runtime.bundle import FULL, HEAD, LOCAL, Bundle  # noqa: E402
 from device_runtime.engine import OnnxBackend  # noqa: E402
-from exporter.build import build_bundle  # noqa: E402
+from exporter.build import BuildSpec, build_bundle  # noqa: E402
 from exporter.graph import find_cut_points, trace  # noqa: E402
 
 #: Keras's layer types as torch builds them (a Conv2D or the first Dense with its ReLU).
@@ -70,8 +70,7 @@ def test_a_two_cut_chain_is_the_model(tmp_path: Path) -> None:
     on Fashion-MNIST images as a board feeds them (three equal channels) and on colour noise."""
     model = make().eval()  # random weights: only the equality matters
     torch.save(model.state_dict(), tmp_path / "weights.pt")
-    manifest = build_bundle("bench.seed003_cnn:make", tmp_path / "weights.pt", [CUT_AFTER[1]], tmp_path / "bundle",
-                            progress=False, chains=[CHAIN])
+    manifest = build_bundle(BuildSpec("bench.seed003_cnn:make", weights=tmp_path / "weights.pt", splits=[CUT_AFTER[1]], chains=[CHAIN]), tmp_path / "bundle", progress=False)
     chain_id = "+".join(CHAIN)
     bundle = Bundle.load(tmp_path / "bundle")
     chain = manifest.split(chain_id)

@@ -33,7 +33,7 @@ from device_runtime.bundle import (  # noqa: E402
 )
 from device_runtime.bundle_slice import slice_bundle  # noqa: E402
 from exporter import build as build_module  # noqa: E402
-from exporter.build import build_bundle  # noqa: E402
+from exporter.build import BuildSpec, build_bundle  # noqa: E402
 from exporter.cli import AE_EPOCHS, SEMANTIC_IMAGES, SEMANTIC_WIDTH, main  # noqa: E402
 from exporter.datasets import FASHION_MNIST_DIR, load_images  # noqa: E402
 from exporter.graph import split_at, trace  # noqa: E402
@@ -106,10 +106,8 @@ def semantic_bundles(trained, resnet_weights: Path, tmp_path_factory: pytest.Tem
                              "--train-images", str(TRAIN_IMAGES), "--epochs", str(TRAINING.epochs),
                              "--out", str(out)]) == 0
             else:
-                build_bundle(f"exporter.zoo:fmnist_{name}", weights=weights[name], splits=(), out_dir=out,
-                             input_shape=SHAPE, progress=False,
-                             semantic=SemanticOptions(k, "fashion-mnist", cut=cut, train_images=TRAIN_IMAGES,
-                                                      training=TRAINING))
+                build_bundle(BuildSpec(f"exporter.zoo:fmnist_{name}", weights=weights[name], splits=(), input_shape=SHAPE, semantic=SemanticOptions(k, "fashion-mnist", cut=cut, train_images=TRAIN_IMAGES,
+                                                      training=TRAINING)), out, progress=False)
         built[case] = (out, caught[0].model, printed.getvalue())
     return built
 

@@ -12,7 +12,7 @@ pytest.importorskip("ai_edge_litert")
 
 from device_runtime.bundle import LOCAL, Bundle  # noqa: E402
 from device_runtime.engine.runner import DeviceRunner  # noqa: E402
-from exporter.build import build_bundle  # noqa: E402
+from exporter.build import BuildSpec, build_bundle  # noqa: E402
 from tests.conftest import run_stream, start_host  # noqa: E402
 
 SPLIT = "features_14_conv_2"
@@ -21,7 +21,7 @@ SPLIT = "features_14_conv_2"
 @pytest.fixture(scope="module")
 def tflite_bundle(mobilenet_weights: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tflite-bundle")
-    build_bundle("torchvision:mobilenet_v2", mobilenet_weights, [SPLIT], out, progress=False, formats=("onnx", "tflite"))
+    build_bundle(BuildSpec("torchvision:mobilenet_v2", weights=mobilenet_weights, splits=[SPLIT], formats=("onnx", "tflite")), out, progress=False)
     return out
 
 
