@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any
 
@@ -57,6 +58,12 @@ class DecodeLimits:
     max_depth: int = 16
     #: key -> most items of the list under it, wherever the key appears in the top-level or tensor map
     array_caps: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+    @cached_property
+    def unpacker_options(self) -> dict[str, Any]:
+        """msgpack's own limits, for a frame whose every byte is header."""
+        return {"raw": False, "strict_map_key": True, "max_ext_len": 0, "max_bin_len": self.header_bytes,
+                "max_str_len": self.max_str_len, "max_array_len": self.max_array_len, "max_map_len": self.max_map_len}
 
 
 #: Generous bounds: what tests and tools read when they do not say.
@@ -208,10 +215,48 @@ def _check_depth(value: Any, limit: int) -> None:
         level = below
 
 
+def _whole(view: memoryview, limits: DecodeLimits) -> Any:
+    """A frame no longer than ``header_bytes``, in one call of msgpack's C unpacker, then checked
+    as :class:`_Reader` checks as it goes (its bins are small: copied, then viewed)."""
+    try:
+        value = msgpack.unpackb(view, **limits.unpacker_options)
+    except msgpack.ExtraData as exc:
+        raise ProtocolError(f"malformed msgpack: {len(exc.extra)} trailing bytes after the value") from None
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise ProtocolError(f"malformed msgpack: {_why(exc)}") from None
+    if type(value) is dict:
+        _settle(value, limits, 1)
+        tensor = value.get("tensor")
+        if type(tensor) is dict:
+            _settle(tensor, limits, 2)
+    elif type(value) is list:
+        _check_depth(value, limits.max_depth)
+    return value
+
+
+def _settle(message: dict[Any, Any], limits: DecodeLimits, depth: int) -> None:
+    """The checks of a map read whole: string keys, capped lists, depth; its bins as views."""
+    for key, value in message.items():
+        if type(key) is not str:
+            raise ProtocolError(f"malformed msgpack: map key of type {type(key).__name__}")
+        kind = type(value)
+        if kind is bytes:
+            message[key] = memoryview(value)
+        elif kind is list or kind is dict:
+            cap = limits.array_caps.get(key)
+            if cap is not None and kind is list and len(value) > cap:
+                raise ProtocolError(f"{key}: a list of {len(value)} items, at most {cap} allowed")
+            if not (key == "tensor" and depth == 1):
+                _check_depth(value, limits.max_depth - depth)
+
+
 def unpack(body: bytes | bytearray | memoryview, limits: DecodeLimits = DEFAULT_LIMITS) -> Any:
     """One msgpack value filling ``body`` exactly, within ``limits``. In a map, and in its
-    ``tensor`` map, bins are memoryviews into ``body``; elsewhere they are bytes."""
+    ``tensor`` map, bins are memoryviews into ``body`` (or, in a frame read whole, of a copy);
+    elsewhere they are bytes."""
     view = memoryview(body).cast("B")
+    if len(view) <= limits.header_bytes:
+        return _whole(view, limits)
     reader = _Reader(view, limits)
     if len(view) and _is_map(view[0]):
         value: Any = reader.map(1)
