@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from device_runtime.board.release import CURRENT
+from device_runtime.board.settings import load_settings, run_checker
 from device_runtime.board.status import SERVICE
 from splitedge import UNIT_DIR, ServiceUnit, SplitEdgeError, enable_unit, write_unit
 
@@ -82,6 +83,10 @@ def install_service(args: argparse.Namespace) -> int:
     user = _user(args.user)
     root = (args.root or Path(user.pw_dir) / ".local" / "share" / "splitedge").absolute()
     groups = tuple(g for g in (CAMERA_GROUP,) if _group_exists(g))
+    # The unit runs `split-device run` with the settings files the user's run reads: a file that
+    # would stop it is refused now, in one line naming it, not at the board's next boot.
+    dirs = {k: os.environ[k] for k in ("SPLITEDGE_CONFIG_DIRS",) if k in os.environ}
+    load_settings(run_checker(), {"HOME": user.pw_dir, **dirs})
     unit = device_unit(sys.executable, root, user.pw_name, groups, args.start_timeout).render()
     if args.dry_run:
         print(unit, end="")

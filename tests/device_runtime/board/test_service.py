@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pwd
 import shlex
 import shutil
@@ -17,9 +18,9 @@ ROOT = Path(__file__).resolve().parents[3]
 ME = pwd.getpwuid(__import__("os").getuid()).pw_name
 
 
-def device(*argv: str) -> subprocess.CompletedProcess[str]:
+def device(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "device_runtime.cli", *argv], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, env=None if env is None else {**os.environ, **env})
 
 
 def test_the_unit_runs_the_release_in_use_as_the_user_and_systemd_accepts_it(tmp_path: Path) -> None:
@@ -62,3 +63,19 @@ def test_an_unknown_user_is_one_line() -> None:
     assert out.returncode == 2
     assert out.stderr.strip() == ("split-device: error: no user 'no-such-user-here' on this board: give --user an "
                                   "existing one (the one that owns the releases)")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("batch = 0\n", "device.toml: batch: expected a whole number >= 1"),
+    ("timeout = \n", "not valid TOML"),
+])
+def test_a_settings_file_the_service_could_not_run_with_is_refused_in_one_line(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    """The same checks as run's: the unit is not written for a board that would fail at boot."""
+    (tmp_path / "device.toml").write_text(text)
+    out = device("install-service", "--user", ME, "--root", str(tmp_path / "r"), "--dry-run",
+                 env={"SPLITEDGE_CONFIG_DIRS": str(tmp_path)})
+    assert out.returncode == 2 and out.stdout == ""
+    assert len(out.stderr.strip().splitlines()) == 1 and str(tmp_path / "device.toml") in out.stderr
+    assert message in out.stderr
