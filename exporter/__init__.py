@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from exporter.validate import Case, Chain, OnnxRunner, Runner, compare, validate
 
 _HOMES = {
-    "exporter.build": ("build_bundle", "select_splits"),
+    "exporter.build": ("BuildSpec", "build_bundle", "select_splits"),
     "exporter.graph": ("CutPoint", "TracedModel", "find_cut_points", "get_cut_point", "split_at", "trace"),
     "exporter.models": ("LoadedModel", "load_model"),
     "exporter.onnx_export": ("export_onnx",),
