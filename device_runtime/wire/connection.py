@@ -56,6 +56,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         limit = max_frame_bytes if auth is None else min(max_frame_bytes, MAX_HANDSHAKE_BYTES)
         self.decoder = FrameDecoder(limit, budget=budget)
         self.decoder.on_granted = self._granted
+        self.decoder.on_evicted = self.evicted
         self.auth = auth
         self.refusing = False  # a frame failed authentication: read nothing more
         self.transport: asyncio.Transport | None = None
@@ -157,6 +158,12 @@ class FramedProtocol(asyncio.BufferedProtocol):
             self.handshake()
         else:
             self.frame_received(content)
+
+    def evicted(self) -> None:
+        """The frame budget took this connection's frame for a fairer one (it held more than its
+        share and was the slowest to arrive): the connection ends, its frame unread."""
+        if self.transport is not None:
+            self.transport.close()
 
     def handshake(self) -> None:
         """The auth layer consumed a handshake frame (the device answers the challenge here)."""

@@ -18,33 +18,39 @@ def _write(decoder: FrameDecoder, data: bytes) -> int:
     return len(data)
 
 
-def test_a_frame_that_does_not_fit_stalls_until_bytes_are_released_first_come_first_served() -> None:
+def test_a_frame_over_its_share_waits_in_arrival_order_for_bytes_no_one_needs() -> None:
     budget = FrameBudget(1000)
     first, second, third = (FrameDecoder(budget=budget) for _ in range(3))
     woken: list[str] = []
     second.on_granted, third.on_granted = (lambda: woken.append("second")), (lambda: woken.append("third"))
-    assert started(first, 800) == [] and first.held == 800 and not first.stalled
-    assert started(second, 300) == [] and second.stalled and second.held == 0
-    assert started(third, 100) == [] and third.stalled  # fits, but second waits ahead of it
-    assert (budget.held, budget.waiting) == (800, 2)
-    # first's frame completes: its bytes go to second, then third, in that order.
-    (body,) = first.buffer_updated(_write(first, bytes(790)))
-    assert len(body) == 800 and woken == ["second", "third"] and (budget.held, budget.waiting) == (400, 0)
-    assert list(second.buffer_updated(0)) == [] and second.held == 300  # cut again, prefix and all
-    (body,) = second.buffer_updated(_write(second, bytes(290)))
-    assert len(body) == 300 and bytes(body) == bytes(300)
+    assert started(first, 400) == [] and first.held == 400 and not first.stalled
+    assert started(second, 700) == [] and second.stalled and second.held == 0  # over its share of 500
+    assert started(third, 600) == [] and third.stalled  # over its share of 333, behind second
+    assert (budget.held, budget.waiting) == (400, 2)
+    # first's frame completes: its bytes go to second; third does not fit beside it.
+    (body,) = first.buffer_updated(_write(first, bytes(390)))
+    assert len(body) == 400 and woken == ["second"] and (budget.held, budget.waiting) == (700, 1)
+    assert list(second.buffer_updated(0)) == [] and second.held == 700  # cut again, prefix and all
+    (body,) = second.buffer_updated(_write(second, bytes(690)))
+    assert len(body) == 700 and bytes(body) == bytes(700) and woken == ["second", "third"]
     third.close()  # a connection gone gives back what it held or was granted
     assert (budget.held, budget.waiting) == (0, 0)
 
 
-def test_a_closed_waiter_is_no_longer_waited_for() -> None:
-    budget = FrameBudget(100)
-    holder, waiter = FrameDecoder(budget=budget), FrameDecoder(budget=budget)
-    started(holder, 100)
-    started(waiter, 50)
-    waiter.close()
-    holder.close()
-    assert (budget.held, budget.waiting) == (0, 0)
+def test_a_frame_within_its_share_never_waits_the_slowest_over_theirs_are_evicted() -> None:
+    """Issue 27.2: slow connections holding the budget in large frames are closed for a board's frame."""
+    budget = FrameBudget(1000)
+    slow, slower, board = (FrameDecoder(budget=budget) for _ in range(3))
+    evicted: list[str] = []
+    slow.on_evicted, slower.on_evicted = (lambda: evicted.append("slow")), (lambda: evicted.append("slower"))
+    started(slow, 500, have=100)
+    started(slower, 500, have=10)
+    assert budget.held == 1000
+    assert started(board, 300) == [] and board.held == 300 and not board.stalled  # share: 333
+    assert evicted == ["slower"] and budget.evicted == 1 and budget.held == 800
+    assert slower.get_buffer() is not None and list(slower.buffer_updated(10)) == []  # read into nothing
+    slower.close()
+    assert budget.held == 800
 
 
 def test_a_limit_changed_on_one_frame_applies_to_the_frames_behind_it_in_the_same_read() -> None:
