@@ -44,6 +44,7 @@ import numpy as np
 
 from device_runtime.engine import Backend
 from host_runtime.tails import bucket_for, can_pad, run_batch
+from device_runtime.wire import ErrorCode
 from splitedge import ProtocolError
 
 log = logging.getLogger("splitedge.host")
@@ -168,7 +169,7 @@ class Batcher:
         """
         samples = int(tensor.shape[0])
         if samples < 1:
-            raise ProtocolError("infer needs at least one sample in the batch axis", code="bad_request")
+            raise ProtocolError("infer needs at least one sample in the batch axis", code=ErrorCode.BAD_REQUEST)
         self._check_room(samples)
         tail = self._tail(key, backend)
         now = time.perf_counter()
@@ -177,7 +178,7 @@ class Batcher:
             raise ProtocolError(
                 f"deadline cannot be met: {max(deadline - now, 0.0) * 1000:.1f} ms left, about {ahead_ms:.1f} ms of "
                 f"work on tail {'/'.join(key)} ahead of it and in it",
-                code="deadline_exceeded",
+                code=ErrorCode.DEADLINE_EXCEEDED,
             )
         loop = asyncio.get_running_loop()
         request = _Request(tensor, received, deadline, loop.create_future())
@@ -194,13 +195,13 @@ class Batcher:
             raise ProtocolError(
                 f"a request of {samples} samples can never fit this host's queue of {self.config.max_queue}; "
                 "send fewer samples per request",
-                code="overloaded",
+                code=ErrorCode.OVERLOADED,
             )
         if self.queued + samples > self.config.max_queue:
             raise ProtocolError(
                 f"host queue is full: {self.queued} samples waiting, {samples} more would pass the limit of "
                 f"{self.config.max_queue}; retry later or use another host",
-                code="overloaded",
+                code=ErrorCode.OVERLOADED,
             )
 
     @contextmanager
@@ -316,7 +317,7 @@ class Batcher:
         self._count(tail, queued=-request.samples, pending=-1)
         request.future.set_exception(
             ProtocolError(f"deadline passed after {waited_ms:.1f} ms in the queue of tail {'/'.join(tail.key)}",
-                          code="deadline_exceeded")
+                          code=ErrorCode.DEADLINE_EXCEEDED)
         )
 
     def _launch(self, tail: _Tail, batch: list[_Request]) -> None:
@@ -340,7 +341,7 @@ class Batcher:
             for request in batch:
                 if not request.future.done():
                     request.future.set_exception(
-                        ProtocolError(f"tail {'/'.join(tail.key)} failed: {error}", code="internal")
+                        ProtocolError(f"tail {'/'.join(tail.key)} failed: {error}", code=ErrorCode.INTERNAL)
                     )
             return
         output, started, compute_ms = run.result()

@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import Any, Callable, Sequence
 
-from splitedge import run_command, stop_on_signals
+from splitedge import run_command
 from device_runtime.wire import DEFAULT_MAX_FRAME_BYTES, load_key, server_context, split_address
 from host_runtime.advertise import Advertiser, local_address_for
 from host_runtime.batcher import BatchConfig
@@ -64,6 +64,17 @@ def _at_least(minimum: float, kind: type[int] | type[float]) -> Callable[[str], 
     return parse
 
 
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, 0..65535 (0: a free one); 99999 once listened on 34463 without a word."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port: give 0..65535 (0 picks a free one)")
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="split-host", description="Serve split-network tails to boards.", epilog=EXAMPLES,
@@ -87,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     """serve's flags, which install-service takes too (and writes into the unit's ExecStart)."""
     serve.add_argument("bundles", nargs="+", help="bundle directories written by split-export build")
-    serve.add_argument("--port", type=int, default=7767, help="TCP port (0 picks a free one; default 7767)")
+    serve.add_argument("--port", type=_port, default=7767, help="TCP port (0 picks a free one; default 7767)")
     serve.add_argument("--interface", default="0.0.0.0", help="address to listen and advertise on (default: all)")
     serve.add_argument("--no-zeroconf", action="store_true", help="do not advertise the host")
     serve.add_argument("--workers", type=_at_least(1, int), default=None,
@@ -123,6 +134,22 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         "--frame-timeout", type=_at_least(0.001, float), default=config.frame_timeout,
         help="close a connection whose frame stays unfinished this long, s (a 64 MiB frame at 10 Mbit/s "
         f"takes 54; default {config.frame_timeout:g})",
+    )
+    serve.add_argument(
+        "--first-frame-timeout", type=_at_least(0.001, float), default=config.first_frame_timeout,
+        help="close a connection that has sent no complete frame (with --key-file: not authenticated) this long "
+        f"after connecting, s; when the connection table is full the oldest such one is closed first (default "
+        f"{config.first_frame_timeout:g})",
+    )
+    serve.add_argument(
+        "--drain-timeout", type=_at_least(0, float), default=config.shutdown_timeout,
+        help="on SIGTERM or Ctrl-C, how long the host lets what is pending finish, all of it together (queued "
+        f"batches, chain hops, links, profiles), s (default {config.shutdown_timeout:g})",
+    )
+    serve.add_argument(
+        "--profile-budget-ms", type=_at_least(1, float), default=config.profile_budget_s * 1000,
+        help="tail-run time one profile request may spend here, ms: repeats are trimmed to fit, a request that "
+        f"cannot fit is refused (default {config.profile_budget_s * 1000:g}; a board's calibration asks per tail)",
     )
     serve.add_argument(
         "--device", choices=DEVICES, default="auto",
@@ -203,9 +230,34 @@ def _address(text: str) -> str:
     return text
 
 
-async def serve(args: argparse.Namespace, child: Child | None = None) -> None:
+def _stop_on_signals(stop: asyncio.Event, caught: list[signal.Signals]) -> None:
+    """Set ``stop`` on SIGINT or SIGTERM and note which (the host exits 128 + it: 130, 143); a
+    second signal falls back to the default (hard) action."""
+    loop = asyncio.get_running_loop()
+
+    def handle(sig: signal.Signals) -> None:
+        caught.append(sig)
+        stop.set()
+        loop.remove_signal_handler(sig)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, handle, sig)
+
+
+def _stopped(caught: Sequence[signal.Signals]) -> str:
+    return f"host stopped ({caught[0].name})" if caught else "host stopped"
+
+
+async def serve(args: argparse.Namespace, child: Child | None = None, caught: list[signal.Signals] | None = None) -> None:
     """One host process: the whole host, or (``child``) one of ``--procs`` on a shared port, which
-    reports to the parent instead of printing, and leaves zeroconf to it."""
+    reports to the parent instead of printing, and leaves zeroconf to it. ``caught``: the signal
+    that stopped it, for the exit status."""
+    caught = [] if caught is None else caught
+    stop = asyncio.Event()
+    if child is None:
+        _stop_on_signals(stop, caught)  # from the start: a Ctrl-C while the tails load is one line too
+    else:  # SIGINT is ignored (child_setup): the parent stops its children with SIGTERM
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     key = load_key(args.key_file) if args.key_file else None  # checked before the bundles load
     tls = server_context(args.tls_cert, args.tls_key) if args.tls_cert or args.tls_key else None
     fixed = bucket_sizes(args.buckets, args.max_batch, cuda=True) != ()  # whether CUDA will see fixed shapes
@@ -228,16 +280,12 @@ async def serve(args: argparse.Namespace, child: Child | None = None) -> None:
         metrics_host=None if child is None else "127.0.0.1",
         key=key, tls=tls, max_connections=max_connections,
         max_connections_per_address=args.max_connections_per_address, idle_timeout=args.idle_timeout,
-        frame_timeout=args.frame_timeout,
+        frame_timeout=args.frame_timeout, first_frame_timeout=args.first_frame_timeout,
+        shutdown_timeout=args.drain_timeout, profile_budget_s=args.profile_budget_ms / 1000,
         max_partial_bytes=4 * max_frame_bytes if args.max_partial_mb is None else int(args.max_partial_mb * 2**20),
         peers=tuple(args.peer), reuse_port=child is not None,
     )
     server = HostServer(registry, config)
-    stop = asyncio.Event()
-    if child is None:
-        stop_on_signals(stop)
-    else:  # SIGINT is ignored (child_setup): the parent stops its children with SIGTERM
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     host, port = await server.start()
     for bundle_id, splits in registry.served().items():
         notes.append((sys.stdout, f"bundle {bundle_id}: {len(splits)} tails ({', '.join(splits)})"))
@@ -272,7 +320,7 @@ async def serve(args: argparse.Namespace, child: Child | None = None) -> None:
     finally:
         await server.close()
         if child is None:
-            print("host stopped", flush=True)
+            print(_stopped(caught), flush=True)
 
 
 def _print_notes(notes: Sequence[tuple[Any, str]]) -> None:
@@ -315,12 +363,12 @@ def _serve_child(args: argparse.Namespace, child: Child) -> None:
         sys.exit(2)
 
 
-async def serve_procs(args: argparse.Namespace) -> None:
+async def serve_procs(args: argparse.Namespace, caught: list[signal.Signals]) -> None:
     """``--procs N``: the parent, which supervises N children on one port (:mod:`host_runtime.procs`)."""
     if args.key_file:
         load_key(args.key_file)  # a bad key is one line from the parent, before any child starts
     stop = asyncio.Event()
-    stop_on_signals(stop)
+    _stop_on_signals(stop, caught)
 
     async def parent(supervisor: Supervisor, ready: list[dict[str, Any]], stop: asyncio.Event) -> None:
         first = ready[0]
@@ -343,9 +391,9 @@ async def serve_procs(args: argparse.Namespace) -> None:
 
     try:
         await supervise(args.procs, args.interface, args.port, _serve_child, args, parent, stop,
-                        ServerConfig.shutdown_timeout)
+                        args.drain_timeout)
     finally:
-        print("host stopped", flush=True)
+        print(_stopped(caught), flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -366,7 +414,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SplitEdgeError as exc:
         parser.error(str(exc))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
-    return run_command("split-host", serve(args) if args.procs == 1 else serve_procs(args), runner)
+    caught: list[signal.Signals] = []
+    status = run_command("split-host", serve(args, None, caught) if args.procs == 1 else serve_procs(args, caught), runner)
+    return 128 + caught[0] if status == 0 and caught else status
 
 
 if __name__ == "__main__":

@@ -8,6 +8,13 @@ when it has been idle (nothing read, nothing in flight) for ``idle_timeout`` sec
 left a frame unfinished for ``frame_timeout`` seconds. The defaults are far above what a
 fleet of boards does (one connection per board, a frame every few hundred ms) and far below
 what a host can hold. Time is the event loop's clock, so tests configure small timeouts.
+
+A full connection table once locked boards out for the 300 s idle timeout, renewable with one
+byte: so a connection that has not proven itself (no complete frame, or with a key no
+handshake) must do so within ``first_frame_timeout`` seconds of connecting, and when the table
+is full the oldest such connection is shed to make room (:class:`Unproven`). Work that a request
+buys beyond its own frame (``profile``'s tail runs, ``links``' payloads) is metered host-wide
+by a :class:`Rate`.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ DEFAULT_IDLE_TIMEOUT_S = 300.0
 #: A 64 MiB frame (the largest by default) takes 54 s at 10 Mbit/s; a board's cut, well under
 #: a second on the slowest Wi-Fi.
 DEFAULT_FRAME_TIMEOUT_S = 60.0
+#: A board sends its hello (or handshake) as soon as it connects: a round trip, milliseconds.
+DEFAULT_FIRST_FRAME_TIMEOUT_S = 10.0
 #: Descriptors the host needs besides its connections: listening sockets, metrics, zeroconf,
 #: onnxruntime's files, logs.
 FD_HEADROOM = 64
@@ -70,12 +79,58 @@ class ConnectionGate:
             del self.per_address[address]
 
 
+class Unproven:
+    """Connections that have not proven themselves yet, oldest first: what a full host sheds."""
+
+    def __init__(self) -> None:
+        self._order: dict[Any, None] = {}  # insertion-ordered
+
+    def add(self, connection: Any) -> None:
+        self._order[connection] = None
+
+    def proven(self, connection: Any) -> None:
+        self._order.pop(connection, None)
+
+    def oldest(self) -> Any | None:
+        return next(iter(self._order), None)
+
+    def __contains__(self, connection: Any) -> bool:
+        return connection in self._order
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
+class Rate:
+    """A host-wide allowance that refills at ``per_second`` up to ``burst`` (a token bucket):
+    what ``profile`` and ``links`` requests may spend, all connections together."""
+
+    def __init__(self, per_second: float, burst: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_second, self.burst, self.clock = per_second, burst, clock
+        self._level, self._at = burst, clock()
+
+    def take(self, amount: float) -> bool:
+        """Spend ``amount`` if the allowance covers it now (False: spend nothing)."""
+        now = self.clock()
+        self._level = min(self.burst, self._level + (now - self._at) * self.per_second)
+        self._at = now
+        if amount > self._level:
+            return False
+        self._level -= amount
+        return True
+
+    def refund(self, amount: float) -> None:
+        """Give back what was taken and not spent."""
+        self._level = min(self.burst, self._level + amount)
+
+
 @dataclass
 class Activity:
-    """When a connection last read, and since when it has a frame unfinished (loop time)."""
+    """When a connection opened and last read, and since when it has a frame unfinished (loop time)."""
 
     last_read: float
     frame_since: float | None = None
+    opened: float = 0.0
 
     def read(self, now: float, frame_open: bool, frames_completed: bool) -> None:
         """Bytes were read; ``frame_open``: a frame is unfinished now; ``frames_completed``: this
@@ -92,9 +147,14 @@ class Activity:
         if self.frame_since is not None:
             self.frame_since = now
 
-    def expired(self, now: float, idle_timeout: float, frame_timeout: float, busy: bool) -> tuple[str, str] | None:
+    def expired(self, now: float, idle_timeout: float, frame_timeout: float, busy: bool,
+                first_frame_timeout: float | None = None) -> tuple[str, str] | None:
         """Why the connection should be closed now, as a metric label and a sentence for the log
-        (None: it should not). ``busy``: requests of it in flight, which it may wait for in silence."""
+        (None: it should not). ``busy``: requests of it in flight, which it may wait for in silence;
+        ``first_frame_timeout``: the connection has not proven itself, and must within this long of opening."""
+        if first_frame_timeout is not None and now - self.opened > first_frame_timeout:
+            return "first_frame_timeout", (f"no complete frame {now - self.opened:.1f} s after connecting "
+                                           f"(--first-frame-timeout {first_frame_timeout:g})")
         if self.frame_since is not None and now - self.frame_since > frame_timeout:
             return "frame_timeout", (f"a frame begun {now - self.frame_since:.1f} s ago is unfinished "
                                      f"(--frame-timeout {frame_timeout:g})")

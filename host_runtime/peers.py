@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from device_runtime.wire import ClientPool, Credentials
+from device_runtime.wire import ClientPool, Credentials, ErrorCode
 from splitedge import ProtocolError
 
 __all__ = ["MAX_PEERS", "Peers"]
@@ -42,5 +42,5 @@ class Peers(ClientPool):
             raise ProtocolError(
                 f"route: next hop {address} is not one of this host's peers ({given}): a host without a key "
                 "passes requests on only to the hosts given with --peer (or give the fleet a key, --key-file)",
-                code="unauthorized",
+                code=ErrorCode.UNAUTHORIZED,
             )

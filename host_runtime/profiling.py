@@ -12,38 +12,46 @@ minutes: its bounds were per entry, not per request (``splits: [offload]*3, batc
 - one profile runs at a time on the host; another, or one while the host is stopping or its
   queue is full, is ``overloaded`` (retry later), like any work the host cannot take now;
 - the work is cut into single tail runs (at most :data:`MAX_PROFILE_BATCH` samples each)
-  that each check a stop flag first, so a stopping host ends a profile within one run.
+  that each check a stop flag first, so a stopping host ends a profile within one run;
+- and it is bounded in time: a 90-byte request under the sample cap once burned more than 91 s
+  of host CPU. Each request may spend ``budget_s`` of tail runs (``--profile-budget-ms``, 100 ms):
+  the host predicts each run from what a sample of that tail cost before (a one-sample probe
+  the first time), trims the repeats to fit, and refuses (``bad_request``, naming the flag) a
+  request whose every batch size, run once after one warm-up, would not fit. A run that
+  overshoots its prediction stops the profile before the next one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-from calibration import measure_ms
 from device_runtime.engine import Backend
-from device_runtime.wire import ProfileRequest
+from device_runtime.wire import ErrorCode, ProfileRequest
 from host_runtime.tails import TailRegistry
 from splitedge import ProtocolError
 
 #: Untimed runs before each batch size's timed ones (onnxruntime plans its memory on the first).
-PROFILE_WARMUP = 3
+PROFILE_WARMUP = 1
 #: Samples one request may run in all (tails × Σ batches × (repeats + warm-up)). A board's
 #: default calibration (batches 1, 2, 4, 8, 16; 20 repeats) is 713 samples a tail, so 11 tails
 #: fit; the full MobileNetV2 on one core of the build machine takes about 17 ms a sample, so
 #: the bound is about two minutes of one core at worst, on a thread of its own.
 MAX_PROFILE_SAMPLES = 8192
+#: Tail-run seconds one ``profile`` request may spend (issue 27: a 1 KB request never buys more than 100 ms).
+DEFAULT_PROFILE_BUDGET_S = 0.1
 
 
 class ProfileStopped(ProtocolError):
     """The host is stopping: the profile ends after the tail run in progress."""
 
     def __init__(self) -> None:
-        super().__init__("the host is shutting down: profile stopped; use another host", code="overloaded")
+        super().__init__("the host is shutting down: profile stopped; use another host", code=ErrorCode.OVERLOADED)
 
 
 @dataclass(frozen=True)
@@ -74,35 +82,76 @@ def plan_profile(registry: TailRegistry, request: ProfileRequest) -> ProfilePlan
     for split_id, tail in tails.items():
         if not all(isinstance(d, int) for d in tail.input_shape[1:]):
             raise ProtocolError(f"tail of split {split_id} has a dynamic shape {list(tail.input_shape)}: "
-                                "cannot profile it", code="internal")
+                                "cannot profile it", code=ErrorCode.INTERNAL)
     plan = ProfilePlan(tails, tuple(dict.fromkeys(batches)), repeats)
     if plan.samples > MAX_PROFILE_SAMPLES:
         raise ProtocolError(
             f"profile of {plan.samples} samples ({len(tails)} tails × {sum(plan.batches)} batch samples × "
             f"({repeats} repeats + {PROFILE_WARMUP} warm-up)) exceeds the limit of {MAX_PROFILE_SAMPLES} per request; "
             "ask for fewer splits, batch sizes or repeats, in several requests if need be",
-            code="bad_request",
+            code=ErrorCode.BAD_REQUEST,
         )
     return plan
 
 
-def run_profile(plan: ProfilePlan, stop: threading.Event) -> dict[str, dict[str, float]]:
+class Costs:
+    """Seconds one sample of each tail took when last run (what a run is predicted from)."""
+
+    def __init__(self) -> None:
+        self.per_sample: dict[str, float] = {}
+
+    def predict(self, split_id: str, batch: int) -> float:
+        return self.per_sample[split_id] * batch
+
+    def ran(self, split_id: str, batch: int, seconds: float) -> None:
+        self.per_sample[split_id] = seconds / batch
+
+
+def _timed(tail: Backend, x: np.ndarray, stop: threading.Event) -> float:
+    if stop.is_set():
+        raise ProfileStopped()
+    started = time.perf_counter()
+    tail.run(x)
+    return time.perf_counter() - started
+
+
+def run_profile(plan: ProfilePlan, stop: threading.Event, budget_s: float, costs: Costs) -> dict[str, dict[str, float]]:
     """Median ms of each tail at each batch size (split id → str(batch) → ms), on seeded noise
-    of the tail's shape (convolution and matmul time do not depend on the values). Raises
-    :class:`ProfileStopped` before the next tail run once ``stop`` is set."""
+    of the tail's shape (convolution and matmul time do not depend on the values), within
+    ``budget_s`` of tail runs. Raises :class:`ProfileStopped` before the next tail run once
+    ``stop`` is set, and :class:`ProtocolError` when the request cannot fit its budget."""
     rng = np.random.default_rng(0)
-    times: dict[str, dict[str, float]] = {}
+    inputs = {(split_id, batch): rng.standard_normal((batch, *tail.input_shape[1:])).astype(tail.input_dtype)
+              for split_id, tail in plan.tails.items() for batch in plan.batches}
+    spent = 0.0
     for split_id, tail in plan.tails.items():
-        times[split_id] = {}
-        for batch in plan.batches:
-            x = rng.standard_normal((batch, *tail.input_shape[1:])).astype(tail.input_dtype)
-
-            def run(tail: Backend = tail, x: np.ndarray = x) -> None:
-                if stop.is_set():
-                    raise ProfileStopped()
-                tail.run(x)
-
-            times[split_id][str(batch)] = measure_ms(run, plan.repeats, warmup=PROFILE_WARMUP)
+        if split_id not in costs.per_sample:  # a one-sample probe, counted like any run
+            x = rng.standard_normal((1, *tail.input_shape[1:])).astype(tail.input_dtype)
+            probe = _timed(tail, x, stop)
+            spent += probe
+            costs.ran(split_id, 1, probe)
+    one_round = sum(costs.predict(s, b) for s, b in inputs)
+    repeats = min(plan.repeats, int((budget_s - spent) / one_round) - PROFILE_WARMUP) if one_round > 0 else plan.repeats
+    if repeats < 1:
+        raise ProtocolError(
+            f"profile: one warm-up and one timed run of each batch size would take about "
+            f"{(PROFILE_WARMUP + 1) * one_round * 1000:.0f} ms of this host's time, over its budget of "
+            f"{budget_s * 1000:g} ms a request (--profile-budget-ms); ask for fewer splits or smaller batches per request",
+            code=ErrorCode.BAD_REQUEST,
+        )
+    times: dict[str, dict[str, float]] = {split_id: {} for split_id in plan.tails}
+    for (split_id, batch), x in inputs.items():
+        tail, runs = plan.tails[split_id], []
+        for i in range(PROFILE_WARMUP + repeats):
+            if spent + costs.predict(split_id, batch) > budget_s:
+                raise ProtocolError(f"profile: stopped at {spent * 1000:.0f} ms, its budget is {budget_s * 1000:g} ms "
+                                    "a request (--profile-budget-ms); this host is slower now than it was", code=ErrorCode.OVERLOADED)
+            seconds = _timed(tail, x, stop)
+            spent += seconds
+            costs.ran(split_id, batch, seconds)
+            if i >= PROFILE_WARMUP:
+                runs.append(seconds)
+        times[split_id][str(batch)] = float(np.median(runs)) * 1000.0
     return times
 
 
@@ -112,20 +161,23 @@ class Profiler:
     def __init__(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="profile")
         self._stop = threading.Event()
+        self.costs = Costs()
         self._running: asyncio.Future[dict[str, dict[str, float]]] | None = None
 
     @property
     def busy(self) -> bool:
         return self._running is not None
 
-    async def run(self, plan: ProfilePlan) -> dict[str, dict[str, float]]:
-        """The plan's times; ``overloaded`` at once if a profile is running or the host is stopping."""
+    async def run(self, plan: ProfilePlan, budget_s: float = DEFAULT_PROFILE_BUDGET_S) -> dict[str, dict[str, float]]:
+        """The plan's times within ``budget_s`` of tail runs; ``overloaded`` at once if a profile is
+        running or the host is stopping."""
         if self._stop.is_set():
             raise ProfileStopped()
         if self._running is not None:
             raise ProtocolError("another profile is running on this host (one at a time); retry when it ends",
-                                code="overloaded")
-        self._running = asyncio.get_running_loop().run_in_executor(self._executor, run_profile, plan, self._stop)
+                                code=ErrorCode.OVERLOADED)
+        self._running = asyncio.get_running_loop().run_in_executor(self._executor, run_profile, plan, self._stop,
+                                                                        budget_s, self.costs)
         try:
             return await self._running
         finally:

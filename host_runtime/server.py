@@ -28,6 +28,7 @@ import errno
 import logging
 import math
 import os
+import socket
 import ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -60,9 +61,20 @@ from device_runtime.wire import (
     StatsRequest,
     parse_request,
 )
-from device_runtime.wire import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION, Oversized, decode, dequantize, encode_message
+from device_runtime.wire import (
+    DEFAULT_MAX_FRAME_BYTES,
+    MAX_LINKS_REQUEST_BYTES,
+    PROTOCOL_VERSION,
+    REQUEST_LIMITS,
+    ErrorCode,
+    Oversized,
+    decode,
+    dequantize,
+    encode_message,
+)
 from host_runtime.batcher import BatchConfig, Batcher, BatchResult, TailKey
 from host_runtime.limits import (
+    DEFAULT_FIRST_FRAME_TIMEOUT_S,
     DEFAULT_FRAME_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
@@ -70,10 +82,12 @@ from host_runtime.limits import (
     AcceptFailures,
     Activity,
     ConnectionGate,
+    Rate,
+    Unproven,
 )
 from host_runtime.metrics import PREFIX, HostStats, MetricsEndpoint
 from host_runtime.peers import Peers
-from host_runtime.profiling import Profiler, plan_profile
+from host_runtime.profiling import DEFAULT_PROFILE_BUDGET_S, Profiler, plan_profile
 from host_runtime.tails import TailRegistry, warm_up
 from splitedge import FrameRefused, ProtocolError, RemoteError, SplitEdgeError
 
@@ -87,7 +101,7 @@ class ServerConfig:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_in_flight: int = 32  # per connection, before the host stops reading from it
     workers: int = max(os.cpu_count() or 1, 1)
-    shutdown_timeout: float = 5.0
+    shutdown_timeout: float = 5.0  # --drain-timeout: one deadline over everything pending when the host stops
     batching: BatchConfig = field(default_factory=BatchConfig)  # --max-batch, --max-wait-ms, --max-queue
     metrics_port: int | None = None  # Prometheus text on host:metrics_port (0: a free port); None: off
     metrics_host: str | None = None  # where the metrics listen, if not on ``host`` (a --procs child: 127.0.0.1)
@@ -97,6 +111,10 @@ class ServerConfig:
     max_connections_per_address: int = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S  # s with nothing read and nothing in flight: closed
     frame_timeout: float = DEFAULT_FRAME_TIMEOUT_S  # s a frame may stay unfinished: closed
+    first_frame_timeout: float = DEFAULT_FIRST_FRAME_TIMEOUT_S  # s a connection has to send its first complete frame
+    profile_budget_s: float = DEFAULT_PROFILE_BUDGET_S  # tail-run s one profile request may spend
+    profile_rate: float = 0.25  # tail-run s per s that profiles may spend, all connections together
+    links_rate: float = 16 * 2**20  # bytes per s that links requests may send to peers, all together
     # Frames still arriving, all connections together (FrameBudget): room for four of the largest.
     max_partial_bytes: int = 4 * DEFAULT_MAX_FRAME_BYTES
     peers: tuple[str, ...] = ()  # --peer host:port: next hops a host without a key may pass chains on to
@@ -108,7 +126,7 @@ class ServerConfig:
         assert self.max_partial_bytes >= self.max_frame_bytes, (
             f"max_partial_bytes ({self.max_partial_bytes}) must hold one frame of max_frame_bytes ({self.max_frame_bytes})"
         )
-        assert self.idle_timeout > 0 and self.frame_timeout > 0, "timeouts must be positive"
+        assert min(self.idle_timeout, self.frame_timeout, self.first_frame_timeout) > 0, "timeouts must be positive"
 
 
 class _HostProtocol(FramedProtocol):
@@ -117,29 +135,30 @@ class _HostProtocol(FramedProtocol):
         super().__init__(server.config.max_frame_bytes, HostAuth(key) if key is not None else None, server.budget)
         self.server = server
         self.in_flight = 0
-        self.profiling = False
+        self.costly: str | None = None  # the profile or links request of this connection in progress
         self.address = ""  # the peer's IP address, once admitted
-        self.activity = Activity(server.clock())
+        now = server.clock()
+        self.activity = Activity(now, opened=now)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
         address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
-        refusal = self.server.gate.admit(address)
+        self.address = address
+        refusal = self.server.admit(self)
         if refusal is not None:
             kind, reason = refusal
             self.server.connections_closed.labels(kind).inc()
             log.warning("refused a connection from %s: %s", peer, reason)
             # Said in the clear, before any handshake, so that a device (with a key or without)
             # reports the limit instead of guessing at a lost connection; no worse than a reset.
-            transport.writelines(encode_message(ErrorReply(None, "overloaded", f"refused the connection: {reason}")))
+            transport.writelines(encode_message(ErrorReply(None, ErrorCode.OVERLOADED, f"refused the connection: {reason}")))
             transport.close()
             return
-        self.address = address
-        self.server.connections.add(self)
         super().connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        self.server.unproven.proven(self)
         if self in self.server.connections:
             self.server.connections.discard(self)
             self.server.gate.leave(self.address)
@@ -148,21 +167,32 @@ class _HostProtocol(FramedProtocol):
         frames = self.frames_read
         super().buffer_updated(nbytes)
         self.activity.read(self.server.clock(), not self.decoder.idle, self.frames_read != frames)
+        if self.frames_read and (self.auth is None or self.auth.established):
+            self.server.unproven.proven(self)
 
     def resume(self, reason: str) -> None:
         paused = bool(self.pauses)
         super().resume(reason)
-        if paused and not self.pauses:
+        if paused and not self.pauses and reason != "budget":  # waiting for memory counts as the frame's time
             self.activity.resumed(self.server.clock())
 
+    def evicted(self) -> None:
+        self.server.connections_closed.labels("frame_evicted").inc()
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        log.warning("closed the connection from %s: its frame held more than its share of the memory for frames "
+                    "arriving, and arrived slowest, when another connection's frame needed it", peer)
+        super().evicted()
+
     def check_timeouts(self, now: float) -> None:
-        """Close this connection if it has been idle, or left a frame unfinished, too long. Not
-        while the host itself holds it paused: that wait is the host's, not the peer's."""
-        if self.pauses or self.transport is None or self.transport.is_closing():
+        """Close this connection if it has been idle, left a frame unfinished, or sent no complete
+        frame, too long. Not while the host holds it paused for its own work (requests in flight):
+        that wait is the host's; a wait for memory is the frame's."""
+        if self.pauses - {"budget"} or self.transport is None or self.transport.is_closing():
             return
         config = self.server.config
+        first = config.first_frame_timeout if self in self.server.unproven else None
         expired = self.activity.expired(now, config.idle_timeout, config.frame_timeout,
-                                        busy=self.in_flight > 0 or self.profiling)
+                                        busy=self.in_flight > 0 or self.costly is not None, first_frame_timeout=first)
         if expired is None:
             return
         kind, reason = expired
@@ -181,7 +211,7 @@ class _HostProtocol(FramedProtocol):
         self.send(message, tensor, **tensor_fields)
 
     def oversized(self, event: Oversized) -> None:
-        self.reply_error(None, "bad_request", event.message)
+        self.reply_error(None, ErrorCode.BAD_REQUEST, event.message)
 
     def refused(self, exc: FrameRefused) -> None:
         """A frame failed authentication: nothing of it is trusted, not even its id. The peer gets
@@ -189,7 +219,7 @@ class _HostProtocol(FramedProtocol):
         self.server.frames_refused.labels(exc.kind).inc()
         peer = self.transport.get_extra_info("peername") if self.transport is not None else None
         log.warning("refused a frame from %s (%s); closing the connection", peer, exc.reason)
-        self.reply_error(None, "unauthorized", str(exc))
+        self.reply_error(None, ErrorCode.UNAUTHORIZED, str(exc))
         super().refused(exc)
 
     def frame_received(self, body: memoryview) -> None:
@@ -199,7 +229,7 @@ class _HostProtocol(FramedProtocol):
             op = message.get("op")
             self.server.stats.request(op)
             if op in ("infer", "profile", "links") and self.server.draining:
-                raise ProtocolError("this host is shutting down; use another host", "overloaded", message.get("id"))
+                raise ProtocolError("this host is shutting down; use another host", ErrorCode.OVERLOADED, message.get("id"))
             request = parse_request(message)
         except ProtocolError as exc:
             self.reply_error(exc.request_id, exc.code, str(exc))
@@ -216,20 +246,39 @@ class _HostProtocol(FramedProtocol):
         self.send_reply(StatsReply(request.id, self.server.stats.as_dict()))
 
     def on_profile(self, request: ProfileRequest, received: float) -> None:
-        task = asyncio.ensure_future(self.profile(request))
-        self.server.tasks.add(task)
-        task.add_done_callback(self.server.tasks.discard)
+        if self.admit_costly(request.id, "profile", self.server.profile_rate, self.server.config.profile_budget_s):
+            self.server.spawn(self.profile(request))
 
     def on_links(self, request: LinksRequest, received: float) -> None:
-        task = asyncio.ensure_future(self.measure_links(request))
-        self.server.tasks.add(task)
-        task.add_done_callback(self.server.tasks.discard)
+        if self.admit_costly(request.id, "links", self.server.links_rate, len(request.peers) * request.bytes):
+            self.server.spawn(self.measure_links(request))
+
+    def admit_costly(self, request_id: Any, op: str, rate: Rate, cost: float) -> bool:
+        """Take a ``profile`` or ``links`` request if this connection has none in progress and the
+        host's rate for it covers ``cost`` now; else answer ``overloaded`` (retry later)."""
+        if self.costly is not None:
+            reason = f"a {self.costly} request of this connection is in progress; one at a time per connection"
+        elif not rate.take(cost):
+            reason = f"this host's rate for {op} requests is spent (all connections together); retry in a few seconds"
+        else:
+            self.costly = op
+            return True
+        self.reply_error(request_id, ErrorCode.OVERLOADED, reason)
+        return False
 
     async def measure_links(self, request: LinksRequest) -> None:
         """Ping each peer asked for, bare and with ``bytes``, one peer and one request at a time
         (a few hundred kB each: no wall needed beyond that); keep what was measured for ``hello``."""
         links: dict[str, tuple[float, float]] = {}
         failed: dict[str, str] = {}
+        try:
+            await self._measure(request, links, failed)
+        finally:
+            self.costly = None
+        self.server.links.update(links)
+        self.send_reply(LinksReply(request.id, links, failed))
+
+    async def _measure(self, request: LinksRequest, links: dict[str, tuple[float, float]], failed: dict[str, str]) -> None:
         async with self.server.measuring:
             for address in request.peers:
                 try:
@@ -241,8 +290,6 @@ class _HostProtocol(FramedProtocol):
                 except SplitEdgeError as exc:  # not allowed (ProtocolError), unreachable, silent
                     await self.server.peers.drop(address)
                     failed[address] = str(exc)
-        self.server.links.update(links)
-        self.send_reply(LinksReply(request.id, links, failed))
 
     def on_infer(self, request: InferRequest, received: float) -> None:
         tensor, q = request.tensor, request.quantization
@@ -267,20 +314,24 @@ class _HostProtocol(FramedProtocol):
     async def profile(self, request: ProfileRequest) -> None:
         """Time tails here for a board's calibration, on the profiler's own thread (bounded and
         one at a time: :mod:`host_runtime.profiling`)."""
-        self.profiling = True  # the connection waits for the reply: not idle
+        budget_s = self.server.config.profile_budget_s
         try:
-            plan = plan_profile(self.server.registry, request)
+            try:
+                plan = plan_profile(self.server.registry, request)
+            except ProtocolError:
+                self.server.profile_rate.refund(budget_s)  # refused before anything ran
+                raise
             with self.server.batcher.other_work(max(plan.batches)):
-                times = await self.server.profiler.run(plan)
+                times = await self.server.profiler.run(plan, budget_s)
         except ProtocolError as exc:
             self.reply_error(request.id, exc.code, str(exc))
         except Exception as exc:
             log.exception("profile failed")
-            self.reply_error(request.id, "internal", f"profile failed: {exc}")
+            self.reply_error(request.id, ErrorCode.INTERNAL, f"profile failed: {exc}")
         else:
             self.send_reply(ProfileReply(request.id, times))
         finally:
-            self.profiling = False
+            self.costly = None
 
     def settled(self) -> None:
         """A request in flight has been answered (or given up): read the connection again once
@@ -305,9 +356,7 @@ class _HostProtocol(FramedProtocol):
         assert error is None, f"the batcher fails requests with ProtocolError only, got {error!r}"
         done = result.result()
         if request.route:
-            task = asyncio.ensure_future(self.forward(request, key, received, deadline, done))
-            self.server.tasks.add(task)
-            task.add_done_callback(self.server.tasks.discard)
+            self.server.spawn(self.forward(request, key, received, deadline, done))
             return
         self.settled()
         # Counted before the reply leaves: whoever has the answer may read the stats at once.
@@ -326,7 +375,7 @@ class _HostProtocol(FramedProtocol):
         try:
             left_s = deadline - time.perf_counter()
             if left_s <= 0:
-                raise RemoteError("deadline_exceeded", f"the deadline passed before {where}")
+                raise RemoteError(ErrorCode.DEADLINE_EXCEEDED, f"the deadline passed before {where}")
             timeout = min(self.server.config.forward_timeout, left_s + 1.0)
             client = await self.server.peers.client(hop.address)
             reply = await client.infer(request.bundle, hop.split, done.output, timeout,
@@ -335,10 +384,10 @@ class _HostProtocol(FramedProtocol):
             self.reply_error(request.id, exc.code, f"{where}: {exc.message}")  # the hop's own code, passed on
         except SplitEdgeError as exc:  # unreachable, lost, silent, or refused us
             await self.server.peers.drop(hop.address)
-            self.reply_error(request.id, "hop_failed", f"{where}: {exc}")
+            self.reply_error(request.id, ErrorCode.HOP_FAILED, f"{where}: {exc}")
         except Exception as exc:
             log.exception("forwarding to %s failed", hop.address)
-            self.reply_error(request.id, "internal", f"{where}: {exc}")
+            self.reply_error(request.id, ErrorCode.INTERNAL, f"{where}: {exc}")
         else:
             link_ms = max(reply.round_trip_ms - reply.queue_ms - reply.compute_ms - reply.downstream_ms, 0.0)
             hops = (HopTiming(hop.address, hop.stage, reply.queue_ms, reply.compute_ms, link_ms, reply.batch), *reply.hops)
@@ -357,10 +406,17 @@ _HANDLERS: dict[type[Request], Callable[[_HostProtocol, Any, float], None]] = {
 
 @contextmanager
 def _port_in_use(host: str, port: int, flag: str) -> Iterator[None]:
-    """A port another process holds becomes one line that says what to do, not a traceback."""
+    """A port another process holds, or an address that is none of this machine's, becomes one
+    line that says what to do, not a traceback."""
     try:
         yield
+    except socket.gaierror as exc:
+        raise SplitEdgeError(f"--interface {host} is not an address: {exc.strerror}; give one of this machine's "
+                             "addresses, or 0.0.0.0 for all") from None
     except OSError as exc:
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise SplitEdgeError(f"--interface {host} is not an address of this machine; give one of its addresses, "
+                                 "or 0.0.0.0 for all") from None
         if exc.errno != errno.EADDRINUSE:
             raise
         raise SplitEdgeError(
@@ -380,6 +436,7 @@ class HostServer:
         self.profiler = Profiler()
         self.budget = FrameBudget(config.max_partial_bytes)
         self.gate = ConnectionGate(config.max_connections, config.max_connections_per_address)
+        self.unproven = Unproven()  # connections with no complete frame (or handshake) yet, oldest first
         self.clock = time.monotonic  # the event loop's clock once started
         self.draining = False  # stopping: new infer and profile requests are refused
         self.stats = HostStats(  # the gauges read the batcher when collected
@@ -399,17 +456,51 @@ class HostServer:
             PREFIX + "connections_closed", "Connections the host refused or closed itself, by the limit that did it.",
             ["reason"], registry=self.stats.registry,
         )
-        for kind in ("max_connections", "max_connections_per_address", "idle_timeout", "frame_timeout"):
+        for kind in ("max_connections", "max_connections_per_address", "idle_timeout", "frame_timeout",
+                     "first_frame_timeout", "shed", "frame_evicted"):
             self.connections_closed.labels(kind)
         PromGauge(PREFIX + "partial_frame_bytes", "Bytes held for frames still arriving, all connections (bounded "
                   "by max_partial_bytes).", registry=self.stats.registry).set_function(lambda: self.budget.held)
         self.peers = Peers(Credentials(key=config.key), config.peers)  # a chain's next hops
         self.links: dict[str, tuple[float, float]] = {}  # peer -> (rate bit/s, round trip ms), last measured
         self.measuring = asyncio.Lock()  # one links measurement at a time
+        # What profile and links requests may spend, all connections together (a burst of four requests).
+        self.profile_rate = Rate(config.profile_rate, 4 * config.profile_budget_s, lambda: self.clock())
+        self.links_rate = Rate(config.links_rate, 4 * MAX_LINKS_REQUEST_BYTES, lambda: self.clock())
         self.metrics: MetricsEndpoint | None = None
         self._server: asyncio.AbstractServer | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._accept_failures: AcceptFailures | None = None
+
+    def admit(self, connection: _HostProtocol) -> tuple[str, str] | None:
+        """Count a new connection in (None) or say why it is refused. A full table first sheds its
+        oldest connection that has not proven itself: idle sockets cannot lock boards out."""
+        if self.gate.total >= self.gate.max_connections:
+            self._shed()
+        refusal = self.gate.admit(connection.address)
+        if refusal is None:
+            self.connections.add(connection)
+            self.unproven.add(connection)
+        return refusal
+
+    def _shed(self) -> None:
+        victim = self.unproven.oldest()
+        if victim is None:
+            return
+        self.unproven.proven(victim)
+        self.connections.discard(victim)
+        self.gate.leave(victim.address)
+        self.connections_closed.labels("shed").inc()
+        log.info("shed the connection from %s: the table is full (--max-connections %d) and it sent no complete "
+                 "frame yet", victim.address, self.gate.max_connections)
+        if victim.transport is not None:
+            victim.transport.close()
+
+    def spawn(self, work: Any) -> None:
+        """Run a request's coroutine as a task the shutdown waits for (within its deadline)."""
+        task = asyncio.ensure_future(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     def hello(self) -> dict[str, Any]:
         return {
@@ -459,7 +550,7 @@ class HostServer:
     async def _watch(self) -> None:
         """Close connections idle or with a frame unfinished past their timeouts; checked every
         quarter of the shorter timeout, so a connection is closed at most a quarter late."""
-        period = min(self.config.idle_timeout, self.config.frame_timeout) / 4
+        period = min(self.config.idle_timeout, self.config.frame_timeout, self.config.first_frame_timeout) / 4
         while True:
             await asyncio.sleep(period)
             now = self.clock()
@@ -468,16 +559,28 @@ class HostServer:
 
     async def close(self) -> None:
         """Stop accepting and refuse new work (``overloaded``), stop a profile within one tail
-        run, let infers in flight finish (bounded), then drop connections."""
+        run, let what is pending finish, then drop connections: one deadline
+        (``shutdown_timeout``, ``--drain-timeout``) over all of it together, queued batches,
+        chain hops, links and profiles alike (two 5 s waits one after the other once took 10.2 s)."""
         self.draining = True
         if self._server is not None:
             self._server.close()
         if self._watchdog is not None:
             self._watchdog.cancel()
+        loop = asyncio.get_running_loop()
         timeout = self.config.shutdown_timeout
-        await asyncio.gather(self.batcher.close(timeout), self.profiler.close(timeout))
-        if self.tasks:
-            await asyncio.wait(set(self.tasks), timeout=self.config.shutdown_timeout)
+        deadline = loop.time() + timeout
+        closing = [asyncio.ensure_future(self.batcher.close(timeout)), asyncio.ensure_future(self.profiler.close(timeout))]
+        while True:  # a batch that ends meanwhile may start a hop: waited for within the same deadline
+            pending = [task for task in (*closing, *self.tasks) if not task.done()]
+            left = deadline - loop.time()
+            if not pending or left <= 0:
+                break
+            await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        leftover = [*closing, *self.tasks]
+        for task in leftover:
+            task.cancel()  # past the deadline: hops and links still waiting are dropped with their connections
+        await asyncio.gather(*leftover, return_exceptions=True)
         await self.peers.close()
         if self.metrics is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.metrics.close)
@@ -485,7 +588,7 @@ class HostServer:
             if connection.transport is not None:
                 connection.transport.close()
         if self._server is not None:
-            await asyncio.wait_for(self._server.wait_closed(), self.config.shutdown_timeout)
+            await asyncio.wait_for(self._server.wait_closed(), max(deadline - loop.time(), 1.0))
         self.executor.shutdown(wait=False, cancel_futures=True)
         if self._accept_failures is not None:
             asyncio.get_running_loop().set_exception_handler(self._accept_failures.previous)

@@ -38,6 +38,7 @@ import numpy as np
 
 from device_runtime import FULL, LOCAL, OFFLOAD, TAIL, Bundle, stage_id
 from device_runtime.engine import Backend, OnnxBackend, check_input
+from device_runtime.wire import ErrorCode
 from splitedge import BackendError, BundleError, ProtocolError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -207,12 +208,12 @@ class TailRegistry:
         if not isinstance(bundle_id, str) or bundle_id not in self.bundles:
             raise ProtocolError(
                 f"bundle {bundle_id!r} is not served here; served: {', '.join(self.bundles) or 'none'}",
-                code="unknown_bundle",
+                code=ErrorCode.UNKNOWN_BUNDLE,
             )
         tail = self.tails.get((bundle_id, split_id)) if isinstance(split_id, str) else None
         if tail is None:
             known = ", ".join(s for b, s in self.tails if b == bundle_id)
-            raise ProtocolError(f"split {split_id!r} of bundle {bundle_id} has no tail here; splits: {known}", code="unknown_split")
+            raise ProtocolError(f"split {split_id!r} of bundle {bundle_id} has no tail here; splits: {known}", code=ErrorCode.UNKNOWN_SPLIT)
         return tail
 
     def lookup_for(self, bundle_id: object, split_id: object, tensor: np.ndarray) -> Backend:
@@ -221,7 +222,7 @@ class TailRegistry:
         try:
             check_input(tensor, tail.input_shape, tail.input_dtype, f"tail of split {split_id}")
         except BackendError as exc:
-            raise ProtocolError(str(exc), code="bad_request") from exc
+            raise ProtocolError(str(exc), code=ErrorCode.BAD_REQUEST) from exc
         return tail
 
 

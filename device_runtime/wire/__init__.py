@@ -46,7 +46,7 @@ from device_runtime.wire.auth import REFUSAL_KINDS
 from device_runtime.wire.client import Credentials, HostClient, InferResult
 from device_runtime.wire.framing import FrameBudget
 from device_runtime.wire.kernel_timing import UploadTiming, kernel_timing_support
-from device_runtime.wire.ops import LinksReply, LinksRequest, MAX_PROFILE_REPEATS, split_address
+from device_runtime.wire.ops import MAX_LINKS_REQUEST_BYTES, ErrorCode, LinksReply, LinksRequest, MAX_PROFILE_REPEATS, split_address
 from device_runtime.wire.pool import ClientPool
 from device_runtime.wire.txt import SERVICE_TYPE, open_zeroconf
 
@@ -57,6 +57,7 @@ __all__ = [
     "DecodeLimits",
     "DeviceAuth",
     "ERROR_CODES",
+    "ErrorCode",
     "ErrorReply",
     "FrameAuth",
     "FrameBudget",
@@ -73,6 +74,7 @@ __all__ = [
     "InferResult",
     "LinksReply",
     "LinksRequest",
+    "MAX_LINKS_REQUEST_BYTES",
     "MAX_PROFILE_REPEATS",
     "MAX_ROUTE_HOPS",
     "OPS",

@@ -32,6 +32,7 @@ from typing import Any, Iterable, Sequence, Union
 
 from device_runtime.wire.framing import LENGTH
 from device_runtime.wire.msgpack_view import unpack
+from device_runtime.wire.ops import ErrorCode
 from splitedge import CredentialsError, FrameRefused, ProtocolError
 
 __all__ = [
@@ -238,10 +239,10 @@ class DeviceAuth(FrameAuth):
             self._in = _Stream(self._key, SENT_BY_HOST + host_nonce + self.nonce)
             return None
         error = message.get("error")
-        if message.get("ok") is False and isinstance(error, dict) and error.get("code") == "unauthorized":
+        if message.get("ok") is False and isinstance(error, dict) and error.get("code") == ErrorCode.UNAUTHORIZED:
             hint = " (the device's --key-file must hold the host's key)" if error.get("message") == AUTH_FAILED else ""
             raise FrameRefused(f"refused this device: {error.get('message')}{hint}", "refused_by_host")
-        if message.get("ok") is False and isinstance(error, dict) and error.get("code") == "overloaded":
+        if message.get("ok") is False and isinstance(error, dict) and error.get("code") == ErrorCode.OVERLOADED:
             # Before any handshake a host past its connection limits says so in the clear.
             raise FrameRefused(f"{error.get('message')}; try another host or later", "refused_by_host")
         raise FrameRefused("sent a frame that is not authenticated", "unauthenticated")

@@ -285,6 +285,11 @@ class HostClient:
         return self._protocol.lost is None and transport is not None and not transport.is_closing()
 
     @property
+    def idle(self) -> bool:
+        """No request of this connection is waiting for its reply (a pool may close it for another)."""
+        return not self._protocol.pending
+
+    @property
     def server_info(self) -> dict[str, Any]:
         """The hello reply as a map (``bundles``, ``auth``, ``device``...); :attr:`hello` is the typed one."""
         return {} if self.hello is None else self.hello.parts()[0]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from types import MappingProxyType
 from typing import Any, ClassVar, Optional, Union
 
@@ -31,16 +32,26 @@ import numpy as np
 from splitedge import Fields, ProtocolError, shown
 
 PROTOCOL_VERSION = 1
-ERROR_CODES = (
-    "bad_request",
-    "unknown_bundle",
-    "unknown_split",
-    "unauthorized",
-    "overloaded",
-    "deadline_exceeded",
-    "hop_failed",
-    "internal",
-)
+
+
+class ErrorCode(str, Enum):
+    """The typed errors of the protocol, one enum: each member *is* its string on the wire
+    (``ErrorCode.OVERLOADED == "overloaded"``), so a peer's code compares with either."""
+
+    BAD_REQUEST = "bad_request"
+    UNKNOWN_BUNDLE = "unknown_bundle"
+    UNKNOWN_SPLIT = "unknown_split"
+    UNAUTHORIZED = "unauthorized"
+    OVERLOADED = "overloaded"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    HOP_FAILED = "hop_failed"
+    INTERNAL = "internal"
+
+    __str__ = str.__str__  # the wire's word, in messages and f-strings, on every Python
+    __format__ = str.__format__
+
+
+ERROR_CODES = tuple(code.value for code in ErrorCode)
 #: A chain's route: at most this many hops after the first host (stages run 1..n, n <= MAX_STAGE).
 MAX_ROUTE_HOPS = 8
 MAX_STAGE = MAX_ROUTE_HOPS + 1
@@ -48,6 +59,9 @@ MAX_ADDRESS_CHARS = 255
 #: ``links``: the payload that measures a host-to-host rate (a few ms at a LAN's speed).
 DEFAULT_LINK_BYTES = 256 * 1024
 MAX_LINK_BYTES = 4 * 1024 * 1024
+#: ``links``: what one request may have the host send in all (peers × bytes): a 1 KB request never
+#: buys more than 10 MB of another host's link.
+MAX_LINKS_REQUEST_BYTES = 8 * 1024 * 1024
 #: ``profile``'s bounds: a calibration measures a few batch sizes a few times, never a long stall.
 MAX_PROFILE_BATCH = 64
 MAX_PROFILE_REPEATS = 50
@@ -336,8 +350,11 @@ class LinksRequest:
             raise ProtocolError(f"links.peers: expected a list of 1..{MAX_ROUTE_HOPS} addresses, got {shown(peers)}")
         for i, address in enumerate(peers):
             _address(address, f"links.peers[{i}]")
-        return cls(message.get("id"), tuple(peers),
-                   _in_range(message.get("bytes", DEFAULT_LINK_BYTES), "links.bytes", 1, MAX_LINK_BYTES))
+        payload = _in_range(message.get("bytes", DEFAULT_LINK_BYTES), "links.bytes", 1, MAX_LINK_BYTES)
+        if len(peers) * payload > MAX_LINKS_REQUEST_BYTES:
+            raise ProtocolError(f"links: {len(peers)} peers × {payload} bytes is over {MAX_LINKS_REQUEST_BYTES} bytes a "
+                                "request; ask for fewer peers or bytes, in several requests")
+        return cls(message.get("id"), tuple(peers), payload)
 
 
 Request = Union[HelloRequest, InferRequest, PingRequest, StatsRequest, ProfileRequest, LinksRequest]
@@ -562,7 +579,7 @@ class ErrorReply:
 
     def parts(self) -> Parts:
         assert self.code in ERROR_CODES, self.code
-        error = {"code": self.code, "message": self.message}
+        error = {"code": str(self.code), "message": self.message}
         return {"id": self.id, "ok": False, "error": error}, None, _NO_TENSOR_FIELDS
 
     @classmethod

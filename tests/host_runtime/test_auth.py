@@ -417,7 +417,7 @@ def test_split_host_says_whether_frames_are_authenticated(mobilenet_bundle, tmp_
                                                           with_key) -> None:
     from host_runtime import cli as host_cli
 
-    monkeypatch.setattr(host_cli, "stop_on_signals", lambda stop: stop.set())  # serve, then stop at once
+    monkeypatch.setattr(host_cli, "_stop_on_signals", lambda stop, caught: stop.set())  # serve, then stop at once
     monkeypatch.setattr(host_cli, "Advertiser", FakeAdvertiser)
     FakeAdvertiser.seen.clear()
     argv = ["serve", str(mobilenet_bundle), "--interface", "127.0.0.1", "--port", "0"]

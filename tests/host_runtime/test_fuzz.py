@@ -929,3 +929,82 @@ def test_after_the_fuzzing_the_host_holds_nothing_and_still_serves(host: FuzzHos
           f"(+{grown:.1f}, bound +{RSS_BOUND_BYTES / 2**20:.0f}); requests {stats['requests']}; "
           f"errors {stats['errors']}")
     assert stats["errors"].get("bad_request", 0) > 0, stats["errors"]
+
+
+# -- the frame reader alone: bounded in time and memory (issue 27.1) -------------------------------
+# Generated and mutated frames straight into the host's reader (FrameDecoder, then decode with the
+# request limits), in this process: each frame costs at most READ_CPU_S of this thread's CPU time
+# (not wall time: a busy machine slows the clock, not the work) and, beside the buffer its length
+# prefix is given, at most twice its bytes plus READ_SLACK_BYTES of memory (tracemalloc's peak),
+# however its counts lie.
+
+READ_CPU_S = 0.5  # a 1 MiB frame reads in about a millisecond; a pure-Python reader took seconds
+READ_SLACK_BYTES = 1 << 20
+
+
+def _read_frames(stream: bytes) -> list[Any]:
+    from device_runtime.wire.framing import FrameDecoder
+    from device_runtime.wire.protocol import REQUEST_LIMITS, decode
+    from splitedge import ProtocolError
+
+    results: list[Any] = []
+    for event_ in FrameDecoder(max_frame_bytes=MAX_FRAME_BYTES).feed(stream):
+        if not isinstance(event_, memoryview):
+            results.append(event_)
+            continue
+        try:
+            results.append(decode(event_, REQUEST_LIMITS))
+        except ProtocolError as exc:
+            results.append(exc)
+    return results
+
+
+def _bomb(draw: st.DrawFn) -> bytes:
+    """A header claiming many items (arrays, maps, strings), each a byte or two, the kind that builds
+    a Python object per byte of frame."""
+    count = draw(st.integers(1 << 10, 1 << 19))
+    item = draw(st.sampled_from([b"\x90", b"\x80", b"\xa0", b"\x91\x90", b"\xc0"]))
+    header = draw(st.sampled_from([b"\xdd" + count.to_bytes(4, "big"), b"\xdf" + count.to_bytes(4, "big")]))
+    key = draw(st.sampled_from([b"\xa1x", b"\xa5route", b"\xa5peers", b"\xa6tensor"]))
+    return b"\x82\xa2op\xa4ping" + key + header + item * count
+
+
+@st.composite
+def reader_frames(draw: st.DrawFn) -> bytes:
+    kind = draw(st.sampled_from(["bomb", "deep", "mutated", "random"]))
+    if kind == "bomb":
+        body = _bomb(draw)
+    elif kind == "deep":
+        body = b"\x81\xa1x" + b"\x91" * draw(st.integers(10, 5000)) + b"\x90"
+    elif kind == "mutated":
+        body = bytearray(msgpack.packb({"op": "infer", "id": 1, "bundle": "b", "split": "s",
+                                        "route": [{"address": "127.0.0.1:1", "split": "s", "stage": 2}],
+                                        "tensor": {"dtype": "float32", "shape": [1, 4], "data": bytes(16)}}))
+        for _ in range(draw(st.integers(1, 8))):
+            at = draw(st.integers(0, len(body) - 1))
+            body[at] = draw(st.integers(0, 255))
+        body = bytes(body)
+    else:
+        body = draw(st.binary(min_size=1, max_size=4096))
+    claimed = len(body) if draw(st.booleans()) else draw(st.integers(0, MAX_FRAME_BYTES))
+    return struct.pack(">I", claimed) + body
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(reader_frames())
+def test_the_frame_reader_is_bounded_in_time_and_memory(stream: bytes) -> None:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        started = time.thread_time()
+        results = _read_frames(stream)
+        spent = time.thread_time() - started
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert spent < READ_CPU_S, f"{len(stream)} bytes took {spent:.3f} s of CPU to read"
+    (claimed,) = struct.unpack(">I", stream[:4])  # the frame's own buffer, allocated (budgeted) from its prefix
+    assert peak <= claimed + 2 * len(stream) + READ_SLACK_BYTES, f"{len(stream)} bytes took {peak} bytes to read"
+    assert all(not isinstance(r, dict) or all(type(k) is str for k in r) for r in results)
