@@ -75,6 +75,18 @@ DEFAULT_LIMITS = DecodeLimits(header_bytes=1 << 20, max_array_len=1 << 16, max_m
 FIRST_FEED = 512
 
 
+class _Exhausted:
+    """The unpacker after a bin that ends the frame: nothing more to read (saves making one)."""
+
+    def tell(self) -> int:
+        return 0
+
+    def _out(self) -> Any:
+        raise msgpack.OutOfData()
+
+    unpack = skip = read_map_header = read_array_header = _out
+
+
 class _Reader:
     """The frame's header through a C unpacker fed in windows; views taken where bins are."""
 
@@ -88,8 +100,8 @@ class _Reader:
         limits = self.limits
         self.base, self.fed = pos, 0
         self.room = min(len(self.view) - pos, max(limits.header_bytes - self.spent, 0))
-        self.unpacker = msgpack.Unpacker(
-            raw=False, strict_map_key=True, max_ext_len=0, max_bin_len=self.room,
+        self.unpacker = msgpack.Unpacker(  # its buffer is read_size: max_buffer_size, not its default 1 MiB
+            raw=False, strict_map_key=True, max_ext_len=0, max_bin_len=self.room, max_buffer_size=max(self.room, 1),
             max_str_len=limits.max_str_len, max_array_len=limits.max_array_len, max_map_len=limits.max_map_len,
         )
         self._feed(FIRST_FEED)
@@ -108,12 +120,6 @@ class _Reader:
     def pos(self) -> int:
         return self.base + self.unpacker.tell()
 
-    def peek(self) -> int:
-        pos = self.pos
-        if pos >= len(self.view):
-            raise ProtocolError(f"malformed msgpack: needs 1 byte at offset {pos}, frame has 0")
-        return self.view[pos]
-
     def _read(self, read: Any) -> Any:
         """``read()`` of the unpacker, fed more while the value needs it; errors as ProtocolError."""
         while True:
@@ -126,7 +132,12 @@ class _Reader:
                 raise ProtocolError(f"malformed msgpack at offset {self.pos}: {_why(exc)}") from None
 
     def value(self, depth: int) -> Any:
-        value = self._read(self.unpacker.unpack)
+        try:
+            value = self.unpacker.unpack()
+        except msgpack.OutOfData:  # more to feed: a read that ran out consumed nothing
+            value = self._read(self.unpacker.unpack)
+        except (ValueError, msgpack.UnpackException) as exc:
+            raise ProtocolError(f"malformed msgpack at offset {self.pos}: {_why(exc)}") from None
         if type(value) in (list, dict):
             _check_depth(value, self.limits.max_depth - depth)
         return value
@@ -150,6 +161,8 @@ class _Reader:
             raise ProtocolError(f"malformed msgpack: needs {n} bytes at offset {start}, frame has {len(self.view) - start}")
         if end <= self.base + self.fed:
             self._read(self.unpacker.skip)  # within what the unpacker holds: skipped in C, nothing built
+        elif end == len(self.view):  # the usual frame: the tensor's data last
+            self.base, self.fed, self.room, self.unpacker = end, 0, 0, _Exhausted()  # type: ignore[assignment]
         else:
             self.spent += self.unpacker.tell() + 1 + width
             self._open(end)
@@ -158,10 +171,13 @@ class _Reader:
     def entry(self, key: Any, depth: int, views: bool) -> Any:
         """The value under ``key`` in a map at ``depth``: a view for a bin (``views``), a capped
         list for a capped key, a decoded value otherwise."""
-        byte = self.peek()
+        pos = self.base + self.unpacker.tell()
+        byte = self.view[pos] if pos < len(self.view) else -1
+        if byte < 0x80 or 0xA0 <= byte <= 0xBF or 0xCA <= byte <= 0xD3:  # fixint, fixstr, numbers: the usual
+            return self.value(depth + 1)
         if views and byte in _BIN_HEADERS:
             return self.bin_view()
-        cap = self.limits.array_caps.get(key) if type(key) is str else None
+        cap = self.limits.array_caps.get(key)
         if cap is not None and _is_array(byte):
             return self.capped(key, cap, depth)
         if key == "tensor" and depth == 1 and _is_map(byte):

@@ -52,7 +52,7 @@ Buffer = Union[bytes, bytearray, memoryview]
 #: 8 hops at the longest addresses, 3 KB), its lists a route, a shape, a profile's batch sizes.
 #: A frame past these is ``bad_request`` before anything is built for it.
 REQUEST_LIMITS = DecodeLimits(
-    header_bytes=16 * 1024, max_array_len=MAX_PROFILE_BATCH, max_map_len=32, max_str_len=1024,
+    header_bytes=8 * 1024, max_array_len=MAX_PROFILE_BATCH, max_map_len=32, max_str_len=1024,
     array_caps={"route": MAX_ROUTE_HOPS, "peers": MAX_ROUTE_HOPS, "shape": MAX_NDIM, "batches": MAX_PROFILE_BATCH},
 )
 #: What a device reads a reply with: ``stats`` and ``hello`` carry a host's figures and bundles.
