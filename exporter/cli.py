@@ -1,7 +1,9 @@
 """``split-export``: a thin command line over :mod:`exporter`'s library functions.
 
 Every :class:`SplitEdgeError` becomes ``split-export: error: <message>`` on stderr and
-exit status 2, as argparse does for usage errors; no traceback reaches the user.
+exit status 2, as argparse does for usage errors; Ctrl-C and SIGTERM end any command with one
+line and exit status 130 or 143, what it was writing removed (:func:`splitedge.exit_on_signals`);
+no traceback reaches the user.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING, Sequence
 from boards import BOARDS
 from device_runtime import FORMATS, HEAD, INT8, ONNX, PARTS, PRECISIONS, TensorSpec, slice_bundle
 from exporter.deploy import add_deploy_command
-from splitedge import SplitEdgeError
+from splitedge import SplitEdgeError, exit_on_signals
 
 if TYPE_CHECKING:
     from exporter.graph import CutPoint
@@ -63,11 +65,7 @@ run side by side on hosts (SplitPlace's semantic split).
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        return int(args.run(args))
-    except SplitEdgeError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+    return exit_on_signals(PROG, lambda: int(args.run(args)))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,7 +19,9 @@ from splitedge.errors import (
 )
 from splitedge.fields import Fields, join, shown
 from splitedge.files import write_atomically
-from splitedge.lifecycle import Runner, notify, run_command, stop_on_signals
+from splitedge.lifecycle import (
+    SIGNAL_EXIT, Runner, Stopped, exit_on_signals, notify, run_command, signals_held, stop_on_signals,
+)
 from splitedge.units import Credential, ServiceUnit, UNIT_DIR, enable_offline, enable_unit, write_unit
 from splitedge.words import FLOAT32, FORMATS, INT8, ONNX, PRECISIONS, TFLITE
 
@@ -50,17 +52,21 @@ __all__ = [
     "ProtocolError",
     "RemoteError",
     "Runner",
+    "SIGNAL_EXIT",
     "ServiceUnit",
     "SplitEdgeError",
+    "Stopped",
     "TFLITE",
     "UNIT_DIR",
     "ValidationError",
     "enable_offline",
     "enable_unit",
+    "exit_on_signals",
     "join",
     "notify",
     "run_command",
     "shown",
+    "signals_held",
     "stop_on_signals",
     "write_atomically",
     "write_unit",

@@ -1,20 +1,75 @@
-"""Signals become a flag: SIGINT and SIGTERM set an event the main loop awaits (as uvicorn does).
+"""How a command ends: one line and a known exit status, whatever ends it.
 
-Shutdown is then ordinary code — withdraw the zeroconf record, close sockets, finish or fail
-what is in flight — bounded in time, instead of a KeyboardInterrupt landing anywhere. And a
-service tells systemd how it is (:func:`notify`): ready once it has answered a frame, stopping.
+A service turns signals into a flag: SIGINT and SIGTERM set an event its main loop awaits (as
+uvicorn does, :func:`stop_on_signals`), so shutdown is ordinary code — withdraw the zeroconf
+record, close sockets, finish or fail what is in flight — bounded in time. Every other command
+(an export, a calibration, a verify) is simply stopped: :func:`exit_on_signals` raises
+:class:`Stopped` where it runs, the code it unwinds through removes what it had half written
+(a build's staging, a slice's), and the command ends with one line on stderr and exit status
+130 or 143, as a shell reports a process killed by SIGINT or SIGTERM, instead of a traceback of
+a hundred lines. A :class:`SplitEdgeError` ends it with one line and 2. And a service tells
+systemd how it is (:func:`notify`): ready once it has answered a frame, stopping.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import sys
-from typing import Callable, Coroutine
+import threading
+from typing import Callable, Coroutine, Iterator
 
 from splitedge.errors import SplitEdgeError
+
+#: The exit status of a command a signal stopped: 128 + the signal's number, as a shell reports it.
+SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+_SAID = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised in the main thread as Python raises KeyboardInterrupt for Ctrl-C.
+
+    A KeyboardInterrupt, so that every ``except BaseException`` or ``finally`` that cleans up after
+    Ctrl-C (a build's staging directory, a slice's) cleans up after SIGTERM too, and asyncio lets
+    it out of its event loop as it does Ctrl-C, after cancelling the tasks left.
+    """
+
+    def __init__(self, signum: signal.Signals) -> None:
+        super().__init__(signum.name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, _frame: object) -> None:
+    raise Stopped(signal.Signals(signum))
+
+
+def exit_on_signals(prog: str, command: Callable[[], int]) -> int:
+    """Run ``command`` (a CLI's work, returning its exit status) and end it in one line whatever happens.
+
+    SIGINT or SIGTERM raise :class:`Stopped` where the main thread is; once it has unwound (its
+    cleanups run), one line on stderr and exit status 130 or 143 (:data:`SIGNAL_EXIT`). A second
+    signal while the first unwinds is left to the default action: the process ends at once,
+    silently. A :class:`SplitEdgeError` is ``PROG: error: MESSAGE`` and exit status 2.
+    """
+    previous = {sig: signal.signal(sig, _raise_stopped) for sig in SIGNAL_EXIT}
+    try:
+        status = command()
+    except SplitEdgeError as exc:
+        status = 2
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # Stopped, or Ctrl-C where a loop had put Python's own handler back
+        for sig in SIGNAL_EXIT:
+            signal.signal(sig, signal.SIG_DFL)
+        signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
+        print(f"{prog}: stopped by {_SAID[signum]} before it finished; nothing it was writing was kept: "
+              "run it again", file=sys.stderr, flush=True)
+        return SIGNAL_EXIT[signum]
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+    return status
 
 
 def stop_on_signals(stop: asyncio.Event) -> None:
@@ -29,19 +84,42 @@ def stop_on_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, handle, sig)
 
 
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM over steps that must not be cut in two (a bundle replaced by its new
+    build: the old one renamed away, the new one renamed in, the old one removed; a staging
+    directory removed): one that arrives meanwhile is delivered once they are done."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum)) for sig in SIGNAL_EXIT}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if caught:
+            signal.raise_signal(caught[0])
+
+
 Runner = Callable[[Coroutine[object, object, object]], object]
 
 
 def run_command(prog: str, main: Coroutine[object, object, object], runner: Runner = asyncio.run) -> int:
-    """Run a CLI's coroutine with ``runner`` (``asyncio.run``; the host may pass uvloop's); a
-    :class:`SplitEdgeError` (a bad calibration included) is one line on stderr and exit status 2."""
-    try:
-        runner(main)
-    except SplitEdgeError as exc:
-        main.close()  # a no-op once it ran; never awaited when no loop could be had, and must not warn so
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    """Run a CLI's coroutine with ``runner`` (``asyncio.run``; the host may pass uvloop's), ended as
+    :func:`exit_on_signals` ends a command: a :class:`SplitEdgeError` (a bad calibration included) is
+    one line on stderr and exit status 2, a signal one line and 130 or 143. A service that stops
+    gracefully on a signal (:func:`stop_on_signals`) returns normally, and exits 0."""
+
+    def run() -> int:
+        try:
+            runner(main)
+        finally:
+            main.close()  # a no-op once it ran; never awaited when no loop could be had, and must not warn so
+        return 0
+
+    return exit_on_signals(prog, run)
 
 
 def notify(state: str) -> bool:

@@ -23,7 +23,7 @@ FACES = {
         "ModelSpecError", "OFFLOAD", "ONNX", "PRECISIONS", "ProtocolError", "RemoteError", "Runner",
         "SIGNAL_EXIT", "ServiceUnit", "SplitEdgeError", "Stopped", "TFLITE", "UNIT_DIR", "ValidationError",
         "enable_offline", "enable_unit", "exit_on_signals", "join", "notify", "run_command", "shown",
-        "stop_on_signals", "write_atomically", "write_unit",
+        "signals_held", "stop_on_signals", "write_atomically", "write_unit",
     ],
     "device_runtime": [
         "Artifact", "BOARD_PART", "BOTTLENECK", "Bundle", "CHAIN", "CHAIN_JOIN", "CUT", "FLOAT32", "FORMATS",
