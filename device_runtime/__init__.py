@@ -12,8 +12,8 @@ from device_runtime.bundle import LOCAL, OFFLOAD, Bundle, Manifest
 from device_runtime.bundle import (
     Artifact, BOARD_PART, BOTTLENECK, CHAIN, CHAIN_JOIN, CUT, FLOAT32, FORMATS, FULL, Fragment, HEAD, INT8,
     IO_NAMES, LAYER, LOGITS, MIDDLE_STAGE_IO, ModelInfo, ONNX, PARTS, PRECISIONS, Preprocess, Quantization,
-    SEMANTIC, Split, Stage, TAIL, TFLITE, TensorSpec, artifacts_of, make_artifact, semantic_id, stage_id,
-    write_manifest,
+    SEMANTIC, Split, Stage, TAIL, TFLITE, TensorSpec, artifacts_of, check_name, make_artifact, semantic_id,
+    stage_id, write_manifest,
 )
 from device_runtime.bundle_slice import slice_bundle
 
@@ -51,6 +51,7 @@ __all__ = [
     "TFLITE",
     "TensorSpec",
     "artifacts_of",
+    "check_name",
     "make_artifact",
     "semantic_id",
     "slice_bundle",

@@ -9,6 +9,13 @@ identity (a manifest edited after export is refused) and the sha256 of every art
 caller is going to use; a bundle that fails is refused with a :class:`BundleError` naming
 the file or field. A device bundle may omit tails and a host bundle may omit heads: only the
 roles asked for must be present.
+
+A bundle is confined to its directory. Its identity is a hash anyone can recompute, so it
+proves nothing about where a forged manifest points: every path is checked when parsed
+(relative, normalised, no ``..``: :func:`check_relpath`) and again on disk by the one resolver
+every reader uses (:func:`artifact_path`: a regular file inside the bundle, of the size the
+manifest gives, before a byte is hashed), and model names and bundle ids, which name a board's
+release directories, keep to a safe set of characters (:func:`check_name`).
 """
 
 from __future__ import annotations
@@ -16,6 +23,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import re
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -69,8 +79,12 @@ __all__ = [
     "Split",
     "Stage",
     "TensorSpec",
+    "NAME_PATTERN",
+    "artifact_path",
     "artifacts_of",
     "bundle_id",
+    "check_name",
+    "check_relpath",
     "file_sha256",
     "make_artifact",
     "manifest_digest",
@@ -112,6 +126,34 @@ FRAGMENT_MARK = "~"
 IDENTITY_FIELDS = ("bundle_id", "manifest_sha256")
 ID_DIGITS = 12
 
+#: Model names and bundle ids (``<model>-<12 hex>``) name a board's release directories, go into
+#: shell commands run on boards and into zeroconf records: letters, digits, ``_``, ``.`` and
+#: ``-``, never starting with ``.`` (hidden; ``..``) or ``-`` (read as a flag), and no ``..``.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+_NAME_RULE = "letters, digits, '_', '.' and '-', at most 100, not starting with '.' or '-', no '..'"
+
+
+def check_name(name: str, what: str, fix: str) -> str:
+    """``name``, refused unless it is a safe model name or bundle id (:data:`NAME_PATTERN`): a model
+    named ``x/../../../escaped`` would give a bundle id that a board installs outside ``releases/``.
+    ``what`` names it in the error, ``fix`` says what to do."""
+    if not NAME_PATTERN.fullmatch(name) or ".." in name:
+        raise BundleError(f"{what} {name!r} is not a safe name ({_NAME_RULE}); {fix}")
+    return name
+
+
+def check_relpath(relpath: str, where: str) -> str:
+    """``relpath``, refused unless it names a file inside a bundle wherever the bundle lies: relative,
+    POSIX separators, normalised (no ``.``, ``..`` or empty parts). Checked as a manifest is parsed,
+    so no reader ever joins a forged ``../outside.onnx`` or ``/etc/passwd`` to a bundle's root."""
+    fix = "re-export the bundle, or copy the bundle again from where it was exported"
+    if relpath.startswith("/"):
+        raise BundleError(f"{where} {relpath!r}: an absolute path; a bundle's paths are relative to it: {fix}")
+    if any(part in ("", ".", "..") for part in relpath.split("/")) or "\\" in relpath or "\0" in relpath:
+        raise BundleError(f"{where} {relpath!r}: not a normalised path inside the bundle (no '..', '.', '//' or "
+                          f"'\\'): {fix}")
+    return relpath
+
 
 def file_sha256(path: Path, chunk_bytes: int = 1 << 20) -> str:
     """Hash in chunks: artifacts reach hundreds of MB (VGG16 tails) and must not be read whole."""
@@ -120,6 +162,70 @@ def file_sha256(path: Path, chunk_bytes: int = 1 << 20) -> str:
         while chunk := fh.read(chunk_bytes):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+_AGAIN = "copy the bundle again"
+
+
+def _kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "a special file")
+
+
+def _size_drift(path: Path, size: int, expected: int) -> BundleError:
+    return BundleError(f"{path}: {size:,} bytes, the manifest says {expected:,}; the copy is incomplete or the file "
+                       f"was replaced: {_AGAIN}")
+
+
+def artifact_path(root: str | Path, artifact: Artifact) -> Path:
+    """Where ``artifact`` lies in the bundle at ``root``: the one resolver of every reader of bundles
+    and releases (verify, load, serve, slice, a board's install and switch).
+
+    Refused with a :class:`BundleError` naming the file and what to do unless it is a regular file
+    inside the bundle (a link may point elsewhere inside it, never out: ``/proc/self/pagemap`` says
+    it is 0 bytes and never ends) whose size is the manifest's, all before a byte of it is read.
+    """
+    root = Path(root)
+    path = root / check_relpath(artifact.path, f"{root / MANIFEST_NAME}: artifact path")
+    if not os.path.lexists(path):
+        raise BundleError(f"{path}: listed in the manifest but missing; {_AGAIN}")
+    real, base = path.resolve(), root.resolve()
+    if base not in real.parents:
+        raise BundleError(f"{path}: a link that leads outside the bundle (to {real}); a bundle's files lie inside "
+                          f"it: {_AGAIN}, or re-export it")
+    try:
+        found = real.stat()
+    except FileNotFoundError:
+        raise BundleError(f"{path}: listed in the manifest but missing (a link to nothing); {_AGAIN}") from None
+    if not stat.S_ISREG(found.st_mode):
+        raise BundleError(f"{path}: not a regular file ({_kind(found.st_mode)}); {_AGAIN}")
+    if found.st_size != artifact.bytes:
+        raise _size_drift(path, found.st_size, artifact.bytes)
+    return path
+
+
+def _check_sha256(root: Path, artifact: Artifact, chunk_bytes: int = 1 << 20) -> Path:
+    """:func:`artifact_path`, then the sha256 of exactly the manifest's bytes. The file is opened
+    without blocking and checked again on the open descriptor, and a byte past the manifest's size
+    refuses it, so a file swapped for a FIFO or a procfs file after the check cannot hang a reader."""
+    path = artifact_path(root, artifact)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):
+            raise BundleError(f"{path}: not a regular file ({_kind(found.st_mode)}); {_AGAIN}")
+        digest, left = hashlib.sha256(), artifact.bytes
+        while left and (chunk := fh.read(min(chunk_bytes, left))):
+            digest.update(chunk)
+            left -= len(chunk)
+        if left or fh.read(1):
+            raise _size_drift(path, os.fstat(fd).st_size, artifact.bytes)
+    actual = digest.hexdigest()
+    if actual != artifact.sha256:
+        raise BundleError(f"{path}: sha256 {actual[:16]}… does not match the manifest's {artifact.sha256[:16]}…; "
+                          f"the file is corrupt or was replaced: {_AGAIN}")
+    return path
 
 
 @dataclass(frozen=True)
@@ -341,7 +447,7 @@ def _artifact(raw: Any, path: str) -> Artifact:
         role=_fields.choice(*_at(obj, "role", path), ROLES),
         format=_fields.choice(*_at(obj, "format", path), FORMATS),
         precision=_fields.choice(*_at(obj, "precision", path), PRECISIONS),
-        path=_fields.text(*_at(obj, "path", path)),
+        path=check_relpath(*_at(obj, "path", path)),
         sha256=_fields.text(*_at(obj, "sha256", path)),
         bytes=_fields.integer(*_at(obj, "bytes", path), minimum=0),
         accuracy=_optional_number(obj, "accuracy", path),
@@ -487,7 +593,7 @@ def _source(raw: Any, path: str) -> SliceSource:
     formats, fpath = _at(obj, "formats", path)
     precision = obj.get("precision")
     return SliceSource(
-        bundle_id=_fields.text(*_at(obj, "bundle_id", path)),
+        bundle_id=check_name(_fields.text(*_at(obj, "bundle_id", path)), join(path, "bundle_id"), _NAME_FIX),
         manifest_sha256=_fields.text(*_at(obj, "manifest_sha256", path)),
         part=_fields.choice(*_at(obj, "part", path), PARTS),
         formats=tuple(_fields.choice(v, f"{fpath}[{i}]", FORMATS) for i, v in enumerate(_fields.array(formats, fpath))),
@@ -503,7 +609,7 @@ def _model(raw: Any, path: str) -> ModelInfo:
     std, spath = _at(pre, "std", ppath)
     labels, lpath = _at(obj, "labels", path)
     return ModelInfo(
-        name=_fields.text(*_at(obj, "name", path)),
+        name=check_name(_fields.text(*_at(obj, "name", path)), join(path, "name"), _NAME_FIX),
         input_shape=_shape(obj, "input_shape", path),
         input_dtype=_fields.text(*_at(obj, "input_dtype", path)),
         layout=_fields.text(*_at(obj, "layout", path)),
@@ -533,9 +639,14 @@ def manifest_digest(data: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+#: What to do about an unsafe name in a manifest.
+_NAME_FIX = "re-export the bundle from a model whose name is made of letters, digits, '_', '.' and '-'"
+
+
 def bundle_id(model_name: str, digest: str) -> str:
-    """``<model>-<12 hex>``: readable, and as unique as the content (48 bits of its digest)."""
-    return f"{model_name}-{digest[:ID_DIGITS]}"
+    """``<model>-<12 hex>``: readable, and as unique as the content (48 bits of its digest); safe to
+    name a directory with, since the model name is (:func:`check_name`)."""
+    return f"{check_name(model_name, 'model name', _NAME_FIX)}-{digest[:ID_DIGITS]}"
 
 
 def _check_identity(data: Mapping[str, Any], name: str, source: str) -> tuple[str, str]:
@@ -645,17 +756,10 @@ class Bundle:
                           + (f" ({word}s 1..{len(split.parts)})" if split.parts else " (not a chain or semantic split)"))
 
     def verify(self, artifact: Artifact) -> Path:
-        path = self.root / artifact.path
+        """The artifact's path once it is confined, of its size and hash (:func:`artifact_path`); each once."""
         if artifact.path in self.verified:
-            return path
-        if not path.is_file():
-            raise BundleError(f"{path}: listed in the manifest but missing from the bundle")
-        actual = file_sha256(path)
-        if actual != artifact.sha256:
-            raise BundleError(
-                f"{path}: sha256 {actual[:16]}… does not match the manifest's {artifact.sha256[:16]}…; "
-                "the file is corrupt or was replaced"
-            )
+            return self.root / artifact.path
+        path = _check_sha256(self.root, artifact)
         self.verified.add(artifact.path)
         return path
 
@@ -670,10 +774,12 @@ class Bundle:
         )
 
     def find(self, split_id: str, role: str, fmt: str = ONNX, precision: str = FLOAT32) -> Artifact | None:
-        """The artifact's entry where it is listed and present on disk (a host bundle may omit heads)."""
+        """The artifact's entry where it is listed and present on disk (a host bundle may omit heads).
+        Present is any name there, a link or a FIFO too: using it verifies it, which refuses those."""
         candidates = self.manifest.full if split_id == LOCAL else self.manifest.split(split_id).artifacts
         return next((a for a in candidates
-                     if (a.role, a.format, a.precision) == (role, fmt, precision) and (self.root / a.path).is_file()), None)
+                     if (a.role, a.format, a.precision) == (role, fmt, precision)
+                     and os.path.lexists(self.root / a.path)), None)
 
     def has(self, split_id: str, role: str, fmt: str = ONNX, precision: str = FLOAT32) -> bool:
         """Whether the artifact is listed and present on disk."""
@@ -703,8 +809,8 @@ def write_manifest(root: str | Path, manifest: Manifest) -> Manifest:
 
 
 def make_artifact(root: str | Path, relpath: str, role: str, fmt: str, precision: str) -> Artifact:
-    """Describe a file already written under ``root``: its hash and size."""
-    path = Path(root) / relpath
+    """Describe a file already written under ``root``: its hash and size (its path checked as a reader will)."""
+    path = Path(root) / check_relpath(relpath, "artifact path")
     return Artifact(
         role=role, format=fmt, precision=precision, path=relpath, sha256=file_sha256(path), bytes=path.stat().st_size
     )
@@ -724,13 +830,8 @@ def verify_files(root: str | Path) -> tuple[Manifest | None, list[str]]:
         return None, [str(exc)]
     problems = []
     for artifact in [*manifest.full, *(a for s in manifest.splits for a in artifacts_of(s))]:
-        path = root / artifact.path
-        if not path.is_file():
-            problems.append(f"{path}: listed in the manifest but missing; copy the bundle again")
-        elif (size := path.stat().st_size) != artifact.bytes:
-            problems.append(f"{path}: {size:,} bytes, the manifest says {artifact.bytes:,}; the copy is incomplete "
-                            "or the file was replaced: copy the bundle again")
-        elif file_sha256(path) != artifact.sha256:
-            problems.append(f"{path}: sha256 does not match the manifest's; the file is corrupt or was replaced: "
-                            "copy the bundle again")
+        try:
+            _check_sha256(root, artifact)
+        except BundleError as exc:
+            problems.append(str(exc))
     return manifest, problems

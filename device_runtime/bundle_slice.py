@@ -40,7 +40,7 @@ from device_runtime.bundle import (
     artifacts_of,
     write_manifest,
 )
-from splitedge import BundleError
+from splitedge import BundleError, signals_held
 
 __all__ = ["SliceResult", "slice_bundle"]
 
@@ -202,6 +202,7 @@ def slice_bundle(
             out.rmdir()  # empty, checked above
         staging.rename(out)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        with signals_held():  # a second Ctrl-C must not leave half of it
+            shutil.rmtree(staging, ignore_errors=True)
         raise
     return result

@@ -51,6 +51,7 @@ from device_runtime import (
     Stage,
     TensorSpec,
     artifacts_of,
+    check_name,
     make_artifact,
     semantic_id,
     write_manifest,
@@ -69,7 +70,7 @@ from exporter.semantic import (
 from exporter.tflite_export import export_tflite
 from exporter.train import accuracy
 from exporter.validate import Case, Chain, OnnxRunner, Runner, TfliteRunner, torch_cases, validate
-from splitedge import BoardFitError, CutPointError, ExportError, ModelSpecError
+from splitedge import BoardFitError, CutPointError, ExportError, ModelSpecError, signals_held
 
 __all__ = ["ATOL", "VALIDATION_BATCHES", "BuildSpec", "build_bundle", "check_board", "select_splits", "staged"]
 
@@ -159,6 +160,9 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
         raise ExportError(f"formats {list(formats)}: ONNX is always written, and the others are {FORMATS[1:]}")
     tflite = TFLITE in formats
     loaded = load_model(model_spec, weights, preprocessing, input_shape, for_board=True)
+    # The name becomes the bundle id, which names the release directory on every board: refused now,
+    # not after minutes of export (write_manifest would refuse it too).
+    check_name(loaded.name, f"{model_spec}: model name", "name the factory with letters, digits, '_', '.' and '-'")
     shape = loaded.input_shape
     traced = trace(loaded.module, shape)
     cut_points = find_cut_points(traced)
@@ -258,8 +262,11 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
 def staged(out_dir: Path) -> Iterator[Path]:
     """A directory beside ``out_dir`` to build in, put in its place only once the build succeeds.
 
-    A build that fails (a validation, a refused board, Ctrl-C) leaves ``out_dir`` as it was,
-    the last good bundle included, and nothing half written; one that succeeds replaces it whole.
+    A build that fails (a validation, a refused board, Ctrl-C, SIGTERM: see
+    :func:`splitedge.exit_on_signals`) leaves ``out_dir`` as it was, the last good bundle included,
+    and nothing half written; one that succeeds replaces it whole. A signal never cuts the removal
+    of the staging directory or the swap in two (:func:`splitedge.signals_held`): a second Ctrl-C
+    while a 100 MB staging directory is removed would leave it behind.
     """
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
@@ -268,13 +275,15 @@ def staged(out_dir: Path) -> Iterator[Path]:
     try:
         yield staging
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        with signals_held():
+            shutil.rmtree(staging, ignore_errors=True)
         raise
     old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
-    if out_dir.exists():
-        out_dir.rename(old)
-    staging.rename(out_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    with signals_held():
+        if out_dir.exists():
+            out_dir.rename(old)
+        staging.rename(out_dir)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _held_out_test(held_out: ImageSet | None, full_model: Runner) -> ImageSet | None:

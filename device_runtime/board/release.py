@@ -21,14 +21,15 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from device_runtime.bundle import MANIFEST_NAME, verify_files
-from splitedge import BundleError, SplitEdgeError
+from device_runtime.bundle import MANIFEST_NAME, Manifest, artifact_path, artifacts_of, check_name, verify_files
+from splitedge import BundleError, SplitEdgeError, signals_held
 
 __all__ = ["DEFAULT_KEEP", "Layout", "UpdateDeferred", "default_root"]
 
@@ -84,6 +85,22 @@ def _fsync_tree(root: Path) -> None:
     _fsync_dir(root)
 
 
+def _not_plain(directory: str, names: list[str]) -> set[str]:
+    """What a release never copies: links (followed, one could read a file outside the bundle) and
+    FIFOs, devices and sockets (opened, one could wait for ever)."""
+    return {name for name in names if not (stat.S_ISREG(mode := os.lstat(os.path.join(directory, name)).st_mode)
+                                           or stat.S_ISDIR(mode))}
+
+
+def _copy_plain(bundle: Path, manifest: Manifest, staging: Path) -> None:
+    """Copy a verified bundle's plain files and directories to ``staging``; an artifact that is a link
+    inside the bundle (:func:`artifact_path` allows those) arrives as the file it names."""
+    shutil.copytree(bundle, staging, ignore=_not_plain, dirs_exist_ok=True)
+    for artifact in [*manifest.full, *(a for s in manifest.splits for a in artifacts_of(s))]:
+        if (bundle / artifact.path).is_symlink():
+            shutil.copyfile(artifact_path(bundle, artifact).resolve(), staging / artifact.path)
+
+
 @dataclass(frozen=True)
 class Layout:
     root: Path
@@ -105,9 +122,14 @@ class Layout:
         return self.root / LOCK
 
     def release(self, bundle_id: str) -> Path:
-        if not bundle_id or "/" in bundle_id or bundle_id.startswith("."):
-            raise BundleError(f"{bundle_id!r} is not a bundle id")
-        return self.releases / bundle_id
+        """``releases/<bundle_id>``: the one place a release's directory is named, on the board and by a
+        deploy for it; an id that is not a safe name (:func:`check_name`) could name one outside ``releases/``."""
+        return self.releases / check_name(bundle_id, "bundle id", "give an id that split-device status lists")
+
+    def incoming(self, bundle_id: str) -> Path:
+        """``releases/.incoming-<bundle_id>``: where a deploy uploads a release before the board verifies
+        it and renames it to :meth:`release` (hidden: :meth:`installed` never lists it)."""
+        return self.releases / f".incoming-{self.release(bundle_id).name}"
 
     def current_id(self) -> str | None:
         """The release ``current`` points at, or None where there is no link (nothing deployed)."""
@@ -137,7 +159,7 @@ class Layout:
         self.releases.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{manifest.bundle_id}.", dir=self.releases))
         try:
-            shutil.copytree(bundle, staging, dirs_exist_ok=True)
+            _copy_plain(Path(bundle), manifest, staging)
             _, problems = verify_files(staging)
             if problems:
                 raise BundleError("; ".join(problems))
@@ -145,7 +167,8 @@ class Layout:
             staging.rename(target)
             _fsync_dir(self.releases)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            with signals_held():  # a second Ctrl-C must not leave half of it
+                shutil.rmtree(staging, ignore_errors=True)
             raise
         return manifest.bundle_id
 

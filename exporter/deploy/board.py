@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from device_runtime import Manifest
-from device_runtime.board import SERVICE
+from device_runtime.board import SERVICE, Layout
 from exporter.deploy.remote import Remote, UploadStats
 from splitedge import DeployError
 
@@ -83,8 +83,13 @@ class BoardFacts:
     sudo: bool = False
 
     @property
+    def layout(self) -> Layout:
+        """The board's releases as the board names them: a release's directory is named in one place."""
+        return Layout(Path(self.root))
+
+    @property
     def releases(self) -> str:
-        return f"{self.root}/releases"
+        return str(self.layout.releases)
 
 
 @dataclass(frozen=True)
@@ -213,8 +218,7 @@ def board_steps(remote: Remote, facts: BoardFacts, release: Release, settings: M
                 keep: int, result: BoardResult, service: ServiceOptions | None = None) -> tuple[list[Step], list[Step]]:
     """The deploy's steps and, for each one that changes what runs, its undo (run in reverse on failure)."""
     sd, root = shlex.quote(facts.split_device), shlex.quote(facts.root)
-    target = f"{facts.releases}/{release.id}"
-    incoming = f"{facts.releases}/.incoming-{release.id}"
+    target, incoming = str(facts.layout.release(release.id)), str(facts.layout.incoming(release.id))
     undo: list[Step] = []
     saved_config: list[str | None] = []
     present = [False]

@@ -140,9 +140,10 @@ class Fleet:
                     ("rsync" if facts.rsync else "tar over ssh (no rsync on the board)")
                 lines.append(f"{destination}: current {facts.current or 'none'}, "
                              f"{facts.free_bytes / 1e6:.0f} MB free under {facts.root}")
-                lines.append(f"  upload to {facts.releases}/.incoming-{release.id}/ by {how}")
-                lines.append(f"  {sd} verify {facts.releases}/.incoming-{release.id} --json")
-                lines.append(f"  mv -T {facts.releases}/.incoming-{release.id} {facts.releases}/{release.id}")
+                incoming, target = facts.layout.incoming(release.id), facts.layout.release(release.id)
+                lines.append(f"  upload to {incoming}/ by {how}")
+                lines.append(f"  {sd} verify {incoming} --json")
+                lines.append(f"  mv -T {incoming} {target}")
                 lines.append(f"  {sd} switch {release.id} --root {facts.root} --keep {keep}")
                 if settings:
                     sets = " ".join(f"--set {shlex.quote(f'{k}={v}')}" for k, v in settings.items())

@@ -71,7 +71,7 @@ def test_install_copies_a_verified_bundle_under_its_id(layout: Layout, tmp_path:
 def test_install_refuses_a_corrupt_bundle_and_leaves_no_release(layout: Layout, tmp_path: Path) -> None:
     fake_bundle(tmp_path / "bad")
     (tmp_path / "bad" / "head" / "a.onnx").write_bytes(b"x" * 64)
-    with pytest.raises(BundleError, match=r"a\.onnx: sha256 does not match"):
+    with pytest.raises(BundleError, match=r"a\.onnx: sha256 .* does not match"):
         layout.install(tmp_path / "bad")
     assert layout.installed() == []
 
