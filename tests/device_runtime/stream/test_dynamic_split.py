@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Awaitable, Callable, Collection, Iterator, TypeVar
 
+import numpy as np
 import pytest
 
 from calibration import FILENAME, Calibration, LatencyModel, RateEstimator, SplitTable, SplitTimings, save
@@ -33,7 +34,10 @@ from device_runtime.stream.camera import Synthetic
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig
 from device_runtime.stream.policy import AutoPolicy, StaticPolicy
 from device_runtime.stream.results import FrameResult
+from device_runtime.wire.client import InferResult
+from device_runtime.wire.kernel_timing import UploadTiming
 from testbed import DelayRelay, EmulatedLink, unavailable_reason
+from tests.calibration.test_timing import ManualClock
 from testbed.namespace_host import running_host, serve_in
 from tests.conftest import TEST_SPLITS, run_stream, start_host
 
@@ -326,11 +330,8 @@ def _calibration(
 LOOPBACK_BOUNDARY_BPS = 50e6
 
 
-def test_auto_on_loopback_with_a_busy_board_offloads_as_the_table_says(mobilenet_bundle: Path, tmp_path: Path) -> None:
-    """``split-host`` on this machine, the head run back to back (the board's CPU saturated by
-    it, as the issue found it): the estimate stays well above the table's boundary, so the
-    table's split is taken for the frames after the first probe, where a board timing its
-    transfers by its own clock read 2-16 Mbit/s and ran 87 % of them locally."""
+def _loopback_calibration(mobilenet_bundle: Path, tmp_path: Path) -> tuple[Bundle, Calibration]:
+    """A copy of the bundle whose table takes SPLIT above :data:`LOOPBACK_BOUNDARY_BPS`, local below."""
     root = tmp_path / "bundle"
     shutil.copytree(mobilenet_bundle, root)
     bundle = Bundle.load(root)
@@ -339,26 +340,95 @@ def test_auto_on_loopback_with_a_busy_board_offloads_as_the_table_says(mobilenet
     calibration = _calibration(bundle, split, local=local)
     assert calibration.table.lookup(1, LOOPBACK_BOUNDARY_BPS * 0.9) == LOCAL
     assert calibration.table.lookup(1, LOOPBACK_BOUNDARY_BPS * 1.2) == SPLIT
+    return bundle, calibration
+
+
+def _offloads_as_the_table_says(results: list[FrameResult]) -> None:
+    """After the first 10 frames, 95 % take the split and the 5th percentile of the rate the
+    policy decided with is above the table's boundary."""
+    rates = sorted(r.rate_bps or 0.0 for r in results[10:])
+    assert sum(r.split == SPLIT for r in results[10:]) >= 0.95 * (len(results) - 10), rates[:10]
+    assert rates[len(rates) // 20] > LOOPBACK_BOUNDARY_BPS, rates[:10]  # the 5th percentile
+
+
+class _Estimate(LinkMeter):
+    """The estimate itself, without the caps of an overdue upload or one crossing slowly.
+
+    With two batches in flight, a reply the host is late with (its process descheduled for
+    100 ms by the machine's other work, as a loaded 2-core machine does now and then) makes the
+    upload behind it overdue, and the pipeline decides with the bound that sets (4-8 Mbit/s):
+    the host's scheduling, not the link's rate nor the estimate. Those caps have their own tests
+    (``nothing_waits_behind``, tests/device_runtime/hosts/test_link_meter.py); this one is about
+    the estimate a busy board keeps.
+    """
+
+    @property
+    def rate_bps(self) -> float | None:
+        return self.estimator.rate_bps
+
+
+def test_auto_on_loopback_with_a_busy_board_offloads_as_the_table_says(mobilenet_bundle: Path, tmp_path: Path) -> None:
+    """``split-host`` on this machine, the head run back to back (the board's CPU saturated by
+    it, as the issue found it): the estimate stays well above the table's boundary, so the
+    table's split is taken for the frames after the first probe, where a board timing its
+    transfers by its own clock read 2-16 Mbit/s and ran 87 % of them locally. A stall of the
+    board's own (its write of a request late by 12 ms) still reads slow now and then: the fast
+    readings after it must bring the estimate back (the next test feeds it those figures)."""
+    bundle, calibration = _loopback_calibration(mobilenet_bundle, tmp_path)
     runner = DeviceRunner(bundle, threads=1)
 
     async def go(address: str) -> list[FrameResult]:
         hosts = HostLink(bundle, address, timeout=10.0)
         assert await hosts.connect(), hosts.last_error
         config = PipelineConfig(drop="none", request_timeout_s=10.0, deadline_ms=0)
-        pipeline = Pipeline(runner, _TablePolicy(calibration, refine_every=10**9), hosts, config)
+        pipeline = Pipeline(runner, _TablePolicy(calibration, refine_every=10**9), hosts, config, _Estimate())
         try:
             with Synthetic(fps=0) as source:  # as fast as the board goes: its CPU is never idle
                 return [r async for r in pipeline.run(source, frames=120)]
         finally:
             await hosts.close()
 
-    with _loopback_host(root) as address:
+    with _loopback_host(bundle.root) as address:
         results = asyncio.run(go(address))
     results.sort(key=lambda r: r.index)
     assert len(results) == 120 and not any(r.error for r in results)
-    rates = sorted(r.rate_bps or 0.0 for r in results[10:])
-    assert sum(r.split == SPLIT for r in results[10:]) >= 0.95 * 110, rates[:10]
-    assert rates[len(rates) // 20] > LOOPBACK_BOUNDARY_BPS, rates[:10]  # the 5th percentile
+    _offloads_as_the_table_says(results)
+
+
+#: What a busy board read of a 31,360-byte upload on loopback (issue 28's runs, two busy processes
+#: beside): the look right after the write found it acknowledged 0.16 ms after the send, the reply
+#: 10 ms later with 2 ms of the host's; one request in four, the board's write itself was late by
+#: 11.7 ms (its CPU taken), and the look with it: a reading of 21 Mbit/s, three units on the wire.
+FAST_DONE_S, STALLED_DONE_S, ROUND_TRIP_S, HOST_MS = 0.00016, 0.0117, 0.012, 2.0
+
+
+def test_a_busy_boards_stalls_do_not_hold_the_estimate_below_the_table(mobilenet_bundle: Path, tmp_path: Path) -> None:
+    """The loopback run's figures fed to the meter on a clock the test moves: 120 frames, every
+    4th one's upload stalled by the board, starting with one (CI's run: the estimate sat at
+    30.8 Mbit/s frame after frame, 62 of 110 frames took the split). Weighed by their time on the
+    wire alone, the fast readings after a stall (0.2 ms, 4 % of a unit) moved the estimate ~1 %
+    each; a reading faster than the estimate proves it low, and weighs a unit."""
+    _, calibration = _loopback_calibration(mobilenet_bundle, tmp_path)
+    clock = ManualClock()
+    meter = LinkMeter(RateEstimator(clock=clock), clock=clock)
+    policy = _TablePolicy(calibration, refine_every=10**9)
+    meter.observe_probe(0, 0.4)  # the first probe's, as the run read them: a bare ping, then 1 MB stamped
+    meter.observe_probe(1_048_576, 0.94, UploadTiming(done_s=0.00054, min_rtt_s=7e-6, stamped=True))
+    results = []
+    for index in range(120):
+        rate = meter.rate_bps
+        split = policy.choose(1, rate, (LOCAL, SPLIT))
+        results.append(FrameResult(index=index, name=f"frame {index}", label=None, probability=None, split=split, rate_bps=rate))
+        if split == SPLIT:
+            ticket, sent = meter.sending(31360), clock()
+            done_s = STALLED_DONE_S if index % 4 == 0 else FAST_DONE_S
+            clock.now += done_s + ROUND_TRIP_S
+            upload = UploadTiming(done_s=done_s, min_rtt_s=3e-6)
+            meter.settled(ticket)
+            meter.observe_reply(31360, InferResult(np.zeros(1), HOST_MS, (clock() - sent) * 1000.0, 0.0, sent=sent,
+                                                   received=clock(), upload=upload))
+        clock.now += 0.05  # the next frame's head
+    _offloads_as_the_table_says(results)
 
 
 @contextlib.contextmanager
