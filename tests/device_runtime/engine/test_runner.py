@@ -15,7 +15,7 @@ from device_runtime.engine.runner import DeviceRunner, default_split
 from device_runtime.hosts.connect import connect_host
 from device_runtime.stream.camera import open_source
 from splitedge.errors import BundleError, HostUnavailableError
-from tests.conftest import TEST_SPLITS, RunningHost, run_stream
+from tests.conftest import TEST_SPLITS, RunningHost, run_stream, until
 from tests.device_runtime.test_bundle_slice import fake_bundle
 
 
@@ -79,7 +79,8 @@ def test_host_going_away_fails_the_request_at_once(mobilenet_bundle: Path) -> No
         await client.infer(bundle.id, TEST_SPLITS[1], cut)  # works
         for connection in list(host.server.connections):
             host.loop.call_soon_threadsafe(connection.transport.abort)
-        await asyncio.sleep(0.2)
+        # Awaited, not slept for: a busy machine may take longer than any fixed pause to deliver it.
+        await until(lambda: not client.alive, what="the device hearing its connection closed")
         loop = asyncio.get_running_loop()
         start = loop.time()
         with pytest.raises(HostUnavailableError, match="connection to host lost"):
