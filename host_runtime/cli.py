@@ -416,7 +416,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     caught: list[signal.Signals] = []
     status = run_command("split-host", serve(args, None, caught) if args.procs == 1 else serve_procs(args, caught), runner)
-    return 128 + caught[0] if status == 0 and caught else status
+    if status == 0 and caught:
+        # Past the drain deadline a tail run may still hold a worker thread, which the interpreter
+        # would join at exit (seconds, for a large batch): the deadline is the host's, so exit now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + caught[0])
+    return status
 
 
 if __name__ == "__main__":

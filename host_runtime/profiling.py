@@ -15,8 +15,8 @@ minutes: its bounds were per entry, not per request (``splits: [offload]*3, batc
   that each check a stop flag first, so a stopping host ends a profile within one run;
 - and it is bounded in time: a 90-byte request under the sample cap once burned more than 91 s
   of host CPU. Each request may spend ``budget_s`` of tail runs (``--profile-budget-ms``, 100 ms):
-  the host predicts each run from what a sample of that tail cost before (a one-sample probe
-  the first time), trims the repeats to fit, and refuses (``bad_request``, naming the flag) a
+  the host predicts each run from what a sample of that tail cost before (each tail is probed
+  with one sample when the host starts, its one-time set-up paid then), trims the repeats to fit, and refuses (``bad_request``, naming the flag) a
   request whose every batch size, run once after one warm-up, would not fit. A run that
   overshoots its prediction stops the profile before the next one.
 """
@@ -27,6 +27,7 @@ import asyncio
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,13 +99,13 @@ class Costs:
     """Seconds one sample of each tail took when last run (what a run is predicted from)."""
 
     def __init__(self) -> None:
-        self.per_sample: dict[str, float] = {}
+        self.per_sample: dict[Backend, float] = {}
 
-    def predict(self, split_id: str, batch: int) -> float:
-        return self.per_sample[split_id] * batch
+    def predict(self, tail: Backend, batch: int) -> float:
+        return self.per_sample[tail] * batch
 
-    def ran(self, split_id: str, batch: int, seconds: float) -> None:
-        self.per_sample[split_id] = seconds / batch
+    def ran(self, tail: Backend, batch: int, seconds: float) -> None:
+        self.per_sample[tail] = seconds / batch
 
 
 def _timed(tail: Backend, x: np.ndarray, stop: threading.Event) -> float:
@@ -115,6 +116,24 @@ def _timed(tail: Backend, x: np.ndarray, stop: threading.Event) -> float:
     return time.perf_counter() - started
 
 
+def probe(tails: Iterable[Backend], stop: threading.Event, costs: Costs) -> float:
+    """One sample through each tail not costed yet, twice: the first run pays the tail's one-time
+    set-up (half a second for the full model), the second is what a sample costs. Done when the
+    host starts, so that no request pays for the set-up. Returns the seconds spent."""
+    spent = 0.0
+    for tail in tails:
+        if tail in costs.per_sample or not all(isinstance(d, int) for d in tail.input_shape[1:]):
+            continue
+        x = np.random.default_rng(0).standard_normal((1, *tail.input_shape[1:])).astype(tail.input_dtype)
+        for _ in range(2):
+            if stop.is_set():  # stopping: a profile waiting behind raises ProfileStopped itself
+                return spent
+            seconds = _timed(tail, x, stop)
+            spent += seconds
+        costs.ran(tail, 1, seconds)
+    return spent
+
+
 def run_profile(plan: ProfilePlan, stop: threading.Event, budget_s: float, costs: Costs) -> dict[str, dict[str, float]]:
     """Median ms of each tail at each batch size (split id → str(batch) → ms), on seeded noise
     of the tail's shape (convolution and matmul time do not depend on the values), within
@@ -123,14 +142,8 @@ def run_profile(plan: ProfilePlan, stop: threading.Event, budget_s: float, costs
     rng = np.random.default_rng(0)
     inputs = {(split_id, batch): rng.standard_normal((batch, *tail.input_shape[1:])).astype(tail.input_dtype)
               for split_id, tail in plan.tails.items() for batch in plan.batches}
-    spent = 0.0
-    for split_id, tail in plan.tails.items():
-        if split_id not in costs.per_sample:  # a one-sample probe, counted like any run
-            x = rng.standard_normal((1, *tail.input_shape[1:])).astype(tail.input_dtype)
-            probe = _timed(tail, x, stop)
-            spent += probe
-            costs.ran(split_id, 1, probe)
-    one_round = sum(costs.predict(s, b) for s, b in inputs)
+    spent = probe(plan.tails.values(), stop, costs)  # none, once the host's own probe has run
+    one_round = sum(costs.predict(plan.tails[s], b) for s, b in inputs)
     repeats = min(plan.repeats, int((budget_s - spent) / one_round) - PROFILE_WARMUP) if one_round > 0 else plan.repeats
     if repeats < 1:
         raise ProtocolError(
@@ -143,12 +156,12 @@ def run_profile(plan: ProfilePlan, stop: threading.Event, budget_s: float, costs
     for (split_id, batch), x in inputs.items():
         tail, runs = plan.tails[split_id], []
         for i in range(PROFILE_WARMUP + repeats):
-            if spent + costs.predict(split_id, batch) > budget_s:
+            if spent + costs.predict(tail, batch) > budget_s:
                 raise ProtocolError(f"profile: stopped at {spent * 1000:.0f} ms, its budget is {budget_s * 1000:g} ms "
                                     "a request (--profile-budget-ms); this host is slower now than it was", code=ErrorCode.OVERLOADED)
             seconds = _timed(tail, x, stop)
             spent += seconds
-            costs.ran(split_id, batch, seconds)
+            costs.ran(tail, batch, seconds)
             if i >= PROFILE_WARMUP:
                 runs.append(seconds)
         times[split_id][str(batch)] = float(np.median(runs)) * 1000.0
@@ -163,6 +176,12 @@ class Profiler:
         self._stop = threading.Event()
         self.costs = Costs()
         self._running: asyncio.Future[dict[str, dict[str, float]]] | None = None
+        self._probing: asyncio.Future[float] | None = None
+
+    def start_probing(self, tails: Iterable[Backend]) -> None:
+        """Cost every tail on the profiler's thread, in the background (:func:`probe`)."""
+        self._probing = asyncio.get_running_loop().run_in_executor(self._executor, probe, list(tails), self._stop,
+                                                                   self.costs)
 
     @property
     def busy(self) -> bool:
@@ -186,6 +205,7 @@ class Profiler:
     async def close(self, timeout: float) -> None:
         """Stop the profile running, if any: it ends after its current tail run (waited for at most ``timeout`` s)."""
         self._stop.set()
-        if self._running is not None:
-            await asyncio.wait([self._running], timeout=timeout)
+        running = [f for f in (self._running, self._probing) if f is not None]
+        if running:
+            await asyncio.wait(running, timeout=timeout)
         self._executor.shutdown(wait=False, cancel_futures=True)

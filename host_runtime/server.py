@@ -545,6 +545,7 @@ class HostServer:
         self._accept_failures = AcceptFailures(loop.get_exception_handler())
         loop.set_exception_handler(self._accept_failures)
         self._watchdog = asyncio.ensure_future(self._watch())
+        self.profiler.start_probing(self.registry.tails.values())  # what a sample of each tail costs, for profile's budget
         return host, port
 
     async def _watch(self) -> None:
