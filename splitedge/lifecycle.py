@@ -42,8 +42,34 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
-def _raise_stopped(signum: int, _frame: object) -> None:
-    raise Stopped(signal.Signals(signum))
+#: How long a command has to unwind after a signal before the signal is delivered again.
+REDELIVER_S = 5.0
+
+
+class _Stopper:
+    """The SIGINT and SIGTERM handler of one command: raises :class:`Stopped`, and notes the signal.
+
+    C extensions can swallow the exception: pybind11 turns one raised while it initialises a module
+    into an ImportError (onnxruntime then reads as not installed), and a library that tries an
+    optional import goes on without it. So the signal is noted, any error after it ends the command
+    as the signal would, and a command still running ``REDELIVER_S`` after it gets it again.
+    """
+
+    def __init__(self) -> None:
+        self.caught: list[signal.Signals] = []
+        self.done = False
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        sig = signal.Signals(signum)
+        self.caught.append(sig)
+        again = threading.Timer(REDELIVER_S, self._again, (sig, len(self.caught)))
+        again.daemon = True
+        again.start()
+        raise Stopped(sig)
+
+    def _again(self, sig: signal.Signals, seen: int) -> None:
+        if not self.done and len(self.caught) == seen:
+            os.kill(os.getpid(), sig)
 
 
 def exit_on_signals(prog: str, command: Callable[[], int]) -> int:
@@ -51,22 +77,31 @@ def exit_on_signals(prog: str, command: Callable[[], int]) -> int:
 
     SIGINT or SIGTERM raise :class:`Stopped` where the main thread is; once it has unwound (its
     cleanups run), one line on stderr and exit status 130 or 143 (:data:`SIGNAL_EXIT`). A second
-    signal while the first unwinds is left to the default action: the process ends at once,
-    silently. A :class:`SplitEdgeError` is ``PROG: error: MESSAGE`` and exit status 2.
+    signal after that is left to the default action: the process ends at once, silently. A
+    :class:`SplitEdgeError` is ``PROG: error: MESSAGE`` and exit status 2. A signal the process
+    was started ignoring (a shell's background job and SIGINT) stays ignored.
     """
-    previous = {sig: signal.signal(sig, _raise_stopped) for sig in SIGNAL_EXIT}
+    stopper = _Stopper()
+    previous = {sig: signal.signal(sig, stopper) for sig in SIGNAL_EXIT if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         status = command()
     except SplitEdgeError as exc:
-        status = 2
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-    except KeyboardInterrupt as exc:  # Stopped, or Ctrl-C where a loop had put Python's own handler back
+        if not stopper.caught:
+            status = 2
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:  # Stopped, or Ctrl-C where an event loop had put Python's own handler back
+        stopper.caught.append(signal.SIGINT)
+    except BaseException:
+        if not stopper.caught:  # what a library made of the Stopped it caught: the signal ends the command
+            raise
+    finally:
+        stopper.done = True
+    if stopper.caught:
         for sig in SIGNAL_EXIT:
             signal.signal(sig, signal.SIG_DFL)
-        signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
-        print(f"{prog}: stopped by {_SAID[signum]} before it finished; nothing it was writing was kept: "
+        print(f"{prog}: stopped by {_SAID[stopper.caught[0]]} before it finished; nothing it was writing was kept: "
               "run it again", file=sys.stderr, flush=True)
-        return SIGNAL_EXIT[signum]
+        return SIGNAL_EXIT[stopper.caught[0]]
     for sig, handler in previous.items():
         signal.signal(sig, handler)
     return status
