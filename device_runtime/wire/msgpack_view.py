@@ -168,14 +168,11 @@ class _Reader:
             self._open(end)
         return self.view[start:end]
 
-    def entry(self, key: Any, depth: int, views: bool) -> Any:
-        """The value under ``key`` in a map at ``depth``: a view for a bin (``views``), a capped
-        list for a capped key, a decoded value otherwise."""
-        pos = self.base + self.unpacker.tell()
-        byte = self.view[pos] if pos < len(self.view) else -1
-        if byte < 0x80 or 0xA0 <= byte <= 0xBF or 0xCA <= byte <= 0xD3:  # fixint, fixstr, numbers: the usual
-            return self.value(depth + 1)
-        if views and byte in _BIN_HEADERS:
+    def entry(self, key: str, depth: int, byte: int) -> Any:
+        """The value under ``key`` in a map at ``depth``, starting with ``byte``: a view for a bin,
+        a capped list for a capped key, the tensor's map read like the top one, a decoded value
+        otherwise."""
+        if byte in _BIN_HEADERS:
             return self.bin_view()
         cap = self.limits.array_caps.get(key)
         if cap is not None and _is_array(byte):
@@ -189,11 +186,17 @@ class _Reader:
         if n > self.limits.max_map_len:
             raise ProtocolError(f"malformed msgpack: a map of {n} entries exceeds max_map_len({self.limits.max_map_len})")
         out: dict[Any, Any] = {}
+        view, size = self.view, len(self.view)
         for _ in range(n):
             key = self.value(depth + 1)
             if type(key) is not str:
                 raise ProtocolError(f"malformed msgpack: map key of type {type(key).__name__}")
-            out[key] = self.entry(key, depth, views=True)
+            pos = self.base + self.unpacker.tell()
+            byte = view[pos] if pos < size else -1
+            if byte < 0x80 or 0xA0 <= byte <= 0xBF or 0xCA <= byte <= 0xD3:  # fixint, fixstr, numbers: the usual
+                out[key] = self.value(depth + 1)
+            else:
+                out[key] = self.entry(key, depth, byte)
         return out
 
     def end(self) -> None:
