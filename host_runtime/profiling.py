@@ -14,7 +14,8 @@ minutes: its bounds were per entry, not per request (``splits: [offload]*3, batc
 - the work is cut into single tail runs (at most :data:`MAX_PROFILE_BATCH` samples each)
   that each check a stop flag first, so a stopping host ends a profile within one run;
 - and it is bounded in time: a 90-byte request under the sample cap once burned more than 91 s
-  of host CPU. Each request may spend ``budget_s`` of tail runs (``--profile-budget-ms``, 100 ms):
+  of host CPU. Each request may spend ``budget_s`` of the host's CPU time in tail runs
+  (``--profile-budget-ms``, 100 ms; measured as the process's CPU time, so a busy host charges it more):
   the host predicts each run from what a sample of that tail cost before (each tail is probed
   with one sample when the host starts, its one-time set-up paid then), trims the repeats to fit, and refuses (``bad_request``, naming the flag) a
   request whose every batch size, run once after one warm-up, would not fit. A run that
@@ -111,9 +112,9 @@ class Costs:
 def _timed(tail: Backend, x: np.ndarray, stop: threading.Event) -> float:
     if stop.is_set():
         raise ProfileStopped()
-    started = time.perf_counter()
-    tail.run(x)
-    return time.perf_counter() - started
+    started = time.process_time()  # the host's CPU, all its threads (onnxruntime's own included); not
+    tail.run(x)                    # wall time, which other processes on a busy machine stretch
+    return time.process_time() - started
 
 
 def probe(tails: Iterable[Backend], stop: threading.Event, costs: Costs) -> float:
@@ -134,20 +135,29 @@ def probe(tails: Iterable[Backend], stop: threading.Event, costs: Costs) -> floa
     return spent
 
 
-def run_profile(plan: ProfilePlan, stop: threading.Event, budget_s: float, costs: Costs) -> dict[str, dict[str, float]]:
+def run_profile(
+    plan: ProfilePlan, stop: threading.Event, budget_s: float, costs: Costs,
+) -> tuple[dict[str, dict[str, float]], float]:
     """Median ms of each tail at each batch size (split id → str(batch) → ms), on one sample of
     seeded noise of the tail's shape repeated (convolution and matmul time do not depend on the
     values), within ``budget_s`` of tail runs. Raises :class:`ProfileStopped` before the next tail
     run once ``stop`` is set, and :class:`ProtocolError` when the request cannot fit its budget:
-    before any input is made (noise for 154 samples of the full model took 0.5 s of CPU)."""
+    before any input is made (noise for 154 samples of the full model took 0.5 s of CPU). Tight
+    budgets drop repeats first, then the warm-up run (each tail's set-up was paid by its probe),
+    down to one timed run of each batch size. Returns the times and the tail-run seconds spent."""
     entries = [(split_id, batch) for split_id in plan.tails for batch in plan.batches]
-    spent = probe(plan.tails.values(), stop, costs)  # none, once the host's own probe has run
+    # Tails the host's own probe has not costed yet (it runs when the host starts; a tail swapped
+    # since, or a request that came first): their set-up is the host's, not the request's budget.
+    setup = probe(plan.tails.values(), stop, costs)
+    spent = 0.0
     one_round = sum(costs.predict(plan.tails[s], b) for s, b in entries)
-    repeats = min(plan.repeats, int((budget_s - spent) / one_round) - PROFILE_WARMUP) if one_round > 0 else plan.repeats
+    rounds = int((budget_s - spent) / one_round) if one_round > 0 else plan.repeats + PROFILE_WARMUP
+    warmup = PROFILE_WARMUP if rounds > PROFILE_WARMUP else 0
+    repeats = min(plan.repeats, rounds - warmup)
     if repeats < 1:
         raise ProtocolError(
-            f"profile: one warm-up and one timed run of each batch size would take about "
-            f"{(PROFILE_WARMUP + 1) * one_round * 1000:.0f} ms of this host's time, over its budget of "
+            f"profile: one run of each batch size would take about "
+            f"{one_round * 1000:.0f} ms of this host's time, over its budget of "
             f"{budget_s * 1000:g} ms a request (--profile-budget-ms); ask for fewer splits or smaller batches per request",
             code=ErrorCode.BAD_REQUEST,
         )
@@ -156,17 +166,17 @@ def run_profile(plan: ProfilePlan, stop: threading.Event, budget_s: float, costs
         tail, runs = plan.tails[split_id], []
         sample = np.random.default_rng(0).standard_normal((1, *tail.input_shape[1:])).astype(tail.input_dtype)
         x = np.repeat(sample, batch, axis=0)
-        for i in range(PROFILE_WARMUP + repeats):
+        for i in range(warmup + repeats):
             if spent + costs.predict(tail, batch) > budget_s:
                 raise ProtocolError(f"profile: stopped at {spent * 1000:.0f} ms, its budget is {budget_s * 1000:g} ms "
                                     "a request (--profile-budget-ms); this host is slower now than it was", code=ErrorCode.OVERLOADED)
             seconds = _timed(tail, x, stop)
             spent += seconds
             costs.ran(tail, batch, seconds)
-            if i >= PROFILE_WARMUP:
+            if i >= warmup:
                 runs.append(seconds)
         times[split_id][str(batch)] = float(np.median(runs)) * 1000.0
-    return times
+    return times, setup + spent
 
 
 class Profiler:
@@ -176,7 +186,7 @@ class Profiler:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="profile")
         self._stop = threading.Event()
         self.costs = Costs()
-        self._running: asyncio.Future[dict[str, dict[str, float]]] | None = None
+        self._running: asyncio.Future[tuple[dict[str, dict[str, float]], float]] | None = None
         self._probing: asyncio.Future[float] | None = None
 
     def start_probing(self, tails: Iterable[Backend]) -> None:
@@ -188,9 +198,11 @@ class Profiler:
     def busy(self) -> bool:
         return self._running is not None
 
-    async def run(self, plan: ProfilePlan, budget_s: float = DEFAULT_PROFILE_BUDGET_S) -> dict[str, dict[str, float]]:
-        """The plan's times within ``budget_s`` of tail runs; ``overloaded`` at once if a profile is
-        running or the host is stopping."""
+    async def run(
+        self, plan: ProfilePlan, budget_s: float = DEFAULT_PROFILE_BUDGET_S,
+    ) -> tuple[dict[str, dict[str, float]], float]:
+        """The plan's times within ``budget_s`` of tail runs, and the seconds spent; ``overloaded``
+        at once if a profile is running or the host is stopping."""
         if self._stop.is_set():
             raise ProfileStopped()
         if self._running is not None:

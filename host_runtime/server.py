@@ -318,11 +318,12 @@ class _HostProtocol(FramedProtocol):
         try:
             try:
                 plan = plan_profile(self.server.registry, request)
+                with self.server.batcher.other_work(max(plan.batches)):
+                    times, spent = await self.server.profiler.run(plan, budget_s)
             except ProtocolError:
-                self.server.profile_rate.refund(budget_s)  # refused before anything ran
+                self.server.profile_rate.refund(budget_s)  # refused before its runs (or stopped)
                 raise
-            with self.server.batcher.other_work(max(plan.batches)):
-                times = await self.server.profiler.run(plan, budget_s)
+            self.server.profile_rate.refund(budget_s - spent)  # the rate counts what was spent
         except ProtocolError as exc:
             self.reply_error(request.id, exc.code, str(exc))
         except Exception as exc:
