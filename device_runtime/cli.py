@@ -15,7 +15,7 @@ from dataclasses import asdict
 from importlib.metadata import entry_points
 from typing import Any, Callable, Sequence
 
-from calibration import BANDIT_FILENAME, Bandit, CalibrationError
+from calibration import BANDIT_FILENAME, Bandit
 from device_runtime.board import (
     DEFAULT_BATCHES, KEYS, DetectedBoard, InstalledBackend, add_commands, add_service_command, as_flag_type, batches,
     calibrate_settings, calibration_for, calibrations_for, detect_board, handler, install_service, installed_backends,
@@ -25,7 +25,7 @@ from device_runtime.bundle import FORMATS, Bundle
 from device_runtime.engine import AUTO, PRECISIONS
 from device_runtime.run import Output, calibrate_board, run_stream, table_text
 from device_runtime.wire import kernel_timing_support
-from splitedge import SplitEdgeError, run_command
+from splitedge import SplitEdgeError, exit_on_signals, run_command
 
 EXAMPLES = """\
 examples:
@@ -259,28 +259,32 @@ def _profile_line(board: DetectedBoard, backends: Sequence[InstalledBackend]) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Every command ends in one line: an error (exit 2), Ctrl-C (130) or SIGTERM (143)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
-    admin = install_service if args.command == "install-service" else handler(args.command, build_parser)
-    try:
-        if admin is not None:
-            return admin(args)
-        settings_for(args, argv, build_parser)  # device.toml and SPLITEDGE_* fill the flags not given
-        if getattr(args, "hops", []) and args.command not in ("run", "calibrate"):
-            raise SplitEdgeError(f"--host given {1 + len(args.hops)} times: only run and calibrate take a chain's hosts")
-    except SplitEdgeError as exc:
-        print(f"split-device: error: {exc}", file=sys.stderr)
-        return 2
-    if args.command in ("info", "plan", "report"):
-        try:
-            {"info": info, "plan": plan, "report": report_command}[args.command](args)
-        except (SplitEdgeError, CalibrationError) as exc:
-            print(f"split-device: error: {exc}", file=sys.stderr)
-            return 2
-        return 0
+    if args.command not in ("run", "calibrate"):
+        return exit_on_signals("split-device", lambda: _command(args, argv))
+    status = exit_on_signals("split-device", lambda: _settle(args, argv))
+    if status != 0:
+        return status
     if args.command == "run":
         return run_command("split-device", run_stream(run_settings(args), Output()))
     return run_command("split-device", calibrate_board(calibrate_settings(args), Output()))
+
+
+def _settle(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """device.toml and SPLITEDGE_* fill the flags not given."""
+    settings_for(args, argv, build_parser)
+    return 0
+
+
+def _command(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    admin = install_service if args.command == "install-service" else handler(args.command, build_parser)
+    if admin is not None:
+        return admin(args)
+    _settle(args, argv)
+    {"info": info, "plan": plan, "report": report_command}[args.command](args)
+    return 0
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from exporter.preprocessing import PreprocessFlags
 from exporter.plots import write_plots
 from exporter.report_schema import SCHEMA_ID, write_report
 
-__all__ = ["analyze", "build_report", "class_subset", "summary_text"]
+__all__ = ["AnalysisSpec", "analyze", "build_report", "class_subset", "summary_text"]
 
 TOP_MAXIMA = 5  # the summary names this many candidates; points.json keeps them all
 
@@ -66,26 +66,33 @@ def _check_labels(images: ImageSet, outputs: int) -> None:
         )
 
 
-def analyze(
-    model: str,
-    data: str,
-    out_dir: str | Path,
-    weights: str | Path | None = None,
-    classes: str | None = None,
-    images: int | None = None,
-    target: Literal["label", "predicted"] = "label",
-    score: Literal["logit", "softmax"] = "logit",
-    input_shape: tuple[int, ...] | None = None,
-    batch_size: int = 32,
-    seed: int = 0,
-    progress: bool = True,
-    preprocessing: PreprocessFlags | None = None,
-    synonyms: str | Path | None = None,
-) -> dict[str, Any]:
-    """Analyse every cut point of ``model`` on ``data``; write the report and plots to ``out_dir``.
+@dataclasses.dataclass(frozen=True)
+class AnalysisSpec:
+    """What ``split-export analyze`` measures: the model, the images and how each is scored, as
+    its flags say it. Defaults are the flags' defaults."""
 
-    ``synonyms`` is a file of ``NAME = LABEL`` lines for class folders not named after the
-    model's labels (:func:`exporter.datasets.read_synonyms`)."""
+    model: str  # torchvision:NAME or package.module:factory
+    data: str  # fashion-mnist, a folder of class folders, or an .npz
+    weights: str | Path | None = None
+    classes: str | None = None  # comma-separated labels for the per-class curves
+    images: int | None = None  # at most this many, drawn with ``seed``
+    target: Literal["label", "predicted"] = "label"
+    score: Literal["logit", "softmax"] = "logit"
+    input_shape: tuple[int, ...] | None = None
+    batch_size: int = 32
+    seed: int = 0
+    preprocessing: PreprocessFlags | None = None
+    synonyms: str | Path | None = None  # NAME = LABEL lines for folders not named after labels
+
+
+def analyze(spec: AnalysisSpec, out_dir: str | Path, progress: bool = True) -> dict[str, Any]:
+    """Analyse every cut point of ``spec.model`` on ``spec.data``; write the report and plots to
+    ``out_dir``. ``spec.synonyms`` maps class folders not named after the model's labels
+    (:func:`exporter.datasets.read_synonyms`)."""
+    model, data, weights, classes, images, target, score = (
+        spec.model, spec.data, spec.weights, spec.classes, spec.images, spec.target, spec.score)
+    input_shape, batch_size, seed, preprocessing, synonyms = (
+        spec.input_shape, spec.batch_size, spec.seed, spec.preprocessing, spec.synonyms)
     torch.manual_seed(seed)
     loaded = load_model(model, weights, preprocessing, input_shape)
     traced = trace(loaded.module, loaded.input_shape)

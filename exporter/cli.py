@@ -302,13 +302,14 @@ def _semantic_summary(split) -> str:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from exporter.analysis import analyze, summary_text
+    from exporter.analysis import AnalysisSpec, analyze, summary_text
 
-    report = analyze(
-        args.model, args.data, args.out, weights=args.weights, classes=args.classes, images=args.images,
-        target=args.target, score=args.score, input_shape=args.input_shape, batch_size=args.batch_size, seed=args.seed,
+    spec = AnalysisSpec(
+        args.model, args.data, weights=args.weights, classes=args.classes, images=args.images, target=args.target,
+        score=args.score, input_shape=args.input_shape, batch_size=args.batch_size, seed=args.seed,
         preprocessing=_preprocessing(args), synonyms=args.synonyms,
     )
+    report = analyze(spec, args.out)
     print(summary_text(report))
     print(f"wrote {args.out}/points.json, cui_curve.png, cui_per_class.png, head_cost.png")
     return 0

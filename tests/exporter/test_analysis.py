@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from exporter.analysis import analyze  # noqa: E402
+from exporter.analysis import AnalysisSpec, analyze  # noqa: E402
 from exporter.cli import main  # noqa: E402
 from exporter.datasets import FASHION_MNIST_DIR, DataError, load_images, read_synonyms  # noqa: E402
 from exporter.models import IMAGENET_PREPROCESS, load_model  # noqa: E402
@@ -76,7 +76,7 @@ def test_mobilenet_v2_end_to_end_on_photos(imagenet_folder, mobilenet_weights, t
 
 
 def test_vgg16_bottlenecks_from_the_layer_shapes(imagenet_folder, tmp_path) -> None:
-    report = analyze("torchvision:vgg16", str(imagenet_folder), tmp_path, progress=False)
+    report = analyze(AnalysisSpec("torchvision:vgg16", str(imagenet_folder)), tmp_path, progress=False)
     x = 3 * 224 * 224
     # VGG16's feature maps by hand: (channels, side) after each block's convs and its pool.
     sizes = {"features_4": 64 * 112**2, "features_9": 128 * 56**2, "features_16": 256 * 28**2,
@@ -93,8 +93,8 @@ def test_vgg16_bottlenecks_from_the_layer_shapes(imagenet_folder, tmp_path) -> N
 
 @needs_fmnist
 def test_class_subset_curve_is_the_mean_of_its_classes(trained, tmp_path) -> None:
-    report = analyze("exporter.zoo:fmnist_vgg", "fashion-mnist", tmp_path, weights=trained[1],
-                     classes="5,7,9", images=300, input_shape=(1, 28, 28), progress=False)
+    report = analyze(AnalysisSpec("exporter.zoo:fmnist_vgg", "fashion-mnist", weights=trained[1], classes="5,7,9",
+                                  images=300, input_shape=(1, 28, 28)), tmp_path, progress=False)
     assert report["data"]["class_subset"] == ["Sandal", "Sneaker", "Ankle boot"]
     assert set(report["data"]["images_per_class"].values()) == {30}
     for point in report["points"]:
@@ -118,41 +118,42 @@ def test_class_subset_curve_is_the_mean_of_its_classes(trained, tmp_path) -> Non
 )
 def test_bad_class_subsets(fmnist_weights, tmp_path, arguments, message) -> None:
     with pytest.raises(DataError, match=message):
-        analyze("exporter.zoo:fmnist_vgg", "fashion-mnist", tmp_path, weights=fmnist_weights, images=20,
-                input_shape=(1, 28, 28), progress=False, **arguments)
+        analyze(AnalysisSpec("exporter.zoo:fmnist_vgg", "fashion-mnist", weights=fmnist_weights, images=20,
+                             input_shape=(1, 28, 28), **arguments), tmp_path, progress=False)
 
 
 @needs_fmnist
 def test_images_that_do_not_fit_the_model(mobilenet_weights, tmp_path) -> None:
     with pytest.raises(DataError, match=r"images are 1x28x28 but the model takes 3x224x224 \(wrong channel count\)"):
-        analyze("torchvision:mobilenet_v2", "fashion-mnist", tmp_path, weights=mobilenet_weights, progress=False)
+        analyze(AnalysisSpec("torchvision:mobilenet_v2", "fashion-mnist", weights=mobilenet_weights), tmp_path,
+                progress=False)
 
 
 def test_npz_errors(tmp_path, fmnist_weights) -> None:
-    spec = dict(weights=fmnist_weights, input_shape=(1, 28, 28), progress=False)
+    spec = dict(weights=fmnist_weights, input_shape=(1, 28, 28))
     labels_out = tmp_path / "labels.npz"
     np.savez(labels_out, x=np.zeros((4, 1, 28, 28), np.float32), y=np.array([0, 1, 12, 3]))
     with pytest.raises(DataError, match=r"labels \[12\] are outside the model's 10 outputs"):
-        analyze("exporter.zoo:fmnist_vgg", str(labels_out), tmp_path, **spec)
+        analyze(AnalysisSpec("exporter.zoo:fmnist_vgg", str(labels_out), **spec), tmp_path, progress=False)
     wrong_size = tmp_path / "size.npz"
     np.savez(wrong_size, x=np.zeros((4, 1, 32, 32), np.float32), y=np.zeros(4, int))
     with pytest.raises(DataError, match=r"images are 1x32x32 but the model takes 1x28x28 \(wrong size\)"):
-        analyze("exporter.zoo:fmnist_vgg", str(wrong_size), tmp_path, **spec)
+        analyze(AnalysisSpec("exporter.zoo:fmnist_vgg", str(wrong_size), **spec), tmp_path, progress=False)
     missing = tmp_path / "missing.npz"
     np.savez(missing, images=np.zeros(3))
     with pytest.raises(DataError, match="needs arrays 'x' and 'y'"):
-        analyze("exporter.zoo:fmnist_vgg", str(missing), tmp_path, **spec)
+        analyze(AnalysisSpec("exporter.zoo:fmnist_vgg", str(missing), **spec), tmp_path, progress=False)
 
 
 def test_folder_errors(tmp_path, fmnist_weights) -> None:
     (tmp_path / "empty" / "tabby").mkdir(parents=True)
     with pytest.raises(DataError, match="class folders hold no images"):
-        analyze("torchvision:mobilenet_v2", str(tmp_path / "empty"), tmp_path / "r", progress=False)
+        analyze(AnalysisSpec("torchvision:mobilenet_v2", str(tmp_path / "empty")), tmp_path / "r", progress=False)
     (tmp_path / "flat").mkdir()
     with pytest.raises(DataError, match="no class sub-folders"):
-        analyze("torchvision:mobilenet_v2", str(tmp_path / "flat"), tmp_path / "r", progress=False)
+        analyze(AnalysisSpec("torchvision:mobilenet_v2", str(tmp_path / "flat")), tmp_path / "r", progress=False)
     with pytest.raises(DataError, match="not 'fashion-mnist', a folder"):
-        analyze("torchvision:mobilenet_v2", str(tmp_path / "nowhere"), tmp_path / "r", progress=False)
+        analyze(AnalysisSpec("torchvision:mobilenet_v2", str(tmp_path / "nowhere")), tmp_path / "r", progress=False)
 
 
 def test_class_folders_must_name_the_models_labels(photos_dir: Path, tmp_path: Path) -> None:
@@ -163,7 +164,7 @@ def test_class_folders_must_name_the_models_labels(photos_dir: Path, tmp_path: P
         (tmp_path / "data" / folder).mkdir(parents=True)
         shutil.copy(photos_dir / f"{photo}.png", tmp_path / "data" / folder)
     with pytest.raises(DataError) as info:
-        analyze("torchvision:mobilenet_v2", str(tmp_path / "data"), tmp_path / "r", progress=False)
+        analyze(AnalysisSpec("torchvision:mobilenet_v2", str(tmp_path / "data")), tmp_path / "r", progress=False)
     message = str(info.value)
     assert "class folder(s) cat/" in message and "rocket/" in message and "Espresso" not in message
     assert "match no label of the model (1000 classes, e.g. 'tench', 'goldfish', 'great white shark')" in message
@@ -174,8 +175,8 @@ def test_class_folders_must_name_the_models_labels(photos_dir: Path, tmp_path: P
                          load_model("torchvision:mobilenet_v2").categories)
     assert sorted(images.classes[i] for i in set(images.y.tolist())) == ["Egyptian cat", "espresso"]
     with pytest.raises(DataError, match=r"^--classes espresso,tabby: no images of 'tabby' in .*: a CUI curve needs"):
-        analyze("torchvision:mobilenet_v2", str(tmp_path / "data"), tmp_path / "r", classes="espresso,tabby",
-                progress=False)
+        analyze(AnalysisSpec("torchvision:mobilenet_v2", str(tmp_path / "data"), classes="espresso,tabby"),
+                tmp_path / "r", progress=False)
 
 
 def test_report_schema_refuses_a_broken_report(tmp_path) -> None:
