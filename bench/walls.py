@@ -12,8 +12,9 @@ latency over ``--requests`` infers and the host's RSS are taken:
 - decode bomb: another connection sends, again and again, a 16 MiB frame of empty arrays
   inside one array header (``{"id", "op": "ping", "x": [[]] * 16Mi}``).
 
-Then the host's CPU for one ``profile`` (a board's calibration of one tail: batches 1-16, 20
-repeats) and one ``links`` (2 peers x 4 MiB, to a second host), read from /proc; and the time
+Then the host's CPU for a few ``profile`` requests (one tail at batches 1-4 and 1-16, 20 repeats;
+issue 27's 90-byte one of the full model) and one ``links`` (2 peers x 4 MiB, to a second host),
+read from /proc (10 ms ticks); and the time
 from SIGTERM to exit under issue 27's load (two 106-sample offload requests queued behind a
 running one, a chain hop and a ``links`` to a peer that accepts and never answers).
 
@@ -326,11 +327,15 @@ def main() -> None:
         results["phases"].append(phase("decode bombs (16 MiB)", pid, port, bundle, args.requests, lambda: bombing(port)))
         profile_ms, profile_reply = request_cpu(pid, port, {"op": "profile", "bundle": bundle.id, "splits": [SPLITS[1]],
                                                             "batches": [1, 2, 4, 8, 16], "repeats": 20})
+        small_ms, small_reply = request_cpu(pid, port, {"op": "profile", "bundle": bundle.id, "splits": [SPLITS[1]],
+                                                        "batches": [1, 2, 4], "repeats": 20})
         links_ms, links_reply = request_cpu(pid, port, {"op": "links", "peers": [f"127.0.0.1:{peer_port}"] * 2,
                                                         "bytes": 4 * MiB})
         big_ms, big_reply = request_cpu(pid, port, {"op": "profile", "bundle": bundle.id, "splits": [OFFLOAD],
                                                     "batches": [64, 63, 27], "repeats": 50})
     results["requests"] = {
+        "profile (1 tail, batches 1-4, 20 repeats)": {"host_cpu_ms": small_ms, "ok": "tail_ms" in small_reply,
+                                                     "reply": str(small_reply)[:160]},
         "profile (1 tail, batches 1-16, 20 repeats)": {"host_cpu_ms": profile_ms, "ok": "tail_ms" in profile_reply,
                                                       "reply": str(profile_reply)[:160]},
         "profile (offload, batches 64,63,27, 50 repeats)": {"host_cpu_ms": big_ms, "ok": "tail_ms" in big_reply,
