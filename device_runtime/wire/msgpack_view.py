@@ -102,6 +102,7 @@ class _Reader:
         self.room = min(len(self.view) - pos, max(limits.header_bytes - self.spent, 0))
         self.unpacker = msgpack.Unpacker(  # its buffer is read_size: max_buffer_size, not its default 1 MiB
             raw=False, strict_map_key=True, max_ext_len=0, max_bin_len=self.room, max_buffer_size=max(self.room, 1),
+            read_size=min(max(self.room, 1), FIRST_FEED),
             max_str_len=limits.max_str_len, max_array_len=limits.max_array_len, max_map_len=limits.max_map_len,
         )
         self._feed(FIRST_FEED)
