@@ -64,7 +64,7 @@ from calibration import SplitSelector, decision_cost_us, load
 from device_runtime.bundle import LOCAL, OFFLOAD
 from device_runtime.wire.client import HostClient
 from fieldtrial.trace import read_trace
-from testbed import EmulatedLink, RateSchedule, unavailable_reason
+from testbed import EmulatedLink, RateSchedule, trace_steps, unavailable_reason
 from testbed.namespace_host import serve_in
 
 T = TypeVar("T")
@@ -128,13 +128,14 @@ def run_device(bundle: Path, host: str, split: str, camera: str, trace: Path,
 
 
 def on_schedule(link: EmulatedLink, schedule: RateSchedule) -> Callable[[subprocess.Popen, Path], float]:
-    """Drive the link through ``schedule`` from the first traced frame, then stop the run;
-    the value is the schedule's wall-clock start (for aligning the trace with it)."""
+    """Drive the link through ``schedule`` from the first traced frame, writing each step into the
+    trace (its report draws the real rate), then stop the run; the value is the schedule's
+    wall-clock start (for aligning the trace with it)."""
 
     def during(proc: subprocess.Popen, trace: Path) -> float:
         wait_for_frames(proc, trace, 1)
         started = time.time()
-        asyncio.run(asyncio.wait_for(schedule.drive(link), schedule.duration_s + 10))
+        asyncio.run(asyncio.wait_for(schedule.drive(link, trace_steps(trace)), schedule.duration_s + 10))
         proc.send_signal(signal.SIGINT)
         return started
 

@@ -13,10 +13,12 @@ from fieldtrial.plots import (
     plot_table,
 )
 from fieldtrial.report import format_summary, summarize, write_report
-from fieldtrial.trace import read_trace
+from fieldtrial.trace import Trace, load_trace, read_trace
 
 __all__ = [
+    "Trace",
     "format_summary",
+    "load_trace",
     "plot_drop_rate",
     "plot_latency_cdf",
     "plot_latency_over_time",

@@ -9,6 +9,7 @@ install matplotlib at all.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ import numpy as np
 
 from calibration import Calibration
 from device_runtime import LOCAL, OFFLOAD
+from fieldtrial import timeline
 from splitedge import SplitEdgeError
 
 __all__ = [
@@ -131,6 +133,8 @@ def plot_table(calibration: Calibration, path: str | Path) -> None:
     norm = BoundaryNorm(np.arange(len(order) + 1) - 0.5, cmap.N)
     ax.pcolormesh(edges, np.arange(len(table.batches) + 1), cells, cmap=cmap, norm=norm, edgecolors="white", linewidth=0.2)
     ax.set_xscale("log")
+    _plain_log_ticks(ax.xaxis, edges[0], edges[-1])
+    ax.set_xlim(edges[0], edges[-1])
     ax.set_xlabel("link rate (Mbit/s)")
     ax.set_yticks(np.arange(len(table.batches)) + 0.5)
     ax.set_yticklabels([str(b) for b in table.batches])
@@ -144,51 +148,139 @@ def plot_table(calibration: Calibration, path: str | Path) -> None:
     _save(plt, fig, path)
 
 
-def plot_latency_over_time(frames: Sequence[dict[str, Any]], path: str | Path) -> None:
-    """Each answered frame's total latency at its capture time, coloured by the split that ran.
+def plot_latency_over_time(
+    frames: Sequence[dict[str, Any]], path: str | Path, link_rates: Sequence[dict[str, Any]] = (),
+) -> None:
+    """The run over time, in three panels on one time axis, so a switch reads against its cause:
 
-    Dashed vertical lines mark where the split changed; dropped frames are small crosses along
-    the bottom; the link-rate estimate the splits were chosen on is the grey step line (right
-    axis), so a switch can be read against the rate that caused it.
+    * each answered frame's latency at its capture time, coloured by the split that ran;
+    * the link's rate: the board's estimate (what it chose the splits on) and, where a testbed
+      recorded it (``link_rates``, the trace's ``link_rate`` records), the real rate;
+    * the dropped frames, one row per reason: they have no latency, so they get no place on its axis.
+
+    Dashed vertical lines mark where the split changed, in every panel.
     """
     _require(frames, "latency over time")
     plt = _pyplot()
-    from matplotlib.transforms import blended_transform_factory
-
     answered = sorted(_answered(frames), key=lambda f: (f["t"], f["index"]))
+    drops = timeline.drops_by_reason(frames)
+    fig, (lat, rate, drop) = plt.subplots(
+        3, 1, sharex=True, figsize=(11, 7.5 + 0.2 * len(drops)),
+        gridspec_kw={"height_ratios": [3.0, 1.8, 0.6 + 0.35 * max(len(drops), 1)]},
+    )
+    changes = [b["t"] for a, b in zip(answered, answered[1:]) if a["split"] != b["split"]]
+    _draw_latencies(plt, lat, answered)
+    _draw_rates(rate, frames, timeline.real_rate_steps(link_rates))
+    _draw_drops(plt, drop, frames, drops)
+    for ax in (lat, rate, drop):
+        for i, t in enumerate(changes):
+            ax.axvline(t, color="grey", ls="--", lw=0.8, zorder=1, label="split change" if i == 0 and ax is lat else None)
+    lat.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    lat.set_title(f"latency of each answered frame ({len(answered)} answered; split changes: {len(changes)})", fontsize=10)
+    drop.set_xlabel("time since the run started (s, at capture)")
+    first, last = min(f["t"] for f in frames), max(f["t"] for f in frames)
+    pad = 0.01 * (last - first) or 0.5
+    drop.set_xlim(first - pad, last + pad)
+    _save(plt, fig, path)
+
+
+def _draw_latencies(plt: ModuleType, ax: Any, answered: list[dict[str, Any]]) -> None:
+    """The latency panel: answered frames by split, fallbacks ringed."""
     order = graph_order(f["split"] for f in answered)
     colours = _colours(plt, order)
-    fig, ax = plt.subplots(figsize=(10, 4.8))
     for split in order:
         mine = [f for f in answered if f["split"] == split]
-        ax.scatter([f["t"] for f in mine], [f["total_ms"] for f in mine], s=12, color=colours[split], label=split_label(split), zorder=3)
+        ax.scatter([f["t"] for f in mine], [f["total_ms"] for f in mine], s=12, color=colours[split],
+                   label=split_label(split), zorder=3)
     fallbacks = [f for f in answered if f.get("error")]
     if fallbacks:
         ax.scatter([f["t"] for f in fallbacks], [f["total_ms"] for f in fallbacks], s=40, facecolors="none",
-                   edgecolors="firebrick", label="fell back to local", zorder=4)
-    changes = [b["t"] for a, b in zip(answered, answered[1:]) if a["split"] != b["split"]]
-    for i, t in enumerate(changes):
-        ax.axvline(t, color="grey", ls="--", lw=0.8, zorder=1, label="split change" if i == 0 else None)
-    dropped = [f["t"] for f in frames if f.get("dropped")]
-    if dropped:
-        bottom = blended_transform_factory(ax.transData, ax.transAxes)  # x in seconds, y in axes fraction
-        ax.scatter(dropped, [0.02] * len(dropped), marker="x", s=14, color="dimgrey", transform=bottom,
-                   label=f"dropped ({len(dropped)})", zorder=2)
-    ax.set_xlabel("time since start (s, at capture)")
-    ax.set_ylabel("total latency (ms)")
+                   edgecolors="firebrick", label="host failed: answered here", zorder=4)
+    if not answered:
+        ax.text(0.5, 0.5, "no frame answered", transform=ax.transAxes, ha="center", va="center")
+    ax.set_ylabel("capture → answer (ms)")
     ax.set_ylim(bottom=0)
-    handles, labels = ax.get_legend_handles_labels()
+
+
+def _draw_rates(ax: Any, frames: Sequence[dict[str, Any]], steps: list[dict[str, Any]]) -> None:
+    """The rate panel: the board's estimate and the link's real rate, in Mbit/s, the last real
+    step held to the end of the run (the rate stays in force after a schedule ends)."""
     rated = sorted((f for f in frames if f.get("rate_bps")), key=lambda f: f["t"])
+    values = [f["rate_bps"] / _BITS_PER_MBIT for f in rated]
     if rated:
-        twin = ax.twinx()
-        line = twin.plot([f["t"] for f in rated], [f["rate_bps"] / _BITS_PER_MBIT for f in rated], drawstyle="steps-post",
-                         color="grey", lw=1.2, alpha=0.8, label="rate estimate")
-        twin.set_yscale("log")
-        twin.set_ylabel("link rate estimate (Mbit/s)")
-        handles, labels = handles + line, labels + ["rate estimate"]
-    ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.1, 1.0))
-    ax.set_title(f"latency per frame ({len(answered)} answered, {len(changes)} split changes)")
-    _save(plt, fig, path)
+        ax.plot([f["t"] for f in rated], values, drawstyle="steps-post", color="tab:blue", lw=1.2,
+                label="board's estimate (the splits were chosen on it)")
+    if steps:
+        end = max(max(f["t"] for f in frames), steps[-1]["t"])
+        ax.plot([s["t"] for s in steps] + [end], [s["rate_mbit"] for s in steps] + [steps[-1]["rate_mbit"]],
+                drawstyle="steps-post", color="black", lw=2.0, ls=(0, (4, 2)),
+                label=f"link's real rate ({steps[0]['set_by'] or 'recorded'})")
+        values += [s["rate_mbit"] for s in steps]
+    notes = []
+    if not rated:
+        notes.append("no rate estimate:\nnothing was offloaded or probed")
+    if not steps:
+        notes.append("the link's real rate: not in this\ntrace (a testbed run records it)")
+    if notes:  # beside the panel, under its legend: inside, it would cover the lines
+        ax.text(1.01, 0.0, "\n".join(notes), transform=ax.transAxes, ha="left", va="bottom", fontsize=8, color="dimgrey")
+    if values:
+        _plain_rate_axis(ax, min(values), max(values))
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.set_yticks([])
+    ax.set_ylabel("link rate (Mbit/s)")
+
+
+def _draw_drops(plt: ModuleType, ax: Any, frames: Sequence[dict[str, Any]], drops: dict[str, int]) -> None:
+    """The drop track: a tick at each dropped frame's capture time, one row per reason."""
+    colours = _reason_colours(plt, drops)
+    for row, reason in enumerate(drops):
+        times = [f["t"] for f in frames if f.get("dropped") and timeline.drop_reason(f) == reason]
+        ax.scatter(times, [row] * len(times), marker="|", s=120, color=colours[reason],
+                   label=f"{timeline.reason_label(reason)}: {drops[reason]}")
+    total = sum(drops.values())
+    if drops:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="why dropped", title_fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no frame dropped", transform=ax.transAxes, ha="center", va="center", fontsize=9)
+    ax.set_yticks([])
+    ax.set_ylim(-0.7, max(len(drops), 1) - 0.3)
+    ax.set_ylabel("dropped", rotation=0, ha="right", va="center")
+    ax.set_title(f"dropped frames (never answered, so not on the latency axis): {total} of {len(frames)}", fontsize=9)
+
+
+def _reason_colours(plt: ModuleType, reasons: Iterable[str]) -> dict[str, Any]:
+    """One colour per drop reason, the same in every plot of a report."""
+    cmap = plt.get_cmap("Set1")
+    return {reason: cmap(i % cmap.N) for i, reason in enumerate(reasons)}
+
+
+def _plain_rate_axis(ax: Any, low: float, high: float) -> None:
+    """A y axis of rates in plain Mbit/s numbers (1, 2, 5, 10, ...), never "3×10⁰": logarithmic
+    where they span more than a factor of 4 (a step from 50 to 1 Mbit/s stays readable), else linear from 0."""
+    if high > 4 * low:
+        ax.set_yscale("log")
+        ax.set_ylim(low / 1.4, high * 1.4)
+        _plain_log_ticks(ax.yaxis, low / 1.4, high * 1.4)
+    else:
+        from matplotlib.ticker import ScalarFormatter
+
+        ax.yaxis.set_major_formatter(ScalarFormatter(useOffset=False))
+        ax.set_ylim(0, high * 1.15)
+
+
+def _plain_log_ticks(axis: Any, low: float, high: float) -> None:
+    """Ticks of a log axis from ``low`` to ``high`` at 1, 2, 3, 5 × 10^k (1, 2, 5 × 10^k over more
+    than two decades, the powers of ten alone over more than four), labelled as plain numbers."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    decades = math.log10(high / low)
+    mantissas = (1,) if decades > 4 else (1, 2, 5) if decades > 2 else (1, 2, 3, 5)
+    ticks = [m * 10.0 ** k for k in range(first, last + 1) for m in mantissas if low <= m * 10.0 ** k <= high]
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def plot_latency_cdf(frames: Sequence[dict[str, Any]], path: str | Path) -> None:
@@ -224,7 +316,8 @@ def plot_latency_cdf(frames: Sequence[dict[str, Any]], path: str | Path) -> None
 
 
 def plot_drop_rate(frames: Sequence[dict[str, Any]], path: str | Path, window_s: float = 1.0) -> None:
-    """Share of the frames captured in each ``window_s`` window that were dropped.
+    """Share of the frames captured in each ``window_s`` window that were dropped, stacked by reason
+    (the colours of the drop track in ``latency_over_time``).
 
     Windows are aligned on the first capture. A window with no frame has no rate: it is shaded
     grey instead, which tells a stalled source from a window where nothing was dropped.
@@ -234,39 +327,51 @@ def plot_drop_rate(frames: Sequence[dict[str, Any]], path: str | Path, window_s:
         raise SplitEdgeError(f"window_s must be > 0 s, got {window_s!r}")
     plt = _pyplot()
     t = np.array([f["t"] for f in frames], dtype=float)
-    dropped = np.array([bool(f.get("dropped")) for f in frames])
     start = t.min()
     windows = np.floor((t - start) / window_s).astype(int)
     count = np.bincount(windows)
-    lost = np.bincount(windows, weights=dropped)
     seen = count > 0
     left = start + np.flatnonzero(seen) * window_s
+    drops = timeline.drops_by_reason(frames)
+    colours = _reason_colours(plt, drops)
     fig, ax = plt.subplots(figsize=(10, 3.6))
-    ax.bar(left, 100.0 * lost[seen] / count[seen], width=window_s, align="edge", color="firebrick", alpha=0.8,
-           edgecolor="white", linewidth=0.3)
+    bottom = np.zeros(int(seen.sum()))
+    for reason, n in drops.items():
+        mine = np.array([bool(f.get("dropped")) and timeline.drop_reason(f) == reason for f in frames])
+        share = 100.0 * np.bincount(windows, weights=mine, minlength=len(count))[seen] / count[seen]
+        ax.bar(left, share, width=window_s, bottom=bottom, align="edge", color=colours[reason], alpha=0.85,
+               edgecolor="white", linewidth=0.3, label=f"{timeline.reason_label(reason)}: {n}")
+        bottom += share
     for i, k in enumerate(np.flatnonzero(~seen)):  # shaded, so that "no frames" does not read as "0 % dropped"
         ax.axvspan(start + k * window_s, start + (k + 1) * window_s, color="lightgrey", alpha=0.6, lw=0,
                    label="no frame captured" if i == 0 else None)
-    if not seen.all():
-        ax.legend(fontsize=8, loc="upper right")
-    ax.set_xlabel("time since start (s, at capture)")
-    ax.set_ylabel(f"dropped per {window_s:g} s window (%)")
+    if drops or not seen.all():
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="why dropped", title_fontsize=8)
+    ax.set_xlabel("time since the run started (s, at capture)")
+    ax.set_ylabel(f"dropped (% of the frames\ncaptured in each {window_s:g} s)")
     ax.set_ylim(0, 105)
-    ax.set_title(f"drop rate: {int(dropped.sum())} of {len(frames)} frames dropped ({100.0 * dropped.mean():.1f} %)")
+    dropped = sum(drops.values())
+    ax.set_title(f"drop rate: {dropped} of {len(frames)} frames dropped ({100.0 * dropped / len(frames):.1f} %)")
     _save(plt, fig, path)
 
 
-#: Stage and wait colours of the measured-vs-model bars: stages solid, waits hatched.
-_STAGE_COLOURS = {"head": "tab:blue", "transfer": "tab:orange", "tail": "tab:green"}
+#: Stage and wait colours of the measured-vs-model bars: stages solid (dotted in the model's bar),
+#: waits hatched; in the order a frame goes through them, bottom up.
+_STAGE_COLOURS = {"preprocess": "tab:purple", "head": "tab:blue", "transfer": "tab:orange", "tail": "tab:green"}
+_STAGE_LABELS = {"preprocess": "preprocessing", "head": "head (board)", "transfer": "transfer (link)",
+                 "tail": "tail (host)"}
 _WAIT_COLOURS = {"queue": "lightgrey", "slot": "silver", "host_queue": "darkgrey"}
 _WAIT_LABELS = {"queue": "wait: board queue", "slot": "wait: in-flight slot", "host_queue": "wait: host queue"}
 
 
 def plot_measured_vs_model(comparison: dict[str, dict[str, Any]], path: str | Path) -> None:
-    """Per split, two stacked bars: the model's DSC Eq. 4 stages (head, transfer, tail) and the
-    measured ones, with the measured waits (board queue, in-flight slot, host queue) hatched on
-    top. Medians of the summary's ``predicted_vs_measured``; the ratio above each pair is the
-    stages' alone, so queueing shows as its own height rather than as a model that is off.
+    """Per split, two stacked bars: the model's prediction (DSC Eq. 4: head, transfer, tail, and
+    preprocessing where the calibration timed it) and what was measured, stage by stage, with the
+    measured waits (board queue, in-flight slot, host queue) hatched on top. Medians of the
+    summary's ``predicted_vs_measured``. A stage the calibration has no time for is drawn in the
+    measured bar only, and the model's bar says so; the figure above each pair is measured ÷
+    model over the stages the model predicts, so queueing shows as its own height rather than
+    as a model that is off.
     """
     if not comparison:
         raise SplitEdgeError("nothing to plot (measured vs model): no split with a model and frames")
@@ -274,8 +379,9 @@ def plot_measured_vs_model(comparison: dict[str, dict[str, Any]], path: str | Pa
     splits = list(comparison)
     x = np.arange(len(splits), dtype=float)
     width = 0.38
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(splits) + 2.5), 4.8))
+    fig, ax = plt.subplots(figsize=(max(7.0, 2.0 * len(splits) + 3.5), 5.4))
     labelled: set[str] = set()
+    covered = " + ".join(s for s in _STAGE_COLOURS if s not in next(iter(comparison.values()))["unmodelled_stages"])
 
     def bar(position: float, height: float, bottom: float, colour: Any, label: str, hatch: str | None = None) -> None:
         ax.bar(position, height, width, bottom=bottom, color=colour, edgecolor="white", hatch=hatch,
@@ -284,29 +390,38 @@ def plot_measured_vs_model(comparison: dict[str, dict[str, Any]], path: str | Pa
 
     for i, split in enumerate(splits):
         c = comparison[split]
-        bottom = 0.0
-        for stage, colour in _STAGE_COLOURS.items():
+        model_top = 0.0
+        for stage in (s for s in _STAGE_COLOURS if s not in c["unmodelled_stages"]):
             height = c["stages"][stage]["predicted_ms"]
-            bar(x[i] - width / 2, height, bottom, colour, f"{stage}, model", hatch="..")
-            bottom += height
-        top = bottom
-        bottom = 0.0
+            bar(x[i] - width / 2, height, model_top, _STAGE_COLOURS[stage], f"{_STAGE_LABELS[stage]}, model", hatch="..")
+            model_top += height
+        if c["unmodelled_stages"]:
+            missing = ", ".join(_STAGE_LABELS[s] for s in c["unmodelled_stages"])
+            ax.text(x[i] - width / 2, model_top, f"no {missing}\nin the\ncalibration", ha="center", va="bottom",
+                    fontsize=7, color="dimgrey")
+        top = 0.0
         for stage, colour in _STAGE_COLOURS.items():
             height = c["stages"][stage]["measured_ms"]
-            bar(x[i] + width / 2, height, bottom, colour, f"{stage}, measured")
-            bottom += height
-        for wait, key in (("queue", "queue"), ("slot", "slot"), ("host_queue", "host_queue")):
-            if c["waits_ms"] is not None and c["waits_ms"][key] > 0:
-                bar(x[i] + width / 2, c["waits_ms"][key], bottom, _WAIT_COLOURS[wait], _WAIT_LABELS[wait], hatch="//")
-                bottom += c["waits_ms"][key]
-        ratio = "-" if c["ratio"] is None else f"stages ×{c['ratio']:.2f}"
-        ax.text(x[i], max(top, bottom), ratio, ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(x)
-    ax.set_xticklabels([f"{split_label(s)}\nmodel | measured" for s in splits], fontsize=8)
-    ax.set_ylabel("ms (medians)")
+            bar(x[i] + width / 2, height, top, colour, f"{_STAGE_LABELS[stage]}, measured")
+            top += height
+        for wait, colour in _WAIT_COLOURS.items():
+            if c["waits_ms"] is not None and c["waits_ms"][wait] > 0:
+                bar(x[i] + width / 2, c["waits_ms"][wait], top, colour, _WAIT_LABELS[wait], hatch="//")
+                top += c["waits_ms"][wait]
+        if c["ratio"] is not None:
+            ax.text(x[i], max(top, model_top), f"measured ÷ model\nof {covered}: {c['ratio']:.2f}", ha="center",
+                    va="bottom", fontsize=8)
+    ax.set_xticks(np.concatenate([x - width / 2, x + width / 2]))
+    ax.set_xticklabels(["model"] * len(splits) + ["measured"] * len(splits), fontsize=8)
+    for i, split in enumerate(splits):
+        ax.annotate(split_label(split), (x[i], 0), xytext=(0, -24), textcoords="offset points", xycoords=("data", "axes fraction"),
+                    ha="center", va="top", fontsize=9, fontweight="bold")
+    ax.margins(y=0.18)
+    ax.set_ylabel("median time per frame (ms)")
     handles, labels = ax.get_legend_handles_labels()  # model stages, then measured, then waits
     order = sorted(range(len(labels)), key=lambda k: (not labels[k].endswith("model"), k))
     ax.legend([handles[k] for k in order], [labels[k] for k in order], fontsize=8, loc="upper left",
               bbox_to_anchor=(1.01, 1.0))
-    ax.set_title("measured vs model: stages (DSC Eq. 4), waits apart", fontsize=10)
+    ax.set_title("where the time went, per split: the model's prediction against what was measured\n"
+                 "(the waits are queueing, which the model does not predict)", fontsize=9)
     _save(plt, fig, path)

@@ -6,16 +6,22 @@ the split moved, and, given the board's calibration, what the switching was wort
 each split held static (DSC Eq. 7) and how far the latency model is from what was measured.
 
 The model (DSC Eq. 4) predicts the stages of one batch on an idle pipeline: head, transfer,
-tail. A frame of a real run also waits (in the board's queue for its head, for an in-flight
-slot, in the host's queue), and those waits grow with the load, not with the split: the
-comparison sets the measured stages against the model and shows the waits beside them, so a
-run that queued is not read as a model 5x off.
+tail, and preprocessing where the calibration timed it. A frame of a real run also waits (in
+the board's queue for its head, for an in-flight slot, in the host's queue), and those waits
+grow with the load, not with the split: the comparison sets the measured stages against the
+model and shows the waits beside them, so a run that queued is not read as a model 5x off.
+Preprocessing is always measured and shown as a stage of its own; a calibration without its
+time says so instead of predicting one.
+
+Dropped frames are counted by the reason the trace gives, and where a testbed shaped the link
+the trace's real rate is read back beside the board's estimate (:mod:`fieldtrial.timeline`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,22 +30,26 @@ import numpy as np
 import calibration as cal
 from calibration import Calibration, CalibrationError, Calibrations, gains_over_static
 from device_runtime import LOCAL
-from fieldtrial import plots
-from fieldtrial.trace import read_trace, records_waits
+from fieldtrial import plots, timeline
+from fieldtrial.trace import Trace, load_trace, records_waits
 from splitedge import SplitEdgeError
 
 __all__ = ["PLOTS", "SUMMARY_FILE", "format_summary", "summarize", "write_report"]
 
 SUMMARY_FILE = "summary.json"
-PLOTS = {
-    "latency_over_time.png": plots.plot_latency_over_time,
-    "latency_cdf.png": plots.plot_latency_cdf,
-    "drop_rate.png": plots.plot_drop_rate,
+#: The plots of every report, each drawn from the trace.
+PLOTS: dict[str, Callable[[Trace, Path], None]] = {
+    "latency_over_time.png": lambda trace, path: plots.plot_latency_over_time(trace.frames, path, trace.link_rates),
+    "latency_cdf.png": lambda trace, path: plots.plot_latency_cdf(trace.frames, path),
+    "drop_rate.png": lambda trace, path: plots.plot_drop_rate(trace.frames, path),
 }
 _RUN_FIELDS = ("bundle_id", "policy", "batch", "source", "started_unix", "backend", "precision", "calibration_key")
 MODEL_PLOT = "measured_vs_model.png"
-#: The stages DSC Eq. 4 sums (:meth:`calibration.LatencyModel.terms_ms`), as the trace names them.
-STAGES = ("head", "transfer", "tail")
+#: A frame's stages in the order it goes through them, as the trace names them; the model predicts
+#: those :meth:`calibration.LatencyModel.terms_ms` returns (DSC Eq. 4: head, transfer, tail).
+STAGES = ("preprocess", "head", "transfer", "tail")
+#: What the summary says of a stage the calibration has no time for.
+NOT_CALIBRATED = "not in the calibration: measured only"
 #: The waits a trace records (schema 2), as the summary names them.
 WAITS = {"queue": "queue_ms", "slot": "slot_ms", "host_queue": "host_queue_ms"}
 
@@ -123,15 +133,19 @@ def _predicted_vs_measured(
     """Per split, medians over its frames: the model's DSC Eq. 4 prediction at each frame's
     (batch, rate) against the stage times measured, stage by stage, and the waits beside them.
 
-    ``ratio`` is measured stages / predicted: above 1 the board, link or host ran slower than
-    calibrated; it leaves out the waits, which the model does not predict (a frame that waits
-    in a queue says the pipeline was loaded, not that a stage was slow). ``waits_ms`` has the
-    median of each wait and of their sum (``all``); ``end_to_end_ms`` is capture to answer
-    less preprocessing (which the model leaves out too) and ``end_to_end_ratio`` its ratio to
-    the prediction, the figure that mixed both. A schema 1 trace recorded no waits (None)
-    and counted the host's queue in its tail. LOCAL needs no rate (T_L = head); the other
-    splits use the frames with one. Frames answered here after a failed offload are left
-    out: their head time holds the failed attempt's head and the full model.
+    ``stages`` has every stage of :data:`STAGES`, measured; ``predicted_ms`` is None with a
+    ``model`` note for a stage the calibration has no time for (preprocessing, in a calibration
+    that did not time it), and ``unmodelled_stages`` lists them. ``predicted_ms`` and
+    ``stages_ms`` sum the modelled stages only, so ``ratio`` (measured / predicted) compares
+    like with like: above 1 the board, link or host ran slower than calibrated. It leaves out
+    the waits, which the model does not predict (a frame that waits in a queue says the
+    pipeline was loaded, not that a stage was slow). ``waits_ms`` has the median of each wait
+    and of their sum (``all``); ``end_to_end_ms`` is capture to answer, everything included,
+    and ``end_to_end_ratio`` its ratio to the prediction, the figure that mixes it all. A
+    schema 1 trace recorded no waits (None) and counted the host's queue in its tail. LOCAL
+    needs no rate (T_L = head); the other splits use the frames with one. Frames answered here
+    after a failed offload are left out: their head time holds the failed attempt's head and
+    the full model.
     """
     out: dict[str, dict[str, Any]] = {}
     model = calibration.model
@@ -140,14 +154,11 @@ def _predicted_vs_measured(
         if not mine:
             continue
         terms = [model.terms_ms(split, f["batch"], f["rate_bps"] or 0.0) for f in mine]
-        stages = {
-            stage: {"measured_ms": _median([f[f"{stage}_ms"] for f in mine]),
-                    "predicted_ms": _median([t[stage] for t in terms])}
-            for stage in STAGES
-        }
-        predicted = _median([sum(t.values()) for t in terms])
-        measured = _median([sum(f[f"{stage}_ms"] for stage in STAGES) for f in mine])
-        end_to_end = _median([f["total_ms"] - f["preprocess_ms"] for f in mine])
+        covered = [stage for stage in STAGES if stage in terms[0]]  # the stages the model predicts
+        stages = {stage: _stage(stage, mine, terms, stage in covered) for stage in STAGES}
+        predicted = _median([sum(t[stage] for stage in covered) for t in terms])
+        measured = _median([sum(f[f"{stage}_ms"] for stage in covered) for f in mine])
+        end_to_end = _median([f["total_ms"] for f in mine])
         waited = None
         if waits:
             waited = {name: _median([f.get(key, 0.0) for f in mine]) for name, key in WAITS.items()}
@@ -161,16 +172,32 @@ def _predicted_vs_measured(
             "end_to_end_ms": end_to_end,
             "end_to_end_ratio": end_to_end / predicted if predicted > 0 else None,
             "stages": stages,
+            "unmodelled_stages": [stage for stage in STAGES if stage not in covered],
         }
     return out
 
 
+def _stage(
+    stage: str, frames: list[dict[str, Any]], terms: list[dict[str, float]], modelled: bool,
+) -> dict[str, Any]:
+    """One stage's measured median and the model's, or a note that the calibration has none."""
+    measured = _median([f[f"{stage}_ms"] for f in frames])
+    if modelled:
+        return {"measured_ms": measured, "predicted_ms": _median([t[stage] for t in terms])}
+    return {"measured_ms": measured, "predicted_ms": None, "model": NOT_CALIBRATED}
+
+
 def summarize(
     run: dict[str, Any], frames: list[dict[str, Any]], calibration: Calibration | None, waits: bool = True,
+    link_rates: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """The numbers of one traced run (see the module docstring); JSON-ready.
 
-    Latencies are over answered frames only: a dropped frame was never classified. ``fps`` is
+    Latencies are over answered frames only: a dropped frame was never classified; the dropped
+    ones are counted per reason in ``drops_by_reason`` (:func:`timeline.drops_by_reason`).
+    ``link_rate`` has the link's real rate where a testbed recorded it (``real``: its steps in
+    Mbit/s from ``t`` on, ``[]`` when the trace has none, from its ``link_rates`` records) and
+    the board's estimate over it (``estimate_over_real``, :func:`timeline.estimate_over_real`). ``fps`` is
     answered frames per second of capture time (first to last capture, dropped frames
     included), None for a run of a single instant. A split's ``seconds`` are the spans from
     each of its answered frames to the next answered capture (see :func:`_per_split`).
@@ -188,18 +215,21 @@ def summarize(
     frames = sorted(frames, key=lambda f: (f["t"], f["index"]))
     answered = [f for f in frames if not f.get("dropped")]
     duration = frames[-1]["t"] - frames[0]["t"]
+    steps = timeline.real_rate_steps(link_rates)
     summary: dict[str, Any] = {
         "run": {key: run.get(key) for key in _RUN_FIELDS},
         "frames": len(frames),
         "answered": len(answered),
         "dropped": len(frames) - len(answered),
         "drop_rate": (len(frames) - len(answered)) / len(frames),
+        "drops_by_reason": timeline.drops_by_reason(frames),
         "duration_s": duration,
         "fps": len(answered) / duration if duration > 0 else None,
         "latency_ms": _percentiles([f["total_ms"] for f in answered]),
         "per_split": _per_split(answered),
         "switches": sum(a["split"] != b["split"] for a, b in zip(answered, answered[1:])),
         "fallbacks": sum(1 for f in frames if f.get("error")),
+        "link_rate": {"real": steps, "estimate_over_real": timeline.estimate_over_real(frames, steps)},
         "calibration": None,
     }
     if calibration is not None:
@@ -251,10 +281,11 @@ def write_report(
     calibration, :data:`MODEL_PLOT` shows the model against the measured stages and waits.
     """
     trace_path = Path(trace_path)
-    run, frames = read_trace(trace_path)
-    if not frames:
+    trace = load_trace(trace_path)
+    if not trace.frames:
         raise SplitEdgeError(f"no frames in {trace_path}")
-    summary = summarize(run, frames, _calibration_for(run, trace_path, calibration), records_waits(run))
+    summary = summarize(trace.run, trace.frames, _calibration_for(trace.run, trace_path, calibration),
+                        records_waits(trace.run), trace.link_rates)
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -262,7 +293,7 @@ def write_report(
     except OSError as exc:
         raise SplitEdgeError(f"cannot write the report into {out_dir}: {exc}") from exc
     for name, plot in PLOTS.items():
-        plot(frames, out_dir / name)
+        plot(trace, out_dir / name)
     if summary.get("predicted_vs_measured"):
         plots.plot_measured_vs_model(summary["predicted_vs_measured"], out_dir / MODEL_PLOT)
     return summary
@@ -283,6 +314,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"duration {summary['duration_s']:.2f} s  {fps} fps  {summary['switches']} split switches",
         f"latency ms  p50 {_ms(latency['p50'])}  p95 {_ms(latency['p95'])}  p99 {_ms(latency['p99'])}  "
         f"mean {_ms(latency['mean'])}",
+        *_drop_lines(summary["drops_by_reason"]),
+        *_link_rate_lines(summary["link_rate"]),
         "",
         f"{'split':28s} {'frames':>7s} {'share':>7s} {'seconds':>8s} {'p50 ms':>8s} {'p95 ms':>8s}",
     ]
@@ -302,22 +335,46 @@ def format_summary(summary: dict[str, Any]) -> str:
             lines.append(f"  {plots.split_label(split):28s} {100.0 * gains[split]:7.1f} %")
     comparison = summary.get("predicted_vs_measured")
     if comparison:
+        modelled = " + ".join(stage for stage in STAGES if stage not in next(iter(comparison.values()))["unmodelled_stages"])
         lines += [
             "",
-            "measured vs model (medians, ms): the model's stages (DSC Eq. 4: head + transfer + tail) against the "
-            "measured ones; the waits (board queue, in-flight slot, host queue) apart",
-            f"{'split':28s} {'frames':>7s} {'model':>8s} {'stages':>8s} {'ratio':>6s} {'waits':>8s} "
+            f"measured vs model (medians, ms): the model's stages (DSC Eq. 4: {modelled}) against the measured ones; "
+            "preprocessing measured; the waits (board queue, in-flight slot, host queue) apart",
+            f"{'split':28s} {'frames':>7s} {'model':>8s} {'stages':>8s} {'ratio':>6s} {'preproc':>8s} {'waits':>8s} "
             f"{'end-to-end':>10s} {'ratio':>6s}",
         ]
         for split, c in comparison.items():
             waits = c["waits_ms"]["all"] if c["waits_ms"] is not None else None
             lines.append(
                 f"{plots.split_label(split):28s} {c['frames']:7d} {c['predicted_ms']:8.1f} {c['stages_ms']:8.1f} "
-                f"{_ratio(c['ratio']):>6s} {_ms(waits):>8s} {c['end_to_end_ms']:10.1f} {_ratio(c['end_to_end_ratio']):>6s}"
+                f"{_ratio(c['ratio']):>6s} {c['stages']['preprocess']['measured_ms']:8.1f} {_ms(waits):>8s} "
+                f"{c['end_to_end_ms']:10.1f} {_ratio(c['end_to_end_ratio']):>6s}"
             )
+        if any(c["unmodelled_stages"] for c in comparison.values()):
+            lines.append("  (the calibration has no preprocessing time: the model's figures leave it out)")
         if any(c["waits_ms"] is None for c in comparison.values()):
             lines.append("  (a schema 1 trace: no waits recorded; the host's queue is counted in the tail)")
     return "\n".join(lines)
+
+
+def _drop_lines(by_reason: dict[str, int]) -> list[str]:
+    """One line of dropped frames per reason, where any was dropped."""
+    if not by_reason:
+        return []
+    return ["dropped, by reason: " + ", ".join(f"{n} {timeline.reason_label(r)}" for r, n in by_reason.items())]
+
+
+def _link_rate_lines(link_rate: dict[str, Any]) -> list[str]:
+    """The link's real rate and the estimate against it, where a testbed recorded the rate."""
+    steps, ratio = link_rate["real"], link_rate["estimate_over_real"]
+    if not steps:
+        return []
+    rates = " → ".join(f"{s['rate_mbit']:g}" for s in steps)
+    line = f"link's real rate ({steps[0]['set_by'] or 'recorded'}): {rates} Mbit/s"
+    if ratio is not None:
+        line += (f"; the board's estimate ÷ the real rate: p5 {ratio['p5']:.2f}, p50 {ratio['p50']:.2f}, "
+                 f"p95 {ratio['p95']:.2f} over {ratio['frames']} frames")
+    return [line]
 
 
 def _ratio(value: float | None) -> str:

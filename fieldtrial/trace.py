@@ -3,38 +3,60 @@
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from device_runtime.stream import TRACE_SCHEMA
+from device_runtime.stream import LINK_RATE, TRACE_SCHEMA
 from splitedge import SplitEdgeError
 
-__all__ = ["TRACE_SCHEMA_1", "read_trace", "records_waits"]
+__all__ = ["TRACE_SCHEMA_1", "TRACE_SCHEMA_2", "Trace", "load_trace", "read_trace", "records_waits"]
 
 #: Traces before the waits were recorded: ``tail_ms`` held the host's queue, and nothing else
 #: told queueing from the stages.
 TRACE_SCHEMA_1 = "splitedge.trace/1"
+#: Traces before drop reasons and the link's real rate were recorded.
+TRACE_SCHEMA_2 = "splitedge.trace/2"
+_READABLE = (TRACE_SCHEMA, TRACE_SCHEMA_2, TRACE_SCHEMA_1)
 
 
-def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The run record and the frame records; a malformed line is an error naming its number."""
+@dataclass(frozen=True)
+class Trace:
+    """One run as its trace recorded it: the run record, the frames, and the link's real rate
+    where a testbed set it (``link_rates``: ``t``, ``rate_bps``, ``set_by``; sorted by ``t``,
+    empty for a run on a link nobody shaped)."""
+
+    run: dict[str, Any]
+    frames: list[dict[str, Any]]
+    link_rates: list[dict[str, Any]]
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Every record of a trace a report reads; a malformed line is an error naming its number."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise SplitEdgeError(f"cannot read the trace {path}: {exc}") from exc
     records = list(_parse(path, lines))
-    if not records or records[0].get("type") != "run":
+    if not records or records[0][1].get("type") != "run":
         raise SplitEdgeError(f"{path}: not a splitedge trace (the first line must be the run record)")
-    if records[0].get("schema") not in (TRACE_SCHEMA, TRACE_SCHEMA_1):
-        raise SplitEdgeError(
-            f"{path}: trace schema {records[0].get('schema')!r}; this version reads {TRACE_SCHEMA} and {TRACE_SCHEMA_1}"
-        )
-    frames = [r for r in records[1:] if r.get("type") == "frame"]
-    return records[0], frames
+    run = records[0][1]
+    if run.get("schema") not in _READABLE:
+        raise SplitEdgeError(f"{path}: trace schema {run.get('schema')!r}; this version reads {', '.join(_READABLE)}")
+    frames = [r for _, r in records[1:] if r.get("type") == "frame"]
+    rates = [_checked_rate(path, number, r) for number, r in records[1:] if r.get("type") == LINK_RATE]
+    return Trace(run, frames, sorted(rates, key=lambda r: r["t"]))
 
 
-def _parse(path: Path, lines: list[str]) -> Iterator[dict[str, Any]]:
+def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The run record and the frame records (:func:`load_trace` without the link's rate)."""
+    trace = load_trace(path)
+    return trace.run, trace.frames
+
+
+def _parse(path: Path, lines: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -46,9 +68,20 @@ def _parse(path: Path, lines: list[str]) -> Iterator[dict[str, Any]]:
             raise SplitEdgeError(f"{path}:{number}: not JSON: {exc}") from exc
         if not isinstance(record, dict):
             raise SplitEdgeError(f"{path}:{number}: expected a JSON object")
-        yield record
+        yield number, record
+
+
+def _checked_rate(path: Path, number: int, record: dict[str, Any]) -> dict[str, Any]:
+    """A link_rate record with a time and a positive rate: a plot of a bad one would mislead."""
+    t, rate = record.get("t"), record.get("rate_bps")
+    for name, value in (("t", t), ("rate_bps", rate)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise SplitEdgeError(f"{path}:{number}: a {LINK_RATE} record needs a number {name}, got {value!r}")
+    if rate <= 0:
+        raise SplitEdgeError(f"{path}:{number}: a {LINK_RATE} record's rate_bps must be > 0, got {rate!r}")
+    return record
 
 
 def records_waits(run: dict[str, Any]) -> bool:
-    """Whether the run's frames record their waits apart from their stage times (trace schema 2)."""
+    """Whether the run's frames record their waits apart from their stage times (trace schema 2 on)."""
     return run.get("schema") != TRACE_SCHEMA_1

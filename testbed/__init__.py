@@ -11,7 +11,8 @@ The pieces, standard library only:
   run on has no ``netem``. It can also rate-limit in user space (a token bucket per direction),
   the fallback for tests that cannot be root; kernel ``tbf`` is more faithful (it shapes
   packets with their headers, drops when its queue is full, and TCP reacts as on a real link).
-* :class:`RateSchedule` — "1:10,50:10,5:10": rates and durations, driven onto either of them.
+* :class:`RateSchedule` — "1:10,50:10,5:10": rates and durations, driven onto either of them;
+  :func:`trace_steps` writes each rate it applies into the trace of the run beside it.
 * :func:`serve_in` — ``split-host`` started inside a link's namespace, behind the shaped veth.
 * :mod:`testbed.board_box` — the board in a box: an arm64 Debian Bookworm root file system
   (64-bit Raspberry Pi OS's base) under qemu-user-static, where the board's wheel installs from
@@ -30,7 +31,7 @@ from testbed.kernel_link import (
 )
 from testbed.namespace_host import serve_in
 from testbed.relay import DelayRelay
-from testbed.schedule import RateSchedule, RateStep
+from testbed.schedule import RateSchedule, RateStep, trace_steps
 
 __all__ = [
     "DelayRelay",
@@ -42,6 +43,7 @@ __all__ = [
     "remove_stale_links",
     "serve_in",
     "tbf_parameters",
+    "trace_steps",
     "unavailable_reason",
 ]
 

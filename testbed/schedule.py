@@ -1,4 +1,6 @@
-"""Rate schedules: "1:10,50:10,5:10", rates and durations driven onto a kernel link or a relay."""
+"""Rate schedules: "1:10,50:10,5:10", rates and durations driven onto a kernel link or a relay,
+and written into the trace of the run beside them (:func:`trace_steps`), so its report can draw
+the link's real rate against the board's estimate."""
 
 from __future__ import annotations
 
@@ -6,7 +8,9 @@ import asyncio
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+from device_runtime.stream import append_link_rate
 from testbed.kernel_link import EmulatedLink, _checked_rate
 from testbed.relay import DelayRelay
 
@@ -101,3 +105,18 @@ class RateSchedule:
                     await asyncio.sleep(remaining)
             if not self.repeat:
                 return
+
+
+#: What a schedule's trace records say set the rate.
+SET_BY = "testbed schedule"
+_BITS_PER_MBIT = 1e6
+
+
+def trace_steps(trace: str | Path) -> Callable[[float, float], None]:
+    """An ``on_change`` for :meth:`RateSchedule.drive` that writes each rate applied into the trace
+    a ``split-device run --trace`` is writing beside it: the board only estimates the link's rate,
+    and a report can judge the estimate only against what the link really did."""
+    def on_change(elapsed_s: float, rate_mbit: float) -> None:
+        append_link_rate(trace, rate_mbit * _BITS_PER_MBIT, SET_BY)
+
+    return on_change

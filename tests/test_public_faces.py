@@ -53,9 +53,9 @@ FACES = {
         "HostAdvert", "HostLink", "LinkMeter", "connect_host", "discover", "host_address", "probe_bytes",
     ],
     "device_runtime.stream": [
-        "AutoPolicy", "BanditPolicy", "Frame", "FrameQueue", "FrameResult", "FrameSource", "IMAGE_SUFFIXES",
-        "Pipeline", "PipelineConfig", "PipelineStats", "SplitPolicy", "StaticPolicy", "TRACE_SCHEMA",
-        "TraceWriter", "open_source", "pi_camera_absent", "top1",
+        "AutoPolicy", "BanditPolicy", "DROP_QUEUE_FULL", "Frame", "FrameQueue", "FrameResult", "FrameSource",
+        "IMAGE_SUFFIXES", "LINK_RATE", "Pipeline", "PipelineConfig", "PipelineStats", "SplitPolicy", "StaticPolicy",
+        "TRACE_SCHEMA", "TraceWriter", "append_link_rate", "open_source", "pi_camera_absent", "top1",
     ],
     "device_runtime.board": [
         "CAMERA_GROUP", "CalibrateSettings", "Connection", "DEFAULT_BATCHES", "DetectedBoard",
@@ -70,12 +70,12 @@ FACES = {
         "BatchConfig", "HostServer", "ServerConfig", "TailRegistry",
     ],
     "fieldtrial": [
-        "format_summary", "plot_drop_rate", "plot_latency_cdf", "plot_latency_over_time",
+        "Trace", "format_summary", "load_trace", "plot_drop_rate", "plot_latency_cdf", "plot_latency_over_time",
         "plot_measured_vs_model", "plot_table", "read_trace", "summarize", "write_report",
     ],
     "testbed": [
         "DelayRelay", "EmulatedLink", "LinkEmulationError", "LinkEmulationUnavailable", "RateSchedule",
-        "RateStep", "remove_stale_links", "serve_in", "tbf_parameters", "unavailable_reason",
+        "RateStep", "remove_stale_links", "serve_in", "tbf_parameters", "trace_steps", "unavailable_reason",
     ],
     "exporter.deploy": [
         "BoardFacts", "BoardResult", "Fleet", "FleetResult", "Release", "Remote", "UploadStats",

@@ -5,20 +5,22 @@ from device_runtime.stream.camera import Frame, FrameSource, open_source
 from device_runtime.stream.frame_queue import FrameQueue
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig, PipelineStats
 from device_runtime.stream.policy import AutoPolicy, BanditPolicy, SplitPolicy, StaticPolicy
-from device_runtime.stream.results import FrameResult, top1
-from device_runtime.stream.trace import TRACE_SCHEMA, TraceWriter
+from device_runtime.stream.results import DROP_QUEUE_FULL, FrameResult, top1
+from device_runtime.stream.trace import LINK_RATE, TRACE_SCHEMA, TraceWriter, append_link_rate
 
 from device_runtime.stream.camera import IMAGE_SUFFIXES
 from device_runtime.stream.picamera import pi_camera_absent
 
 __all__ = [
     "AutoPolicy",
+    "DROP_QUEUE_FULL",
     "BanditPolicy",
     "Frame",
     "FrameQueue",
     "FrameResult",
     "FrameSource",
     "IMAGE_SUFFIXES",
+    "LINK_RATE",
     "Pipeline",
     "PipelineConfig",
     "PipelineStats",
@@ -26,6 +28,7 @@ __all__ = [
     "StaticPolicy",
     "TRACE_SCHEMA",
     "TraceWriter",
+    "append_link_rate",
     "open_source",
     "pi_camera_absent",
     "top1",

@@ -55,7 +55,7 @@ from device_runtime.stream.camera import Frame, FrameSource
 from device_runtime.stream.fragments import gather
 from device_runtime.stream.frame_queue import FrameQueue
 from device_runtime.stream.policy import SplitPolicy
-from device_runtime.stream.results import FrameResult, top1
+from device_runtime.stream.results import DROP_QUEUE_FULL, FrameResult, top1
 from device_runtime.wire import Hop
 from splitedge import HostUnavailableError, RemoteError
 
@@ -537,6 +537,6 @@ class Pipeline:
 def _dropped(frame: Frame) -> FrameResult:
     return FrameResult(
         index=frame.index, name=frame.name, label=None, probability=None, split="", captured=frame.captured,
-        total_ms=(time.monotonic() - frame.captured) * 1000.0, dropped=True,
+        total_ms=(time.monotonic() - frame.captured) * 1000.0, dropped=True, drop_reason=DROP_QUEUE_FULL,
     )
 

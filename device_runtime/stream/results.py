@@ -11,7 +11,11 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["FrameResult", "top1"]
+__all__ = ["DROP_QUEUE_FULL", "FrameResult", "top1"]
+
+#: Why a frame was dropped, as its result and the trace say (``drop_reason``): the board's queue
+#: was full when a newer frame came, and the oldest waiting one made room (newest wins).
+DROP_QUEUE_FULL = "queue_full"
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class FrameResult:
     where: str = "local"  # local | remote
     host: str | None = None
     dropped: bool = False  # dropped from the queue by policy: never classified
+    drop_reason: str | None = None  # why it was dropped (DROP_QUEUE_FULL, ...); None for an answered frame
     error: str | None = None  # why a remote batch fell back to local
     attempted: str | None = None  # the split chosen for a batch that fell back to local
     missing: tuple[int, ...] = ()  # a semantic split's fragments that did not answer in time (scored absent)

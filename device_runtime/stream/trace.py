@@ -11,16 +11,27 @@ the link, the rate estimate, the stage times (preprocess / head / transfer / tai
 tail is the host's compute alone), the waits (``queue_ms`` in the board's queue before the
 head, ``slot_ms`` for an in-flight slot, ``host_queue_ms`` in the host's queue), the total
 ms from capture to answer, whether it was dropped, local or remote, the host, and the error
-that made a remote batch fall back. Lines are flushed as they are written, so a run cut
-short (a Pi losing power) leaves a readable trace.
+that made a remote batch fall back, and for a dropped frame why (``drop_reason``:
+:data:`~device_runtime.stream.results.DROP_QUEUE_FULL`, ...). Lines are flushed as they are
+written, so a run cut short (a Pi losing power) leaves a readable trace.
+
+A rehearsal on a shaped link adds the link's real rate (``type: link_rate``: ``t`` in the
+frames' seconds, ``rate_bps``, ``set_by``), one record each time it changes, so the report
+can set the board's estimate against the truth. The testbed that shapes the link is another
+process: it appends them with :func:`append_link_rate`, which times them by the wall clock
+from the run record's ``started_unix`` (the frames' ``t`` counts from that same instant);
+the writer opens the file for appending, so their lines land between the frames', never
+over them. Records are in the order written, not sorted by ``t``.
 
 Schema 2 added the waits and took the host's queue out of ``tail_ms`` (schema 1 counted it
-there and recorded no other wait); the report reads both.
+there and recorded no other wait); schema 3 added ``drop_reason`` and the ``link_rate``
+records. The report reads all three.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -29,13 +40,15 @@ from typing import Any, TextIO
 from device_runtime.stream.results import FrameResult
 from splitedge import SplitEdgeError
 
-__all__ = ["TRACE_SCHEMA", "TraceWriter"]
+__all__ = ["LINK_RATE", "TRACE_SCHEMA", "TraceWriter", "append_link_rate"]
 
-TRACE_SCHEMA = "splitedge.trace/2"
+TRACE_SCHEMA = "splitedge.trace/3"
+#: The record kind of the link's real rate (set by a testbed: the board itself only estimates it).
+LINK_RATE = "link_rate"
 _FRAME_FIELDS = (
     "index", "name", "label", "probability", "split", "batch", "bytes", "rate_bps", "preprocess_ms", "head_ms",
     "transfer_ms", "tail_ms", "queue_ms", "slot_ms", "host_queue_ms", "total_ms", "dropped", "where", "host", "error",
-    "missing", "deadline_ms",
+    "missing", "deadline_ms", "drop_reason",
 )
 
 
@@ -46,7 +59,9 @@ class TraceWriter:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file: TextIO = self.path.open("w", encoding="utf-8")
+            # O_APPEND: a testbed's link_rate lines, appended by another process, are not overwritten.
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666)
+            self._file: TextIO = open(fd, "w", encoding="utf-8")
         except OSError as exc:
             raise SplitEdgeError(f"cannot write the trace {self.path}: {exc}") from exc
         self._t0 = time.monotonic()
@@ -56,8 +71,14 @@ class TraceWriter:
         record = {k: v for k, v in asdict(result).items() if k in _FRAME_FIELDS}
         self._write({"type": "frame", "t": result.captured - self._t0, **record})
 
+    def link_rate(self, rate_bps: float, set_by: str, applied: float | None = None) -> None:
+        """The link's real rate from ``applied`` on (``time.monotonic()``, like a frame's capture;
+        default now), for a run that shapes its own link in-process."""
+        at = time.monotonic() if applied is None else applied
+        self._write(_link_rate_record(at - self._t0, rate_bps, set_by))
+
     def _write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._file.write(_line(record))
         self._file.flush()
 
     def close(self) -> None:
@@ -68,3 +89,28 @@ class TraceWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def append_link_rate(path: str | Path, rate_bps: float, set_by: str) -> None:
+    """Append the link's real rate from now on to the trace a run is writing (from another process).
+
+    ``t`` is the wall clock since the run record's ``started_unix``: the two processes share
+    no monotonic clock, and the frames' ``t`` starts at that instant. One short line in one
+    write to a file opened for appending, so it cannot interleave with a frame's line.
+    """
+    path = Path(path)
+    try:
+        with path.open("r", encoding="utf-8") as file:
+            started = json.loads(file.readline())["started_unix"]
+        with path.open("a", encoding="utf-8") as file:
+            file.write(_line(_link_rate_record(time.time() - started, rate_bps, set_by)))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SplitEdgeError(f"cannot add the link's rate to the trace {path}: {exc}") from exc
+
+
+def _link_rate_record(t: float, rate_bps: float, set_by: str) -> dict[str, Any]:
+    return {"type": LINK_RATE, "t": t, "rate_bps": rate_bps, "set_by": set_by}
+
+
+def _line(record: dict[str, Any]) -> str:
+    return json.dumps(record, separators=(",", ":")) + "\n"

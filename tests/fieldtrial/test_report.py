@@ -18,7 +18,7 @@ from device_runtime.bundle import LOCAL, OFFLOAD
 from device_runtime.stream.results import FrameResult
 from device_runtime.stream.trace import TRACE_SCHEMA, TraceWriter
 from fieldtrial import plots
-from fieldtrial.report import MODEL_PLOT, PLOTS, SUMMARY_FILE, format_summary, summarize, write_report
+from fieldtrial.report import MODEL_PLOT, NOT_CALIBRATED, PLOTS, SUMMARY_FILE, format_summary, summarize, write_report
 from fieldtrial.trace import TRACE_SCHEMA_1
 from splitedge.errors import SplitEdgeError
 
@@ -176,15 +176,16 @@ def test_measured_vs_model_sets_the_waits_apart_from_the_stages() -> None:
     # The stages ran as the model said: 21 + 11.5 + 5 = 37.5 ms against 36.
     assert cut["stages_ms"] == pytest.approx(37.5) and cut["ratio"] == pytest.approx(37.5 / 36.0)
     assert cut["stages"] == {
+        "preprocess": {"measured_ms": PREPROCESS_MS, "predicted_ms": None, "model": NOT_CALIBRATED},
         "head": {"measured_ms": 21.0, "predicted_ms": pytest.approx(20.0)},
         "transfer": {"measured_ms": 11.5, "predicted_ms": pytest.approx(11.0)},
         "tail": {"measured_ms": 5.0, "predicted_ms": pytest.approx(5.0)},
     }
     # The waits, apart: the board's queue (median of 100..290 ms), the slot, the host's queue.
     assert cut["waits_ms"] == {"queue": 195.0, "slot": 20.0, "host_queue": 30.0, "all": 245.0}
-    # End to end, as the report used to compare it: the model looked 7.8x off.
-    assert cut["end_to_end_ms"] == pytest.approx(37.5 + 245.0 + 0.5)
-    assert cut["end_to_end_ratio"] == pytest.approx(283.0 / 36.0) and cut["end_to_end_ratio"] > 7
+    # End to end, capture to answer, as the report used to compare it: the model looked 7.9x off.
+    assert cut["end_to_end_ms"] == pytest.approx(PREPROCESS_MS + 37.5 + 245.0 + 0.5)
+    assert cut["end_to_end_ratio"] == pytest.approx(285.0 / 36.0) and cut["end_to_end_ratio"] > 7
     # Local: its head is the full model; the fallback frame is not compared.
     assert comparison[LOCAL]["frames"] == 3 and comparison[LOCAL]["ratio"] == pytest.approx(1.0)
     assert comparison[LOCAL]["waits_ms"]["queue"] == 50.0
@@ -197,7 +198,7 @@ def test_measured_vs_model_in_the_printed_summary_and_its_plot(tmp_path: Path) -
     text = format_summary(summary)
     assert "measured vs model (medians, ms)" in text
     row = [line for line in text.splitlines() if line.startswith("cut ")][-1]  # after the per-split table
-    assert row.split() == ["cut", "20", "36.0", "37.5", "1.04", "245.0", "283.0", "7.86"]
+    assert row.split() == ["cut", "20", "36.0", "37.5", "1.04", "2.0", "245.0", "285.0", "7.92"]
 
 
 def test_a_schema_1_trace_has_no_waits(tmp_path: Path) -> None:

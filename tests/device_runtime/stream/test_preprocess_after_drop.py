@@ -15,6 +15,7 @@ from device_runtime.engine.runner import DeviceRunner
 from device_runtime.stream.camera import Frame, FrameSource
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig
 from device_runtime.stream.policy import StaticPolicy
+from device_runtime.stream.results import DROP_QUEUE_FULL
 
 FRAMES = 12
 
@@ -62,4 +63,5 @@ def test_dropped_frames_are_never_preprocessed(mobilenet_bundle: Path) -> None:
     answered = sorted(r.index for r in results if not r.dropped)
     assert sorted(r.index for r in results) == list(range(FRAMES))  # every frame reported once
     assert answered == [0, FRAMES - 1] and stats.dropped == FRAMES - 2
+    assert {r.drop_reason for r in results if r.dropped} == {DROP_QUEUE_FULL}  # the trace's reason
     assert len(preprocessed) == len(answered)  # was FRAMES: every captured frame was preprocessed
