@@ -19,7 +19,7 @@ __all__ = ["main", "plot_plan", "report"]
 
 EXAMPLES = """\
 examples:
-  split-trial report run.jsonl --out report/                 # latency over time, CDFs, drops, gain over static splits
+  split-trial report run.jsonl --out report/                 # latency, link rate and drops over time, CDFs, gains
   split-trial report run.jsonl --out report/ --calibration bundle/calibration.json
   split-trial plan bundle/calibration.json --out plan/       # the split table as plan.png and plan.json
 """

@@ -358,7 +358,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 def _drop_lines(by_reason: dict[str, int]) -> list[str]:
-    """One line of dropped frames per reason, where any was dropped."""
+    """The dropped frames' count per reason, on one line where any was dropped."""
     if not by_reason:
         return []
     return ["dropped, by reason: " + ", ".join(f"{n} {timeline.reason_label(r)}" for r, n in by_reason.items())]
