@@ -10,16 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from device_runtime.bundle import Bundle  # noqa: E402
-from exporter import __all__ as public_api  # noqa: E402
 from exporter.cli import main  # noqa: E402
-
-
-def test_public_api_is_pinned() -> None:
-    assert sorted(public_api) == [
-        "Case", "Chain", "CutPoint", "LoadedModel", "OnnxRunner", "Runner", "TracedModel",
-        "build_bundle", "compare", "export_onnx", "find_cut_points", "get_cut_point",
-        "load_model", "select_splits", "split_at", "trace", "validate",
-    ]  # fmt: skip
 
 
 def test_build_writes_a_bundle_that_loads(tmp_path: Path, capsys) -> None:
