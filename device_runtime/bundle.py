@@ -41,6 +41,7 @@ __all__ = [
     "CHAIN_SCHEMA",
     "CUT",
     "FLOAT32",
+    "FOLDED_SCHEMA",
     "FORMATS",
     "FRAGMENT_MARK",
     "FULL",
@@ -96,10 +97,14 @@ __all__ = [
 ]
 
 #: Schema 2 adds chains (``kind: chain`` with ``stages``) and semantic splits (``kind: semantic``
-#: with ``fragments``). A bundle without either is written as schema 1, byte for byte as before, so
-#: boards that read only 1 still take it; both load here.
-SCHEMA_VERSION = 2
+#: with ``fragments``). Schema 3 adds heads and full models with the normalisation folded in
+#: (``model.preprocess.folded``: they take pixel values, 0-255): a board that reads only 1 or 2 would
+#: normalise their input a second time and answer wrongly, so it must refuse them. A bundle is
+#: written with the oldest schema that holds it (one without chains, fragments or folding as schema
+#: 1, byte for byte as before), so older boards still take what they can run; all load here.
+SCHEMA_VERSION = 3
 CHAIN_SCHEMA = 2
+FOLDED_SCHEMA = 3
 MANIFEST_NAME = "manifest.json"
 
 #: What an artifact holds: the board's part of a split, the host's part, or the whole network.
@@ -330,7 +335,13 @@ def semantic_id(cut: str, fragments: int) -> str:
 
 @dataclass(frozen=True)
 class Preprocess:
-    """How a camera frame becomes the model input, as torchvision's ImageClassification does it."""
+    """How a camera frame becomes the model input, as torchvision's ImageClassification does it.
+
+    ``folded``: the heads and the full model apply ``mean`` and ``std`` themselves and take the
+    crop's pixel values (0-255), so the board only resizes and crops (schema 3). ``fast_agreement``:
+    the top-1 agreement of the board's OpenCV preprocessing with the exact (PIL's) one, measured by
+    the build on ``fast_agreement_on`` (in words); the board's ``--preprocess auto`` goes by it.
+    """
 
     resize: int  # shorter side, pixels
     crop: int  # centre crop, pixels
@@ -338,6 +349,9 @@ class Preprocess:
     std: tuple[float, ...]
     interpolation: str = "bilinear"
     color: str = "RGB"
+    folded: bool = False
+    fast_agreement: float | None = None
+    fast_agreement_on: str | None = None
 
 
 @dataclass(frozen=True)
@@ -418,6 +432,10 @@ def _content(manifest: Manifest) -> dict[str, Any]:
     data = asdict(manifest)
     if data["source"] is None:
         del data["source"]
+    preprocess = data["model"]["preprocess"]
+    for key, empty in (("folded", False), ("fast_agreement", None), ("fast_agreement_on", None)):
+        if preprocess[key] is empty:
+            del preprocess[key]  # a bundle built without them reads (and hashes) as before
     for split in data["splits"]:
         for key, empty in (("stages", ()), ("fragments", ()), ("grouping", None), ("accuracies", {})):
             if split[key] in (empty, []):
@@ -621,6 +639,10 @@ def _model(raw: Any, path: str) -> ModelInfo:
             std=tuple(_fields.number(v, f"{spath}[{i}]") for i, v in enumerate(_fields.array(std, spath))),
             interpolation=_fields.text(*_at(pre, "interpolation", ppath)),
             color=_fields.text(*_at(pre, "color", ppath)),
+            folded=_fields.flag(pre.get("folded", False), join(ppath, "folded")),
+            fast_agreement=_optional_number(pre, "fast_agreement", ppath),
+            fast_agreement_on=None if pre.get("fast_agreement_on") is None
+            else _fields.text(*_at(pre, "fast_agreement_on", ppath)),
         ),
         labels=tuple(_fields.text(v, f"{lpath}[{i}]", empty=True) for i, v in enumerate(_fields.array(labels, lpath))),
         accuracy=_optional_number(obj, "accuracy", path),
@@ -688,6 +710,9 @@ def parse_manifest(data: Any, source: str = MANIFEST_NAME) -> Manifest:
     if newer and version < CHAIN_SCHEMA:
         raise BundleError(f"{source}: {newer[0].kind} split {newer[0].id} in a schema_version {version} manifest; "
                           f"{newer[0].kind} splits came with schema {CHAIN_SCHEMA}: re-export the bundle")
+    if model.preprocess.folded and version < FOLDED_SCHEMA:
+        raise BundleError(f"{source}: model.preprocess.folded in a schema_version {version} manifest; folded "
+                          f"normalisation came with schema {FOLDED_SCHEMA}: re-export the bundle")
     for split in splits:
         _check_fragments(split, len(model.labels), join(root, "splits"))
     origin = data.get("source")
@@ -799,7 +824,9 @@ def write_manifest(root: str | Path, manifest: Manifest) -> Manifest:
     """
     path = Path(root) / MANIFEST_NAME
     # The oldest schema that holds the content: a bundle without chains stays readable by schema-1 boards.
-    manifest = replace(manifest, schema_version=CHAIN_SCHEMA if any(s.parts for s in manifest.splits) else 1)
+    needs = [FOLDED_SCHEMA if manifest.model.preprocess.folded else 1,
+             CHAIN_SCHEMA if any(s.parts for s in manifest.splits) else 1]
+    manifest = replace(manifest, schema_version=max(needs))
     digest = manifest_digest(_content(manifest))
     stamped = replace(manifest, bundle_id=bundle_id(manifest.model.name, digest), manifest_sha256=digest)
     # Round-trip through the parser so that a writer bug cannot produce a bundle readers refuse.

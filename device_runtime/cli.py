@@ -22,7 +22,7 @@ from device_runtime.board import (
     non_negative_rate, positive_int, run_settings, settings_for,
 )
 from device_runtime.bundle import FORMATS, Bundle
-from device_runtime.engine import AUTO, PRECISIONS
+from device_runtime.engine import AUTO, PRECISIONS, PREPROCESS_PATHS
 from device_runtime.run import Output, calibrate_board, run_stream, table_text
 from device_runtime.wire import kernel_timing_support
 from splitedge import SplitEdgeError, exit_on_signals, run_command
@@ -196,6 +196,9 @@ def _runtime_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=PRECISIONS, default="auto",
                         help="head and full-model precision (default auto: int8 where the bundle measured its top-1 "
                         "within 1 point of float32's)")
+    parser.add_argument("--preprocess", type=_checked("preprocess"), default=AUTO, metavar="|".join(PREPROCESS_PATHS),
+                        help="frame to model input: exact (PIL's resize, as torchvision) or fast (OpenCV, uint8); "
+                        "default auto: fast where the bundle measured it agreeing with exact on 99.5%% of top-1 answers")
 
 
 def plan(args: argparse.Namespace) -> None:

@@ -62,7 +62,8 @@ def _credentials(connection: Connection) -> Credentials:
 def _runner(runtime: Runtime, bundle: Bundle, split_id: str, board: DetectedBoard, transmit: str = AUTO) -> DeviceRunner:
     backend = resolve_backend(runtime.backend, bundle, split_id, board)
     threads = runtime.threads or (board.profile.threads if board.profile else None)
-    return DeviceRunner(bundle, threads=threads, backend=backend, transmit=transmit, precision=runtime.precision)
+    return DeviceRunner(bundle, threads=threads, backend=backend, transmit=transmit, precision=runtime.precision,
+                        preprocess=runtime.preprocess)
 
 
 async def run_stream(settings: RunSettings, out: Output = Output()) -> PipelineStats:

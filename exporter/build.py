@@ -46,6 +46,7 @@ from device_runtime import (
     Fragment,
     Manifest,
     ModelInfo,
+    Preprocess,
     Quantization,
     Split,
     Stage,
@@ -58,7 +59,9 @@ from device_runtime import (
 )
 from device_runtime.wire import dequantize, quantize
 from exporter.bottleneck import BottleneckOptions, SplitModel, make_autoencoder, train_bottleneck
-from exporter.datasets import ImageSet, TrainTest, load_images, train_test
+from exporter.datasets import ImageSet, TrainTest, load_images, photos, train_test
+from exporter.fast_agreement import MAX_PHOTOS, with_agreement
+from exporter.fold import Folded, normalise, pixels
 from exporter.graph import CutPoint, TracedModel, find_cut_points, get_chain, get_cut_point, split_at, split_chain, trace
 from exporter.models import LoadedModel, load_model, read_labels
 from exporter.preprocessing import PreprocessFlags
@@ -119,6 +122,7 @@ class BuildSpec:
     preprocessing: PreprocessFlags | None = None
     chains: Sequence[Sequence[str]] = ()
     semantic: SemanticOptions | None = None
+    fold: bool = True  # the normalisation folded into heads and full model: they take pixels (exporter.fold)
 
 
 def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool = True) -> Manifest:
@@ -193,18 +197,28 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
         semantic_parts = make_semantic(traced, cut_points, semantic, data.train.subset(semantic.train_images, seed),
                                        progress)
     rng = np.random.default_rng(seed)
-    inputs = [rng.standard_normal((b, *shape), dtype=np.float32) for b in VALIDATION_BATCHES]
+    folded = loaded.preprocess if spec.fold else None
+    # A folded artifact takes pixels (0-255); torch takes them normalised (Variants.cases).
+    inputs = [rng.uniform(0, 255, (b, *shape)).astype(np.float32) if folded else
+              rng.standard_normal((b, *shape), dtype=np.float32) for b in VALIDATION_BATCHES]
+    variants = Variants(tflite=tflite, folded=folded)
+    if calibration is not None:
+        variants = replace(variants, calibration=variants.artifact_view(calibration.calibration))
 
     with staged(Path(out_dir)) as root:
         # The reference is the original module, not the traced one: this also proves the trace.
-        reference = torch_cases(loaded.module, IO_NAMES[FULL], inputs)
-        validate(_export(traced.module, FULL, root, FULL_PATH, inputs[0]), reference, ATOL, f"full model {FULL_PATH}")
+        reference = variants.cases(loaded.module, IO_NAMES[FULL], inputs)
+        full_module = variants.board_module(traced.module)
+        validate(_export(full_module, FULL, root, FULL_PATH, inputs[0]), reference, ATOL, f"full model {FULL_PATH}")
         full = (make_artifact(root, FULL_PATH, FULL, ONNX, FLOAT32),)
         if tflite:
-            full += (_export_tflite(traced.module, FULL, root, FULL_TFLITE_PATH, inputs, reference),)
-        if calibration is not None:
-            full += _int8_full(traced.module, root, inputs[0], calibration.calibration, tflite)
-        variants = Variants(tflite=tflite, calibration=None if calibration is None else calibration.calibration)
+            full += (_export_tflite(full_module, FULL, root, FULL_TFLITE_PATH, inputs, reference),)
+        if variants.calibration is not None:
+            full += _int8_full(full_module, root, inputs[0], variants.calibration, tflite)
+        board_preprocess = with_agreement(
+            replace(loaded.preprocess, folded=spec.fold), OnnxRunner(root / FULL_PATH),
+            photos(quantize_from or test_data, MAX_PHOTOS) if (quantize_from or test_data) else [],
+            quantize_from or test_data)
         # A layer split is cut at one point, a chain at several (no chain with a bottleneck: refused above).
         cuts = tqdm([*([cut] for cut in chosen), *chained], desc=f"exporting {loaded.name} splits", unit="split",
                     disable=not progress)
@@ -226,8 +240,10 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
             test = data.test
         if semantic_parts is not None:
             split_entries.append(_export_semantic(semantic_parts, root, inputs, variants))
-        if test is None and calibration is not None:
-            test = _held_out_test(calibration.held_out, OnnxRunner(root / FULL_PATH))
+        if test is not None:
+            test = variants.artifact_images(test)
+        if test is None and calibration is not None and calibration.held_out is not None:
+            test = _held_out_test(variants.artifact_images(calibration.held_out), OnnxRunner(root / FULL_PATH))
         accuracy_on = None
         if test is not None:
             if test.labelled and model_accuracy is None:
@@ -245,7 +261,7 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
                 input_dtype=FLOAT32,
                 layout=LAYOUTS.get(len(shape), "N" + "?" * len(shape)),
                 output_shape=output_shape,
-                preprocess=loaded.preprocess,
+                preprocess=board_preprocess,
                 labels=_labels(loaded, output_shape, labels),
                 accuracy=model_accuracy,
                 accuracy_on=accuracy_on,
@@ -317,10 +333,31 @@ def check_board(board_id: str, manifest: Manifest) -> None:
 
 @dataclass(frozen=True)
 class Variants:
-    """Which variants of each head to write beside the float32 ONNX one."""
+    """Which variants of each head to write beside the float32 ONNX one, and what every artifact
+    the board runs takes: pixels, the normalisation folded in (``folded``: the model's preprocessing),
+    or torch's normalised input (None)."""
 
     tflite: bool = False
-    calibration: np.ndarray | None = None  # images for int8 heads and the uint8 link; None: float only
+    calibration: np.ndarray | None = None  # images (as artifacts take them) for int8 heads and the uint8 link
+    folded: Preprocess | None = None
+
+    def board_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """What is exported of a head or full model: ``module``, with the normalisation where folded."""
+        return module if self.folded is None else Folded(module, self.folded)
+
+    def cases(self, module: torch.nn.Module, names: tuple[str, str], inputs: list[np.ndarray]) -> list[Case]:
+        """Torch's reference for an artifact taking ``inputs``: where folded, the normalisation is
+        applied outside the torch module (:func:`exporter.validate.torch_cases`)."""
+        spec = self.folded
+        return torch_cases(module, names, inputs, None if spec is None else lambda x: normalise(x, spec))
+
+    def artifact_view(self, x: np.ndarray) -> np.ndarray:
+        """Normalised images (torch's view, as data sets load) as the board's artifacts take them."""
+        return x if self.folded is None else pixels(x, self.folded)
+
+    def artifact_images(self, images: ImageSet) -> ImageSet:
+        """:meth:`artifact_view` of a whole image set, labels kept."""
+        return replace(images, x=self.artifact_view(images.x))
 
 
 def _export_parts(
@@ -334,8 +371,9 @@ def _export_parts(
     together must reproduce ``reference``. Returns the head's artifacts (float32 ONNX first), the
     hosts' (one each, in order) and the uint8 link's parameters."""
     head_path = f"head/{name}.onnx"
-    head_cases = torch_cases(head, IO_NAMES[HEAD], inputs)
-    head_runner = _export(head, HEAD, root, head_path, inputs[0])
+    head_cases = variants.cases(head, IO_NAMES[HEAD], inputs)
+    board_head = variants.board_module(head)
+    head_runner = _export(board_head, HEAD, root, head_path, inputs[0])
     validate(head_runner, head_cases, ATOL, f"head {head_path}")
     # Each host part is traced on the torch output before it; what they must reproduce is the whole model.
     example = head_cases[0].expected[IO_NAMES[HEAD][1]]
@@ -357,7 +395,7 @@ def _export_parts(
     host_artifacts = tuple(make_artifact(root, path, TAIL, ONNX, FLOAT32) for _, path in hosts)
     if variants.tflite:
         tflite_path = f"head/{name}.tflite"
-        artifacts += (_export_tflite(head, HEAD, root, tflite_path, inputs, head_cases),)
+        artifacts += (_export_tflite(board_head, HEAD, root, tflite_path, inputs, head_cases),)
         validate(Chain(TfliteRunner(root / tflite_path), host), reference, ATOL,
                  f"head {tflite_path} followed by {followed_by}")
     if variants.calibration is None:
@@ -369,7 +407,7 @@ def _export_parts(
     artifacts += (make_artifact(root, int8_path, HEAD, ONNX, INT8),)
     if variants.tflite:
         int8_tflite = f"head/{name}.int8.tflite"
-        export_tflite(head, HEAD, torch.from_numpy(inputs[0]), root / int8_tflite, INT8, calibration=samples)
+        export_tflite(board_head, HEAD, torch.from_numpy(inputs[0]), root / int8_tflite, INT8, calibration=samples)
         artifacts += (make_artifact(root, int8_tflite, HEAD, TFLITE, INT8),)
     return artifacts, host_artifacts, cut_quantization(root / head_path, samples)
 
@@ -444,7 +482,7 @@ def _export_semantic(parts: SemanticParts, root: Path, inputs: list[np.ndarray],
     model = parts.model
     split_id = semantic_id(parts.cut.id, len(model.fragments))
     paths = [f"fragment/{split_id}.{k}.onnx" for k in range(1, len(model.fragments) + 1)]
-    reference = torch_cases(model, IO_NAMES[FULL], inputs)
+    reference = variants.cases(model, IO_NAMES[FULL], inputs)
     heads, fragment_artifacts, quantization = _export_parts(
         model.head, list(zip(model.fragments, paths)), split_id, root, inputs, reference, variants, model.groups)
     fragments = tuple(
@@ -488,7 +526,7 @@ def _export_bottleneck_split(
     latent = model.autoencoder.latent_shape
     latent_bytes = math.prod(latent) * 4
     split_id = f"{cut.id}{BOTTLENECK_SUFFIX}"
-    reference = torch_cases(model, IO_NAMES[FULL], inputs)
+    reference = variants.cases(model, IO_NAMES[FULL], inputs)
     artifacts, quantization = _export_halves(model.board, model.host, split_id, root, inputs, reference, variants)
     return Split(
         id=split_id,

@@ -30,7 +30,7 @@ from device_runtime.stream import IMAGE_SUFFIXES
 from splitedge import SplitEdgeError
 
 __all__ = ["DataError", "ImageSet", "FASHION_MNIST_CLASSES", "FASHION_MNIST_DIR", "TrainTest", "hold_out", "load_images",
-           "read_synonyms", "train_test"]
+           "photos", "read_synonyms", "train_test"]
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = (
@@ -209,6 +209,36 @@ def _from_uint8(x: np.ndarray, input_shape: Sequence[int], spec: Preprocess | No
     raise DataError(f"{source}: uint8 images of shape {x.shape[1:]} cannot be fed to a model taking {tuple(input_shape)}")
 
 
+def _decode(path: Path) -> np.ndarray:
+    """An image file as the camera hands frames over: RGB uint8 (H, W, 3)."""
+    from torchvision.io import ImageReadMode, decode_image
+
+    try:
+        return decode_image(str(path), mode=ImageReadMode.RGB).permute(1, 2, 0).numpy()
+    except RuntimeError as exc:
+        raise DataError(f"{path}: not a readable image ({exc})") from exc
+
+
+def photos(spec: str, limit: int) -> list[np.ndarray]:
+    """Up to ``limit`` of the photos a data spec holds, as RGB uint8 (H, W, 3) frames, spread over
+    the whole set: a folder's images (in its class folders), an .npz's uint8 (N, H, W, 3) ``x``.
+    Empty for sets that hold no photos (Fashion-MNIST, preprocessed arrays): nothing to compare
+    two ways of resizing on."""
+    path = Path(spec)
+    if path.suffix == ".npz":
+        try:
+            with np.load(path) as data:
+                x = data["x"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise DataError(f"cannot read {path}: {exc}") from exc
+        found = list(x) if x.dtype == np.uint8 and x.ndim == 4 and x.shape[-1] == 3 else []
+        return found[:: max(1, -(-len(found) // limit))]
+    if not path.is_dir():
+        return []
+    files = sorted(p for p in path.glob("*/*") if p.suffix.lower() in IMAGE_SUFFIXES)
+    return [_decode(p) for p in files[:: max(1, -(-len(files) // limit))]]
+
+
 def _normal(name: str) -> str:
     return " ".join(name.replace("_", " ").replace("-", " ").casefold().split())
 
@@ -286,15 +316,10 @@ def _folder(
         except DataError:
             if labelled:
                 raise
-    from torchvision.io import ImageReadMode, decode_image
-
     xs, ys = [], []
     for label, folder in zip(labels, class_dirs):
         for path in sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES):
-            try:
-                image = decode_image(str(path), mode=ImageReadMode.RGB).permute(1, 2, 0).numpy()  # (H, W, 3)
-            except RuntimeError as exc:
-                raise DataError(f"{path}: not a readable image ({exc})") from exc
+            image = _decode(path)
             if spec is None or tuple(input_shape)[0] != 3:
                 raise DataError(f"{path}: RGB photos need a model taking 3 channels, this one takes {tuple(input_shape)}")
             xs.append(preprocess(image, spec))

@@ -95,13 +95,19 @@ def torch_cases(
     module: Callable[[torch.Tensor], torch.Tensor],
     names: tuple[str, str],
     inputs: Sequence[np.ndarray],
+    outside: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> list[Case]:
-    """Reference cases: ``module`` run by torch on each input, labelled by batch size."""
+    """Reference cases: ``module`` run by torch on each input, labelled by batch size.
+
+    With ``outside``, the artifact takes each input as it is and torch takes ``outside(input)``: an
+    artifact with the normalisation folded in is held to the torch module with the normalisation
+    applied outside it, so the fold is validated as every other step of the export is.
+    """
     input_name, output_name = names
     cases = []
     with torch.no_grad():
         for x in inputs:
-            y = module(torch.from_numpy(x)).numpy()
+            y = module(torch.from_numpy(x if outside is None else outside(x))).numpy()
             cases.append(Case(f"batch {x.shape[0]}", {input_name: x}, {output_name: y}))
     return cases
 

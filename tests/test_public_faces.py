@@ -46,8 +46,9 @@ FACES = {
         "txt_record",
     ],
     "device_runtime.engine": [
-        "AUTO", "Backend", "DeviceRunner", "INT8_MARGIN", "LiteRTBackend", "OnnxBackend", "PRECISIONS",
-        "check_input", "default_split", "load_backend", "prefers_int8", "preprocess",
+        "AUTO", "Backend", "DeviceRunner", "EXACT", "FAST", "FAST_AGREEMENT", "INT8_MARGIN", "LiteRTBackend",
+        "OnnxBackend", "PRECISIONS", "PREPROCESS_PATHS", "check_input", "default_split", "fast_preprocess",
+        "load_backend", "prefers_int8", "preprocess", "preprocess_path",
     ],
     "device_runtime.hosts": [
         "HostAdvert", "HostLink", "LinkMeter", "connect_host", "discover", "host_address", "probe_bytes",

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
 import statistics
 import time
 from dataclasses import replace
@@ -179,7 +178,8 @@ def latency_model(
     each chain with every stage on the host that was profiled (:func:`calibration.chain_timings`:
     two stages on one host cross no link)."""
     manifest = runner.bundle.manifest
-    input_bytes = math.prod(manifest.model.input_shape) * 4  # the preprocessed float32 input crosses for offload
+    # what full offload sends: the preprocessed input, uint8 pixels where the bundle folded the normalisation
+    input_bytes = runner.payload(OFFLOAD, np.zeros((1, *manifest.model.input_shape), np.float32))[0].nbytes
     splits = [SplitTimings(LOCAL, 0, heads[LOCAL], {})]
     host = HostView("host", tails)
     for split in manifest.splits:

@@ -18,7 +18,7 @@ from typing import Any
 
 from device_runtime.board.calibrate import DEFAULT_BATCHES
 from device_runtime.bundle import FORMATS
-from device_runtime.engine import AUTO, PRECISIONS
+from device_runtime.engine import AUTO, PRECISIONS, PREPROCESS_PATHS
 from device_runtime.hosts import host_address
 from splitedge import HostUnavailableError, LOCAL
 
@@ -151,6 +151,7 @@ KEYS: dict[str, Key] = {k.dest: k for k in (
     Key("backend", one_of(AUTO, *FORMATS), str),
     Key("precision", one_of(*PRECISIONS), str),
     Key("threads", positive_int, int),
+    Key("preprocess", one_of(*PREPROCESS_PATHS), str),
     Key("camera", text, (str, int), commands=("run",)),
     Key("split", text, str, commands=("run",)),
     Key("batch", positive_int, int, commands=("run",)),
@@ -172,11 +173,13 @@ class Connection:
 
 @dataclass(frozen=True)
 class Runtime:
-    """What runs the board's networks (``--backend``, ``--precision``, ``--threads``)."""
+    """What runs the board's networks (``--backend``, ``--precision``, ``--threads``) and prepares
+    their input (``--preprocess``)."""
 
     backend: str = AUTO
     precision: str = AUTO
     threads: int | None = None
+    preprocess: str = AUTO
 
 
 @dataclass(frozen=True)
@@ -230,7 +233,7 @@ def _connection(args: argparse.Namespace) -> Connection:
 
 
 def _runtime(args: argparse.Namespace) -> Runtime:
-    return Runtime(backend=args.backend, precision=args.precision, threads=args.threads)
+    return Runtime(backend=args.backend, precision=args.precision, threads=args.threads, preprocess=args.preprocess)
 
 
 def run_settings(args: argparse.Namespace) -> RunSettings:

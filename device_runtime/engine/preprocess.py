@@ -84,29 +84,58 @@ def _filter(image: np.ndarray, axis: int, taps: tuple[np.ndarray, np.ndarray]) -
     return out
 
 
-def preprocess(frame: np.ndarray, spec: Preprocess) -> np.ndarray:
-    """One RGB uint8 (H, W, 3) frame → a (1, 3, crop, crop) float32 model input.
+def resized_size(h: int, w: int, spec: Preprocess) -> tuple[int, int]:
+    """(rows, columns) of the frame resized as torchvision does: the shorter side becomes
+    ``spec.resize``, the other keeps the aspect (truncated)."""
+    return (spec.resize, int(spec.resize * w / h)) if h <= w else (int(spec.resize * h / w), spec.resize)
+
+
+def crop_origin(new_h: int, new_w: int, spec: Preprocess) -> tuple[int, int]:
+    """(top, left) of torchvision's centre crop in the resized image."""
+    return int(round((new_h - spec.crop) / 2.0)), int(round((new_w - spec.crop) / 2.0))
+
+
+def check_frame(frame: np.ndarray) -> None:
+    """Refuse anything but an (H, W, 3) frame, in one line naming its shape."""
+    if frame.ndim != 3 or frame.shape[2] != 3:
+        raise ValueError(f"frame must be (H, W, 3) RGB, got shape {frame.shape}")
+
+
+def exact_pixels(frame: np.ndarray, spec: Preprocess) -> np.ndarray:
+    """One RGB uint8 (H, W, 3) frame → its (3, crop, crop) float32 crop in pixel values (0-255,
+    whole numbers), resized exactly as PIL (torchvision) resizes.
 
     Only the rows and columns of the resized image that survive the centre crop are
     computed: the crop is applied to the filter taps, not to a resized image.
     """
-    if frame.ndim != 3 or frame.shape[2] != 3:
-        raise ValueError(f"frame must be (H, W, 3) RGB, got shape {frame.shape}")
+    check_frame(frame)
     reversed_channels = frame.strides[2] < 0  # an RGB view of BGR memory
     if reversed_channels:
         frame = frame[..., ::-1]  # the memory as it lies: BGR
     h, w = frame.shape[:2]
-    # torchvision: the shorter side becomes `resize`, the other keeps the aspect (truncated).
-    new_h, new_w = (spec.resize, int(spec.resize * w / h)) if h <= w else (int(spec.resize * h / w), spec.resize)
-    top = int(round((new_h - spec.crop) / 2.0))
-    left = int(round((new_w - spec.crop) / 2.0))
+    new_h, new_w = resized_size(h, w, spec)
+    top, left = crop_origin(new_h, new_w, spec)
     rows = resize_taps(h, new_h, spec.interpolation, top, spec.crop)
     cols = resize_taps(w, new_w, spec.interpolation, left, spec.crop)
     crop = _filter(_filter(frame, 0, rows), 1, cols).transpose(2, 0, 1)  # (3, crop, crop)
     if reversed_channels:
         crop = crop[::-1]  # BGR -> RGB, on the crop rather than the frame
     # torchvision resizes the uint8 image and rounds before converting to float.
-    crop = np.clip(np.rint(crop), 0, 255) * (1.0 / 255.0)
+    return np.clip(np.rint(crop), 0, 255)
+
+
+def model_input(pixels: np.ndarray, spec: Preprocess) -> np.ndarray:
+    """A (3, crop, crop) crop in pixel values → the (1, 3, crop, crop) float32 model input: the pixels
+    themselves where the bundle folded the normalisation into its models, else scaled to [0, 1] and
+    normalised with the manifest's mean and std, as torchvision does."""
+    if spec.folded:
+        return pixels[None].astype(np.float32)
     mean = np.asarray(spec.mean, dtype=np.float32)[:, None, None]
     std = np.asarray(spec.std, dtype=np.float32)[:, None, None]
-    return ((crop - mean) / std)[None].astype(np.float32)
+    return ((pixels * np.float32(1.0 / 255.0) - mean) / std)[None].astype(np.float32)
+
+
+def preprocess(frame: np.ndarray, spec: Preprocess) -> np.ndarray:
+    """One RGB uint8 (H, W, 3) frame → the (1, 3, crop, crop) float32 model input, exactly as
+    torchvision makes it (:func:`exact_pixels`, then :func:`model_input`)."""
+    return model_input(exact_pixels(frame, spec), spec)

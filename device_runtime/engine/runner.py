@@ -15,7 +15,7 @@ from device_runtime.bundle import (
     FLOAT32, FULL, HEAD, INT8, LOCAL, OFFLOAD, ONNX, Bundle, PRECISIONS as ARTIFACT_PRECISIONS,
 )
 from device_runtime.engine.backend import Backend, load_backend
-from device_runtime.engine.preprocess import preprocess
+from device_runtime.engine.preprocess_path import preprocess_path, preprocessor
 from device_runtime.wire import quantize
 from splitedge import BundleError
 
@@ -55,7 +55,7 @@ class DeviceRunner:
 
     def __init__(
         self, bundle: Bundle, threads: int | None = None, backend: str = ONNX, transmit: str = AUTO,
-        precision: str = AUTO,
+        precision: str = AUTO, preprocess: str = AUTO,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
@@ -66,6 +66,10 @@ class DeviceRunner:
         self.precision = precision  # auto: int8 where its measured accuracy is within INT8_MARGIN (prefers_int8)
         self._sessions: dict[tuple[str, str], Backend] = {}
         self.labels = bundle.manifest.model.labels
+        self.spec = bundle.manifest.model.preprocess
+        # auto: OpenCV's where the bundle measured it answering as the exact path does (preprocess_path)
+        self.preprocess_path = preprocess_path(self.spec, preprocess)
+        self._preprocess = preprocessor(self.preprocess_path)
 
     def artifact_precision(self, split_id: str, role: str) -> str:
         """The precision of the artifact this runner runs for ``split_id``'s ``role``."""
@@ -92,8 +96,8 @@ class DeviceRunner:
         self.session(split_id, role).run(np.zeros(shape, dtype=np.float32))
 
     def preprocess(self, image: np.ndarray) -> np.ndarray:
-        """A camera frame as the model's input, (1, *input_shape) float32."""
-        return preprocess(image, self.bundle.manifest.model.preprocess)
+        """A camera frame as the model's input, (1, *input_shape) float32, by :attr:`preprocess_path`."""
+        return self._preprocess(image, self.spec)
 
     def run_full(self, x: np.ndarray) -> tuple[np.ndarray, float]:
         """The full model here: logits and ms."""
@@ -109,7 +113,12 @@ class DeviceRunner:
 
     def payload(self, split_id: str, cut: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
         """What goes on the link for ``cut``: uint8 with its scale and zero point where the
-        split has quantization parameters (unless ``transmit`` is float32), else the float tensor."""
+        split has quantization parameters (unless ``transmit`` is float32), else the float tensor.
+        Full offload of a bundle with the normalisation folded in sends the crop's pixels as they
+        are, uint8 (scale 1, zero point 0: the host's dequantize gives the full model its input
+        back exactly), a quarter of the float32 bytes."""
+        if split_id == OFFLOAD and self.spec.folded and self.transmit != "float32":
+            return cut.astype(np.uint8), {"scale": 1.0, "zero_point": 0}
         quantization = None if split_id == OFFLOAD else self.bundle.manifest.split(split_id).quantization
         if quantization is None:
             if self.transmit == "uint8" and split_id != OFFLOAD:
