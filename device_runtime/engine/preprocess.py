@@ -128,6 +128,7 @@ def model_input(pixels: np.ndarray, spec: Preprocess) -> np.ndarray:
     """A (3, crop, crop) crop in pixel values → the (1, 3, crop, crop) float32 model input: the pixels
     themselves where the bundle folded the normalisation into its models, else scaled to [0, 1] and
     normalised with the manifest's mean and std, as torchvision does."""
+    pixels = np.ascontiguousarray(pixels)  # the fast path's uint8 view of HWC memory: a 150 KB copy, then one pass
     if spec.folded:
         return pixels[None].astype(np.float32)
     mean = np.asarray(spec.mean, dtype=np.float32)[:, None, None]
