@@ -197,7 +197,9 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
         semantic_parts = make_semantic(traced, cut_points, semantic, data.train.subset(semantic.train_images, seed),
                                        progress)
     rng = np.random.default_rng(seed)
-    folded = loaded.preprocess if spec.fold else None
+    # A camera's frame is RGB: only a model taking it has a normalisation to fold and a fast path to measure.
+    camera = len(shape) == 3 and shape[0] == len(loaded.preprocess.mean) == 3
+    folded = loaded.preprocess if spec.fold and camera else None
     # A folded artifact takes pixels (0-255); torch takes them normalised (Variants.cases).
     inputs = [rng.uniform(0, 255, (b, *shape)).astype(np.float32) if folded else
               rng.standard_normal((b, *shape), dtype=np.float32) for b in VALIDATION_BATCHES]
@@ -215,10 +217,11 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
             full += (_export_tflite(full_module, FULL, root, FULL_TFLITE_PATH, inputs, reference),)
         if variants.calibration is not None:
             full += _int8_full(full_module, root, inputs[0], variants.calibration, tflite)
-        board_preprocess = with_agreement(
-            replace(loaded.preprocess, folded=spec.fold), OnnxRunner(root / FULL_PATH),
-            photos(quantize_from or test_data, MAX_PHOTOS) if (quantize_from or test_data) else [],
-            quantize_from or test_data)
+        board_preprocess = replace(loaded.preprocess, folded=folded is not None)
+        if camera:
+            source = quantize_from or test_data
+            board_preprocess = with_agreement(board_preprocess, OnnxRunner(root / FULL_PATH),
+                                              photos(source, MAX_PHOTOS) if source else [], source)
         # A layer split is cut at one point, a chain at several (no chain with a bottleneck: refused above).
         cuts = tqdm([*([cut] for cut in chosen), *chained], desc=f"exporting {loaded.name} splits", unit="split",
                     disable=not progress)

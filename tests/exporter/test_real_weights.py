@@ -12,6 +12,7 @@ torchvision = pytest.importorskip("torchvision")
 skimage_data = pytest.importorskip("skimage.data")
 
 from exporter.build import BuildSpec, build_bundle  # noqa: E402
+from exporter.fold import pixels  # noqa: E402
 from exporter.validate import Chain, OnnxRunner  # noqa: E402
 from tests.conftest import PHOTOS  # noqa: E402
 
@@ -27,7 +28,7 @@ def test_auto_splits_keep_top1_on_photos(tmp_path: Path, mobilenet_weights: Path
     manifest = build_bundle(BuildSpec("torchvision:mobilenet_v2", weights=mobilenet_weights, splits="auto"), tmp_path, progress=False)
     assert manifest.model.preprocess.resize == 256  # the V1 weights' own transforms, found by file name
     labels = manifest.model.labels
-    photos = _photos()
+    photos = pixels(_photos(), manifest.model.preprocess)  # the artifacts take pixels: the normalisation is folded in
 
     full = OnnxRunner(tmp_path / manifest.full[0].path)({"input": photos})["logits"]
     top1 = [labels[i] for i in full.argmax(axis=1)]
