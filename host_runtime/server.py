@@ -87,7 +87,7 @@ from host_runtime.limits import (
 )
 from host_runtime.metrics import PREFIX, HostStats, MetricsEndpoint
 from host_runtime.peers import Peers
-from host_runtime.profiling import DEFAULT_PROFILE_BUDGET_S, Profiler, plan_profile
+from host_runtime.profiling import DEFAULT_PROFILE_BUDGET_S, Profiler, ProfilePlan, plan_profile
 from host_runtime.tails import TailRegistry, warm_up
 from splitedge import FrameRefused, ProtocolError, RemoteError, SplitEdgeError
 
@@ -246,8 +246,13 @@ class _HostProtocol(FramedProtocol):
         self.send_reply(StatsReply(request.id, self.server.stats.as_dict()))
 
     def on_profile(self, request: ProfileRequest, received: float) -> None:
+        try:
+            plan = plan_profile(self.server.registry, request)  # what it names is checked first: typed errors
+        except ProtocolError as exc:
+            self.reply_error(request.id, exc.code, str(exc))
+            return
         if self.admit_costly(request.id, "profile", self.server.profile_rate, self.server.config.profile_budget_s):
-            self.server.spawn(self.profile(request))
+            self.server.spawn(self.profile(request, plan))
 
     def on_links(self, request: LinksRequest, received: float) -> None:
         if self.admit_costly(request.id, "links", self.server.links_rate, len(request.peers) * request.bytes):
@@ -311,13 +316,12 @@ class _HostProtocol(FramedProtocol):
             self.pause("in_flight")
         result.add_done_callback(partial(self.finish_infer, request, key, received, deadline))
 
-    async def profile(self, request: ProfileRequest) -> None:
+    async def profile(self, request: ProfileRequest, plan: ProfilePlan) -> None:
         """Time tails here for a board's calibration, on the profiler's own thread (bounded and
         one at a time: :mod:`host_runtime.profiling`)."""
         budget_s = self.server.config.profile_budget_s
         try:
             try:
-                plan = plan_profile(self.server.registry, request)
                 with self.server.batcher.other_work(max(plan.batches)):
                     times, spent = await self.server.profiler.run(plan, budget_s)
             except ProtocolError:

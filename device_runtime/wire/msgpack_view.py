@@ -62,7 +62,7 @@ class DecodeLimits:
     @cached_property
     def unpacker_options(self) -> dict[str, Any]:
         """msgpack's own limits, for a frame whose every byte is header."""
-        return {"raw": False, "strict_map_key": True, "max_ext_len": 0, "max_bin_len": self.header_bytes,
+        return {"raw": False, "strict_map_key": False, "max_ext_len": 0, "max_bin_len": self.header_bytes,
                 "max_str_len": self.max_str_len, "max_array_len": self.max_array_len, "max_map_len": self.max_map_len}
 
 
@@ -101,7 +101,7 @@ class _Reader:
         self.base, self.fed = pos, 0
         self.room = min(len(self.view) - pos, max(limits.header_bytes - self.spent, 0))
         self.unpacker = msgpack.Unpacker(  # its buffer is read_size: max_buffer_size, not its default 1 MiB
-            raw=False, strict_map_key=True, max_ext_len=0, max_bin_len=self.room, max_buffer_size=max(self.room, 1),
+            raw=False, strict_map_key=False, max_ext_len=0, max_bin_len=self.room, max_buffer_size=max(self.room, 1),
             read_size=min(max(self.room, 1), FIRST_FEED),
             max_str_len=limits.max_str_len, max_array_len=limits.max_array_len, max_map_len=limits.max_map_len,
         )
@@ -129,7 +129,7 @@ class _Reader:
             except msgpack.OutOfData:
                 if not self._feed(max(self.fed, FIRST_FEED)):
                     raise self._short() from None
-            except (ValueError, msgpack.UnpackException) as exc:  # limits, bad UTF-8, ext, nesting past C's stack
+            except (ValueError, TypeError, msgpack.UnpackException) as exc:  # limits, bad UTF-8, ext, nesting past C's stack
                 raise ProtocolError(f"malformed msgpack at offset {self.pos}: {_why(exc)}") from None
 
     def value(self, depth: int) -> Any:
@@ -137,7 +137,7 @@ class _Reader:
             value = self.unpacker.unpack()
         except msgpack.OutOfData:  # more to feed: a read that ran out consumed nothing
             value = self._read(self.unpacker.unpack)
-        except (ValueError, msgpack.UnpackException) as exc:
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
             raise ProtocolError(f"malformed msgpack at offset {self.pos}: {_why(exc)}") from None
         if type(value) in (list, dict):
             _check_depth(value, self.limits.max_depth - depth)
@@ -190,7 +190,7 @@ class _Reader:
         view, size = self.view, len(self.view)
         for _ in range(n):
             key = self.value(depth + 1)
-            if type(key) is not str:
+            if not isinstance(key, (str, int)):
                 raise ProtocolError(f"malformed msgpack: map key of type {type(key).__name__}")
             pos = self.base + self.unpacker.tell()
             byte = view[pos] if pos < size else -1
@@ -222,7 +222,8 @@ def _why(exc: BaseException) -> str:
 
 
 def _check_depth(value: Any, limit: int) -> None:
-    """Refuse a value nested deeper than ``limit`` (level by level, no recursion)."""
+    """Refuse a value nested deeper than ``limit``, or with a map key other than a string or an
+    integer (level by level, no recursion)."""
     level, depth = [value], 0
     while level:
         depth += 1
@@ -230,7 +231,13 @@ def _check_depth(value: Any, limit: int) -> None:
             raise ProtocolError(f"malformed msgpack: nested deeper than the protocol allows ({limit} more levels)")
         below: list[Any] = []
         for item in level:
-            children = item.values() if type(item) is dict else item
+            if type(item) is dict:
+                for key in item:
+                    if not isinstance(key, (str, int)):
+                        raise ProtocolError(f"malformed msgpack: map key of type {type(key).__name__}")
+                children: Any = item.values()
+            else:
+                children = item
             below.extend(child for child in children if type(child) in (list, dict))
         level = below
 
@@ -242,7 +249,7 @@ def _whole(view: memoryview, limits: DecodeLimits) -> Any:
         value = msgpack.unpackb(view, **limits.unpacker_options)
     except msgpack.ExtraData as exc:
         raise ProtocolError(f"malformed msgpack: {len(exc.extra)} trailing bytes after the value") from None
-    except (ValueError, msgpack.UnpackException) as exc:
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise ProtocolError(f"malformed msgpack: {_why(exc)}") from None
     if type(value) is dict:
         _settle(value, limits, 1)
@@ -257,7 +264,7 @@ def _whole(view: memoryview, limits: DecodeLimits) -> Any:
 def _settle(message: dict[Any, Any], limits: DecodeLimits, depth: int) -> None:
     """The checks of a map read whole: string keys, capped lists, depth; its bins as views."""
     for key, value in message.items():
-        if type(key) is not str:
+        if not isinstance(key, (str, int)):
             raise ProtocolError(f"malformed msgpack: map key of type {type(key).__name__}")
         kind = type(value)
         if kind is bytes:

@@ -4,6 +4,7 @@ to the tail run on that request alone; other tails and other bundles are never m
 from __future__ import annotations
 
 import asyncio
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -73,12 +74,15 @@ def test_lone_request_waits_for_company_no_longer_than_max_wait(mobilenet_bundle
 
 @pytest.fixture(scope="module")
 def second_bundle(mobilenet_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same network under another bundle id: its artifacts linked, its manifest re-written
-    by the contract's own writer (which gives it an identity of its own)."""
+    """The same network under another bundle id: its artifacts copied (a link leading out of a
+    bundle is refused), its manifest re-written by the contract's own writer (which gives it an
+    identity of its own)."""
     root = tmp_path_factory.mktemp("second-bundle")
     for entry in Path(mobilenet_bundle).iterdir():
-        if entry.name != "manifest.json":
-            (root / entry.name).symlink_to(entry.resolve())
+        if entry.is_dir():
+            shutil.copytree(entry, root / entry.name)
+        elif entry.name != "manifest.json":
+            shutil.copy2(entry, root / entry.name)
     manifest = Bundle.load(mobilenet_bundle, roles=()).manifest
     write_manifest(root, replace(manifest, created_by="splitedge (second)"))
     return root

@@ -188,7 +188,7 @@ def _running_host(bundle_dir: Path, log: Path) -> Iterator[FuzzHost]:
                 process.kill()
                 process.wait(5)
                 raise AssertionError(f"the host did not stop within 15 s of SIGINT:\n{log.read_text()}") from None
-    assert process.returncode == 0, f"the host exited with {process.returncode}:\n{log.read_text()}"
+    assert process.returncode == 128 + signal.SIGINT, f"the host exited with {process.returncode}:\n{log.read_text()}"
 
 
 @pytest.fixture(scope="module")
