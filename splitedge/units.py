@@ -118,6 +118,8 @@ class ServiceUnit:
             service.append(("AmbientCapabilities", "CAP_NET_BIND_SERVICE"))
         service += [
             ("Restart", "on-failure"),
+            # A stop by SIGTERM (or Ctrl-C) ends every command with one line and 143 (130): a clean stop.
+            ("SuccessExitStatus", "130 143"),
             ("RestartSec", f"{self.restart_sec:g}"),
             ("TimeoutStopSec", str(self.stop_timeout_s)),
             ("NoNewPrivileges", "yes"),

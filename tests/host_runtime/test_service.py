@@ -15,7 +15,7 @@ from tests.device_runtime.test_bundle_slice import fake_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
 HARDENING = ("DynamicUser=yes", "NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateTmp=yes",
-             "Restart=on-failure", "StartLimitIntervalSec=60", "StartLimitBurst=5")
+             "Restart=on-failure", "SuccessExitStatus=130 143", "StartLimitIntervalSec=60", "StartLimitBurst=5")
 
 
 def host(*argv: str) -> subprocess.CompletedProcess:
