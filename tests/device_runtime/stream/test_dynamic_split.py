@@ -247,7 +247,8 @@ class _Recording(Synthetic):
 def test_nothing_waits_behind_an_upload_the_link_slowed_under(
     mobilenet_bundle: Path, tmp_path: Path, source_kind: type[Synthetic]
 ) -> None:
-    """Offloading 602 KB frames at 10 fps, the link drops to 2 Mbit/s (a frame: 2.5 s). The
+    """Offloading frames at 10 fps (602 KB of float32, or the 150 KB uint8 crop of a bundle with
+    its normalisation folded in), the link drops to where a frame takes 2.4 s (2 or 0.5 Mbit/s). The
     frames already sent take that long; the next ones must not queue behind them in the socket:
     an upload well past its predicted time caps the rate estimate and the board runs them itself
     at once. A live camera gets those answers before the slow remote ones ahead of them; a
@@ -255,8 +256,11 @@ def test_nothing_waits_behind_an_upload_the_link_slowed_under(
     root = tmp_path / "bundle"
     shutil.copytree(mobilenet_bundle, root)
     bundle = Bundle.load(root)
-    calibration = _calibration(bundle, SplitTimings(OFFLOAD, 602_112, {}, {1: 5.0}))  # offload above 24.7 Mbit/s
     runner = DeviceRunner(bundle, threads=1)
+    sent = runner.payload(OFFLOAD, np.zeros((1, *bundle.manifest.model.input_shape), np.float32))[0].nbytes
+    slowed_mbit = 2.0 * sent / 602_112  # a frame's upload takes 2.4 s whatever it carries
+    # Offload above 24.7 Mbit/s for 602 KB (6.2 for the 150 KB crop).
+    calibration = _calibration(bundle, SplitTimings(OFFLOAD, sent, {}, {1: 5.0}))
     reference = {r.index: r.label for r in run_stream(runner, "synthetic", LOCAL, frames=60, drop="none")}
 
     async def go(link: EmulatedLink, address: str):
@@ -272,7 +276,7 @@ def test_nothing_waits_behind_an_upload_the_link_slowed_under(
                     results.append(r)
                     arrival.append(r.index)
                     if len(results) == 20:
-                        await loop.run_in_executor(None, link.set_rate, 2.0)
+                        await loop.run_in_executor(None, link.set_rate, slowed_mbit)
                         step = time.monotonic()
         finally:
             await hosts.close()
@@ -289,8 +293,8 @@ def test_nothing_waits_behind_an_upload_the_link_slowed_under(
     assert sum(r.where == "remote" for r in after) <= 2, [(r.split, r.total_ms) for r in after]
     settled = [r for r in after if r.captured >= step + 0.5]
     assert settled and max(r.total_ms for r in settled) < 1000.0, [(r.split, r.total_ms) for r in settled]
-    # Capped before any slow reply came (the first one takes 2.5 s): below what 602 KB in 0.3 s would need.
-    assert any(r.rate_bps < 8 * 602_112 / 0.3 for r in after if r.captured < step + 2.0)
+    # Capped before any slow reply came (the first one takes 2.5 s): below what the frame's bytes in 0.3 s would need.
+    assert any(r.rate_bps < 8 * sent / 0.3 for r in after if r.captured < step + 2.0)
     slow = [r.index for r in answered if r.total_ms > 2000.0]  # sent as the link slowed
     assert slow
     if source_kind.live:
