@@ -9,12 +9,14 @@ switching"). Its one error, :class:`CalibrationError`, is a ``SplitEdgeError`` a
 
 from calibration.bandit import ARMS, BANDIT_FILENAME, LAYER, SEMANTIC, Bandit, reward
 from calibration.chains import ChainStage, HostView, Placement, chain_timings, place
-from calibration.calibration_file import FILENAME, SCHEMA, Calibration, Calibrations, load, load_all, save
+from calibration.calibration_file import (
+    FILENAME, SCHEMA, Calibration, Calibrations, Preprocessing, load, load_all, save,
+)
 from calibration.fragments import (
     FragmentPlacement, fragment_names, place_fragments, semantic_cost_ms, semantic_timings, unserved,
 )
 from calibration.gain import gains_over_static, relative_gain
-from calibration.latency import LatencyModel, SplitTimings
+from calibration.latency import LatencyModel, SplitTimings, drop_share
 from calibration.rate import MIN_SAMPLE_BYTES, RateEstimator
 from calibration.switching import SplitSelector, decision_cost_us
 from calibration.table import POINTS_PER_DECADE, RATE_MAX_BPS, RATE_MIN_BPS, SplitTable
@@ -39,6 +41,7 @@ __all__ = [
     "MIN_SAMPLE_BYTES",
     "POINTS_PER_DECADE",
     "Placement",
+    "Preprocessing",
     "RATE_MAX_BPS",
     "RATE_MIN_BPS",
     "RateEstimator",
@@ -53,6 +56,7 @@ __all__ = [
     "WIDE_RATIO",
     "chain_timings",
     "decision_cost_us",
+    "drop_share",
     "fragment_names",
     "gains_over_static",
     "load",

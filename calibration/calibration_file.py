@@ -12,7 +12,11 @@ only (no jsonschema on the board).
 Schema 2 holds the list of tables and each table's spread (p10/p50/p90 of every timed
 option); schema 1 files (one table, no spread) are still read, as a list of one: their
 medians are as good as they were, and a board upgraded in the field keeps choosing its
-splits instead of falling back to a fixed cut until someone calibrates it again.
+splits instead of falling back to a fixed cut until someone calibrates it again. A table also
+says how the board's preprocessing was timed (:class:`Preprocessing`: the path, the frame size,
+the spread; the median is the model's ``preprocess_ms``); a table written before it was timed
+has none, and its model counts preprocessing as 0 (what it always did), which every place
+that shows the model says.
 """
 
 from __future__ import annotations
@@ -47,6 +51,44 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
+class Preprocessing:
+    """How ``split-device calibrate`` timed the board's preprocessing: one camera frame of
+    ``width`` x ``height`` made the model's input by ``path`` (``exact`` or ``fast``, what the
+    run's ``--preprocess`` came to), p10/p50/p90 over the repeats; p50 is the model's
+    ``preprocess_ms``. The cost grows with the frame (a resize reads every pixel), so it only
+    holds for a camera of that size."""
+
+    path: str
+    width: int
+    height: int
+    spread: Spread
+
+    def __post_init__(self) -> None:
+        _fields.text(self.path, "path")
+        _fields.integer(self.width, "width", minimum=1)
+        _fields.integer(self.height, "height", minimum=1)
+        if not isinstance(self.spread, Spread):
+            raise CalibrationError(f"spread: expected a Spread, got {shown(self.spread)}")
+
+    @property
+    def frame(self) -> str:
+        """``640x480``: the frame size, as ``--frame`` takes it."""
+        return f"{self.width}x{self.height}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "width": self.width, "height": self.height, "spread": self.spread.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> Preprocessing:
+        """Read :meth:`to_dict`'s output; errors name the field under ``where``."""
+        d = _fields.obj(d, where)
+        args = {name: _fields.member(d, name, where) for name in ("path", "width", "height")}
+        spread = Spread.from_dict(_fields.member(d, "spread", where), join(where, "spread"))
+        with _fields.located(where):
+            return cls(spread=spread, **args)
+
+
+@dataclass(frozen=True)
 class Calibration:
     """What ``split-device calibrate`` measured for one bundle on one board."""
 
@@ -70,6 +112,8 @@ class Calibration:
     # Each chain's placement beyond the host it enters (calibration.chains.place): the addresses
     # (host:port) of the hosts of its stages 2..n; absent for a chain all on one host.
     routes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # How preprocessing was timed (its median is model.preprocess_ms); None in files written before.
+    preprocess: Preprocessing | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -116,6 +160,11 @@ class Calibration:
             path = f"routes.{chain}"
             routes[chain] = tuple(_fields.text(h, f"{path}[{i}]") for i, h in enumerate(_fields.array(hosts, path)))
         object.__setattr__(self, "routes", routes)
+        timed = None if self.preprocess is None else self.preprocess.spread.p50
+        if timed != self.model.preprocess_ms:
+            # One figure in two places: the model predicts with the one the spread describes.
+            raise CalibrationError(f"model.preprocess_ms: expected the preprocessing's median ({timed!r}), "
+                                   f"got {self.model.preprocess_ms!r}")
         unknown = [s for s in self.table.splits if s not in self.model.names]
         if unknown:
             # The selector predicts the table's choices with the model: each must be in it.
@@ -146,6 +195,7 @@ class Calibration:
                 "link": {name: s.to_dict() for name, s in self.link_spread.items()},
             },
             "routes": {chain: list(hosts) for chain, hosts in self.routes.items()},
+            **({} if self.preprocess is None else {"preprocess": self.preprocess.to_dict()}),
         }
 
     @classmethod
@@ -161,6 +211,8 @@ class Calibration:
         args["table"] = SplitTable.from_dict(_fields.member(d, "table", root), join(root, "table"))
         args["head_spread"], args["link_spread"] = _read_spread(d.get("spread"), join(root, "spread"))
         args["routes"] = d.get("routes", {})  # files written before chains: none
+        raw = d.get("preprocess")  # files written before preprocessing was timed: none
+        args["preprocess"] = None if raw is None else Preprocessing.from_dict(raw, join(root, "preprocess"))
         with _fields.located(root):
             return cls(**args)
 

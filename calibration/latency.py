@@ -1,12 +1,24 @@
-"""End-to-end latency of each split as a function of batch size and link rate (DSC Eq. 4-6).
+"""End-to-end latency of each split as a function of batch size and link rate (DSC Eq. 4-6),
+plus the board's preprocessing, and the frame rate a stream through a split can sustain.
 
 ``head_ms`` is measured on the board, ``tail_ms`` on the host, each at a few batch sizes: the
 time is not linear in the batch size (DSC §3, after Eq. 6), so it is measured per batch size
-and only interpolated between the measured ones.
+and only interpolated between the measured ones. DSC's input x arrives ready for the network;
+a camera's frame does not: the board resizes, crops and normalises it first, and on a small
+board that costs as much as a head (issue 29: 124 ms against a 107 ms local head on a quarter
+core). So the model adds a preprocessing term, the same for every option (full offload sends
+the preprocessed input too), timed at the camera's frame size.
+
+For a stream, latency is not the whole story: a camera delivers a frame every 1/fps s whatever
+the board does, and a pipeline can only answer as many frames as its slowest stage lets through
+(the DNN-slicing simulator's frame drop rate is exactly what a stage slower than the frame
+interval causes). :meth:`LatencyModel.frames_per_s` is that bound, :func:`drop_share` the part
+of a camera's frames it leaves unanswered.
 """
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -113,15 +125,22 @@ def _at(times: Mapping[int, float], batches: tuple[int, ...], batch: int) -> flo
 
 @dataclass(frozen=True)
 class LatencyModel:
-    """Predicted end-to-end time of every split (DSC Eq. 4-5) and the best of them (DSC Eq. 6)."""
+    """Predicted end-to-end time of every split (DSC Eq. 4-5, plus the board's preprocessing),
+    the best of them (DSC Eq. 6), and the frame rate a stream through each can sustain."""
 
     splits: tuple[SplitTimings, ...]  # unique split names; ties in best() go to the one listed first
     rtt_ms: float  # one request's round trip with no payload, paid by every remote split, not by LOCAL
+    # One frame's preprocessing on the board (camera frame -> model input), at the frame size it
+    # was timed at; every option pays it once per frame. None: not timed (a calibration made
+    # before it was), counted as 0 and left out of terms_ms, so a report can say it is missing.
+    preprocess_ms: float | None = None
     _by_name: dict[str, SplitTimings] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "splits", tuple(self.splits))
         object.__setattr__(self, "rtt_ms", _fields.number(self.rtt_ms, "rtt_ms"))
+        if self.preprocess_ms is not None:
+            object.__setattr__(self, "preprocess_ms", _fields.number(self.preprocess_ms, "preprocess_ms"))
         if not self.splits:
             raise CalibrationError("splits: expected at least one split, got none")
         by_name: dict[str, SplitTimings] = {}
@@ -144,32 +163,54 @@ class LatencyModel:
         return timings
 
     def predict_ms(self, split: str, batch: int, rate_bps: float) -> float:
-        """End-to-end ms of a batch through ``split`` over a link of ``rate_bps`` bit/s.
+        """End-to-end ms of a batch through ``split`` over a link of ``rate_bps`` bit/s: the sum of
+        :meth:`terms_ms`.
 
         DSC Eq. 4: head(B) + 8 * bytes_per_sample * B / r + tail(B), plus the round trip every
-        request pays whatever its payload. OFFLOAD has no head, which makes it DSC Eq. 5;
-        LOCAL is T_L = head(B): nothing crosses, so neither the rate nor the round trip counts.
+        request pays whatever its payload, plus B frames' preprocessing. OFFLOAD has no head,
+        which makes it DSC Eq. 5; LOCAL is T_L = head(B) (and the preprocessing): nothing
+        crosses, so neither the rate nor the round trip counts.
         """
-        timings = self.timings(split)
-        if split == LOCAL:
-            return timings.head_at(batch)
-        if not rate_bps > 0:  # also refuses NaN
-            raise CalibrationError(f"link rate must be > 0 bit/s, got {rate_bps!r}")
-        transfer_ms = _BITS_PER_BYTE * timings.bytes_per_sample * batch * _MS_PER_S / rate_bps
-        return timings.head_at(batch) + transfer_ms + timings.tail_at(batch) + self.rtt_ms
+        return sum(self.terms_ms(split, batch, rate_bps).values())
 
     def terms_ms(self, split: str, batch: int, rate_bps: float) -> dict[str, float]:
-        """:meth:`predict_ms` term by term, as a run measures them: ``head`` (the board's part),
-        ``transfer`` (8 * bytes_per_sample * B / r plus the round trip: what a request's round trip
-        takes less the host's time) and ``tail`` (the host's compute). They add up to
-        :meth:`predict_ms` (DSC Eq. 4); LOCAL has only its head (T_L)."""
+        """:meth:`predict_ms` term by term, as a run measures them: ``preprocess`` (B frames made
+        model inputs, one after another on the board's compute thread; only when it was timed),
+        ``head`` (the board's part), ``transfer`` (8 * bytes_per_sample * B / r plus the round
+        trip: what a request's round trip takes less the host's time) and ``tail`` (the host's
+        compute). DSC Eq. 4 is head + transfer + tail; LOCAL has only its head (T_L)."""
         timings = self.timings(split)
+        terms = {} if self.preprocess_ms is None else {"preprocess": self.preprocess_ms * batch}
         if split == LOCAL:
-            return {"head": timings.head_at(batch), "transfer": 0.0, "tail": 0.0}
+            return {**terms, "head": timings.head_at(batch), "transfer": 0.0, "tail": 0.0}
+        transfer_ms = self._crossing_ms(timings, batch, rate_bps) + self.rtt_ms
+        return {**terms, "head": timings.head_at(batch), "transfer": transfer_ms, "tail": timings.tail_at(batch)}
+
+    def stages_ms(self, split: str, batch: int, rate_bps: float) -> dict[str, float]:
+        """How long each stage of a stream holds one batch of ``split``: ``board`` (preprocessing
+        and the head, which run one after the other on the board's one compute thread, so they
+        are one stage), ``link`` (the batch's bytes at ``rate_bps``: the link carries one payload
+        at a time) and ``host`` (the tail). The round trip is left out: requests overlap in
+        flight, so it delays each frame without slowing the stream. LOCAL is the board alone."""
+        timings = self.timings(split)
+        board = (self.preprocess_ms or 0.0) * batch + timings.head_at(batch)
+        if split == LOCAL:
+            return {"board": board, "link": 0.0, "host": 0.0}
+        return {"board": board, "link": self._crossing_ms(timings, batch, rate_bps), "host": timings.tail_at(batch)}
+
+    def frames_per_s(self, split: str, batch: int, rate_bps: float) -> float:
+        """The most frames a second a stream through ``split`` can answer: B / max(stage) of
+        :meth:`stages_ms`, the pipeline's slowest stage (the stages overlap, so throughput is
+        that of the slowest, not of their sum). Infinite when every stage is free."""
+        slowest = max(self.stages_ms(split, batch, rate_bps).values())
+        return batch * _MS_PER_S / slowest if slowest > 0 else math.inf
+
+    @staticmethod
+    def _crossing_ms(timings: SplitTimings, batch: int, rate_bps: float) -> float:
+        """8 * bytes_per_sample * B / r of DSC Eq. 4, in ms; a rate that is not > 0 is refused."""
         if not rate_bps > 0:  # also refuses NaN
             raise CalibrationError(f"link rate must be > 0 bit/s, got {rate_bps!r}")
-        transfer_ms = _BITS_PER_BYTE * timings.bytes_per_sample * batch * _MS_PER_S / rate_bps + self.rtt_ms
-        return {"head": timings.head_at(batch), "transfer": transfer_ms, "tail": timings.tail_at(batch)}
+        return _BITS_PER_BYTE * timings.bytes_per_sample * batch * _MS_PER_S / rate_bps
 
     def best(self, batch: int, rate_bps: float, allowed: Collection[str] | None = None) -> str:
         """DSC Eq. 6: the split of least predicted time, among ``allowed`` when given.
@@ -193,8 +234,9 @@ class LatencyModel:
         return best_name
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready, for calibration.json's ``model``."""
-        return {"rtt_ms": self.rtt_ms, "splits": [t.to_dict() for t in self.splits]}
+        """JSON-ready, for calibration.json's ``model`` (``preprocess_ms`` only where it was timed)."""
+        timed = {} if self.preprocess_ms is None else {"preprocess_ms": self.preprocess_ms}
+        return {"rtt_ms": self.rtt_ms, **timed, "splits": [t.to_dict() for t in self.splits]}
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "model") -> LatencyModel:
@@ -204,5 +246,19 @@ class LatencyModel:
         raw = _fields.array(_fields.member(d, "splits", where), path)
         splits = tuple(SplitTimings.from_dict(s, f"{path}[{i}]") for i, s in enumerate(raw))
         rtt_ms = _fields.member(d, "rtt_ms", where)
+        preprocess_ms = d.get("preprocess_ms")  # absent in files calibrated before it was timed
         with _fields.located(where):
-            return cls(splits=splits, rtt_ms=rtt_ms)
+            return cls(splits=splits, rtt_ms=rtt_ms, preprocess_ms=preprocess_ms)
+
+
+def drop_share(camera_fps: float, answered_fps: float) -> float:
+    """The part of a live camera's frames a stream answering at most ``answered_fps`` leaves
+    unanswered: 1 - answered / camera, 0 when it keeps up. A live camera does not wait for the
+    board (the DNN-slicing simulator's frame drop rate), so every frame beyond the slowest
+    stage's rate (:meth:`LatencyModel.frames_per_s`) is dropped."""
+    camera_fps = _fields.number(camera_fps, "camera_fps")
+    if not answered_fps >= 0:  # also refuses NaN
+        raise CalibrationError(f"answered_fps: expected a rate >= 0, got {answered_fps!r}")
+    if camera_fps == 0 or answered_fps >= camera_fps:
+        return 0.0
+    return 1.0 - answered_fps / camera_fps

@@ -4,6 +4,12 @@ DSC computes the optimal split "for each batch size and data rate" ahead of time
 after Eq. 6; their Fig. 2). At run time the device then only looks the answer up, once per
 frame, in constant time: the rate index comes from logarithm arithmetic on an evenly
 log-spaced grid, the batch row from a bisection over a handful of batch sizes.
+
+The table is built from the whole model, the board's preprocessing included; every option
+pays the same B frames' preprocessing (full offload sends the preprocessed input), so it moves
+every prediction of a row by the same amount and changes no choice: it tells how long the best
+split takes, and how many frames a second a stream through it can answer
+(:meth:`LatencyModel.frames_per_s`), not which split is best.
 """
 
 from __future__ import annotations

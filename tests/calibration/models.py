@@ -61,3 +61,8 @@ def corners() -> LatencyModel:
 
 LOCAL_MID_BPS = 5e6
 MID_OFFLOAD_BPS = (1.204224e9 - 1.6e8) / 11
+
+
+def preprocessed(model: LatencyModel, preprocess_ms: float = 4.0) -> LatencyModel:
+    """``model`` with the board's preprocessing timed at ``preprocess_ms`` a frame."""
+    return LatencyModel(model.splits, model.rtt_ms, preprocess_ms)

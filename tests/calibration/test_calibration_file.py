@@ -14,6 +14,8 @@ from calibration import (
     Calibration,
     CalibrationError,
     Calibrations,
+    LatencyModel,
+    Preprocessing,
     SplitTable,
     Spread,
     load,
@@ -21,7 +23,7 @@ from calibration import (
     save,
 )
 from splitedge.words import LOCAL
-from tests.calibration.models import corners
+from tests.calibration.models import corners, preprocessed
 
 SHA = "ab" * 32
 
@@ -234,3 +236,51 @@ def test_a_schema_1_file_is_read_as_one_table_without_spreads(tmp_path: Path) ->
     save(calibration(backend="tflite"), tmp_path / FILENAME)
     assert json.loads((tmp_path / FILENAME).read_text())["schema"] == SCHEMA
     assert load_all(tmp_path).keys == (("onnx", "float32"), ("tflite", "float32"))
+
+
+def timed(path: str = "fast", p50: float = 3.0) -> dict:
+    """The changes to :func:`calibration` of a board that timed a 640x480 frame's preprocessing."""
+    model = preprocessed(corners(), p50)
+    return dict(model=model, table=SplitTable.build(model, [1]),
+                preprocess=Preprocessing(path, 640, 480, Spread(2.5, p50, 4.0)))
+
+
+def test_preprocessing_round_trips_with_its_frame_path_and_spread(tmp_path: Path) -> None:
+    save(calibration(**timed()), tmp_path / FILENAME)
+    loaded = load(tmp_path)
+    assert loaded == calibration(**timed())
+    assert loaded.model.preprocess_ms == 3.0 and loaded.preprocess.frame == "640x480"
+    stored = json.loads((tmp_path / FILENAME).read_text())["calibrations"][0]
+    assert stored["preprocess"] == {"path": "fast", "width": 640, "height": 480,
+                                    "spread": {"p10": 2.5, "p50": 3.0, "p90": 4.0}}
+    assert stored["model"]["preprocess_ms"] == 3.0
+
+
+def test_a_file_from_before_preprocessing_was_timed_loads_without_it(saved: Path) -> None:
+    stored = json.loads(saved.read_text())["calibrations"][0]
+    assert "preprocess" not in stored and "preprocess_ms" not in stored["model"]  # as older files were written
+    loaded = load(saved)
+    assert loaded.preprocess is None and loaded.model.preprocess_ms is None
+
+
+def test_the_models_preprocessing_is_the_timed_median() -> None:
+    with pytest.raises(CalibrationError, match=r"model.preprocess_ms: expected the preprocessing's median \(3.0\), got 5.0"):
+        calibration(**{**timed(), "model": preprocessed(corners(), 5.0)})
+    with pytest.raises(CalibrationError, match=r"expected the preprocessing's median \(None\), got 3.0"):
+        calibration(model=preprocessed(corners(), 3.0))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (first(lambda d: d["preprocess"].update(width=0)), r"calibrations\[0\].preprocess.width: expected an integer >= 1, got 0"),
+        (first(lambda d: d["preprocess"]["spread"].pop("p50")), r"calibrations\[0\].preprocess.spread.p50: missing"),
+        (first(lambda d: d["preprocess"].pop("path")), r"calibrations\[0\].preprocess.path: missing"),
+    ],
+)
+def test_bad_preprocessing_is_named_by_its_path(tmp_path: Path, edit, message: str) -> None:
+    path = tmp_path / FILENAME
+    save(calibration(**timed()), path)
+    rewrite(path, edit)
+    with pytest.raises(CalibrationError, match=rf"^{path}: {message}"):
+        load(path)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from calibration import CalibrationError, LatencyModel, SplitTimings
+from calibration import CalibrationError, LatencyModel, SplitTimings, drop_share
 from splitedge.words import LOCAL, OFFLOAD
-from tests.calibration.models import corners, two_cuts
+from tests.calibration.models import corners, preprocessed, two_cuts
 
 
 def test_predict_is_eq4_with_round_trip() -> None:
@@ -139,3 +139,68 @@ def test_batch_must_be_positive() -> None:
 def test_model_round_trips_through_dict() -> None:
     model = corners()
     assert LatencyModel.from_dict(model.to_dict()) == model
+
+
+def test_preprocessing_is_a_term_of_every_option_per_frame() -> None:
+    """Eq. 4 plus B frames' preprocessing, for every option (full offload sends the preprocessed input)."""
+    model = preprocessed(corners(), 4.0)
+    # mid at 2e7, B = 1: 4 + 10 + 13 + 3; the terms still add up to the prediction
+    assert model.terms_ms("mid", 1, 2e7) == pytest.approx({"preprocess": 4.0, "head": 10.0, "transfer": 13.0, "tail": 3.0})
+    assert model.predict_ms("mid", 1, 2e7) == pytest.approx(30.0)
+    assert model.predict_ms(LOCAL, 1, 1e5) == pytest.approx(54.0)
+    assert model.predict_ms(OFFLOAD, 1, 2e7) == pytest.approx(4.0 + 60.2112 + 7.0)
+    # B frames are preprocessed one after another: early at B = 4, 2e8: 4 * 3 + 8 + 16 + 40
+    assert preprocessed(two_cuts(), 3.0).predict_ms("early", 4, 2e8) == pytest.approx(76.0)
+
+
+def test_a_model_without_preprocessing_counts_it_as_nothing_and_has_no_term() -> None:
+    model = corners()  # calibrated before preprocessing was timed
+    assert model.preprocess_ms is None and "preprocess" not in model.terms_ms("mid", 1, 2e7)
+    assert model.stages_ms(LOCAL, 1, 1e5)["board"] == 50.0
+
+
+def test_a_stream_runs_at_the_pace_of_its_slowest_stage() -> None:
+    """B / max(board, link, host): preprocessing and the head share the board's thread (one stage);
+    the round trip overlaps between requests in flight and does not slow the stream."""
+    model = preprocessed(corners(), 4.0)
+    # mid at 2e7: board 4 + 10, link 8 * 20_000 * 1000 / 2e7 = 8, host 3: the board, 1000 / 14
+    assert model.stages_ms("mid", 1, 2e7) == pytest.approx({"board": 14.0, "link": 8.0, "host": 3.0})
+    assert model.frames_per_s("mid", 1, 2e7) == pytest.approx(1000 / 14)
+    # ... at 2e6 the link, 80 ms: 12.5 frames/s, though the frame takes 4 + 10 + 85 + 3 = 102 ms
+    assert model.frames_per_s("mid", 1, 2e6) == pytest.approx(12.5)
+    # LOCAL: the board alone, 4 + 50 ms a frame
+    assert model.frames_per_s(LOCAL, 1, 1e5) == pytest.approx(1000 / 54)
+    # OFFLOAD at 1e9: link 1.2 ms, host 2 ms; the board's 4 ms of preprocessing is slowest: 250 frames/s
+    assert model.frames_per_s(OFFLOAD, 1, 1e9) == pytest.approx(1000 / 4)
+    # A batch of 4 frames through early at 2e8: board 4 * 3 + 8 = 20, link 16, host 40: 4 frames in 40 ms
+    assert preprocessed(two_cuts(), 3.0).frames_per_s("early", 4, 2e8) == pytest.approx(100.0)
+
+
+def test_nothing_to_do_is_no_bound() -> None:
+    model = LatencyModel((SplitTimings(LOCAL, 0, {1: 0.0}, {}),), rtt_ms=0.0)
+    assert model.frames_per_s(LOCAL, 1, 1e6) == float("inf") and drop_share(30.0, float("inf")) == 0.0
+
+
+@pytest.mark.parametrize("camera, answered, expected", [
+    (10.0, 4.0, 0.6),  # the issue's example: 4 of 10 frames answered, 60 % dropped
+    (10.0, 10.0, 0.0),
+    (10.0, 25.0, 0.0),  # a board faster than its camera drops nothing
+    (0.0, 4.0, 0.0),  # a camera without a frame rate has nothing to drop
+])
+def test_drop_share_is_what_the_slowest_stage_leaves(camera: float, answered: float, expected: float) -> None:
+    assert drop_share(camera, answered) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("camera, answered", [(-1.0, 4.0), (10.0, float("nan")), (10.0, -1.0)])
+def test_drop_share_refuses_nonsense(camera: float, answered: float) -> None:
+    with pytest.raises(CalibrationError):
+        drop_share(camera, answered)
+
+
+def test_preprocessing_round_trips_and_older_models_read_without_it() -> None:
+    model = preprocessed(corners(), 4.0)
+    assert model.to_dict()["preprocess_ms"] == 4.0 and LatencyModel.from_dict(model.to_dict()) == model
+    assert "preprocess_ms" not in corners().to_dict()
+    assert LatencyModel.from_dict(corners().to_dict()).preprocess_ms is None
+    with pytest.raises(CalibrationError, match=r"model.preprocess_ms: expected a finite number >= 0, got -1"):
+        LatencyModel.from_dict({**corners().to_dict(), "preprocess_ms": -1})

@@ -22,6 +22,7 @@ def test_public_names() -> None:
         "MIN_SAMPLE_BYTES",
         "POINTS_PER_DECADE",
         "Placement",
+        "Preprocessing",
         "RATE_MAX_BPS",
         "RATE_MIN_BPS",
         "RateEstimator",
@@ -32,8 +33,11 @@ def test_public_names() -> None:
         "SplitTable",
         "SplitTimings",
         "Spread",
+        "WIDE_MIN_MS",
+        "WIDE_RATIO",
         "chain_timings",
         "decision_cost_us",
+        "drop_share",
         "fragment_names",
         "gains_over_static",
         "load",
@@ -48,6 +52,7 @@ def test_public_names() -> None:
         "semantic_cost_ms",
         "semantic_timings",
         "unserved",
+        "widest",
     ]
     assert all(hasattr(calibration, name) for name in calibration.__all__)
 

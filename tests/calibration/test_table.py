@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from calibration import CalibrationError, LatencyModel, SplitTable, SplitTimings
 from splitedge.words import LOCAL, OFFLOAD
-from tests.calibration.models import CROSSOVER_BPS, LOCAL_MID_BPS, MID_OFFLOAD_BPS, corners, two_cuts
+from tests.calibration.models import CROSSOVER_BPS, LOCAL_MID_BPS, MID_OFFLOAD_BPS, corners, preprocessed, two_cuts
 
 HALF_STEP = 0.5 / 20  # in decades: a reported boundary is the log-midpoint of two grid rates
 
@@ -171,3 +171,11 @@ def test_for_model_keeps_the_grid_and_retabulates() -> None:
     assert (again.batches, again.rates_bps, again.splits) == (table.batches, table.rates_bps, table.splits)
     assert again == SplitTable.build(fast_local, (1, 4))
     assert {again.lookup(b, r) for b in again.batches for r in again.rates_bps} == {LOCAL}
+
+
+@pytest.mark.parametrize("model", [corners(), two_cuts()], ids=["corners", "two_cuts"])
+def test_preprocessing_moves_every_option_alike_and_changes_no_choice(model: LatencyModel) -> None:
+    """Every option pays the same B frames' preprocessing: the table of the whole model is the
+    table of DSC Eq. 4 alone, even for preprocessing that costs more than any head."""
+    batches = [1, 4]
+    assert SplitTable.build(preprocessed(model, 120.0), batches) == SplitTable.build(model, batches)
