@@ -121,8 +121,10 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
     trace = TraceWriter(settings.trace, _run_record(settings, camera, bundle, runner, calibration)) \
         if settings.trace else None
     try:
-        with _open_camera(camera, settings, chosen) as source:
+        with _open_camera(camera, settings, chosen, bundle.manifest.model.preprocess.resize) as source:
             out.say(f"camera: {source.description}{chosen}")
+            if (negotiation := source.negotiation()) is not None:
+                out.say(f"camera: {negotiation}")
             ready = False
             async for result in pipeline.run(source, frames=settings.frames, stop=stop):
                 out.say(result.line())
@@ -230,9 +232,10 @@ def _placements(
     return later
 
 
-def _open_camera(camera: str, settings: RunSettings, chosen: str) -> FrameSource:
+def _open_camera(camera: str, settings: RunSettings, chosen: str, resize: int) -> FrameSource:
+    """The source, its camera asked for frames at the model's ``resize`` so the board need not scale them."""
     try:
-        return open_source(camera, loop=settings.loop, realtime=settings.realtime)
+        return open_source(camera, loop=settings.loop, realtime=settings.realtime, resize=resize)
     except CameraError as exc:
         raise CameraError(f"{exc}{chosen}") from exc  # with why --camera auto took this one
 

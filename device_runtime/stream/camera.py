@@ -8,6 +8,12 @@ like a real camera, so pipelines and drop policies see realistic timing in tests
 file can be paced at its own frame rate (``realtime``), so a recording replays like a live
 camera. The Pi camera (Picamera2) is :mod:`device_runtime.stream.picamera`.
 
+A camera is asked for frames at the size the model wants (``resize``, the shorter side the
+model's preprocessing scales a frame to): a frame whose shorter side is already ``resize``
+needs no scaling on the board, only the crop, and scaling a full frame on a Raspberry-Pi-class
+core can cost more than the head (issue 29). :func:`model_size` is that size for a camera's
+aspect; each camera says what it asked for and what it got (:meth:`FrameSource.negotiation`).
+
 OpenCV decodes to BGR; the RGB image is a view of the decoded one with the channel axis
 reversed (``[..., ::-1]``), not a copy: preprocessing reads it once to resize it (through
 the memory as it lies, :mod:`device_runtime.engine.preprocess`), and a copy would cost a
@@ -19,12 +25,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Callable, Iterator
 
 import numpy as np
 
 from splitedge import CameraError
 
+#: How much larger each further size asked of an OpenCV camera is, when its driver gave one too small.
+_STEP = 1.25
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".tif", ".tiff", ".webp")
 
 
@@ -63,7 +72,21 @@ class _Pace:
         return captured
 
 
-def _cv2():
+def model_size(width: int, height: int, resize: int) -> tuple[int, int]:
+    """(width, height) of a ``width`` x ``height`` frame scaled so its shorter side is ``resize``,
+    the longer one truncated as torchvision truncates it: the size the model's preprocessing
+    would scale the frame to, so a camera delivering it leaves only the crop to do."""
+    if width >= height:
+        return int(resize * width / height), resize
+    return resize, int(resize * height / width)
+
+
+def _size(size: tuple[int, int]) -> str:
+    return f"{size[0]}x{size[1]}"
+
+
+def opencv() -> ModuleType:
+    """``cv2``, imported when a source needs it (decoding, a camera): a board can run without it."""
     try:
         import cv2
     except ImportError as exc:
@@ -81,6 +104,22 @@ class FrameSource:
     #: Seconds between a live source's frames, where known: the budget of each frame (the
     #: next one is due then). None: unknown, or a source that waits for its reader.
     frame_interval_s: float | None = None
+    #: The frame size (width, height) the device was asked for, for the model, and the size it
+    #: delivers: None where no size was asked (files, synthetic frames, no model size given).
+    asked: tuple[int, int] | None = None
+    got: tuple[int, int] | None = None
+    #: The model's resize (the shorter side its preprocessing scales a frame to) the size was asked for.
+    resize: int | None = None
+
+    def negotiation(self) -> str | None:
+        """One line for the run: what the camera was asked for and what it gives, and whether
+        the board still scales its frames (so a user sees why preprocessing costs what it does)."""
+        if self.asked is None or self.got is None or self.resize is None:
+            return None
+        short = min(self.got)
+        scaling = "no scaling before the crop" if short == self.resize else \
+            f"the board {'shrinks' if short > self.resize else 'enlarges'} each frame to a {self.resize}-pixel side"
+        return f"asked {_size(self.asked)} (the model's resize), got {_size(self.got)}: {scaling}"
 
     def __iter__(self) -> Iterator[Frame]:
         raise NotImplementedError
@@ -113,7 +152,7 @@ class ImageFiles(FrameSource):
         return source
 
     def __iter__(self) -> Iterator[Frame]:
-        cv2 = _cv2()
+        cv2 = opencv()
         index = 0
         while True:
             for path in self.paths:
@@ -133,13 +172,17 @@ class VideoCapture(FrameSource):
     with ``realtime`` at the file's own frame rate: then it stands for a live camera, frames
     the pipeline cannot keep up with are dropped, and each gets the frame interval as its
     budget. ``clock`` and ``sleep`` are the pace's (a test passes a clock it drives).
+
+    ``resize``: a camera is asked for frames whose shorter side is the model's resize
+    (:meth:`_ask_size`); a video file is what it is.
     """
 
     def __init__(
         self, target: int | str, realtime: bool = False,
         clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], object] = time.sleep,
+        resize: int | None = None,
     ) -> None:
-        cv2 = _cv2()
+        cv2 = opencv()
         self.target = target
         self.is_camera = isinstance(target, int)
         self.clock = clock
@@ -148,6 +191,8 @@ class VideoCapture(FrameSource):
             self.capture.release()
             kind = "camera" if self.is_camera else "video file"
             raise CameraError(f"cannot open {kind} {target!r}")
+        if self.is_camera and resize is not None:
+            self._ask_size(cv2, resize)
         self.description = f"camera {target}" if self.is_camera else f"video {target}"
         fps = self.capture.get(cv2.CAP_PROP_FPS) if self.is_camera or realtime else 0.0  # 0: the driver does not say
         self._pace: _Pace | None = None
@@ -159,6 +204,41 @@ class VideoCapture(FrameSource):
             self.description += f" at its {fps:g} fps"
         self.live = self.is_camera or self._pace is not None
         self.frame_interval_s = 1.0 / fps if fps > 0 else None
+
+    def _frame_size(self, cv2: ModuleType) -> tuple[int, int]:
+        """(width, height) the driver says it delivers; (0, 0) where it does not say."""
+        return int(self.capture.get(cv2.CAP_PROP_FRAME_WIDTH)), int(self.capture.get(cv2.CAP_PROP_FRAME_HEIGHT))
+
+    def _ask_size(self, cv2: ModuleType, resize: int) -> None:
+        """Ask for the smallest mode at or above the model's size (:func:`model_size`, the aspect of
+        the mode the camera opened in) and read back what the driver chose.
+
+        OpenCV cannot list a camera's modes, and a V4L2 driver gives the mode nearest to what is
+        asked, which may be smaller (341x256 asked of a webcam gets 320x240): frames the board
+        would enlarge lose detail the camera had. So a mode too small is asked again a quarter
+        larger, up to the mode it opened in, which comes back if none between fits. A driver that
+        says no size, or ignores the request, keeps delivering what it did.
+        """
+        opened = self._frame_size(cv2)
+        if 0 in opened:
+            return
+        asked = model_size(*opened, resize)
+        got, side = opened, resize
+        while side < min(opened) or side == resize:
+            self._set_size(cv2, model_size(*opened, side))
+            got = self._frame_size(cv2)
+            if min(got) >= resize:
+                break
+            side = int(side * _STEP)
+        else:
+            if got != opened:
+                self._set_size(cv2, opened)
+                got = self._frame_size(cv2)
+        self.asked, self.got, self.resize = asked, got, resize
+
+    def _set_size(self, cv2: ModuleType, size: tuple[int, int]) -> None:
+        self.capture.set(cv2.CAP_PROP_FRAME_WIDTH, size[0])
+        self.capture.set(cv2.CAP_PROP_FRAME_HEIGHT, size[1])
 
     def __iter__(self) -> Iterator[Frame]:
         index = 0
@@ -230,10 +310,14 @@ class Synthetic(FrameSource):
             index += 1
 
 
-def open_source(spec: str, loop: bool = False, realtime: bool = False) -> FrameSource:
+def open_source(spec: str, loop: bool = False, realtime: bool = False, resize: int | None = None) -> FrameSource:
     """``synthetic[:FPS]`` (FPS 0: as fast as it can), a camera index (``0``), the Pi camera
     (``picam[N][:WxH][@FPS]``, see :func:`device_runtime.stream.picamera.open_picamera`), a video
-    file (``realtime``: paced at its own frame rate), or a folder of images."""
+    file (``realtime``: paced at its own frame rate), or a folder of images.
+
+    ``resize``: the model's (the shorter side its preprocessing scales a frame to). The cameras
+    are asked for frames that size, so the board need not scale them; files, folders and
+    synthetic frames come as they are."""
     if spec == "synthetic":
         return Synthetic()
     if spec.startswith("synthetic:"):
@@ -248,9 +332,9 @@ def open_source(spec: str, loop: bool = False, realtime: bool = False) -> FrameS
     if spec.startswith("picam"):
         from device_runtime.stream.picamera import open_picamera  # Picamera2 only where asked for
 
-        return open_picamera(spec)
+        return open_picamera(spec, resize)
     if spec.isdigit():
-        return VideoCapture(int(spec))
+        return VideoCapture(int(spec), resize=resize)
     path = Path(spec)
     images = path.is_dir() or (path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES)
     if images and realtime:

@@ -1,5 +1,6 @@
-"""Frame sources: folders, video files (replayed in real time when asked), synthetic timing, and
-the errors of dead or missing cameras. The Pi camera's are in test_picamera.py."""
+"""Frame sources: folders, video files (replayed in real time when asked), synthetic timing, an
+OpenCV camera asked for the model's frame size, and the errors of dead or missing cameras. The
+Pi camera's are in test_picamera.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from device_runtime.stream.camera import IMAGE_SUFFIXES, Synthetic, VideoCapture, open_source
+from device_runtime.stream.camera import IMAGE_SUFFIXES, Synthetic, VideoCapture, model_size, open_source
 from splitedge.errors import CameraError
 from tests.calibration.test_timing import ManualClock
 
@@ -159,3 +160,113 @@ def test_bad_sources(tmp_path: Path) -> None:
     broken.write_bytes(b"not a png")
     with pytest.raises(CameraError, match="broken.png: not a readable image"):
         list(open_source(str(broken)))
+
+
+class Webcam:
+    """Like ``cv2.VideoCapture`` on a V4L2 webcam under OpenCV 4: a new size applies once both width
+    and height were set, and the driver takes the mode nearest to it by uvcvideo's measure (the
+    area the two do not share), which may be smaller. ``honours=False``: a camera whose driver
+    ignores sizes (``set`` says False); ``rounds_down``: one that takes the largest mode within
+    the size asked."""
+
+    MODES = ((160, 120), (320, 240), (352, 288), (640, 480), (1280, 720))
+
+    def __init__(
+        self, target: int, honours: bool = True, modes: tuple[tuple[int, int], ...] = MODES, rounds_down: bool = False,
+    ) -> None:
+        self.honours, self.modes, self.rounds_down = honours, modes, rounds_down
+        self.size = (640, 480)
+        self.pending: dict[int, int] = {}
+        self.asked: list[tuple[int, int]] = []
+
+    def isOpened(self) -> bool:
+        return True
+
+    def get(self, prop: int) -> float:
+        return {cv2.CAP_PROP_FRAME_WIDTH: self.size[0], cv2.CAP_PROP_FRAME_HEIGHT: self.size[1],
+                cv2.CAP_PROP_FPS: 30.0}.get(prop, 0.0)
+
+    def set(self, prop: int, value: float) -> bool:
+        if not self.honours or prop not in (cv2.CAP_PROP_FRAME_WIDTH, cv2.CAP_PROP_FRAME_HEIGHT):
+            return False
+        self.pending[prop] = int(value)
+        if len(self.pending) == 2:
+            w, h = self.pending.pop(cv2.CAP_PROP_FRAME_WIDTH), self.pending.pop(cv2.CAP_PROP_FRAME_HEIGHT)
+            self.asked.append((w, h))
+            within = [m for m in self.modes if m[0] <= w and m[1] <= h] or [min(self.modes)]
+            self.size = max(within) if self.rounds_down else \
+                min(self.modes, key=lambda m: m[0] * m[1] + w * h - 2 * min(m[0], w) * min(m[1], h))
+        return True
+
+    def read(self) -> tuple[bool, np.ndarray]:
+        return True, np.zeros((self.size[1], self.size[0], 3), np.uint8)
+
+    def release(self) -> None:
+        pass
+
+
+def _webcam(monkeypatch: pytest.MonkeyPatch, **kwargs: object) -> list[Webcam]:
+    """cv2.VideoCapture opening :class:`Webcam` (made with ``kwargs``); those opened, in order."""
+    opened: list[Webcam] = []
+
+    def open_webcam(target: int) -> Webcam:
+        opened.append(Webcam(target, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(cv2, "VideoCapture", open_webcam)
+    return opened
+
+
+def test_model_size_keeps_the_aspect_with_the_models_shorter_side() -> None:
+    """Truncated as torchvision truncates its resize, so a frame this size is not scaled again."""
+    assert model_size(640, 480, 256) == (341, 256) and model_size(480, 640, 256) == (256, 341)
+    assert model_size(1280, 720, 232) == (412, 232) and model_size(300, 300, 256) == (256, 256)
+
+
+def test_an_opencv_camera_is_asked_for_the_smallest_mode_at_or_above_the_models_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """341x256 asked, the driver's nearest is 320x240, too small: asked a quarter larger, it gives
+    352x288, the smallest mode at or above, and its frames come at that size."""
+    opened = _webcam(monkeypatch)
+    with open_source("0", resize=256) as source:
+        frame = next(iter(source))
+    assert opened[0].asked == [(341, 256), (426, 320)]
+    assert (source.asked, source.got) == ((341, 256), (352, 288)) and frame.image.shape == (288, 352, 3)
+    assert source.negotiation() == ("asked 341x256 (the model's resize), got 352x288: "
+                                    "the board shrinks each frame to a 256-pixel side")
+
+
+def test_an_opencv_camera_with_the_models_size_needs_no_scaling(monkeypatch: pytest.MonkeyPatch) -> None:
+    _webcam(monkeypatch, modes=Webcam.MODES + ((340, 256),))
+    with open_source("0", resize=256) as source:
+        assert source.got == (340, 256) and next(iter(source)).image.shape == (256, 340, 3)
+    assert source.negotiation() == "asked 341x256 (the model's resize), got 340x256: no scaling before the crop"
+
+
+def test_an_opencv_camera_with_no_mode_between_goes_back_to_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver rounding down, modes 320x240 and 640x480: every size asked below 640x480 gets
+    320x240, which the board would enlarge, so the camera is put back in the mode it opened in."""
+    opened = _webcam(monkeypatch, modes=((320, 240), (640, 480)), rounds_down=True)
+    with open_source("0", resize=256) as source:
+        assert next(iter(source)).image.shape == (480, 640, 3)
+    assert opened[0].asked == [(341, 256), (426, 320), (533, 400), (640, 480)] and source.got == (640, 480)
+
+
+def test_an_opencv_camera_that_ignores_the_size_keeps_working(monkeypatch: pytest.MonkeyPatch) -> None:
+    _webcam(monkeypatch, honours=False)
+    with open_source("0", resize=256) as source:
+        frames = [f for _, f in zip(range(3), source)]
+    assert all(f.image.shape == (480, 640, 3) for f in frames) and source.got == (640, 480)
+    assert source.negotiation() == ("asked 341x256 (the model's resize), got 640x480: "
+                                    "the board shrinks each frame to a 256-pixel side")
+
+
+def test_files_folders_and_synthetic_frames_are_not_asked_for_a_size(tmp_path: Path, photos_dir: Path) -> None:
+    with open_source(str(_clip(tmp_path)), resize=256) as video:
+        assert next(iter(video)).image.shape == (48, 64, 3) and video.negotiation() is None
+    with open_source(str(photos_dir), resize=256) as folder:
+        coffee = next(f for f in folder if f.name == "coffee.png")
+    assert coffee.image.shape == (400, 600, 3) and folder.negotiation() is None
+    with open_source("synthetic:0", resize=256) as synthetic:
+        assert next(iter(synthetic)).image.shape == (480, 640, 3) and synthetic.negotiation() is None

@@ -1,6 +1,7 @@
 """The Pi camera source against a stand-in Picamera2 (``fake_picamera2/``) with the real one's
-interface and timing: RGB frames at the requested size with one copy, sensor timestamps as
-capture times, pacing, a clean stop, and the errors of a missing or dead camera."""
+interface and timing: RGB frames at the requested size with one copy, frames at the model's
+size from the ISP's lores stream, sensor timestamps as capture times, pacing, a clean stop,
+and the errors of a missing or dead camera."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from device_runtime import cli as device_cli
 from device_runtime import run as device_run
 from device_runtime.board.detect import DetectedBoard
 from device_runtime.stream.camera import open_source
-from device_runtime.stream.picamera import FORMAT, PiCamera, open_picamera, pi_camera_absent
+from device_runtime.stream.picamera import FORMAT, LORES_FORMAT, PiCamera, open_picamera, pi_camera_absent
 from splitedge.errors import CameraError
 from tests.calibration.test_timing import ManualClock
 
@@ -69,6 +70,86 @@ def test_the_byte_order_the_stand_in_keeps_is_picamera2s(picamera2: ModuleType) 
         camera.start()
         assert tuple(camera.capture_array("main", wait=1.0)[0, 0]) == red
         camera.stop()
+    camera.close()
+
+
+def _near_stripes(image: np.ndarray) -> None:
+    """Red, green and blue thirds, as the sensor saw them, after YUV420's round trip: exact away
+    from the edges, where chroma shared by two columns blurs them."""
+    width = image.shape[1]
+    for third, colour in enumerate(((255, 0, 0), (0, 255, 0), (0, 0, 255))):
+        middle = image[:, third * width // 3 + 4 : (third + 1) * width // 3 - 4].astype(int)
+        assert np.abs(middle - colour).max() <= 2, f"third {third}"
+
+
+def test_frames_at_the_models_size_come_from_the_isps_lores_stream(
+    picamera2: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model resizing to 256: the 640x480 camera is asked for 341x256 on its lores stream
+    (main's aspect; YUV420, main YUV420 too since nothing reads it); Picamera2 aligns it to
+    340x256, and its frames come RGB at that size, padding (a 384-byte stride) stepped over."""
+    pytest.importorskip("cv2", reason="the lores stream's YUV420 is made RGB by OpenCV")
+    with PiCamera(size=(640, 480), fps=30, resize=256) as source:
+        frames = [f for _, f in zip(range(2), source)]
+        config = _camera(picamera2).camera_config
+    assert config["main"]["size"] == (640, 480) and config["main"]["format"] == LORES_FORMAT
+    assert (config["lores"]["size"], config["lores"]["format"], config["lores"]["stride"]) == ((340, 256), "YUV420", 384)
+    assert (source.asked, source.got) == ((341, 256), (340, 256))
+    assert source.negotiation() == "asked 341x256 (the model's resize), got 340x256: no scaling before the crop"
+    assert source.description == "Pi camera 0 (imx708) 340x256 at 30 fps (the ISP's lores stream; main 640x480)"
+    for frame in frames:
+        assert frame.image.shape == (256, 340, 3) and frame.image.dtype == np.uint8
+        _near_stripes(frame.image)
+    (buffer, _) = _camera(picamera2).buffers_made
+    assert buffer.size == 384 * 256 * 3 // 2  # what came out of the DMA buffer: the lores stream, not main
+
+
+def test_a_model_size_larger_than_main_is_main_enlarged_by_the_board(picamera2: ModuleType) -> None:
+    """Picamera2 refuses a lores larger than main: a 320x240 camera for a 256 model gives its main
+    frames, and the run says the board enlarges them."""
+    with PiCamera(size=(320, 240), resize=256) as source:
+        frame = next(iter(source))
+        assert _camera(picamera2).camera_config["lores"] is None
+    assert frame.image.shape == (240, 320, 3) and source.got == (320, 240)
+    assert source.negotiation() == ("asked 341x256 (the model's resize), got 320x240: "
+                                    "the board enlarges each frame to a 256-pixel side")
+    with PiCamera(size=(640, 480)) as source:  # no model size: nothing asked, nothing said
+        assert source.asked is None and source.negotiation() is None
+
+
+def test_the_stand_in_configures_lores_as_picamera2_does(picamera2: ModuleType) -> None:
+    """What the tests above rely on, as Picamera2's create_video_configuration, align_configuration
+    and check_camera_config have it: lores YUV420 at main's size unless given, sizes aligned down
+    to even (optimal alignment: YUV420 widths to 64 on the Pi 4), no larger than main, YUV only;
+    capture_array("lores") the Y, U and V rows at the stride, as OpenCV's I420 takes them."""
+    cv2 = pytest.importorskip("cv2", reason="the stand-in makes YUV420 with OpenCV")
+    camera = picamera2.Picamera2(0)
+    config = camera.create_video_configuration(main={"size": (641, 481), "format": FORMAT}, lores={})
+    assert config["main"]["size"] == (640, 480) and config["lores"] == {"format": "YUV420", "size": (640, 480),
+                                                                       "preserve_ar": False}
+    config = camera.create_video_configuration(main={"size": (640, 480)}, lores={"size": (341, 257)})
+    assert config["lores"]["size"] == (340, 256)
+    camera.align_configuration(config)
+    assert config["lores"]["size"] == (320, 256) and config["main"]["size"] == (640, 480)
+    with pytest.raises(ValueError, match="Bad key 'colour'"):
+        camera.create_video_configuration(lores={"colour": "red"})
+    for lores, refused in (({"size": (660, 480)}, "may not exceed main"), ({"format": "RGB888"}, "must be YUV")):
+        with pytest.raises(RuntimeError, match=refused):
+            camera.configure(camera.create_video_configuration(main={"size": (640, 480)}, lores=lores))
+    camera.configure(camera.create_video_configuration(main={"size": (640, 480)}, lores={"size": (100, 60)}))
+    camera.start()
+    planes = camera.capture_array("lores", wait=1.0)
+    assert planes.shape == (90, 128)  # 60 rows of Y, then U and V, at a 128-byte stride
+    _near_stripes(cv2.cvtColor(planes, cv2.COLOR_YUV2RGB_I420)[:, :100])
+    request = camera.capture_request(wait=1.0)
+    request.release()
+    camera.stop()
+    camera.configure(camera.create_video_configuration(main={"size": (64, 48), "format": FORMAT}))
+    camera.start()
+    request = camera.capture_request(wait=1.0)
+    with pytest.raises(RuntimeError, match="Stream 'lores' is not defined"):
+        request.make_buffer("lores")
+    request.release()
     camera.close()
 
 
@@ -159,8 +240,12 @@ def test_no_camera_module_and_bad_configurations(picamera2: ModuleType) -> None:
         PiCamera()
     assert not picamera2.OPENED[-1].is_open  # freed on the way out
     picamera2.reset()
-    with pytest.raises(CameraError, match="width and height should be even"):
-        PiCamera(size=(101, 60))
+    with PiCamera(size=(101, 61)) as source:  # Picamera2 aligns a size down to even, as libcamera needs
+        assert (source.width, source.height) == (100, 60)
+    camera = picamera2.Picamera2(0)
+    with pytest.raises(RuntimeError, match="width and height should be even"):  # unless told otherwise
+        camera.configure(camera.create_video_configuration() | {"main": {"size": (101, 60), "format": FORMAT}})
+    camera.close()
     with pytest.raises(CameraError, match="frame rate must be above 0"):
         PiCamera(fps=0)
 
@@ -218,8 +303,34 @@ def test_split_device_run_streams_from_the_pi_camera(
                             "--frames", "4", "--threads", "1", "--drop", "none"]) == 0
     out = capsys.readouterr().out
     assert "camera: Pi camera 0 (imx708) 320x240 at 30 fps\n" in out and "4 frames: 0 dropped" in out
+    assert "camera: asked 341x256 (the model's resize), got 320x240: the board enlarges" in out
     camera = _camera(picamera2)
     assert not camera.started and not camera.is_open
+
+
+def test_split_device_run_asks_the_pi_camera_for_the_models_size(
+    picamera2: ModuleType, mobilenet_bundle: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The bundle's resize (256) reaches the camera: the run says what it asked for and got, and the
+    frames the pipeline reads are the lores stream's, RGB at 340x256."""
+    pytest.importorskip("cv2", reason="the lores stream's YUV420 is made RGB by OpenCV")
+    picamera2.use_clock(time.monotonic, time.sleep)
+    images: list[np.ndarray] = []
+    made = PiCamera._image
+
+    def seen(source: PiCamera, buffer: np.ndarray) -> np.ndarray:
+        images.append(made(source, buffer))
+        return images[-1]
+
+    monkeypatch.setattr(PiCamera, "_image", seen)
+    assert device_cli.main(["run", str(mobilenet_bundle), "--camera", "picam", "--split", "local",
+                            "--frames", "3", "--threads", "1", "--drop", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "camera: asked 341x256 (the model's resize), got 340x256: no scaling before the crop\n" in out
+    assert "3 frames: 0 dropped" in out
+    assert len(images) >= 3 and all(i.shape == (256, 340, 3) for i in images)
+    _near_stripes(images[0])
 
 
 def test_a_camera_auto_could_not_open_says_why_auto_took_it(
@@ -234,6 +345,6 @@ def test_a_camera_auto_could_not_open_says_why_auto_took_it(
             in capsys.readouterr().err)
 
 
-def _no_camera_0(spec: str, loop: bool = False, realtime: bool = False) -> None:
+def _no_camera_0(spec: str, loop: bool = False, realtime: bool = False, resize: int | None = None) -> None:
     assert spec == "0"
     raise CameraError("cannot open camera 0")
