@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from device_runtime.stream.camera import Frame, FrameSource, opencv, model_size
+from device_runtime.stream.camera import Frame, FrameSource, model_size, opencv
 from splitedge import CameraError
 
 __all__ = ["FORMAT", "INSTALL", "LORES_FORMAT", "PiCamera", "open_picamera", "pi_camera_absent"]
@@ -124,10 +124,10 @@ class PiCamera(FrameSource):
             # The frame duration both ways (µs) fixes the rate: every Picamera2 knows it, where
             # "FrameRate" is a newer shorthand for it.
             period_us = round(1e6 / fps)
-            streams: dict[str, dict[str, Any]] = {"main": {"size": tuple(size), "format": FORMAT}}
+            main_format = LORES_FORMAT if lores else FORMAT  # main unread beside lores: its least memory
+            streams: dict[str, dict[str, Any]] = {"main": {"size": tuple(size), "format": main_format}}
             if lores:
-                streams = {"main": {"size": tuple(size), "format": LORES_FORMAT},
-                           "lores": {"size": asked, "format": LORES_FORMAT}}
+                streams["lores"] = {"size": asked, "format": LORES_FORMAT}
             config = self.camera.create_video_configuration(
                 **streams, controls={"FrameDurationLimits": (period_us, period_us)}, buffer_count=buffer_count,
             )

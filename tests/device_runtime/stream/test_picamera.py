@@ -93,7 +93,8 @@ def test_frames_at_the_models_size_come_from_the_isps_lores_stream(
         frames = [f for _, f in zip(range(2), source)]
         config = _camera(picamera2).camera_config
     assert config["main"]["size"] == (640, 480) and config["main"]["format"] == LORES_FORMAT
-    assert (config["lores"]["size"], config["lores"]["format"], config["lores"]["stride"]) == ((340, 256), "YUV420", 384)
+    lores = config["lores"]
+    assert (lores["size"], lores["format"], lores["stride"]) == ((340, 256), "YUV420", 384)
     assert (source.asked, source.got) == ((341, 256), (340, 256))
     assert source.negotiation() == "asked 341x256 (the model's resize), got 340x256: no scaling before the crop"
     assert source.description == "Pi camera 0 (imx708) 340x256 at 30 fps (the ISP's lores stream; main 640x480)"
