@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 from calibration import BANDIT_FILENAME, Bandit
 from device_runtime.board import (
-    DEFAULT_BATCHES, KEYS, DetectedBoard, InstalledBackend, add_commands, add_service_command, as_flag_type, batches,
+    DEFAULT_BATCHES, DEFAULT_FRAME, KEYS, DetectedBoard, InstalledBackend, add_commands, add_service_command, as_flag_type, batches,
     calibrate_settings, calibration_for, calibrations_for, detect_board, handler, install_service, installed_backends,
     non_negative_rate, positive_int, run_settings, settings_for,
 )
@@ -49,6 +49,7 @@ examples:
   split-device calibrate bundle/ --host 192.168.1.20:7767 --host 10.0.0.5:7767   # chains placed over both hosts
   split-device calibrate bundle/ --key-file host.key        # a host started with --key-file
   split-device calibrate bundle/ --fps 5 --batch 1          # heads timed as a 5 frames/s camera paces them
+  split-device calibrate bundle/ --frame 1280x720           # preprocessing timed on the camera's 1280x720 frames
   split-device calibrate bundle/ --backend tflite --precision int8  # a second table; run takes the one it runs
   split-device plan bundle/ --out plan/                     # the table it wrote, as text and a plot
 """
@@ -125,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="time the board's runs F a second at most, as the camera will pace them: a board idle "
                           "between frames runs them at another speed than back to back (default 0: back to back)")
     cal.add_argument("--no-host", action="store_true", help="calibrate the board alone (every choice is local)")
+    cal.add_argument("--frame", type=_checked("frame"), default=DEFAULT_FRAME, metavar="WIDTHxHEIGHT",
+                     help="the camera's frame size: preprocessing (by the --preprocess path) is timed on a frame "
+                          "this big, its cost grows with the frame (default 640x480)")
     _runtime_arguments(cal)
 
     plan = commands.add_parser(

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from calibration import (
-    BANDIT_FILENAME, FILENAME, Bandit, Calibration, Calibrations, HostView, place_fragments, save,
+    BANDIT_FILENAME, FILENAME, Bandit, Calibration, Calibrations, HostView, drop_share, place_fragments, save,
 )
 from device_runtime.board import (
     CalibrateSettings, Connection, DetectedBoard, LastRun, RunSettings, Runtime, calibrate, calibrations_for,
@@ -31,7 +31,7 @@ from device_runtime.stream import (
 from device_runtime.wire import Credentials, HostClient, client_context, load_key
 from splitedge import BundleError, CameraError, HostUnavailableError, SplitEdgeError, notify, stop_on_signals
 
-__all__ = ["Output", "calibrate_board", "run_stream", "table_text"]
+__all__ = ["Output", "calibrate_board", "drop_forecast", "run_stream", "table_text"]
 
 
 def _stderr(line: str) -> None:
@@ -125,6 +125,9 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
             out.say(f"camera: {source.description}{chosen}")
             if (negotiation := source.negotiation()) is not None:
                 out.say(f"camera: {negotiation}")
+            forecast = _forecast(settings, calibration or _own_table(bundle, runner), hosts, source)
+            if forecast is not None:
+                out.say(forecast)
             ready = False
             async for result in pipeline.run(source, frames=settings.frames, stop=stop):
                 out.say(result.line())
@@ -294,6 +297,60 @@ def _table_for(runner: DeviceRunner, tables: Calibrations, bundle_dir: str, out:
     return table
 
 
+def _own_table(bundle: Bundle, runner: DeviceRunner) -> Calibration | None:
+    """The calibration table of what ``runner`` runs, for a run with a fixed split (which takes no
+    table to choose with, so says nothing when there is none): the frames it will drop are still
+    worth a line."""
+    try:
+        return calibrations_for(bundle).get(runner.backend, precision_of(runner))
+    except BundleError:
+        return None
+
+
+def _forecast(
+    settings: RunSettings, calibration: Calibration | None, hosts: HostLink | None, source: FrameSource,
+) -> str | None:
+    """:func:`drop_forecast` for the split the run starts with: ``--split auto`` starts with the
+    table's choice at the calibrated link rate where a host answers (the run's first rate
+    estimate is a probe of that link), locally without one; a fixed split is itself."""
+    if calibration is None:
+        return None
+    split = settings.split
+    if settings.auto:
+        connected = hosts is not None and hosts.client is not None and calibration.link is not None
+        split = calibration.table.lookup(settings.batch, calibration.link["rate_bps"]) if connected else LOCAL
+    return drop_forecast(calibration, split, settings.batch, source)
+
+
+#: How the forecast names the slowest stage of LatencyModel.stages_ms.
+_STAGE_WORDS = {"board": "preprocessing and head", "link": "the link", "host": "the host's tail"}
+
+
+def drop_forecast(calibration: Calibration, split: str, batch: int, source: FrameSource) -> str | None:
+    """One line saying how many of a live camera's frames a stream through ``split`` will answer
+    and how many it will drop, when the camera is faster than the board: the calibration's stages
+    (:meth:`calibration.LatencyModel.frames_per_s`, the slowest stage's rate) against the camera's
+    frame rate (:func:`calibration.drop_share`). None when it keeps up, or when it cannot tell (no
+    frame rate, a split the calibration did not time, a remote split calibrated without a link)."""
+    interval = source.frame_interval_s if source.live else None
+    model = calibration.model
+    rate = calibration.link["rate_bps"] if calibration.link is not None else 0.0
+    if not interval or split not in model.names or (split != LOCAL and not rate > 0):
+        return None
+    camera_fps = 1.0 / interval
+    answered = model.frames_per_s(split, batch, rate)
+    share = drop_share(camera_fps, answered)
+    if share == 0.0:
+        return None
+    stages = model.stages_ms(split, batch, rate)
+    slowest = max(stages, key=lambda stage: stages[stage])
+    untimed = ("; preprocessing is not in this calibration (counted as 0, so more will be dropped): calibrate "
+               "again to time it") if model.preprocess_ms is None else ""
+    return (f"this board answers about {answered:.2g} fps of this {camera_fps:.3g} fps camera; "
+            f"{100.0 * share:.0f} % of frames will be dropped ({split}, batch {batch}: "
+            f"{_STAGE_WORDS[slowest]} {stages[slowest]:.0f} ms a batch, as calibrated{untimed})")
+
+
 def _run_record(
     settings: RunSettings, camera: str, bundle: Bundle, runner: DeviceRunner, calibration: Calibration | None,
 ) -> dict[str, object]:
@@ -327,7 +384,7 @@ async def calibrate_board(settings: CalibrateSettings, out: Output = Output()) -
                                                                       client.address, out)
     try:
         result = await calibrate(runner, client, settings.batches, settings.repeats, board.to_dict(), out.say,
-                                 settings.fps, peers, loads)
+                                 settings.fps, peers, loads, settings.frame)
     finally:
         for host in (client, *peers):
             if host is not None:
@@ -366,10 +423,18 @@ async def _chain_peers(
 
 
 def table_text(calibration: Calibration) -> str:
-    """For each batch size, the rate ranges over which each split is best (DSC Eq. 6)."""
+    """For each batch size, the rate ranges over which each split is best (DSC Eq. 6), and what
+    preprocessing a frame costs: every option pays it, so it changes no choice, but it adds to
+    every time and can be the board's slowest stage."""
     table = calibration.table
     lines = [f"best split by batch size and link rate (bundle {calibration.bundle_id}, "
              f"{'/'.join(calibration.key)} heads, calibrated {calibration.created}):"]
+    timed = calibration.preprocess
+    if timed is None:
+        lines.append("  preprocessing: not in this calibration (counted as 0); calibrate again to time it")
+    else:
+        lines.append(f"  preprocessing a {timed.frame} frame ({timed.path} path): {timed.spread.p50:.1f} ms, "
+                     "in every option's time (it changes no choice)")
     for batch in table.batches:
         edges = table.boundaries(batch)
         first = table.lookup(batch, table.rates_bps[0])

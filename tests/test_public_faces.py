@@ -59,7 +59,7 @@ FACES = {
         "TRACE_SCHEMA", "TraceWriter", "append_link_rate", "open_source", "pi_camera_absent", "top1",
     ],
     "device_runtime.board": [
-        "CAMERA_GROUP", "CalibrateSettings", "Connection", "DEFAULT_BATCHES", "DetectedBoard",
+        "CAMERA_GROUP", "CalibrateSettings", "Connection", "DEFAULT_BATCHES", "DEFAULT_FRAME", "DetectedBoard",
         "InstalledBackend", "KEYS", "LastRun", "Layout", "RunSettings", "Runtime", "SERVICE", "START_TIMEOUT_S",
         "SettingError", "UpdateDeferred", "add_commands", "add_service_command", "as_flag_type", "batches",
         "calibrate", "calibrate_settings", "calibration_for", "calibrations_for", "default_root",

@@ -2,7 +2,7 @@
 heads here, asking the host for its tails, probing the link), its releases (``releases/<id>/``
 and the ``current`` link, :class:`Layout`) and its settings (``device.toml``)."""
 
-from device_runtime.board.calibrate import DEFAULT_BATCHES, calibrate, calibration_for
+from device_runtime.board.calibrate import DEFAULT_BATCHES, DEFAULT_FRAME, calibrate, calibration_for
 from device_runtime.board.detect import (
     DetectedBoard,
     InstalledBackend,
@@ -29,6 +29,7 @@ __all__ = [
     "CalibrateSettings",
     "Connection",
     "DEFAULT_BATCHES",
+    "DEFAULT_FRAME",
     "DetectedBoard",
     "InstalledBackend",
     "KEYS",

@@ -2,7 +2,9 @@
 
 DSC (Eq. 4-6) needs the head time of every split and the full model on the board at every
 batch size (not linear in the batch: measured, not extrapolated), the tail times on the
-host, and the link. Each of these is measured where it runs: the board times its own
+host, and the link. The board also pays for making each camera frame the model's input,
+which DSC's model leaves out and which can cost more than a head (issue 29): it is timed on
+a frame of the camera's size (``--frame``), by the path the run will take (``--preprocess``). Each of these is measured where it runs: the board times its own
 sessions (warm-up, then ``repeats`` runs of each, with the threads the board profile says),
 the host times its tails itself (the ``profile`` request), and the link is timed with
 pings: a small one for the round trip, payloads for the rate. The table
@@ -11,7 +13,7 @@ the bundle, with the bundle's identity, so a board never uses another bundle's t
 under the backend and precision that ran the heads, beside the tables of the others.
 
 The board's options are timed round robin (every repeat runs every head at every batch
-size once), so a slow spell of the board spreads over all of them rather than making one
+size once, and preprocesses one frame), so a slow spell of the board spreads over all of them rather than making one
 look slow; each median is kept with its p10 and p90, and a wide spread is reported: it
 means the board was busy while it was timed, and its table is worth measuring again.
 """
@@ -24,7 +26,7 @@ import statistics
 import time
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -37,6 +39,7 @@ from calibration import (
     HostView,
     LatencyModel,
     Placement,
+    Preprocessing,
     SplitTable,
     SplitTimings,
     Spread,
@@ -53,11 +56,16 @@ from device_runtime.wire import MAX_PROFILE_REPEATS, HostClient
 from splitedge import BundleError, RemoteError
 
 __all__ = [
-    "DEFAULT_BATCHES", "calibrate", "calibration_for", "calibrations_for", "manifest_sha256", "measure_heads",
-    "measure_link", "precision_of", "profile_host", "spread_warning",
+    "DEFAULT_BATCHES", "DEFAULT_FRAME", "BoardTimes", "calibrate", "calibration_for", "calibrations_for",
+    "manifest_sha256", "measure_board", "measure_link", "precision_of", "profile_host", "spread_warning",
 ]
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
+#: The frame (width, height) preprocessing is timed on unless ``--frame`` says: what a camera
+#: opened without a size gives (an OpenCV camera's usual default, and ``picam``'s).
+DEFAULT_FRAME = (640, 480)
+#: The round robin's key of preprocessing: batch 0 is no head's (heads are keyed (split, batch >= 1)).
+_PREPROCESS = ("preprocess", 0)
 RTT_PINGS = 20
 PROBE_BYTES = (256 * 1024, 1024 * 1024)  # two sizes: the rate is the slope, free of per-request costs
 PROBE_REPEATS = 3
@@ -91,35 +99,58 @@ def calibrations_for(bundle: Bundle) -> Calibrations:
         raise BundleError(str(exc)) from exc
 
 
-def measure_heads(
-    runner: DeviceRunner, batches: Sequence[int], repeats: int, progress: Progress, fps: float = 0.0,
+class BoardTimes(NamedTuple):
+    """What :func:`measure_board` timed: every head's spread (split -> batch -> spread; ``local``
+    is the full model) and one frame's preprocessing."""
+
+    heads: dict[str, dict[int, Spread]]
+    preprocess: Spread
+
+
+def _camera_frame(width: int, height: int) -> np.ndarray:
+    """A (height, width, 3) RGB frame laid out as an OpenCV camera hands it over: BGR memory read
+    with the channel axis reversed (:mod:`device_runtime.stream.camera`), since preprocessing's
+    cost depends on how it reads the frame, not on what the frame shows."""
+    bgr = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    return bgr[..., ::-1]
+
+
+def measure_board(
+    runner: DeviceRunner, batches: Sequence[int], repeats: int, progress: Progress,
+    frame: tuple[int, int] = DEFAULT_FRAME, fps: float = 0.0,
     clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], object] = time.sleep,
-) -> dict[str, dict[int, Spread]]:
+) -> BoardTimes:
     """p10/p50/p90 ms of every split's head and of the full model (``local``) at every batch
-    size, here, timed round robin (:func:`calibration.measure_round_robin`: every repeat runs
+    size, here, and of preprocessing one camera frame of ``frame`` (width, height) by the
+    runner's path, timed round robin (:func:`calibration.measure_round_robin`: every repeat runs
     every option once), at most ``fps`` runs a second (0: back to back)."""
     shape = runner.bundle.manifest.model.input_shape
     rng = np.random.default_rng(0)
     inputs = {batch: rng.standard_normal((batch, *shape)).astype(np.float32) for batch in batches}
     targets = [(s.id, HEAD) for s in runner.bundle.manifest.splits] + [(LOCAL, FULL)]
-    calls = {
+    calls: dict[tuple[str, int], Callable[[], object]] = {
         (split_id, batch): functools.partial(runner.session(split_id, role).run, inputs[batch])
         for split_id, role in targets for batch in batches
     }
+    calls[_PREPROCESS] = functools.partial(runner.preprocess, _camera_frame(*frame))
     quarters = {max(1, round(repeats * q / 4)) for q in (1, 2, 3)}
 
     def cycle_done(cycle: int) -> None:
         if cycle in quarters and cycle < repeats:
-            progress(f"board  {cycle}/{repeats} rounds of {len(calls)} runs (every head at every batch size)")
+            progress(f"board  {cycle}/{repeats} rounds of {len(calls)} runs (every head at every batch size, "
+                     "a frame's preprocessing)")
 
     samples = measure_round_robin(calls, repeats, fps=fps, clock=clock, sleep=sleep, on_cycle=cycle_done)
+    preprocess = Spread.of(samples[_PREPROCESS])
+    progress(f"board  {'preprocess ' + 'x'.join(map(str, frame)):24s} {preprocess.p50:8.2f} ms "
+             f"({preprocess.p10:.2f}–{preprocess.p90:.2f}) a frame, {runner.preprocess_path} path")
     times: dict[str, dict[int, Spread]] = {}
     for split_id, _ in targets:
         times[split_id] = {batch: Spread.of(samples[(split_id, batch)]) for batch in batches}
         progress(f"board  {split_id:24s} " + "  ".join(
             f"B={b}: {s.p50:8.2f} ms ({s.p10:.2f}–{s.p90:.2f})" for b, s in times[split_id].items()
         ))
-    return times
+    return BoardTimes(times, preprocess)
 
 
 def spread_warning(heads: Mapping[str, Mapping[int, Spread]]) -> str | None:
@@ -172,11 +203,13 @@ def precision_of(runner: DeviceRunner) -> str:
 
 
 def latency_model(
-    runner: DeviceRunner, heads: dict[str, dict[int, float]], tails: dict[str, dict[int, float]], rtt_ms: float
+    runner: DeviceRunner, heads: dict[str, dict[int, float]], tails: dict[str, dict[int, float]], rtt_ms: float,
+    preprocess_ms: float | None = None,
 ) -> LatencyModel:
     """DSC's terms for every option: each split, full offload (l = 0) and local only (l = L), and
     each chain with every stage on the host that was profiled (:func:`calibration.chain_timings`:
-    two stages on one host cross no link)."""
+    two stages on one host cross no link); and one frame's preprocessing, which every option pays
+    (None: not timed)."""
     manifest = runner.bundle.manifest
     # what full offload sends: the preprocessed input, uint8 pixels where the bundle folded the normalisation
     input_bytes = runner.payload(OFFLOAD, np.zeros((1, *manifest.model.input_shape), np.float32))[0].nbytes
@@ -194,7 +227,7 @@ def latency_model(
             splits.append(SplitTimings(split.id, sent, heads[split.id], tails[split.id]))
     if OFFLOAD in tails:
         splits.append(SplitTimings(OFFLOAD, input_bytes, {}, tails[OFFLOAD]))
-    return LatencyModel(tuple(splits), rtt_ms)
+    return LatencyModel(tuple(splits), rtt_ms, preprocess_ms)
 
 
 async def profile_host(
@@ -237,6 +270,7 @@ async def calibrate(
     fps: float = 0.0,
     peers: Sequence[HostClient] = (),
     loads: Mapping[str, float] | None = None,
+    frame: tuple[int, int] = DEFAULT_FRAME,
 ) -> Calibration:
     """Measure everything and build the table. Without a host, only ``local`` is an option. The model
     takes the medians; the spreads are kept beside them (:func:`spread_warning` says when one is wide).
@@ -244,24 +278,27 @@ async def calibrate(
     ``fps`` paces the board's timed runs as a camera would (0: back to back); the host's tails
     are timed back to back whatever it is: a host serving a fleet is never idle for long.
     ``peers`` are other hosts a chain's later stages may run on (:func:`place_chains`), ``loads``
-    the hosts' advertised loads by address, where zeroconf gave them.
+    the hosts' advertised loads by address, where zeroconf gave them. ``frame`` (width, height)
+    is the camera's frame size, which preprocessing is timed on (its cost grows with the frame).
     """
     started = time.perf_counter()
-    head_spread = measure_heads(runner, batches, repeats, progress, fps)  # the caller warns of a wide one
+    board_times = measure_board(runner, batches, repeats, progress, frame, fps)  # the caller warns of a wide one
+    head_spread = board_times.heads
     heads = {split: {b: s.p50 for b, s in by_batch.items()} for split, by_batch in head_spread.items()}
+    preprocess = Preprocessing(runner.preprocess_path, frame[0], frame[1], board_times.preprocess)
     tails: dict[str, dict[int, float]] = {}
     link, link_spread = None, {}
     routes: dict[str, tuple[str, ...]] = {}
     if client is not None:
         tails = await profile_host(client, runner.bundle.id, batches, min(repeats, MAX_PROFILE_REPEATS), progress)
         link, link_spread = await measure_link(client, progress)
-    model = latency_model(runner, heads, tails, link["rtt_ms"] if link else 0.0)
+    model = latency_model(runner, heads, tails, link["rtt_ms"] if link else 0.0, preprocess.spread.p50)
     if client is not None and peers and link is not None:
         loads = loads or {}
         entry = HostView(client.address, tails, loads.get(client.address, 0.0), link["rate_bps"], link["rtt_ms"])
         placements = await place_chains(runner, model, heads, entry, client, peers, batches, repeats, progress, loads)
         model = LatencyModel(tuple(placements[t.split].timings if t.split in placements else t for t in model.splits),
-                             model.rtt_ms)
+                             model.rtt_ms, model.preprocess_ms)
         routes = {chain: placement.hosts[1:] for chain, placement in placements.items()
                   if set(placement.hosts) != {client.address}}
     table = SplitTable.build(model, batches)
@@ -283,6 +320,7 @@ async def calibrate(
         head_spread=head_spread,
         link_spread=link_spread,
         routes=routes,
+        preprocess=preprocess,
     )
 
 

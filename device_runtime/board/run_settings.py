@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from device_runtime.board.calibrate import DEFAULT_BATCHES
+from device_runtime.board.calibrate import DEFAULT_BATCHES, DEFAULT_FRAME
 from device_runtime.bundle import FORMATS
 from device_runtime.engine import AUTO, PRECISIONS, PREPROCESS_PATHS
 from device_runtime.hosts import host_address
@@ -76,6 +76,14 @@ def milliseconds(value: str) -> float:
 
 def non_negative_rate(value: str) -> float:
     return _number(value, lambda n: n >= 0, "frame rate", "frames per second >= 0, like 5 or 0.5")
+
+
+def frame_size(value: str) -> tuple[int, int]:
+    """``WIDTHxHEIGHT``, the camera's frame size in pixels, like 640x480."""
+    width, sep, height = value.lower().partition("x")
+    if sep and width.isdecimal() and height.isdecimal() and int(width) >= 1 and int(height) >= 1:
+        return int(width), int(height)
+    raise SettingError(f"frame size {value!r}: expected WIDTHxHEIGHT in pixels, like 640x480")
 
 
 def host(value: str) -> str:
@@ -156,6 +164,7 @@ KEYS: dict[str, Key] = {k.dest: k for k in (
     Key("split", text, str, commands=("run",)),
     Key("batch", positive_int, int, commands=("run",)),
     Key("deadline_ms", milliseconds, (int, float), commands=("run",)),
+    Key("frame", frame_size, str, commands=("calibrate",)),
 )}
 
 
@@ -224,6 +233,7 @@ class CalibrateSettings:
     repeats: int = 20
     fps: float = 0.0
     no_host: bool = False
+    frame: tuple[int, int] = DEFAULT_FRAME  # (width, height) of the camera's frames: preprocessing is timed on one
 
 
 def _connection(args: argparse.Namespace) -> Connection:
@@ -249,5 +259,5 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
 def calibrate_settings(args: argparse.Namespace) -> CalibrateSettings:
     return CalibrateSettings(
         bundle=args.bundle, connection=_connection(args), runtime=_runtime(args), batches=args.batch,
-        repeats=args.repeats, fps=args.fps, no_host=args.no_host,
+        repeats=args.repeats, fps=args.fps, no_host=args.no_host, frame=args.frame,
     )

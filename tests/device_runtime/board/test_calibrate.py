@@ -18,7 +18,7 @@ from device_runtime.board.calibrate import (
     calibration_for,
     latency_model,
     manifest_sha256,
-    measure_heads,
+    measure_board,
     profile_host,
     spread_warning,
 )
@@ -181,38 +181,49 @@ class Clock:
 
 class RecordingRunner:
     """A DeviceRunner's stand-in: its sessions log (split, batch) and take ``ms[split] * batch`` on the
-    clock, ``slowdown`` times that while the clock is inside ``spell`` (the board busy elsewhere)."""
+    clock, ``slowdown`` times that while the clock is inside ``spell`` (the board busy elsewhere).
+    Preprocessing a frame logs ("preprocess", its height) and takes ``preprocess_ms_per_mpx`` per
+    million pixels (a resize reads every pixel), also slowed in the spell."""
 
-    def __init__(self, clock: Clock, ms: dict[str, float], spell: tuple[float, float] = (0.0, 0.0)) -> None:
+    preprocess_path = "fast"
+
+    def __init__(self, clock: Clock, ms: dict[str, float], spell: tuple[float, float] = (0.0, 0.0),
+                 preprocess_ms_per_mpx: float = 10.0) -> None:
         splits = [SimpleNamespace(id=name) for name in ms if name != LOCAL]
         self.bundle = SimpleNamespace(manifest=SimpleNamespace(model=SimpleNamespace(input_shape=(3, 4, 4)), splits=splits))
-        self.clock, self.ms, self.spell = clock, ms, spell
+        self.clock, self.ms, self.spell, self.per_mpx = clock, ms, spell, preprocess_ms_per_mpx
         self.calls: list[tuple[str, int]] = []
         self.slowed: list[tuple[str, int]] = []
+
+    def preprocess(self, image: np.ndarray) -> None:
+        assert image.dtype == np.uint8 and image.shape[2] == 3  # an RGB camera frame
+        self._take(("preprocess", image.shape[0]), self.per_mpx * image.shape[0] * image.shape[1] / 1e6)
 
     def session(self, split_id: str, role: str) -> SimpleNamespace:
         assert role == (FULL if split_id == LOCAL else HEAD)
         return SimpleNamespace(run=lambda x: self._run(split_id, x))
 
     def _run(self, split_id: str, x) -> None:
-        key = (split_id, x.shape[0])
+        self._take((split_id, x.shape[0]), self.ms[split_id] * x.shape[0])
+
+    def _take(self, key: tuple[str, int], ms: float) -> None:
         self.calls.append(key)
         slow = self.spell[0] <= self.clock() < self.spell[1]
         if slow:
             self.slowed.append(key)
-        self.clock.now += self.ms[split_id] * x.shape[0] / 1000.0 * (4.0 if slow else 1.0)
+        self.clock.now += ms / 1000.0 * (4.0 if slow else 1.0)
 
 
 def test_heads_are_timed_round_robin_with_their_spread() -> None:
     clock = Clock()
     runner = RecordingRunner(clock, {"a": 2.0, "b": 5.0, LOCAL: 10.0})
     lines: list[str] = []
-    spreads = measure_heads(runner, (1, 4), repeats=8, progress=lines.append, clock=clock, sleep=clock.sleep)
-    options = [(s, b) for s in ("a", "b", LOCAL) for b in (1, 4)]
-    # 3 warm-up rounds and 8 timed ones; every round runs each of the 6 options once.
-    assert len(runner.calls) == 6 * 11
+    spreads = measure_board(runner, (1, 4), repeats=8, progress=lines.append, clock=clock, sleep=clock.sleep).heads
+    options = [(s, b) for s in ("a", "b", LOCAL) for b in (1, 4)] + [("preprocess", 480)]
+    # 3 warm-up rounds and 8 timed ones; every round runs each of the 6 heads and a frame's preprocessing once.
+    assert len(runner.calls) == 7 * 11
     for i in range(11):
-        assert sorted(runner.calls[6 * i: 6 * i + 6]) == sorted(options)
+        assert sorted(runner.calls[7 * i: 7 * i + 7]) == sorted(options)
     b4 = spreads["b"][4]
     assert (b4.p10, b4.p50, b4.p90) == pytest.approx((20.0, 20.0, 20.0)) and spreads[LOCAL][1].p50 == pytest.approx(10.0)
     assert "board  2/8 rounds" in lines[0] and lines[-1].startswith("board  local")
@@ -224,14 +235,46 @@ def test_a_busy_spell_of_the_board_spreads_over_every_head() -> None:
     # 23 rounds (3 of warm-up) of 2+5+10 ms at B=1 and 8+20+40 ms at B=4: 2 s; the board is busy (4x slower)
     # for 1 s of it, about 3 of the 20 timed rounds.
     runner = RecordingRunner(clock, {"a": 2.0, "b": 5.0, LOCAL: 10.0}, spell=(0.6, 1.6))
-    spreads = measure_heads(runner, (1, 4), repeats=20, progress=lambda line: None, clock=clock, sleep=clock.sleep)
-    assert {key for key in runner.slowed} == {(s, b) for s in ("a", "b", LOCAL) for b in (1, 4)}
+    spreads = measure_board(runner, (1, 4), repeats=20, progress=lambda line: None, clock=clock, sleep=clock.sleep).heads
+    assert {key for key in runner.slowed} == {(s, b) for s in ("a", "b", LOCAL) for b in (1, 4)} | {("preprocess", 480)}
     for split, ms in (("a", 2.0), ("b", 5.0), (LOCAL, 10.0)):
         assert spreads[split][1].p50 == pytest.approx(ms) and spreads[split][4].p50 == pytest.approx(4 * ms)
     # The medians hold; the spreads show the spell, and the warning names the widest option.
     warning = spread_warning(spreads)
     assert warning is not None and warning.startswith("warning: head times spread widely: ")
     assert "quiet it" in warning and "the table uses the medians" in warning and "\n" not in warning
+
+
+@pytest.mark.parametrize("frame, ms", [((640, 480), 3.072), ((1280, 720), 9.216)])
+def test_preprocessing_is_timed_on_a_frame_of_the_cameras_size(frame: tuple[int, int], ms: float) -> None:
+    """One camera frame of ``--frame``'s size, made the model's input by the run's path, timed in
+    the heads' round robin: 10 ms per million pixels here."""
+    clock = Clock()
+    runner = RecordingRunner(clock, {"a": 2.0, LOCAL: 10.0})
+    lines: list[str] = []
+    timed = measure_board(runner, (1,), repeats=4, progress=lines.append, frame=frame, clock=clock, sleep=clock.sleep)
+    assert (timed.preprocess.p10, timed.preprocess.p50, timed.preprocess.p90) == pytest.approx((ms, ms, ms))
+    assert runner.calls.count(("preprocess", frame[1])) == 3 + 4  # warm-up and timed rounds, like every head
+    assert any(line.startswith(f"board  preprocess {frame[0]}x{frame[1]}") and line.endswith("fast path")
+               for line in lines)
+
+
+def test_calibrate_times_preprocessing_at_the_frame_size(mobilenet_bundle: Path, tmp_path: Path, capsys) -> None:
+    root = tmp_path / "bundle"
+    shutil.copytree(mobilenet_bundle, root)
+    assert main(["calibrate", str(root), "--no-host", "--batch", "1", "--repeats", "2", "--threads", "1",
+                 "--frame", "320x240", "--preprocess", "exact"]) == 0
+    out = capsys.readouterr().out
+    calibration = load(root)
+    timed = calibration.preprocess
+    assert (timed.path, timed.frame) == ("exact", "320x240")
+    assert calibration.model.preprocess_ms == timed.spread.p50 > 0
+    assert calibration.model.terms_ms(LOCAL, 1, 1e6)["preprocess"] == timed.spread.p50
+    assert "board  preprocess 320x240" in out
+    assert f"preprocessing a 320x240 frame (exact path): {timed.spread.p50:.1f} ms" in out  # the plan says it
+    with pytest.raises(SystemExit):
+        main(["calibrate", str(root), "--no-host", "--frame", "640"])
+    assert "frame size '640': expected WIDTHxHEIGHT in pixels, like 640x480" in capsys.readouterr().err
 
 
 def test_spread_warning_names_the_worst_option() -> None:
