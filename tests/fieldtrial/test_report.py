@@ -169,6 +169,20 @@ def queued_frames() -> list[dict]:
     return frames
 
 
+def test_a_calibration_that_timed_preprocessing_is_compared_stage_by_stage() -> None:
+    """calibrate's preprocessing term (issue 29.3) is a modelled stage like the others: predicted,
+    in the prediction's sum, and no longer listed as missing."""
+    model = LatencyModel(tiny_model().splits, tiny_model().rtt_ms, preprocess_ms=1.5)
+    timed = cal.Preprocessing("fast", 640, 480, cal.Spread(1.0, 1.5, 2.5))
+    calibration = Calibration(**{**{f: getattr(tiny_calibration(), f) for f in Calibration.__dataclass_fields__},
+                                 "model": model, "preprocess": timed,
+                                 "table": SplitTable.build(model, [1, 4], points_per_decade=5)})
+    cut = summarize(run_record(), queued_frames(), calibration)["predicted_vs_measured"]["cut"]
+    assert cut["stages"]["preprocess"] == {"measured_ms": PREPROCESS_MS, "predicted_ms": pytest.approx(1.5)}
+    assert cut["unmodelled_stages"] == [] and cut["predicted_ms"] == pytest.approx(37.5)  # 1.5 + 36
+    assert cut["stages_ms"] == pytest.approx(PREPROCESS_MS + 37.5)
+
+
 def test_measured_vs_model_sets_the_waits_apart_from_the_stages() -> None:
     comparison = summarize(run_record(), queued_frames(), tiny_calibration())["predicted_vs_measured"]
     cut = comparison["cut"]
