@@ -344,11 +344,18 @@ def drop_forecast(calibration: Calibration, split: str, batch: int, source: Fram
         return None
     stages = model.stages_ms(split, batch, rate)
     slowest = max(stages, key=lambda stage: stages[stage])
-    untimed = ("; preprocessing is not in this calibration (counted as 0, so more will be dropped): calibrate "
-               "again to time it") if model.preprocess_ms is None else ""
+    timed, got = calibration.preprocess, source.got
+    if timed is None:
+        note = ("; preprocessing is not in this calibration (counted as 0, so more will be dropped): calibrate "
+                "again to time it")
+    elif got is not None and got != (timed.width, timed.height):  # preprocessing's cost grows with the frame
+        frame = f"{got[0]}x{got[1]}"
+        note = f"; preprocessing timed on {timed.frame} frames, this camera gives {frame}: calibrate --frame {frame}"
+    else:
+        note = ""
     return (f"this board answers about {answered:.2g} fps of this {camera_fps:.3g} fps camera; "
             f"{100.0 * share:.0f} % of frames will be dropped ({split}, batch {batch}: "
-            f"{_STAGE_WORDS[slowest]} {stages[slowest]:.0f} ms a batch, as calibrated{untimed})")
+            f"{_STAGE_WORDS[slowest]} {stages[slowest]:.0f} ms a batch, as calibrated{note})")
 
 
 def _run_record(

@@ -4,18 +4,20 @@ DSC (Eq. 4-6) needs the head time of every split and the full model on the board
 batch size (not linear in the batch: measured, not extrapolated), the tail times on the
 host, and the link. The board also pays for making each camera frame the model's input,
 which DSC's model leaves out and which can cost more than a head (issue 29): it is timed on
-a frame of the camera's size (``--frame``), by the path the run will take (``--preprocess``). Each of these is measured where it runs: the board times its own
-sessions (warm-up, then ``repeats`` runs of each, with the threads the board profile says),
-the host times its tails itself (the ``profile`` request), and the link is timed with
-pings: a small one for the round trip, payloads for the rate. The table
-best_split[batch][rate] is computed from these and stored in ``calibration.json`` beside
-the bundle, with the bundle's identity, so a board never uses another bundle's timings, and
-under the backend and precision that ran the heads, beside the tables of the others.
+a frame of the camera's size (``--frame``), by the path the run will take (``--preprocess``).
+Each of these is measured where it runs: the board times its own sessions (warm-up, then
+``repeats`` runs of each, with the threads the board profile says), the host times its tails
+itself (the ``profile`` request), and the link is timed with pings: a small one for the round
+trip, payloads for the rate. The table best_split[batch][rate] is computed from these and
+stored in ``calibration.json`` beside the bundle, with the bundle's identity, so a board never
+uses another bundle's timings, and under the backend and precision that ran the heads, beside
+the tables of the others.
 
-The board's options are timed round robin (every repeat runs every head at every batch
-size once, and preprocesses one frame), so a slow spell of the board spreads over all of them rather than making one
-look slow; each median is kept with its p10 and p90, and a wide spread is reported: it
-means the board was busy while it was timed, and its table is worth measuring again.
+The board's options are timed round robin (every repeat runs every head at every batch size
+once, and preprocesses one frame), so a slow spell of the board spreads over all of them
+rather than making one look slow; each median is kept with its p10 and p90, and a wide spread
+is reported: it means the board was busy while it was timed, and its table is worth measuring
+again.
 """
 
 from __future__ import annotations

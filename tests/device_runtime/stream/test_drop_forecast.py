@@ -128,6 +128,16 @@ def test_a_calibration_without_preprocessing_says_so() -> None:
     assert "preprocessing is not in this calibration (counted as 0, so more will be dropped)" in line
 
 
+def test_a_camera_giving_another_frame_size_than_the_calibrated_one_says_so() -> None:
+    camera = LockstepCamera(1)
+    camera.got = (341, 256)  # asked for the model's size (issue 29.2); preprocessing was timed on 80x60
+    line = drop_forecast(calibrated(120.0, 500.0), LOCAL, 1, camera)
+    assert line is not None and line.endswith(
+        "as calibrated; preprocessing timed on 80x60 frames, this camera gives 341x256: calibrate --frame 341x256)")
+    camera.got = (80, 60)
+    assert "calibrate --frame" not in drop_forecast(calibrated(120.0, 500.0), LOCAL, 1, camera)
+
+
 def test_the_run_says_it_at_start(mobilenet_bundle: Path, tmp_path: Path, capsys) -> None:
     """``split-device run`` with a fixed split and a calibration of what it runs: a 50 fps
     camera against 10 + 190 ms a frame, 5 fps answered, 90 % dropped."""
