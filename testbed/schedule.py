@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from device_runtime.stream import append_link_rate
 from testbed.kernel_link import EmulatedLink, _checked_rate
 from testbed.relay import DelayRelay
 
@@ -116,6 +115,10 @@ def trace_steps(trace: str | Path) -> Callable[[float, float], None]:
     """An ``on_change`` for :meth:`RateSchedule.drive` that writes each rate applied into the trace
     a ``split-device run --trace`` is writing beside it: the board only estimates the link's rate,
     and a report can judge the estimate only against what the link really did."""
+    # Imported here: `make` builds the board in a box with the system's python3, which has only the
+    # standard library, and `python -m testbed.board_box` imports this package's face.
+    from device_runtime.stream import append_link_rate
+
     def on_change(elapsed_s: float, rate_mbit: float) -> None:
         append_link_rate(trace, rate_mbit * _BITS_PER_MBIT, SET_BY)
 

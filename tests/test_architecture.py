@@ -10,6 +10,7 @@ they are allowed only where listed in :data:`LAZY` (nowhere now: ``split-device 
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,3 +197,12 @@ def test_a_process_started_with_python_m_counts_as_an_import(tmp_path: Path) -> 
     assert Import("device_runtime.wire", False) in found
     assert Import("device_runtime.cli", False) in found
     assert module_name(ROOT / "device_runtime" / "wire" / "auth.py") == "device_runtime.wire.auth"
+
+
+def test_the_board_box_builder_needs_only_the_standard_library() -> None:
+    """``make`` runs ``python3 -m testbed.board_box build`` with the machine's own Python, before
+    any venv exists: importing it must not reach numpy, msgpack or anything else installed."""
+    blocked = ["numpy", "msgpack", "zeroconf", "onnxruntime", "cv2", "torch", "matplotlib", "tomli_w"]
+    code = f"import sys; sys.modules.update(dict.fromkeys({blocked!r})); import testbed.board_box"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
