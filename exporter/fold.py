@@ -27,17 +27,22 @@ def _scale_shift(spec: Preprocess) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Folded(torch.nn.Module):
-    """``module`` taking the crop's pixels: one multiply and one add per value before it."""
+    """``module`` taking the crop's pixels: one multiply and one add per value before it, as a
+    per-channel 1x1 convolution. A broadcast multiply by a (1, C, 1, 1) constant is the same
+    arithmetic, but litert-torch cannot convert it against a dynamic batch (it broadcasts the
+    batch's symbolic size as a negative one); a convolution converts everywhere, ONNX and TFLite,
+    float32 and int8."""
 
     def __init__(self, module: torch.nn.Module, spec: Preprocess) -> None:
         super().__init__()
         self.module = module
         scale, shift = _scale_shift(spec)
-        self.register_buffer("scale", torch.tensor(scale, dtype=torch.float32))
-        self.register_buffer("shift", torch.tensor(shift, dtype=torch.float32))
+        channels = scale.shape[0]
+        self.register_buffer("weight", torch.tensor(scale, dtype=torch.float32).reshape(channels, 1, 1, 1))
+        self.register_buffer("bias", torch.tensor(shift, dtype=torch.float32).reshape(channels))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.module(x * self.scale + self.shift)
+        return self.module(torch.nn.functional.conv2d(x, self.weight, self.bias, groups=self.weight.shape[0]))
 
 
 def normalise(x: np.ndarray, spec: Preprocess) -> np.ndarray:
