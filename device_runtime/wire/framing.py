@@ -84,6 +84,9 @@ class FrameBudget:
     def reserve(self, decoder: "FrameDecoder", nbytes: int) -> bool:
         """Take ``nbytes`` for ``decoder`` (False: it waits, and :meth:`FrameDecoder.granted` is
         called when they are reserved for it)."""
+        if not self._waiters and self.held + nbytes <= self.capacity:  # the usual case: it fits, no one waits
+            self._take(decoder, nbytes)
+            return True
         fair = nbytes <= self.share(decoder)
         if fair and self.held + nbytes > self.capacity:
             self._evict_for(decoder, nbytes)
@@ -121,7 +124,8 @@ class FrameBudget:
         else:
             self._holders.pop(decoder, None)
         self.held -= nbytes
-        self._grant()
+        if self._waiters:
+            self._grant()
 
     def _grant(self) -> None:
         """Wake waiters whose frames now fit, in arrival order; one over its share that does

@@ -60,6 +60,26 @@ REPLY_LIMITS = DecodeLimits(header_bytes=1 << 20, max_array_len=4096, max_map_le
 
 _EMPTY_BIN = b"\xc4\x00"
 
+#: Packers kept for reuse. ``msgpack.packb`` makes a Packer per call, and a Packer mallocs a
+#: 256 KiB buffer: one per frame on each side. Beside a host's 250 KB frame body at the top of
+#: the heap, that pushed the heap's free top past glibc's trim threshold on every request, so
+#: each request gave ~500 KB back to the kernel and faulted it in again (40 page faults a
+#: request on a standalone host; docs/benchmarks.md, issue 27). A pop and an append are atomic,
+#: so threads and re-entry each get their own.
+_PACKERS: list[msgpack.Packer] = []
+#: A packer's buffer (msgpack's default); one that grew past it for a large message (a ``hello``,
+#: ``stats``) is dropped, not kept at that size.
+_KEEP_PACKER_BELOW = 256 * 1024
+
+
+def _packb(value: Any) -> bytes:
+    """``msgpack.packb(value, use_bin_type=True)`` with a reused packer."""
+    packer = _PACKERS.pop() if _PACKERS else msgpack.Packer(use_bin_type=True)
+    packed = packer.pack(value)  # autoreset: emptied for the next; a packer that raised is not kept
+    if len(packed) < _KEEP_PACKER_BELOW:
+        _PACKERS.append(packer)
+    return packed
+
 
 def _bin_header(n: int) -> bytes:
     """msgpack's bin 8/16/32 header; msgpack.Packer has no public way to write one alone."""
@@ -77,7 +97,7 @@ def encode(message: dict[str, Any], tensor: np.ndarray | None = None, **tensor_f
     ``zero_point``) are stored beside the tensor's dtype and shape.
     """
     if tensor is None:
-        body = msgpack.packb(message, use_bin_type=True)
+        body = _packb(message)
         return [LENGTH.pack(len(body)) + body]
     if "tensor" in message:
         raise ValueError("pass the tensor as the tensor argument, not inside the message")
@@ -92,7 +112,7 @@ def encode(message: dict[str, Any], tensor: np.ndarray | None = None, **tensor_f
     # order), then swap the placeholder's 2-byte header for the real one: one packb call,
     # and the tensor's bytes follow the prefix untouched.
     tensor_map = {"dtype": dtype, "shape": list(array.shape), **tensor_fields, "data": b""}
-    packed = msgpack.packb({**message, "tensor": tensor_map}, use_bin_type=True)
+    packed = _packb({**message, "tensor": tensor_map})
     assert packed.endswith(_EMPTY_BIN), "the tensor must be packed last"
     prefix = packed[: -len(_EMPTY_BIN)] + _bin_header(data.nbytes)
     return [LENGTH.pack(len(prefix) + data.nbytes) + prefix, data]
