@@ -53,7 +53,9 @@ Buffer = Union[bytes, bytearray, memoryview]
 #: A frame past these is ``bad_request`` before anything is built for it.
 REQUEST_LIMITS = DecodeLimits(
     header_bytes=8 * 1024, max_array_len=MAX_PROFILE_BATCH, max_map_len=32, max_str_len=1024,
-    array_caps={"route": MAX_ROUTE_HOPS, "peers": MAX_ROUTE_HOPS, "shape": MAX_NDIM, "batches": MAX_PROFILE_BATCH},
+    # A shape is held to max_array_len here and to MAX_NDIM by the tensor reader, which answers with
+    # the request's id (a limit hit while reading the header can only answer with a null id).
+    array_caps={"route": MAX_ROUTE_HOPS, "peers": MAX_ROUTE_HOPS, "batches": MAX_PROFILE_BATCH},
 )
 #: What a device reads a reply with: ``stats`` and ``hello`` carry a host's figures and bundles.
 REPLY_LIMITS = DecodeLimits(header_bytes=1 << 20, max_array_len=4096, max_map_len=4096, max_str_len=64 * 1024)
