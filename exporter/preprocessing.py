@@ -98,6 +98,9 @@ def _checked(fields: Mapping[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
+_BUILD_RECORDS = ("folded", "fast_agreement", "fast_agreement_on")
+
+
 def resolve(
     base: Preprocess, base_known: bool, factory: Mapping[str, Any] | None, flags: PreprocessFlags | None,
     input_shape: tuple[int, ...] | None, where: str, strict: bool = True,
@@ -109,7 +112,9 @@ def resolve(
     otherwise (``points``, ``analyze``: the model at another resolution) the crop follows it.
     """
     fields: dict[str, Any] = dataclasses.asdict(base)
-    sources = {k: ("the weights" if base_known else "ImageNet's defaults (a guess)") for k in fields}
+    # What the build records itself (the fold and the fast path's agreement) comes from no source.
+    sources = {k: ("the weights" if base_known else "ImageNet's defaults (a guess)") for k in fields
+               if k not in _BUILD_RECORDS}
     for source, given in ((f"{where}'s {PREPROCESSING}", _checked(dict(factory or {}), f"{where}.{PREPROCESSING}")),
                           ("the command line", _checked((flags or PreprocessFlags()).given(), "the command line"))):
         fields.update(given)

@@ -20,6 +20,7 @@ from bench.seed003_cnn import CUT_AFTER, INPUT_SHAPE, TABLE_1, keras_params, mak
 from device_runtime.bundle import FULL, HEAD, LOCAL, Bundle  # noqa: E402
 from device_runtime.engine import OnnxBackend  # noqa: E402
 from exporter.build import BuildSpec, build_bundle  # noqa: E402
+from exporter.fold import pixels  # noqa: E402
 from exporter.graph import find_cut_points, trace  # noqa: E402
 
 #: Keras's layer types as torch builds them (a Conv2D or the first Dense with its ReLU).
@@ -80,10 +81,12 @@ def test_a_two_cut_chain_is_the_model(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     grey = rng.random((5, 1, 28, 28), dtype=np.float32)
     x = np.concatenate([np.repeat(grey, 3, axis=1), rng.random((3, *INPUT_SHAPE), dtype=np.float32)])
-    y = OnnxBackend(bundle.artifact(chain_id, HEAD)).run(x)
+    # The board's artifacts take the crop's pixels (the normalisation folded in): x as torch's module takes it.
+    fed = pixels(x, manifest.model.preprocess) if manifest.model.preprocess.folded else x
+    y = OnnxBackend(bundle.artifact(chain_id, HEAD)).run(fed)
     for stage in chain.stages:
         y = OnnxBackend(bundle.stage_artifact(chain_id, stage.index)).run(y)
     with torch.no_grad():
         want = model(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(y, want, atol=1e-4, rtol=0)
-    np.testing.assert_allclose(OnnxBackend(bundle.artifact(LOCAL, FULL)).run(x), want, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(OnnxBackend(bundle.artifact(LOCAL, FULL)).run(fed), want, atol=1e-4, rtol=0)
