@@ -62,8 +62,15 @@ class DecodeLimits:
     @cached_property
     def unpacker_options(self) -> dict[str, Any]:
         """msgpack's own limits, for a frame whose every byte is header."""
-        return {"raw": False, "strict_map_key": False, "max_ext_len": 0, "max_bin_len": self.header_bytes,
-                "max_str_len": self.max_str_len, "max_array_len": self.max_array_len, "max_map_len": self.max_map_len}
+        return {"raw": False, "strict_map_key": False, "max_ext_len": 0, "ext_hook": _no_ext,
+                "max_bin_len": self.header_bytes, "max_str_len": self.max_str_len, "max_array_len": self.max_array_len, "max_map_len": self.max_map_len}
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    """msgpack's extension types are no part of the protocol. ``max_ext_len=0`` stops every one
+    with data, but an empty one (``fixext`` of length 0 does not exist; ``ext 8`` of length 0 does)
+    would pass as an ExtType: this refuses it too, as the unreadable frame it is."""
+    raise ValueError(f"extension type {code}: not part of the protocol")
 
 
 #: Generous bounds: what tests and tools read when they do not say.
@@ -101,7 +108,8 @@ class _Reader:
         self.base, self.fed = pos, 0
         self.room = min(len(self.view) - pos, max(limits.header_bytes - self.spent, 0))
         self.unpacker = msgpack.Unpacker(  # its buffer is read_size: max_buffer_size, not its default 1 MiB
-            raw=False, strict_map_key=False, max_ext_len=0, max_bin_len=self.room, max_buffer_size=max(self.room, 1),
+            raw=False, strict_map_key=False, max_ext_len=0, ext_hook=_no_ext, max_bin_len=self.room,
+            max_buffer_size=max(self.room, 1),
             read_size=min(max(self.room, 1), FIRST_FEED),
             max_str_len=limits.max_str_len, max_array_len=limits.max_array_len, max_map_len=limits.max_map_len,
         )

@@ -106,3 +106,13 @@ def test_a_decode_bomb_is_refused_in_milliseconds_whatever_its_size() -> None:
     with pytest.raises(ProtocolError, match="over 16384 bytes"):
         unpack(bomb, limits)
     assert time.thread_time() - started < 1.0  # CPU of this thread: the header window, never the 16 MiB
+
+
+@pytest.mark.parametrize("data", [b"", b"x"])
+@pytest.mark.parametrize("tensor_bytes", [0, 20_000])  # read whole, and read past the header's window
+def test_every_extension_type_is_refused_even_an_empty_one(data: bytes, tensor_bytes: int) -> None:
+    """An empty ext passes ``max_ext_len=0``: it must still be refused (hypothesis found it as a
+    readable map that then answered with its id, where an unreadable frame answers id-null)."""
+    message = {"id": 1, "op": "infer", "tensor": {"data": bytes(tensor_bytes)}, "extra": msgpack.ExtType(5, data)}
+    with pytest.raises(ProtocolError, match="extension type 5|max_ext_len"):
+        unpack(msgpack.packb(message), REQUEST_LIMITS)
