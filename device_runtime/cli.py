@@ -8,7 +8,6 @@ shows the table it produced; ``run`` streams frames with the split chosen from t
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from dataclasses import asdict
