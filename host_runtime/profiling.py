@@ -152,6 +152,8 @@ def run_profile(
     # Tails the host's own probe has not costed yet (it runs when the host starts; a tail swapped
     # since, or a request that came first): their set-up is the host's, not the request's budget.
     setup = probe(plan.tails.values(), stop, costs)
+    if stop.is_set():  # the probe gave up on a tail it had not costed: nothing to predict from
+        raise ProfileStopped()
     spent = 0.0
     one_round = sum(costs.predict(plan.tails[s], b) for s, b in entries)
     if one_round > 0:  # planned within a share of the budget; one run of each, if that is all, within all of it

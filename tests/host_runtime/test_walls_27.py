@@ -30,7 +30,10 @@ from typing import Iterator
 import pytest
 
 from device_runtime import OFFLOAD, Bundle
-from device_runtime.wire import MAX_LINKS_REQUEST_BYTES, PROTOCOL_VERSION, ClientPool, HelloReply, encode_bytes, encode_message
+from device_runtime.wire import (MAX_LINKS_REQUEST_BYTES, PROTOCOL_VERSION, ClientPool, HelloReply, ProfileRequest, encode_bytes,
+                                 encode_message)
+from host_runtime.profiling import Costs, ProfileStopped, plan_profile, run_profile
+from host_runtime.tails import TailRegistry
 from splitedge import HostUnavailableError
 from tests.conftest import TEST_SPLITS, RunningHost, start_host
 from tests.host_runtime.helpers import Held, cut
@@ -271,6 +274,18 @@ def test_a_profile_of_a_few_bytes_buys_at_most_its_budget(mobilenet_bundle, bund
                                 "repeats": 3}))
             times = read_reply(sock)["tail_ms"]
             assert times[LATE]["1"] > 0
+
+
+def test_a_profile_stopped_before_its_tail_was_costed_is_answered_stopped(mobilenet_bundle, bundle) -> None:
+    """SIGTERM while the profile's own probe ran (a tail the host had not costed yet): the profile
+    ends ``overloaded`` naming the shutdown, never ``internal`` (CI once got ``profile failed:
+    <TailSession ...>``, a KeyError from predicting a tail the stopped probe never timed)."""
+    registry = TailRegistry([bundle], threads=1)
+    plan = plan_profile(registry, ProfileRequest(1, bundle.id, (1,), 3, (LATE,)))
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(ProfileStopped, match="shutting down"):
+        run_profile(plan, stop, budget_s=60.0, costs=Costs())
 
 
 def test_next_hops_are_kept_by_resolved_address_and_the_least_recently_used_idle_one_makes_room(
