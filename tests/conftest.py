@@ -36,6 +36,23 @@ def offline_weights() -> Path | None:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def interruptible() -> Iterator[None]:
+    """Ctrl-C reaches the suite and every command it starts, as from a terminal, even when the suite
+    was started ignoring SIGINT (``make test &``, ``nohup``: a shell's background job): the commands
+    keep a SIGINT they were started ignoring, by design (:func:`splitedge.exit_on_signals`), and
+    the tests of what a command does on Ctrl-C would otherwise send it to a process that ignores it.
+    A handler, unlike SIG_IGN, is not inherited across exec: children start with the default."""
+    import signal
+
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    if ignored:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def no_board_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """This machine's device.toml (/etc/splitedge, ~/.config/splitedge) never reaches a test: split-device
     reads its settings from an empty directory, here and in the processes tests start."""
