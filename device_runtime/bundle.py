@@ -244,6 +244,10 @@ class Artifact:
     sha256: str
     bytes: int
     accuracy: float | None = None  # heads: top-1 of the split model with this head, where measured
+    # float32 artifacts, as validated against torch at export: the largest absolute difference of an
+    # output, and that over the spread of torch's outputs (a tail: the head and it together)
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
 
 
 @dataclass(frozen=True)
@@ -365,6 +369,7 @@ class ModelInfo:
     labels: tuple[str, ...]
     accuracy: float | None = None  # top-1 of the full model on the test data, where measured
     accuracy_on: str | None = None  # what every accuracy in the manifest was measured on, in words
+    output: str | None = None  # a model of several outputs: the one the bundle answers with, in words
 
 
 #: The parts a slice is cut for (:mod:`device_runtime.bundle_slice`): what a board runs, what a host serves.
@@ -469,6 +474,8 @@ def _artifact(raw: Any, path: str) -> Artifact:
         sha256=_fields.text(*_at(obj, "sha256", path)),
         bytes=_fields.integer(*_at(obj, "bytes", path), minimum=0),
         accuracy=_optional_number(obj, "accuracy", path),
+        max_abs_error=_optional_number(obj, "max_abs_error", path),
+        max_rel_error=_optional_number(obj, "max_rel_error", path),
     )
 
 
@@ -647,6 +654,7 @@ def _model(raw: Any, path: str) -> ModelInfo:
         labels=tuple(_fields.text(v, f"{lpath}[{i}]", empty=True) for i, v in enumerate(_fields.array(labels, lpath))),
         accuracy=_optional_number(obj, "accuracy", path),
         accuracy_on=None if obj.get("accuracy_on") is None else _fields.text(*_at(obj, "accuracy_on", path)),
+        output=None if obj.get("output") is None else _fields.text(*_at(obj, "output", path)),
     )
 
 
@@ -835,12 +843,14 @@ def write_manifest(root: str | Path, manifest: Manifest) -> Manifest:
     return stamped
 
 
-def make_artifact(root: str | Path, relpath: str, role: str, fmt: str, precision: str) -> Artifact:
-    """Describe a file already written under ``root``: its hash and size (its path checked as a reader will)."""
+def make_artifact(root: str | Path, relpath: str, role: str, fmt: str, precision: str,
+                  errors: tuple[float, float] | None = None) -> Artifact:
+    """Describe a file already written under ``root``: its hash and size (its path checked as a reader
+    will), and ``errors`` (absolute, relative) where it was validated."""
     path = Path(root) / check_relpath(relpath, "artifact path")
-    return Artifact(
-        role=role, format=fmt, precision=precision, path=relpath, sha256=file_sha256(path), bytes=path.stat().st_size
-    )
+    max_abs, max_rel = errors if errors is not None else (None, None)
+    return Artifact(role=role, format=fmt, precision=precision, path=relpath, sha256=file_sha256(path),
+                    bytes=path.stat().st_size, max_abs_error=max_abs, max_rel_error=max_rel)
 
 
 def verify_files(root: str | Path) -> tuple[Manifest | None, list[str]]:

@@ -83,6 +83,7 @@ class AnalysisSpec:
     seed: int = 0
     preprocessing: PreprocessFlags | None = None
     synonyms: str | Path | None = None  # NAME = LABEL lines for folders not named after labels
+    output: str | None = None  # a model of several outputs: the one analysed (index or key)
 
 
 def analyze(spec: AnalysisSpec, out_dir: str | Path, progress: bool = True) -> dict[str, Any]:
@@ -94,7 +95,7 @@ def analyze(spec: AnalysisSpec, out_dir: str | Path, progress: bool = True) -> d
     input_shape, batch_size, seed, preprocessing, synonyms = (
         spec.input_shape, spec.batch_size, spec.seed, spec.preprocessing, spec.synonyms)
     torch.manual_seed(seed)
-    loaded = load_model(model, weights, preprocessing, input_shape)
+    loaded = load_model(model, weights, preprocessing, input_shape, output=spec.output)
     traced = trace(loaded.module, loaded.input_shape)
     outputs = _outputs(traced)
     aliases = None

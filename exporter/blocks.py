@@ -9,7 +9,10 @@ A model's blocks are its top-level children, with plain containers (``nn.Sequent
 ``nn.ModuleList``, ``nn.ModuleDict`` themselves, not subclasses such as torchvision's
 ``Conv2dNormActivation``) opened one level at a time: ``features`` of MobileNetV2 gives
 ``features.0`` … ``features.18``; ResNet's ``layer1`` gives its residual blocks ``layer1.0``,
-``layer1.1``. A cut point belongs to the block whose module holds its node (functional calls
+``layer1.1``. A stage of repeated blocks is opened too, wherever it is: a ``Sequential`` subclass
+whose children are all of one type (RegNet's ``AnyStage``: its ``ResBottleneckBlock``\ s), and a
+module holding a plain container of such blocks (a vision transformer's ``encoder``, whose
+``layers`` are its encoder layers: each one a block, as DSC would count a layer). A cut point belongs to the block whose module holds its node (functional calls
 at the top level are blocks of their own), and is a block-level cut when it is the last cut
 of its block: the block's output.
 """
@@ -34,13 +37,20 @@ def block_units(model: torch.nn.Module) -> list[str]:
     def visit(prefix: str, module: torch.nn.Module) -> None:
         for name, child in module.named_children():
             path = f"{prefix}{name}"
-            if type(child) in _CONTAINERS:
+            if type(child) in _CONTAINERS or (isinstance(child, _CONTAINERS) and _stage(child)) or any(
+                    type(c) in _CONTAINERS and _stage(c) for c in child.children()):
                 visit(f"{path}.", child)
             else:
                 units.append(path)
 
     visit("", model)
     return units
+
+
+def _stage(module: torch.nn.Module) -> bool:
+    """A run of repeated blocks: two children or more, all of one type."""
+    children = list(module.children())
+    return len(children) >= 2 and len({type(c) for c in children}) == 1
 
 
 def block_of(node: fx.Node, units: Sequence[str]) -> str:

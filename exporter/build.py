@@ -17,9 +17,10 @@ import copy
 import math
 import os
 import shutil
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator, Literal, Sequence
+from typing import Callable, Iterator, Literal, Sequence
 
 import numpy as np
 import torch
@@ -72,12 +73,11 @@ from exporter.semantic import (
 )
 from exporter.tflite_export import export_tflite
 from exporter.train import accuracy
-from exporter.validate import Case, Chain, OnnxRunner, Runner, TfliteRunner, torch_cases, validate
-from splitedge import BoardFitError, CutPointError, ExportError, ModelSpecError, signals_held
+from exporter.validate import RTOL, Agreement, Case, Chain, OnnxRunner, Runner, TfliteRunner, torch_cases, validate
+from splitedge import BoardFitError, CutPointError, ExportError, ModelSpecError, ValidationError, signals_held
 
-__all__ = ["ATOL", "VALIDATION_BATCHES", "BuildSpec", "build_bundle", "check_board", "select_splits", "staged"]
+__all__ = ["VALIDATION_BATCHES", "BuildSpec", "build_bundle", "check_board", "select_splits", "staged"]
 
-ATOL = 1e-4
 VALIDATION_BATCHES = (1, 3)
 FULL_PATH = "full/model.onnx"
 FULL_TFLITE_PATH = "full/model.tflite"
@@ -123,6 +123,7 @@ class BuildSpec:
     chains: Sequence[Sequence[str]] = ()
     semantic: SemanticOptions | None = None
     fold: bool = True  # the normalisation folded into heads and full model: they take pixels (exporter.fold)
+    output: str | None = None  # a model of several outputs: the one the bundle answers with (index or key)
 
 
 def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool = True) -> Manifest:
@@ -163,7 +164,7 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
     if unknown or ONNX not in formats:
         raise ExportError(f"formats {list(formats)}: ONNX is always written, and the others are {FORMATS[1:]}")
     tflite = TFLITE in formats
-    loaded = load_model(model_spec, weights, preprocessing, input_shape, for_board=True)
+    loaded = load_model(model_spec, weights, preprocessing, input_shape, for_board=True, output=spec.output)
     # The name becomes the bundle id, which names the release directory on every board: refused now,
     # not after minutes of export (write_manifest would refuse it too).
     check_name(loaded.name, f"{model_spec}: model name", "name the factory with letters, digits, '_', '.' and '-'")
@@ -211,10 +212,12 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
         # The reference is the original module, not the traced one: this also proves the trace.
         reference = variants.cases(loaded.module, IO_NAMES[FULL], inputs)
         full_module = variants.board_module(traced.module)
-        validate(_export(full_module, FULL, root, FULL_PATH, inputs[0]), reference, ATOL, f"full model {FULL_PATH}")
-        full = (make_artifact(root, FULL_PATH, FULL, ONNX, FLOAT32),)
+        agreement = validate(_export(full_module, FULL, root, FULL_PATH, inputs[0]), reference, RTOL,
+                             f"full model {FULL_PATH}")
+        full = (make_artifact(root, FULL_PATH, FULL, ONNX, FLOAT32, _errors(agreement)),)
         if tflite:
-            full += (_export_tflite(full_module, FULL, root, FULL_TFLITE_PATH, inputs, reference),)
+            full += _optional_tflite(root, FULL_TFLITE_PATH, lambda: _export_tflite(
+                full_module, FULL, root, FULL_TFLITE_PATH, inputs, reference))
         if variants.calibration is not None:
             full += _int8_full(full_module, root, inputs[0], variants.calibration, tflite)
         board_preprocess = replace(loaded.preprocess, folded=folded is not None)
@@ -268,6 +271,7 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
                 labels=_labels(loaded, output_shape, labels),
                 accuracy=model_accuracy,
                 accuracy_on=accuracy_on,
+                output=loaded.output,
             ),
             full=full,
             splits=tuple(split_entries),
@@ -377,7 +381,7 @@ def _export_parts(
     head_cases = variants.cases(head, IO_NAMES[HEAD], inputs)
     board_head = variants.board_module(head)
     head_runner = _export(board_head, HEAD, root, head_path, inputs[0])
-    validate(head_runner, head_cases, ATOL, f"head {head_path}")
+    head_agreement = validate(head_runner, head_cases, RTOL, f"head {head_path}")
     # Each host part is traced on the torch output before it; what they must reproduce is the whole model.
     example = head_cases[0].expected[IO_NAMES[HEAD][1]]
     host_runners = []
@@ -393,25 +397,32 @@ def _export_parts(
         host_runners.append(_export(tail, TAIL, root, tail_path, example))
         host = Chain(*host_runners)
         followed_by = ", then ".join(f"{'tail' if len(hosts) == 1 else 'stage'} {path}" for _, path in hosts)
-    validate(Chain(head_runner, host), reference, ATOL, f"head {head_path} followed by {followed_by}")
-    artifacts = (make_artifact(root, head_path, HEAD, ONNX, FLOAT32),)
-    host_artifacts = tuple(make_artifact(root, path, TAIL, ONNX, FLOAT32) for _, path in hosts)
+    together = validate(Chain(head_runner, host), reference, RTOL, f"head {head_path} followed by {followed_by}")
+    artifacts = (make_artifact(root, head_path, HEAD, ONNX, FLOAT32, _errors(head_agreement)),)
+    host_artifacts = tuple(make_artifact(root, path, TAIL, ONNX, FLOAT32, _errors(together)) for _, path in hosts)
     if variants.tflite:
         tflite_path = f"head/{name}.tflite"
-        artifacts += (_export_tflite(board_head, HEAD, root, tflite_path, inputs, head_cases),)
-        validate(Chain(TfliteRunner(root / tflite_path), host), reference, ATOL,
-                 f"head {tflite_path} followed by {followed_by}")
+
+        def tflite_head() -> Artifact:
+            artifact = _export_tflite(board_head, HEAD, root, tflite_path, inputs, head_cases)
+            validate(Chain(TfliteRunner(root / tflite_path), host), reference, RTOL,
+                     f"head {tflite_path} followed by {followed_by}")
+            return artifact
+        artifacts += _optional_tflite(root, tflite_path, tflite_head)
     if variants.calibration is None:
         return artifacts, host_artifacts, None
-    # int8 heads are not held to ATOL: their accuracy is measured instead (tests, --test-data).
+    # int8 heads are not held to RTOL: their accuracy is measured instead (tests, --test-data).
     samples = variants.calibration
     int8_path = f"head/{name}.int8.onnx"
     quantize_onnx(root / head_path, root / int8_path, samples)
     artifacts += (make_artifact(root, int8_path, HEAD, ONNX, INT8),)
     if variants.tflite:
         int8_tflite = f"head/{name}.int8.tflite"
-        export_tflite(board_head, HEAD, torch.from_numpy(inputs[0]), root / int8_tflite, INT8, calibration=samples)
-        artifacts += (make_artifact(root, int8_tflite, HEAD, TFLITE, INT8),)
+
+        def int8_tflite_head() -> Artifact:
+            export_tflite(board_head, HEAD, torch.from_numpy(inputs[0]), root / int8_tflite, INT8, calibration=samples)
+            return make_artifact(root, int8_tflite, HEAD, TFLITE, INT8)
+        artifacts += _optional_tflite(root, int8_tflite, int8_tflite_head)
     return artifacts, host_artifacts, cut_quantization(root / head_path, samples)
 
 
@@ -435,9 +446,30 @@ def _int8_full(
     artifacts = (make_artifact(root, int8_path, FULL, ONNX, INT8),)
     if tflite:
         int8_tflite = FULL_TFLITE_PATH.replace(".tflite", ".int8.tflite")
-        export_tflite(module, FULL, torch.from_numpy(example), root / int8_tflite, INT8, calibration=calibration)
-        artifacts += (make_artifact(root, int8_tflite, FULL, TFLITE, INT8),)
+
+        def int8_tflite_full() -> Artifact:
+            export_tflite(module, FULL, torch.from_numpy(example), root / int8_tflite, INT8, calibration=calibration)
+            return make_artifact(root, int8_tflite, FULL, TFLITE, INT8)
+        artifacts += _optional_tflite(root, int8_tflite, int8_tflite_full)
     return artifacts
+
+
+def _errors(agreement: Agreement) -> tuple[float, float]:
+    """An artifact's recorded errors: absolute, and relative to the spread of torch's outputs."""
+    return agreement.max_abs, agreement.max_rel
+
+
+def _optional_tflite(root: Path, relpath: str, make: Callable[[], Artifact]) -> tuple[Artifact, ...]:
+    """``make()``'s TFLite artifact, or none: an op LiteRT lacks, or a conversion that does not
+    reproduce torch, leaves that one file out (one line on stderr naming why) and the bundle is
+    written without it; the board runs the ONNX artifact of the same part."""
+    try:
+        return (make(),)
+    except (ExportError, ValidationError) as exc:
+        (root / relpath).unlink(missing_ok=True)
+        reason = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        print(f"note: {relpath} left out of the bundle: {reason}", file=sys.stderr, flush=True)
+        return ()
 
 
 def _export_tflite(
@@ -445,8 +477,8 @@ def _export_tflite(
 ) -> Artifact:
     """A float32 TFLite twin of an ONNX artifact, held to the same tolerance against torch."""
     export_tflite(module, role, torch.from_numpy(inputs[0]), root / relpath)
-    validate(TfliteRunner(root / relpath), cases, ATOL, f"{role} {relpath}")
-    return make_artifact(root, relpath, role, TFLITE, FLOAT32)
+    agreement = validate(TfliteRunner(root / relpath), cases, RTOL, f"{role} {relpath}")
+    return make_artifact(root, relpath, role, TFLITE, FLOAT32, _errors(agreement))
 
 
 def _export_split(

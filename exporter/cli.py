@@ -65,7 +65,7 @@ run side by side on hosts (SplitPlace's semantic split).
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    return exit_on_signals(PROG, lambda: int(args.run(args)))
+    return exit_on_signals(PROG, lambda: int(args.run(args)), debug=getattr(args, "debug", False))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,6 +182,12 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--input-shape", type=_shape, metavar="C,H,W", help="per-sample input shape (default: the model's own)"
     )
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, print what the libraries raised under it (torch.onnx's graph, "
+                             "LiteRT's trace), not only its line")
+    parser.add_argument("--output", metavar="INDEX|KEY", default=None,
+                        help="a model returning several tensors (tuple, list or dict): the one the board answers "
+                             "with (default: the first; points lists them)")
     pre = parser.add_argument_group(
         "preprocessing", "what the board does to a camera frame (default: the torchvision weights' own, else the "
         "factory's splitedge_preprocessing, else ImageNet's); recorded in the bundle")
@@ -199,11 +205,13 @@ def _points(args: argparse.Namespace) -> int:
     from exporter.models import load_model
 
     with contextlib.redirect_stdout(sys.stderr):  # stdout is the tool's own: what the model prints goes aside
-        loaded = load_model(args.model, args.weights, _preprocessing(args), args.input_shape)
+        loaded = load_model(args.model, args.weights, _preprocessing(args), args.input_shape, output=args.output)
         traced = trace(loaded.module, loaded.input_shape)
         cuts = find_cut_points(traced)
     print(json.dumps([asdict(c) for c in cuts], indent=2) if args.json else format_table(cuts))
     print(count_blocks(cuts).summary(), file=sys.stderr if args.json else sys.stdout)
+    if loaded.output is not None:
+        print(f"note: the board answers with output {loaded.output} (--output to choose)", file=sys.stderr)
     for blocker in cut_blockers(traced):
         print(f"note: {blocker}", file=sys.stderr)
     return 0
@@ -245,9 +253,15 @@ def _build(args: argparse.Namespace) -> int:
         calibration_samples=args.calib_samples,
         test_data=args.test_data,
         semantic=semantic,
+        output=args.output,
     )
     manifest = build_bundle(spec, args.out)
     print(f"wrote bundle {manifest.bundle_id} to {args.out}: splits {', '.join(s.id for s in manifest.splits)}")
+    if manifest.model.output is not None:
+        print(f"  answers with output {manifest.model.output} (--output to choose)")
+    for what, artifacts in [("full model", manifest.full),
+                            *((f"{s.id}'s head", [a for a in s.artifacts if a.role == HEAD]) for s in manifest.splits)]:
+        print(f"  {what} in {', '.join(f'{a.format} {a.precision}' for a in artifacts)}")
     for split in manifest.splits:
         if split.stages:
             print(f"  chain {split.id}: the board's head, then")
@@ -255,6 +269,13 @@ def _build(args: argparse.Namespace) -> int:
                 print(f"    stage {stage.index} from {stage.cut}: takes {_sent(stage.tensor)}")
         if split.fragments:
             print(_semantic_summary(split))
+    validated = [a for a in (*manifest.full, *(a for s in manifest.splits for a in s.artifacts))
+                 if a.max_abs_error is not None]
+    if validated:
+        print("validated against torch: largest difference, and its share of the outputs' spread (a tail: with its head)")
+        width = max(len(a.path) for a in validated)
+        for a in validated:
+            print(f"  {a.path:<{width}}  {a.max_abs_error:.2g}  ({a.max_rel_error:.2g})")
     if manifest.model.accuracy_on is not None:
         print(f"measured: {manifest.model.accuracy_on}")
         if manifest.model.accuracy is not None:
@@ -307,7 +328,7 @@ def _analyze(args: argparse.Namespace) -> int:
     spec = AnalysisSpec(
         args.model, args.data, weights=args.weights, classes=args.classes, images=args.images, target=args.target,
         score=args.score, input_shape=args.input_shape, batch_size=args.batch_size, seed=args.seed,
-        preprocessing=_preprocessing(args), synonyms=args.synonyms,
+        preprocessing=_preprocessing(args), synonyms=args.synonyms, output=args.output,
     )
     report = analyze(spec, args.out)
     print(summary_text(report))

@@ -25,7 +25,9 @@ import dataclasses
 import difflib
 import operator
 import re
+import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -84,7 +86,11 @@ def trace(model: torch.nn.Module, input_shape: tuple[int, ...], dtype: torch.dty
     """
     model = model.eval()
     try:
-        gm = fx.symbolic_trace(model)
+        tracer = _ShapeTracer(input_shape, dtype)
+        graph = tracer.trace(model)
+        gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+    except CutPointError:
+        raise
     except Exception as exc:  # fx raises TraceError, TypeError, NotImplementedError... for untraceable code
         raise CutPointError(f"cannot trace {type(model).__name__} with torch.fx: {exc}") from exc
     name_calls_by_module(gm)
@@ -99,6 +105,112 @@ def trace(model: torch.nn.Module, input_shape: tuple[int, ...], dtype: torch.dty
         raise CutPointError(f"{type(model).__name__} does not run on an input of shape {(1, *input_shape)}: {exc}") from exc
     return TracedModel(module=gm, input_shape=tuple(input_shape), input_dtype=dtype,
                        blocks=tuple(block_units(model)))
+
+
+#: What a tensor says of its shape rather than its values: a condition built from these alone is
+#: decided by the input shape, which a bundle fixes.
+_SHAPE_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "device", "is_cuda", "is_nested", "is_sparse",
+                               "is_quantized", "layout", "requires_grad"})
+#: Modules of torch.nn that are stacks of layers: traced through (fx keeps every other torch.nn module
+#: whole), so that each of their layers is a node and the tokens between two layers a cut.
+_STACKS = (torch.nn.TransformerEncoder, torch.nn.TransformerDecoder)
+_SHAPE_METHODS = frozenset({"size", "dim", "numel", "nelement"})
+
+
+class _ShapeTracer(fx.Tracer):
+    """fx's tracer, with ``if``/``while`` on shapes decided at the bundle's input shape.
+
+    fx cannot follow Python control flow on traced values, so a ``forward`` with
+    ``if x.shape[-1] > 100:`` could not be cut at all, though a bundle's input shape is fixed and
+    decides the branch. Here a condition is evaluated, on the graph traced so far run at the
+    probe batch sizes, when every value it is computed from is a shape (``x.shape``, ``x.size()``,
+    ``x.dim()``...); the branch taken is what the graph holds. A condition on tensor values, or
+    one the batch size changes, cannot be decided once for the bundle and is refused naming the
+    user's line.
+    """
+
+    def __init__(self, input_shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        super().__init__()
+        self.input_shape, self.dtype = tuple(input_shape), dtype
+        self._evaluating = False  # running the graph so far: modules and attributes are real, not traced
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        return not isinstance(m, _STACKS) and super().is_leaf_module(m, module_qualified_name)
+
+    def call_module(self, m: torch.nn.Module, forward: Any, args: Any, kwargs: Any) -> Any:
+        return forward(*args, **kwargs) if self._evaluating else super().call_module(m, forward, args, kwargs)
+
+    def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, Any]) -> Any:
+        return attr_val if self._evaluating else super().getattr(attr, attr_val, parameter_proxy_cache)
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _ShapeProxy(node, self)
+
+    def to_bool(self, obj: fx.Proxy) -> bool:
+        return self.decided(obj.node, bool, "branches on")
+
+    def decided(self, node: fx.Node, how: Any, what: str) -> Any:
+        """``how(node's value)``, the same at every probe batch size and from shapes alone, or refused."""
+        where = _user_line()
+        if not _only_shapes(node):
+            raise CutPointError(
+                f"cannot trace {type(self.root).__name__}: its forward {what} tensor values at {where}; "
+                "a split model's graph must be the same for every input: compute both sides and pick with "
+                "torch.where, or move the branch out of forward")
+        decided = {how(self._evaluate(node, batch)) for batch in _PROBE_BATCHES}
+        if len(decided) > 1:
+            raise CutPointError(
+                f"cannot trace {type(self.root).__name__}: its forward {what} the batch size at {where}; "
+                "a bundle serves every batch size with one graph: branch on the other dimensions only")
+        return decided.pop()
+
+    def _evaluate(self, node: fx.Node, batch: int) -> Any:
+        """``node``'s value on zeros of the input shape at ``batch``, from the graph traced so far."""
+        graph, copied = fx.Graph(), {}
+        graph.graph_copy(self.graph, copied)
+        graph.output(copied[node])
+        self._evaluating = True  # fx patches nn.Module.__call__ and __getattr__ while it traces
+        try:
+            with torch.no_grad():
+                return fx.GraphModule(self.root, graph)(torch.zeros((batch, *self.input_shape), dtype=self.dtype))
+        finally:
+            self._evaluating = False
+
+
+class _ShapeProxy(fx.Proxy):
+    """fx's proxy, whose ``len()`` of a shape is the number (``len(x.size())``, as
+    ``nn.TransformerEncoder`` asks it)."""
+
+    def __len__(self) -> int:
+        return self.tracer.decided(self.node, len, "takes len() of")  # type: ignore[attr-defined]
+
+
+def _only_shapes(node: fx.Node) -> bool:
+    """Whether every tensor ``node`` is computed from is read for its shape only."""
+    pending, seen = [node], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current.op == "call_function" and current.target is getattr and current.args[1] in _SHAPE_ATTRIBUTES:
+            continue
+        if current.op == "call_method" and current.target in _SHAPE_METHODS:
+            continue
+        if current.op in ("placeholder", "get_attr", "call_module"):
+            return False
+        pending.extend(current.all_input_nodes)
+    return True
+
+
+def _user_line() -> str:
+    """``FILE:LINE: source`` of the innermost frame outside torch and this module: the line of the
+    user's ``forward`` being traced."""
+    torch_dir = str(Path(torch.__file__).parent)
+    for frame in reversed(traceback.extract_stack()):
+        if frame.filename != __file__ and not frame.filename.startswith(torch_dir):
+            return f"{frame.filename}:{frame.lineno} ({(frame.line or '').strip()})"
+    return "an unknown line"
 
 
 def name_calls_by_module(gm: fx.GraphModule) -> None:

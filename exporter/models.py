@@ -16,6 +16,7 @@ import contextlib
 import importlib
 import os
 import sys
+import traceback
 from collections.abc import Iterator
 import dataclasses
 from dataclasses import dataclass
@@ -55,14 +56,17 @@ class LoadedModel:
     input_shape: tuple[int, ...]  # default per-sample input, (3, crop, crop)
     categories: tuple[str, ...] | None  # class names the weights were trained on, if known
     sources: dict[str, str] = dataclasses.field(default_factory=dict)  # preprocessing field -> where it came from
+    output: str | None = None  # a model of several outputs: the one kept, in words ("0 of 0 [1000], 1 [10]")
 
 
 def load_model(spec: str, weights: str | Path | None = None, preprocessing: PreprocessFlags | None = None,
-               input_shape: tuple[int, ...] | None = None, for_board: bool = False) -> LoadedModel:
+               input_shape: tuple[int, ...] | None = None, for_board: bool = False,
+               output: str | None = None) -> LoadedModel:
     """Build the model a spec names, load ``weights`` (a state dict file) into it, set eval mode; its
     preprocessing and input shape resolved from the weights, the factory and ``preprocessing``
     (:func:`exporter.preprocessing.resolve`; ``for_board``: a bundle, where an input shape
-    contradicting a known crop is refused)."""
+    contradicting a known crop is refused). A model returning several tensors (a tuple, list or
+    dict) answers with the one ``output`` names, by index or key (default: the first)."""
     if spec.startswith(TORCHVISION_PREFIX):
         loaded = _torchvision_model(spec.removeprefix(TORCHVISION_PREFIX), weights, preprocessing, input_shape,
                                     for_board)
@@ -71,7 +75,43 @@ def load_model(spec: str, weights: str | Path | None = None, preprocessing: Prep
     if weights is not None:
         load_state_dict(loaded.module, weights)
     loaded.module.eval()
-    return loaded
+    return _one_output(loaded, spec, output)
+
+
+def _one_output(loaded: LoadedModel, spec: str, output: str | None) -> LoadedModel:
+    """``loaded`` answering with one tensor: a model of several outputs keeps the one ``output``
+    names, its class made a subclass whose ``forward`` returns that one (its modules, names and
+    state dict unchanged, so cut ids and weights files are the model's own)."""
+    module = loaded.module
+    try:
+        with torch.no_grad():
+            answer = module(torch.zeros((1, *loaded.input_shape)))
+    except Exception as exc:
+        raise ModelSpecError(f"{spec} does not run on an input of shape {[1, *loaded.input_shape]}: "
+                             f"{_raised(exc, getattr(sys.modules.get(type(module).__module__), '__file__', None))}; give the shape it takes "
+                             "with --input-shape C,H,W") from exc
+    if isinstance(answer, torch.Tensor):
+        if output not in (None, "0"):
+            raise ModelSpecError(f"--output {output}: {spec} returns one tensor; leave --output out")
+        return loaded
+    outputs = dict(answer) if isinstance(answer, dict) else dict(enumerate(answer)) \
+        if isinstance(answer, (tuple, list)) else {}
+    if not outputs or not all(isinstance(v, torch.Tensor) for v in outputs.values()):
+        raise ModelSpecError(f"{spec} returns {type(answer).__name__}, not a tensor or a tuple, list or dict of "
+                             "tensors; make forward return the logits")
+    listed = ", ".join(f"{key} {list(value.shape[1:])}" for key, value in outputs.items())
+    key: Any = next(iter(outputs)) if output is None else output
+    if isinstance(answer, (tuple, list)) and isinstance(key, str):
+        key = int(key) if key.isdigit() else key
+    if key not in outputs:
+        raise ModelSpecError(f"--output {output}: {spec} returns {len(outputs)} outputs: {listed}; "
+                             "give one of their keys")
+    base = type(module)
+
+    def forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:  # one input, as fx traces it
+        return base.forward(self, x)[key]
+    module.__class__ = type(base.__name__, (base,), {"forward": forward, "__module__": base.__module__})
+    return dataclasses.replace(loaded, output=f"{key} of {len(outputs)} outputs: {listed}")
 
 
 def load_state_dict(module: torch.nn.Module, path: str | Path) -> None:
@@ -185,10 +225,17 @@ def _factory_model(spec: str, flags: PreprocessFlags | None, input_shape: tuple[
             py_module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ModelSpecError(f"bad model spec {spec!r}: cannot import {module_name!r} ({exc})") from exc
+    except Exception as exc:  # the user's module raised while it was imported
+        raise ModelSpecError(f"importing {module_name} raised {_raised(exc, None)}; fix the module, "
+                             "then run the command again") from exc
     factory: Callable[[], Any] | None = getattr(py_module, attr, None)
     if not callable(factory):
         raise ModelSpecError(f"bad model spec {spec!r}: {module_name} has no callable {attr!r}")
-    module = factory()
+    try:
+        module = factory()
+    except Exception as exc:
+        raise ModelSpecError(f"the factory {spec} raised {_raised(exc, getattr(py_module, '__file__', None))}; fix the factory (or what it reads), "
+                             "then run the command again") from exc
     if not isinstance(module, torch.nn.Module):
         raise ModelSpecError(f"{spec} returned {type(module).__name__}, not a torch.nn.Module")
     labels = declared(LABELS, module, factory, py_module)
@@ -212,6 +259,16 @@ def _current_directory_importable() -> Iterator[None]:
     finally:
         if added and cwd in sys.path:
             sys.path.remove(cwd)
+
+
+def _raised(exc: BaseException, home: str | None) -> str:
+    """``Type: message at FILE:LINE`` for an exception from a user's code, the line the innermost
+    one in their file ``home`` (else the innermost outside this module): where they would look."""
+    frames = [(frame.f_code.co_filename, line) for frame, line in traceback.walk_tb(exc.__traceback__)
+              if frame.f_code.co_filename != __file__]
+    theirs = [f for f in frames if f[0] == home] or frames
+    where = f" at {theirs[-1][0]}:{theirs[-1][1]}" if theirs else ""
+    return f"{type(exc).__name__}: {exc}{where}"
 
 
 def _preview(keys: list[str], limit: int = 5) -> str:

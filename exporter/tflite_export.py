@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from device_runtime import FLOAT32, IO_NAMES, PRECISIONS
-from splitedge import ExportError
+from splitedge import ExportError, brief
 
 __all__ = ["MIN_CALIBRATION_SAMPLES", "MAX_BATCH", "export_tflite", "tflite_bytes"]
 
@@ -131,7 +131,7 @@ def tflite_bytes(
     except ExportError:
         raise
     except Exception as exc:  # torch.export, torchao and litert-torch raise many unrelated types
-        raise ExportError(f"cannot convert {what} to TFLite ({precision}): {type(exc).__name__}: {exc}") from exc
+        raise ExportError(f"cannot convert {what} to TFLite ({precision}): {brief(exc)}") from exc
 
 
 class _Named(torch.nn.Module):

@@ -15,7 +15,7 @@ from splitedge.words import LOCAL, OFFLOAD
 from splitedge.errors import (
     AuthenticationError, BackendError, BoardFitError, BundleError, CalibrationError, CameraError, ConfigError,
     CredentialsError, CutPointError, DeployError, ExportError, FrameRefused, HostUnavailableError,
-    ModelSpecError, ProtocolError, RemoteError, ValidationError,
+    ModelSpecError, ProtocolError, RemoteError, ValidationError, brief,
 )
 from splitedge.fields import Fields, join, shown
 from splitedge.files import write_atomically
@@ -59,6 +59,7 @@ __all__ = [
     "TFLITE",
     "UNIT_DIR",
     "ValidationError",
+    "brief",
     "enable_offline",
     "enable_unit",
     "exit_on_signals",

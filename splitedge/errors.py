@@ -13,6 +13,18 @@ class SplitEdgeError(Exception):
     """Base of every error splitedge raises on purpose."""
 
 
+def brief(exc: BaseException, limit: int = 300) -> str:
+    """``Type: first line`` of a library's exception, for a one-line error: torch.onnx puts a
+    300-line TorchScript graph in its messages and JAX its own trace; the whole chain is what a
+    command's ``--debug`` prints."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    if len(text) > limit:
+        text = text[:limit - 1] + "…"
+    more = f" (+{len(lines) - 1} more lines: --debug shows them)" if len(lines) > 1 else ""
+    return f"{type(exc).__name__}: {text}{more}"
+
+
 class BundleError(SplitEdgeError):
     """A bundle is corrupt, incomplete or from an incompatible version; the message names the file or field."""
 

@@ -20,6 +20,7 @@ import signal
 import socket
 import sys
 import threading
+import traceback
 from typing import Callable, Coroutine, Iterator
 
 from splitedge.errors import SplitEdgeError
@@ -72,14 +73,15 @@ class _Stopper:
             os.kill(os.getpid(), sig)
 
 
-def exit_on_signals(prog: str, command: Callable[[], int]) -> int:
+def exit_on_signals(prog: str, command: Callable[[], int], debug: bool = False) -> int:
     """Run ``command`` (a CLI's work, returning its exit status) and end it in one line whatever happens.
 
     SIGINT or SIGTERM raise :class:`Stopped` where the main thread is; once it has unwound (its
     cleanups run), one line on stderr and exit status 130 or 143 (:data:`SIGNAL_EXIT`). A second
     signal after that is left to the default action: the process ends at once, silently. A
     :class:`SplitEdgeError` is ``PROG: error: MESSAGE`` and exit status 2. A signal the process
-    was started ignoring (a shell's background job and SIGINT) stays ignored.
+    was started ignoring (a shell's background job and SIGINT) stays ignored. With ``debug``, the
+    error's whole chain (what a library raised under it) is printed before its line.
     """
     stopper = _Stopper()
     previous = {sig: signal.signal(sig, stopper) for sig in SIGNAL_EXIT if signal.getsignal(sig) is not signal.SIG_IGN}
@@ -88,6 +90,8 @@ def exit_on_signals(prog: str, command: Callable[[], int]) -> int:
     except SplitEdgeError as exc:
         if not stopper.caught:
             status = 2
+            if debug:
+                traceback.print_exception(exc)
             print(f"{prog}: error: {exc}", file=sys.stderr)
     except KeyboardInterrupt:  # Stopped, or Ctrl-C where an event loop had put Python's own handler back
         stopper.caught.append(signal.SIGINT)

@@ -22,7 +22,7 @@ FACES = {
         "ExportError", "FLOAT32", "FORMATS", "Fields", "FrameRefused", "HostUnavailableError", "INT8", "LOCAL",
         "ModelSpecError", "OFFLOAD", "ONNX", "PRECISIONS", "ProtocolError", "RemoteError", "Runner",
         "SIGNAL_EXIT", "ServiceUnit", "SplitEdgeError", "Stopped", "TFLITE", "UNIT_DIR", "ValidationError",
-        "enable_offline", "enable_unit", "exit_on_signals", "join", "notify", "run_command", "shown",
+        "brief", "enable_offline", "enable_unit", "exit_on_signals", "join", "notify", "run_command", "shown",
         "signals_held", "stop_on_signals", "write_atomically", "write_unit",
     ],
     "device_runtime": [

@@ -26,6 +26,7 @@ REACH_S = 180
 
 MODEL = '''
 import sys, time
+from pathlib import Path
 import torch
 from torch import nn
 
@@ -38,7 +39,7 @@ class Net(nn.Module):
         self.fc = nn.Linear(4, 10)
 
     def forward(self, x):
-        if self.slow and not isinstance(x, torch.fx.Proxy):  # a real input: the build is in its staging
+        if self.slow and any(Path.cwd().glob(".bundle.partial-*")):  # the build is in its staging
             print("MARK: exporting", file=sys.stderr, flush=True)
             time.sleep(600)
         return self.fc(self.conv(x).mean((2, 3)))
