@@ -844,7 +844,7 @@ def write_manifest(root: str | Path, manifest: Manifest) -> Manifest:
 
 
 def make_artifact(root: str | Path, relpath: str, role: str, fmt: str, precision: str,
-                  errors: tuple[float, float] | None = None) -> Artifact:
+                  errors: tuple[float, float | None] | None = None) -> Artifact:
     """Describe a file already written under ``root``: its hash and size (its path checked as a reader
     will), and ``errors`` (absolute, relative) where it was validated."""
     path = Path(root) / check_relpath(relpath, "artifact path")

@@ -93,6 +93,13 @@ def value_branch():
 
 def broken():
     raise RuntimeError("checkpoint config missing")
+
+
+def zero_head():
+    model = ShapeBranch()  # a head initialised to zero, as vit_b_16's: it answers 0 to everything
+    nn.init.zeros_(model.fc.weight)
+    nn.init.zeros_(model.fc.bias)
+    return model
 '''
 
 
@@ -247,3 +254,17 @@ def test_a_tail_one_percent_off_fails_the_validation_however_small_the_outputs(n
         last.weight.mul_(1.01)
     with pytest.raises(ValidationError, match="does not reproduce torch"):
         validate(Chain(head_runner, OnnxRunner(onnx_bytes(tail, "tail", cut_example))), reference, RTOL, "wrong tail")
+
+
+def test_outputs_that_never_vary_are_said_not_validated(user_dir: Path, capsys) -> None:
+    """vit_b_16 with random weights answers exactly 0 to everything (its head starts at zero): any tail
+    at all reproduces that, so the bundle records no relative figure and the summary says why."""
+    out = user_dir / "zero-bundle"
+    assert main(["build", "usernets:zero_head", "--input-shape", "3,32,32", "--splits", "a", "--out", str(out)]) == 0
+    assert "torch's outputs never vary with these weights: a wrong artifact would pass too" in capsys.readouterr().out
+    manifest = Bundle.load(out).manifest
+    (split,) = manifest.splits
+    tail = next(a for a in split.artifacts if a.role == "tail")
+    head = next(a for a in split.artifacts if a.role == "head" and a.format == "onnx")
+    assert tail.max_abs_error == 0 and tail.max_rel_error is None and manifest.full[0].max_rel_error is None
+    assert head.max_rel_error is not None  # the cut tensor varies: the head is validated

@@ -1,0 +1,138 @@
+"""The model zoo: which of torchvision's classification models split, and how well.
+
+For every model in ``torchvision.models.list_models(module=torchvision.models)`` (random
+weights), ``split-export points`` and then ``split-export build --splits auto``, each in a process
+of its own under a time limit (a model that takes too long, or more memory than the machine has,
+is a row of the table, not the end of the run). Each row: cut points, compressive ones, whether
+the build wrote a bundle, the largest difference of any float32 artifact against torch (absolute,
+and relative to the spread of torch's outputs, as the bundle records them), the time, and with
+``--tflite`` which TFLite artifacts the bundle holds. The ratio the table is judged by is the share
+of models that build, against the same run's count of models that trace.
+
+    python bench/zoo.py --out build/bench/zoo.json --doc docs/models.md [--tflite] [--models a,b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SPLIT_EXPORT = Path(sys.executable).parent / "split-export"
+
+
+def _run(argv: list[str], timeout: float) -> tuple[int | None, str, str, float]:
+    """Exit status (None: out of time), stdout, the last line of stderr, and seconds."""
+    started = time.monotonic()
+    try:
+        out = subprocess.run([str(SPLIT_EXPORT), *argv], capture_output=True, text=True, timeout=timeout,
+                             env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    except subprocess.TimeoutExpired:
+        return None, "", f"over the {timeout:g} s limit", time.monotonic() - started
+    lines = [line for line in out.stderr.splitlines() if line.strip() and "%|" not in line]
+    return out.returncode, out.stdout, lines[-1] if lines else "", time.monotonic() - started
+
+
+def one_model(name: str, tflite: bool, timeout: float) -> dict:
+    row: dict = {"model": name}
+    status, stdout, err, seconds = _run(["points", f"torchvision:{name}", "--json"], timeout)
+    row["points_s"] = round(seconds, 1)
+    if status != 0:
+        row["points_error"] = err
+        return row
+    cuts = json.loads(stdout)
+    row["cut_points"], row["compressive"] = len(cuts), sum(c["compressive"] for c in cuts)
+    with tempfile.TemporaryDirectory(prefix="zoo-") as tmp:
+        out = Path(tmp) / "bundle"
+        formats = ["--formats", "onnx,tflite"] if tflite else []
+        status, _, err, seconds = _run(["build", f"torchvision:{name}", "--splits", "auto", *formats, "--out", str(out)],
+                                       timeout)
+        row["build_s"] = round(seconds, 1)
+        if status != 0:
+            row["build_error"] = err
+            return row
+        manifest = json.loads((out / "manifest.json").read_text())
+    artifacts = [*manifest["full"], *(a for s in manifest["splits"] for a in s["artifacts"])]
+    measured = [a for a in artifacts if a.get("max_abs_error") is not None]
+    row["splits"] = len(manifest["splits"])
+    row["max_abs_error"] = max(a["max_abs_error"] for a in measured)
+    relative = [a["max_rel_error"] for a in measured if a.get("max_rel_error") is not None]
+    row["max_rel_error"] = max(relative) if relative else None  # None: torch's outputs never vary (zero head)
+    row["constant_outputs"] = len(relative) < len(measured)
+    if tflite:
+        row["tflite"] = sorted(a["path"] for a in artifacts if a["format"] == "tflite")
+        row["tflite_left_out"] = sum(1 for s in manifest["splits"] if not any(
+            a["format"] == "tflite" for a in s["artifacts"])) + (not any(a["format"] == "tflite" for a in manifest["full"]))
+    return row
+
+
+def _relative(row: dict) -> str:
+    if "splits" not in row:
+        return ""
+    shown = "" if row["max_rel_error"] is None else f"{row['max_rel_error']:.1e}"
+    return shown + (" (some outputs constant: not validated)" if row["constant_outputs"] else "")
+
+
+def markdown(rows: list[dict], tflite: bool, command: str) -> str:
+    traced = [r for r in rows if "cut_points" in r]
+    built = [r for r in rows if "splits" in r]
+    lines = [
+        "# Models: what `split-export` makes of torchvision's classification models",
+        "",
+        f"Produced by `{command}` on {platform.machine()}, Python {platform.python_version()}, random weights.",
+        f"**{len(built)} of {len(rows)} models build with `--splits auto`**; {len(traced)} trace, so "
+        f"{len(built) / max(len(traced), 1):.2f} of those that trace build.",
+        "",
+        "| model | cut points | compressive | builds | splits | max abs diff | of spread | time s |"
+        + (" TFLite |" if tflite else ""),
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |" + (" --- |" if tflite else ""),
+    ]
+    for r in rows:
+        why = r.get("points_error") or r.get("build_error") or ""
+        builds = "yes" if "splits" in r else f"no: {why.replace('|', '/')}"
+        seconds = r.get("points_s", 0) + r.get("build_s", 0)
+        cells = [r["model"], str(r.get("cut_points", "")), str(r.get("compressive", "")), builds,
+                 str(r.get("splits", "")), f"{r['max_abs_error']:.1e}" if "splits" in r else "",
+                 _relative(r), f"{seconds:.0f}"]
+        if tflite:
+            cells.append("" if "splits" not in r else
+                         "all" if not r["tflite_left_out"] else f"{r['tflite_left_out']} part(s) left out")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="JSON file for the rows")
+    parser.add_argument("--doc", type=Path, help="Markdown table to write (docs/models.md)")
+    parser.add_argument("--models", help="comma-separated torchvision names (default: every classification model)")
+    parser.add_argument("--tflite", action="store_true", help="build TFLite artifacts too")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds for each command of each model")
+    args = parser.parse_args(argv)
+    import torchvision
+
+    names = args.models.split(",") if args.models else sorted(torchvision.models.list_models(module=torchvision.models))
+    rows = []
+    for i, name in enumerate(names, 1):
+        rows.append(one_model(name, args.tflite, args.timeout))
+        row = rows[-1]
+        print(f"[{i}/{len(names)}] {name}: " + (f"{row['splits']} splits, max rel diff {_relative(row)}"
+                                                 if "splits" in row else row.get("points_error") or row.get("build_error")),
+              flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(rows, indent=2) + "\n")  # what was measured survives a stopped run
+    if args.doc:
+        command = "python bench/zoo.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
+        args.doc.write_text(markdown(rows, args.tflite, command))
+    print(markdown(rows, args.tflite, "bench/zoo.py"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
