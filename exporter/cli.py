@@ -44,6 +44,8 @@ examples:
       --semantic 5 --train-data fashion-mnist --out bundle/
   split-export build exporter.zoo:fmnist_vgg --weights cnn.pt --input-shape 1,28,28 --splits auto \
       --bottleneck ae --latent-ratio 0.1 --train-data fashion-mnist --out bundle/
+  split-export build torchvision:vit_b_16 --splits encoder_layers_encoder_layer_5_add_1 --out bundle/
+  split-export build mynet:two_heads --output logits --splits auto --out bundle/   # a forward returning a dict
   split-export analyze torchvision:mobilenet_v2 --weights mobilenet_v2-b0353104.pth --data photos/ --out report/
   split-export analyze mypkg.models:fmnist_cnn --weights cnn.pt --data fashion-mnist --classes 5,7,9 --out report/
   split-export slice bundle/ --for board --formats tflite --precision int8 --out board-bundle/   # no torch needed
