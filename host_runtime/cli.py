@@ -20,7 +20,8 @@ from host_runtime.metrics import MetricsEndpoint
 from host_runtime.procs import Child, Supervisor, child_setup, serve_summed_metrics, supervise
 from host_runtime.server import HostServer, ServerConfig
 from host_runtime.service import SERVICE_EXAMPLES, install_service, service_arguments
-from host_runtime.tails import BUCKETS_AUTO, BUCKETS_OFF, DEVICES, TailRegistry, bucket_sizes, on_cuda
+from host_runtime.tails import (BUCKETS_AUTO, BUCKETS_OFF, DEVICES, TF32_ERROR, TF32_ERROR_H100, TailRegistry,
+                                bucket_sizes, on_cuda)
 from splitedge import SplitEdgeError
 
 EXAMPLES = """\
@@ -33,7 +34,7 @@ examples:
   split-host serve bundle/ --max-batch 1 --max-queue 64     # no batching, refuse sooner
   split-host serve bundle/ --device cpu            # keep the tails off the GPU
   split-host serve bundle/ --device cuda --max-batch 32 --procs 4   # a GPU host for a large fleet
-  split-host serve bundle/ --device cuda --tf32    # faster on the GPU, answers ~1e-2 off the CPU's
+  split-host serve bundle/ --device cuda --tf32    # faster on the GPU, answers ~1.5e-2 off the CPU's
   split-host serve bundle/ --max-batch 32 --buckets 1,8,32   # pad batches to these sizes only
   split-host serve bundle/ --max-connections 256 --idle-timeout 60   # a smaller host, stricter
   split-host serve bundle/ --loop asyncio          # asyncio's own event loop even where uvloop is installed
@@ -159,14 +160,17 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--tf32", action="store_true",
         help="let CUDA compute in TF32 (Ampere and later): faster matrix products, but answers no longer the "
-        "CPU's: MobileNetV2's logits moved by up to 0.013 on an H100 (1e-5 without); no effect on the CPU",
+        f"CPU's: MobileNetV2's logits moved by up to {TF32_ERROR:g} (measured on an H200, {TF32_ERROR_H100:g} on an "
+        "H100; 1e-5 without); no effect on the CPU",
     )
     serve.add_argument(
         "--buckets", type=_buckets, default=BUCKETS_AUTO, metavar="auto|off|SIZES",
         help="pad each batch with zeros up to the next of a few fixed sizes, each warmed up at start, so a GPU "
         "sees few shapes and chooses its algorithms before the first request (the padded rows are computed and "
-        "dropped); auto: powers of two up to --max-batch on CUDA, off on the CPU, where padding costs compute; "
-        "or sizes such as 1,2,4,8 (--max-batch is always one; default: auto)",
+        "dropped); on CUDA each size has an onnxruntime session of its own, which never sees another shape "
+        "(a change of shape within one session costs 30-130 ms there); auto: powers of two up to --max-batch on "
+        "CUDA, off on the CPU, where padding costs compute; or sizes such as 1,2,4,8 (--max-batch is always one; "
+        "default: auto)",
     )
     defaults = BatchConfig()
     serve.add_argument(
@@ -260,9 +264,10 @@ async def serve(args: argparse.Namespace, child: Child | None = None, caught: li
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     key = load_key(args.key_file) if args.key_file else None  # checked before the bundles load
     tls = server_context(args.tls_cert, args.tls_key) if args.tls_cert or args.tls_key else None
-    fixed = bucket_sizes(args.buckets, args.max_batch, cuda=True) != ()  # whether CUDA will see fixed shapes
+    # On CUDA every bucket size gets a session of its own in each tail (one shape per session, issue 32).
+    cuda_buckets = bucket_sizes(args.buckets, args.max_batch, cuda=True) if on_cuda(args.device) else ()
     registry = TailRegistry.from_paths(args.bundles, threads=args.threads, device=args.device, tf32=args.tf32,
-                                       fixed_shapes=fixed and on_cuda(args.device))
+                                       buckets=cuda_buckets)
     cuda = registry.device == "cuda"
     buckets = bucket_sizes(args.buckets, args.max_batch, cuda)
     workers = args.workers or (CUDA_WORKERS if cuda else ServerConfig.workers)
@@ -298,6 +303,7 @@ async def serve(args: argparse.Namespace, child: Child | None = None, caught: li
     after = [(sys.stdout, f"tails run on {registry.device} ({workers} workers{', TF32' if cuda and args.tf32 else ''}); "
                               f"batches of up to {args.max_batch} samples, {padding}, waiting at most "
                               f"{args.max_wait_ms:g} ms; queue of {args.max_queue} samples; {event_loop} event loop"),
+             *([(sys.stdout, f"sessions: {registry.sessions()}")] if cuda else []),
              (sys.stdout, f"limits: {config.max_connections} connections ({config.max_connections_per_address} "
                               f"per address), idle {config.idle_timeout:g} s, frames finished within "
                               f"{config.frame_timeout:g} s, {config.max_partial_bytes / 2**20:g} MiB of frames arriving")]
