@@ -4,7 +4,8 @@
   ``--loop`` as given here: uvloop by default where installed, as the host itself does),
   on 127.0.0.1, tails on ``--device`` (cpu by default; ``--procs`` processes on one port), started once per batching mode (``--max-batch 1``: off; larger:
   on), with ``--workers`` and ``--threads`` as given here.
-- **boards**: 1, 8, 32 and 128 simulated boards, each an asyncio task with its own TCP
+- **boards**: 1, 8, 32, 128 and 512 simulated boards (the curve: throughput should rise or hold
+  from each point to the next; the bench says where it falls by more than 5 %), each an asyncio task with its own TCP
   connection (the device's own ``HostClient``), in ``--generators`` processes apart from the
   host, on uvloop where installed (the generators share this machine's cores with the host,
   where real boards would not: the lighter they are, the fairer the figure). Each keeps one request in flight (closed loop): a MobileNetV2 cut tensor (the head's
@@ -20,12 +21,18 @@
   caller and from ``--workers`` (the better counts): onnxruntime under the background load
   of that moment. ``ratio now`` divides the host's throughput by that; ``ratio`` by the best
   of everything onnxruntime did in the run (the stricter; target of issue 6: at least 0.85).
-  Each row also says how many cores the host, the generators and everything else used.
+  Each row also says how many cores the host, the generators and everything else used, and
+  ``front_us_per_request``: the CPU time of the host's event-loop threads (the main thread of each
+  host process: framing, decoding, batching, replies; not the tail workers, whose time is
+  onnxruntime's and the batch's copies) over the measured window, per request answered.
+- The host's limits are raised to fit the largest fleet: every board connects from 127.0.0.1, so
+  ``--max-connections-per-address`` and ``--max-queue`` are at least the boards (defaults 256).
 
 Every loop is bounded by a deadline, every request by a timeout; every socket is closed and
 every process stopped (SIGINT to the host: its clean shutdown).
 
     python bench/host_load.py --weights mobilenet_v2-b0353104.pth --out build/bench/host_load.json
+    python bench/host_load.py --source-bundle build/test-bundle --device cuda --modes tuned=32/0   # no torch
 """
 
 from __future__ import annotations
@@ -52,11 +59,11 @@ from device_runtime.bundle import Bundle
 from device_runtime.engine.backend import Backend, OnnxBackend
 from device_runtime.wire.client import HostClient
 from host_runtime.event_loop import LOOPS, loop_runner
-from host_runtime.tails import TailRegistry
+from host_runtime.tails import TF32_ERROR, TailRegistry
 from splitedge.errors import HostUnavailableError, RemoteError
 
 SPLIT = "features_14_conv_2"  # the test bundle's late compressive cut: 31 KB on the link, a 2.4 ms tail
-BOARDS = (1, 8, 32, 128)
+BOARDS = (1, 8, 32, 128, 512)
 BASELINE_BATCHES = (1, 2, 4, 8, 16, 32)
 #: name=MAX_BATCH/MAX_WAIT_MS: the host's --max-batch and --max-wait-ms. "off": batching off;
 #: "on": the host's defaults; "tuned": larger batches and no waiting for company (batches form
@@ -64,29 +71,55 @@ BASELINE_BATCHES = (1, 2, 4, 8, 16, 32)
 MODES = ("off=1/0", "on=8/0", "tuned=32/0")
 REQUEST_TIMEOUT_S = 30.0
 EXACT = 1e-5
+#: A point of the curve this much below the one before it is called a fall (run-to-run noise is ~5 %).
+NOISE = 0.05
 
 
 def tolerance(device: str, tf32: bool) -> float:
     """How far the host's answer may be from onnxruntime's on the CPU: the CPU's own batching noise,
-    CUDA without TF32 (the host's default, 1e-5 measured on an H100), CUDA with ``--tf32`` (0.013)."""
+    CUDA without TF32 (the host's default, 1e-5 measured on an H100), CUDA with ``--tf32`` (as measured,
+    :data:`~host_runtime.tails.TF32_ERROR`)."""
     if device == "cpu":
         return EXACT
-    return 1e-2 if tf32 else 1e-4
+    return TF32_ERROR if tf32 else 1e-4
 
 
 # -- the bundle and the cut ----------------------------------------------------------------------
 
 
-def ensure_bundle(path: Path, split: str, weights: Path | None) -> Path:
-    """MobileNetV2 with its real weights cut at ``split``, exported once into ``path`` (cached)."""
+def ensure_bundle(path: Path, split: str, weights: Path | None, source: Path | None = None) -> Path:
+    """MobileNetV2 with its real weights cut at ``split``, exported once into ``path`` (cached), or
+    taken from the bundle ``source`` (no torch needed)."""
     if (path / "manifest.json").is_file():
         return path
+    if source is not None:
+        return one_split(source, split, path)
     from exporter.build import BuildSpec, build_bundle  # needs torch: only when the bundle is not there yet
 
     if weights is None:
         raise SystemExit(f"no bundle at {path}: pass --weights mobilenet_v2-b0353104.pth to export one")
     print(f"exporting MobileNetV2 cut at {split} into {path} ...", flush=True)
     build_bundle(BuildSpec("torchvision:mobilenet_v2", weights=weights, splits=[split]), path, progress=False)
+    return path
+
+
+def one_split(source: Path, split: str, path: Path) -> Path:
+    """A bundle of ``source``'s ``split`` alone (its head and tail, hard-linked; no full model, no other
+    tails), so that the host loads and warms one tail, as with an exported one."""
+    import dataclasses
+    import os as _os
+
+    from device_runtime import write_manifest
+
+    bundle = Bundle.load(source, roles=())
+    chosen = dataclasses.replace(bundle.manifest.split(split), stages=(), fragments=())
+    manifest = dataclasses.replace(bundle.manifest, full=(), splits=(chosen,), bundle_id="", manifest_sha256="")
+    for artifact in chosen.artifacts:
+        (path / artifact.path).parent.mkdir(parents=True, exist_ok=True)
+        _os.link(bundle.verify(artifact), path / artifact.path)
+    write_manifest(path, manifest)
+    Bundle.load(path)  # verified whole
+    print(f"made {path} from {source}: split {split} alone", flush=True)
     return path
 
 
@@ -152,14 +185,19 @@ class Host:
     """``split-host serve`` in a subprocess; its output goes to ``log``."""
 
     def __init__(self, bundle_dir: Path, log: Path, max_batch: int, max_wait_ms: float, workers: int,
-                 threads: int | None, loop: str, device: str = "cpu", procs: int = 1, tf32: bool = False) -> None:
+                 threads: int | None, loop: str, device: str = "cpu", procs: int = 1, tf32: bool = False,
+                 boards: int = 0, buckets: str | None = None) -> None:
+        room = str(max(256, boards))  # the defaults, or every board (all on 127.0.0.1, one request each)
         command = [
             sys.executable, "-m", "host_runtime.cli", "serve", str(bundle_dir), "--interface", "127.0.0.1",
             "--port", "0", "--no-zeroconf", "--device", device, "--workers", str(workers),
             "--max-batch", str(max_batch), "--max-wait-ms", str(max_wait_ms), "--loop", loop, "--procs", str(procs),
+            "--max-connections-per-address", room, "--max-queue", room,
         ]
         if tf32:
             command.append("--tf32")
+        if buckets is not None:
+            command += ["--buckets", buckets]
         if threads is not None:
             command += ["--threads", str(threads)]
         self.log = log
@@ -192,6 +230,25 @@ class Host:
             if stat.parent.name == str(self.process.pid) or fields[1] == str(self.process.pid):  # itself, or ppid
                 total += int(fields[11]) + int(fields[12])  # utime, stime
         return total / os.sysconf("SC_CLK_TCK")
+
+    def front_cpu_seconds(self) -> float:
+        """CPU time of the host's event-loop threads so far: the main thread of the host process and
+        of each --procs child (Linux /proc: schedstat's nanoseconds where there, else stat's ticks)."""
+        total = 0.0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if stat.parent.name != str(self.process.pid) and fields[1] != str(self.process.pid):
+                    continue
+                main = stat.parent / "task" / stat.parent.name  # the thread whose id is the process's
+                try:
+                    total += int((main / "schedstat").read_text().split()[0]) / 1e9
+                except (OSError, ValueError, IndexError):
+                    ticks = (main / "stat").read_text().rsplit(")", 1)[1].split()
+                    total += (int(ticks[11]) + int(ticks[12])) / os.sysconf("SC_CLK_TCK")
+            except OSError:  # gone meanwhile
+                continue
+        return total
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -319,9 +376,10 @@ def run_load(host: Host, bundle_id: str, split: str, cut: np.ndarray, boards: in
         for start in starts:
             start.put(begin)
         time.sleep(max(begin + warmup - time.time(), 0.0))
-        host_cpu_from, busy_from = host.cpu_seconds(), machine_busy()
+        host_cpu_from, front_from, busy_from = host.cpu_seconds(), host.front_cpu_seconds(), machine_busy()
         time.sleep(max(begin + warmup + duration - time.time(), 0.0))
-        host_cpu, busy = host.cpu_seconds() - host_cpu_from, machine_busy() - busy_from
+        host_cpu, front_cpu = host.cpu_seconds() - host_cpu_from, host.front_cpu_seconds() - front_from
+        busy = machine_busy() - busy_from
         parts = [results.get(timeout=REQUEST_TIMEOUT_S + 60) for _ in processes]
     finally:
         for p in processes:
@@ -347,6 +405,9 @@ def run_load(host: Host, bundle_id: str, split: str, cut: np.ndarray, boards: in
         "mean_batch": float(batches.mean()) if batches.size else float("nan"),
         "errors": dict(errors),
         "host_cpu": host_cpu / duration,  # cores busy on average
+        "front_cpu": front_cpu / duration,  # of which the event-loop threads
+        # The front end's CPU per request: the event loops' time (not the tail workers') per answer.
+        "front_us_per_request": front_cpu / latencies.size * 1e6 if latencies.size else float("nan"),
         "generator_cpu": sum(p["cpu_s"] for p in parts) / duration,
         # Everything else the machine ran meanwhile: other users' jobs, and this benchmark's
         # parent, idle, and kernel time not charged to a process.
@@ -355,6 +416,15 @@ def run_load(host: Host, bundle_id: str, split: str, cut: np.ndarray, boards: in
 
 
 # -- main ----------------------------------------------------------------------------------------
+
+
+def curve(rows: Any) -> str:
+    """Whether throughput rises or holds from each fleet size to the next (a fall is more than :data:`NOISE`)."""
+    points = sorted((r["boards"], r["requests_per_s"]) for r in rows)
+    falls = [f"{b0} -> {b1} boards: {r0:.0f} -> {r1:.0f} req/s ({r1 / r0 - 1:+.0%})"
+             for (b0, r0), (b1, r1) in zip(points, points[1:]) if r1 < r0 * (1 - NOISE)]
+    shown = ", ".join(f"{b}: {r:.0f}" for b, r in points)
+    return f"req/s by boards {shown}; " + ("rises or holds at every step" if not falls else "falls: " + "; ".join(falls))
 
 
 def parse_mode(text: str) -> tuple[str, int, float]:
@@ -372,13 +442,17 @@ def main() -> None:
                         help="bundle to serve; exported there (MobileNetV2, real weights) if missing")
     parser.add_argument("--split", default=SPLIT)
     parser.add_argument("--weights", type=Path, help="MobileNetV2 ImageNet state dict (to export the bundle once)")
+    parser.add_argument("--source-bundle", type=Path,
+                        help="make --bundle from this bundle's --split instead (e.g. build/test-bundle; no torch)")
     parser.add_argument("--boards", type=int, nargs="+", default=list(BOARDS))
     parser.add_argument("--modes", type=parse_mode, nargs="+", default=[parse_mode(m) for m in MODES],
                         help=f"NAME=MAX_BATCH/MAX_WAIT_MS per host run (default: {' '.join(MODES)})")
     parser.add_argument("--workers", type=int, default=None,
                         help="host tail threads (default: cores on the CPU, 2 on CUDA: the host's own defaults)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the host and the baseline run tails")
-    parser.add_argument("--tf32", action="store_true", help="the host's --tf32 (CUDA); the answer is checked to 1e-2")
+    parser.add_argument("--tf32", action="store_true",
+                        help=f"the host's --tf32 (CUDA); the answer is checked to {TF32_ERROR:g}, what TF32 was measured to cost")
+    parser.add_argument("--buckets", help="the host's --buckets (default: the host's own, auto)")
     parser.add_argument("--procs", type=int, default=1, help="the host's --procs: processes on one port")
     parser.add_argument("--loop", choices=LOOPS, default="auto", help="the host's event loop (default auto)")
     parser.add_argument("--threads", type=int, default=1,
@@ -393,13 +467,13 @@ def main() -> None:
         args.workers = 2 if args.device == "cuda" else os.cpu_count() or 1
     atol = tolerance(args.device, args.tf32)
 
-    bundle_dir = ensure_bundle(args.bundle, args.split, args.weights)
+    bundle_dir = ensure_bundle(args.bundle, args.split, args.weights, args.source_bundle)
     bundle = Bundle.load(bundle_dir)
     cut = cut_tensor(bundle, args.split)
     expected = OnnxBackend(bundle.artifact(args.split, "tail"), threads=1).run(cut)
     print(f"bundle {bundle.id}, split {args.split}: cut {list(cut.shape)} float32, {cut.nbytes:,} bytes; "
           f"host: --device {args.device}{' --tf32' if args.tf32 else ''} --procs {args.procs} --workers {args.workers} "
-          f"--threads {args.threads} --loop {args.loop}; answers checked to {atol:g}; {args.generators} generator process(es); "
+          f"--threads {args.threads} --loop {args.loop} --buckets {args.buckets or 'auto'}; answers checked to {atol:g}; {args.generators} generator process(es); "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
     # The tail as the host builds it: same registry, same session options and threads.
     tail = TailRegistry.from_paths([bundle_dir], threads=args.threads, device=args.device,
@@ -413,8 +487,11 @@ def main() -> None:
     logs.mkdir(parents=True, exist_ok=True)
     for mode, max_batch, max_wait_ms in args.modes:
         host = Host(bundle_dir, logs / "host_load-host.log", max_batch, max_wait_ms, args.workers, args.threads,
-                    args.loop, args.device, args.procs, args.tf32)
+                    args.loop, args.device, args.procs, args.tf32, max(args.boards), args.buckets)
         try:
+            for line in host.log.read_text(errors="replace").splitlines():
+                if line.startswith(("tails run on", "sessions:")):
+                    print(f"  host: {line}", flush=True)
             check_answer(host.port, bundle.id, args.split, cut, expected, atol)
             for boards in args.boards:
                 # The best baseline again just before and just after the row: what onnxruntime alone
@@ -431,7 +508,7 @@ def main() -> None:
                 print(f"  {mode:6s} {boards:4d} boards: {row['requests_per_s']:6.1f} req/s "
                       f"(baseline now {adjacent:.0f}), "
                       f"p50 {row['p50_ms']:7.2f} ms, p99 {row['p99_ms']:7.2f} ms, batch {row['mean_batch']:5.2f}, "
-                      f"CPU host {row['host_cpu']:.2f} generators {row['generator_cpu']:.2f} "
+                      f"front {row['front_us_per_request']:.0f} us/request, CPU host {row['host_cpu']:.2f} generators {row['generator_cpu']:.2f} "
                       f"other {row['other_cpu']:.2f} (around it {before['other_cpu']:.2f}, {after['other_cpu']:.2f}), "
                       f"errors {row['errors']}", flush=True)
         finally:
@@ -454,18 +531,21 @@ def main() -> None:
         print(f"{callers:7d} " + " ".join(f"{c:>11s}" for c in cells))
     print(f"best: {best['samples_per_s']:.0f} samples/s (batch {best['batch']}, {best['callers']} caller thread(s))\n")
     print(f"{'batching':8s} {'max-batch':>9s} {'wait ms':>7s} {'boards':>6s} {'req/s':>7s} {'p50 ms':>8s} "
-          f"{'p99 ms':>8s} {'batch':>5s} {'ratio':>5s} {'ratio now':>9s} {'CPU host':>8s} {'gen':>5s} "
-          f"{'other':>5s}  errors")
+          f"{'p99 ms':>8s} {'batch':>5s} {'ratio':>5s} {'ratio now':>9s} {'front us':>8s} {'CPU host':>8s} "
+          f"{'gen':>5s} {'other':>5s}  errors")
     for r in rows:
         print(f"{r['mode']:8s} {r['max_batch']:9d} {r['max_wait_ms']:7g} {r['boards']:6d} {r['requests_per_s']:7.1f} "
               f"{r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['mean_batch']:5.2f} {r['ratio']:5.2f} "
-              f"{r['ratio_adjacent']:9.2f} "
+              f"{r['ratio_adjacent']:9.2f} {r['front_us_per_request']:8.0f} "
               f"{r['host_cpu']:8.2f} {r['generator_cpu']:5.2f} {r['other_cpu']:5.2f}  {r['errors'] or ''}")
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        print(f"{mode}: {curve(r for r in rows if r['mode'] == mode)}")
     import onnxruntime
 
     args.out.write_text(json.dumps({
         "benchmark": "host_load", "command": " ".join(sys.argv), "bundle": bundle.id, "split": args.split,
         "loop": args.loop, "device": args.device, "tf32": args.tf32, "procs": args.procs, "atol": atol,
+        "buckets": args.buckets or "auto",
         "cut_bytes": int(cut.nbytes), "workers": args.workers, "threads": args.threads, "generators": args.generators,
         "warmup_s": args.warmup, "duration_s": args.duration,
         "machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
