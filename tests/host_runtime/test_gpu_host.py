@@ -184,14 +184,18 @@ def test_padded_batches_equal_unpadded_for_every_size(mobilenet_bundle) -> None:
 
 
 class Counting:
-    """A tail that counts the batch sizes it runs (thread-safe: the workers and the warm-up share it)."""
+    """A tail that counts the batch sizes the warm-up and the workers run (thread-safe: they share it).
+    The profiler's start-up probe is not counted: it costs each tail in the background, on its own
+    thread, and may or may not have reached a tail before the host closes (a loaded machine once
+    failed test_no_warm_up_without_buckets on it)."""
 
     def __init__(self, tail) -> None:
         self.tail, self.runs, self._lock = tail, Counter(), threading.Lock()
 
     def run(self, x: np.ndarray) -> np.ndarray:
-        with self._lock:
-            self.runs[int(x.shape[0])] += 1
+        if not threading.current_thread().name.startswith("profile"):
+            with self._lock:
+                self.runs[int(x.shape[0])] += 1
         return self.tail.run(x)
 
     def __getattr__(self, name: str):
@@ -217,9 +221,7 @@ def test_each_bucket_is_warmed_once_per_tail_at_start(mobilenet_bundle) -> None:
     asyncio.run(go())
     assert server.registry.tails
     for tail in server.registry.tails.values():
-        # The profiler's probe costs each tail on a batch of 1 in the background at start: it may
-        # have run before the host closed, or not.
-        assert tail.runs[1] in (1, 2) and {size: n for size, n in tail.runs.items() if size != 1} == {2: 1, 4: 1, 8: 1}
+        assert tail.runs == {1: 1, 2: 1, 4: 1, 8: 1}
 
 
 def test_no_warm_up_without_buckets(mobilenet_bundle) -> None:
