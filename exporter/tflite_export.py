@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator
 
 import numpy as np
 import torch
@@ -45,6 +45,9 @@ __all__ = ["MIN_CALIBRATION_SAMPLES", "MAX_BATCH", "export_tflite", "tflite_byte
 MIN_CALIBRATION_SAMPLES = 32
 #: Upper bound torch.export needs for the symbolic batch; the interpreter accepts any size up to it.
 MAX_BATCH = 1024
+#: The batch a model is traced at for TFLite: the ops that carry it are found by its value (:func:`_free_batch`),
+#: so it must not be a layer's size too. It was 2, as are ShuffleNetV2's channel groups.
+TRACE_BATCH = 7
 CALIBRATION_CHUNK = 8  # samples per forward pass while calibrating: bounded memory, same statistics
 
 #: The ops a flatten or reshape of the batch exports to (before litert-torch's own decompositions).
@@ -100,10 +103,9 @@ def tflite_bytes(
         raise ExportError("litert-torch is not installed: pip install 'splitedge[export]'") from exc
 
     input_name, output_name = IO_NAMES[role]
-    # torch.export specializes a dimension seen as 1, so trace with a batch of 2.
-    example = example.detach().float()
-    if example.shape[0] == 1:
-        example = torch.cat([example, example])
+    # torch.export specializes a dimension seen as 1, and the converted ops are told from their batch
+    # by its value (_free_batch): traced at a batch no layer's size is likely to equal.
+    example = example.detach().float()[:1].repeat(TRACE_BATCH, *(1,) * (example.dim() - 1))
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
     what = f"the {role} {type(module).__name__}"
     try:
@@ -127,7 +129,7 @@ def tflite_bytes(
                 dynamic_shapes={input_name: {0: batch}},
                 quant_config=quant_config,
             )
-            return _free_batch_in_reshapes(edge.model_content(), int(example.shape[0]))
+            return _free_batch(edge.model_content(), int(example.shape[0]))
     except ExportError:
         raise
     except Exception as exc:  # torch.export, torchao and litert-torch raise many unrelated types
@@ -172,39 +174,49 @@ def _batch_free_reshapes(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return graph
 
 
-def _free_batch_in_reshapes(content: bytes, batch: int) -> bytes:
-    """Give every RESHAPE whose target shape starts with the traced ``batch`` a ``-1`` there instead.
+def _free_batch(content: bytes, batch: int) -> bytes:
+    """Give every RESHAPE whose target shape, and every SLICE whose size, starts with the traced
+    ``batch`` a ``-1`` there instead.
 
     litert-torch lowers ``mean(..., keepdim=True)`` (global average pooling, squeeze-and-
     excitation) and the NHWC↔NCHW transposes of 1×1 maps to RESHAPEs with the sample's
-    concrete shape, so the interpreter fails to allocate at any other batch size. Only
-    reshapes whose input also starts with ``batch`` are changed: those carry the batch
-    through, and ``-1`` makes the interpreter infer it. Edited with LiteRT's own
-    flatbuffer tools; the content comes back unchanged when nothing needs it.
+    concrete shape, so the interpreter fails to allocate at any other batch size; and a
+    ``chunk`` along the channels (ShuffleNetV2's split of each block) to SLICEs of the traced
+    batch's rows, so a larger batch lost its last rows and a smaller one was refused. Only
+    ops whose input also starts with ``batch`` (and slices from row 0) are changed: those
+    carry the batch through, and ``-1`` makes the interpreter infer it, or slice to the end.
+    Edited with LiteRT's own flatbuffer tools; the content comes back unchanged when nothing needs it.
     """
     from ai_edge_litert import schema_py_generated as schema
     from ai_edge_litert.tools import flatbuffer_utils
 
     model = flatbuffer_utils.read_model_from_bytearray(bytearray(content))
-    reshape_codes = {
-        index
-        for index, code in enumerate(model.operatorCodes)
-        if flatbuffer_utils.get_builtin_code_from_operator_code(code) == schema.BuiltinOperator.RESHAPE
-    }
+    kinds = {index: builtin for index, code in enumerate(model.operatorCodes)
+             if (builtin := flatbuffer_utils.get_builtin_code_from_operator_code(code))
+             in (schema.BuiltinOperator.RESHAPE, schema.BuiltinOperator.SLICE)}
+
+    def constant(subgraph: Any, tensor: int) -> np.ndarray | None:
+        data = model.buffers[subgraph.tensors[tensor].buffer].data
+        return None if data is None else np.frombuffer(bytes(data), dtype=np.int32).copy()
+
     changed = False
     for subgraph in model.subgraphs:
         for op in subgraph.operators:
-            if op.opcodeIndex not in reshape_codes or len(op.inputs) < 2:
+            kind = kinds.get(op.opcodeIndex)
+            slicing = kind == schema.BuiltinOperator.SLICE
+            if kind is None or len(op.inputs) < (3 if slicing else 2):
                 continue
-            data, target = subgraph.tensors[op.inputs[0]], subgraph.tensors[op.inputs[1]]
-            buffer = model.buffers[target.buffer]
-            if buffer.data is None or len(data.shape) == 0 or data.shape[0] != batch:
+            data = subgraph.tensors[op.inputs[0]]
+            if len(data.shape) == 0 or data.shape[0] != batch:
                 continue
-            shape = np.frombuffer(bytes(buffer.data), dtype=np.int32).copy()
-            if len(shape) == 0 or shape[0] != batch:
+            if slicing and ((begin := constant(subgraph, op.inputs[1])) is None or len(begin) == 0 or begin[0] != 0):
+                continue
+            target = op.inputs[2 if slicing else 1]
+            shape = constant(subgraph, target)
+            if shape is None or len(shape) == 0 or shape[0] not in (batch, -1):  # -1: a buffer shared, freed already
                 continue
             shape[0] = -1
-            buffer.data = np.frombuffer(shape.tobytes(), dtype=np.uint8)
+            model.buffers[subgraph.tensors[target].buffer].data = np.frombuffer(shape.tobytes(), dtype=np.uint8)
             if isinstance(op.builtinOptions, schema.ReshapeOptionsT) and op.builtinOptions.newShape:
                 op.builtinOptions.newShape = [int(d) for d in shape]
             output = subgraph.tensors[op.outputs[0]]

@@ -120,6 +120,37 @@ def test_squeeze_and_excitation_runs_at_every_batch(tmp_path: Path) -> None:
     _check_float(head, "head", tmp_path / "se_head.tflite")
 
 
+class _Shuffled(torch.nn.Module):
+    """ShuffleNetV2's stride-1 block: the channels chunked in two, one half through a convolution,
+    both concatenated and shuffled (its ``channel_shuffle``: 2 groups)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.branch = torch.nn.Conv2d(3, 8, 3, stride=4), torch.nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        kept, changed = x.chunk(2, dim=1)
+        x = torch.cat((kept, self.branch(changed)), dim=1)
+        batch, channels, height, width = x.size()
+        x = x.view(batch, 2, channels // 2, height, width).transpose(1, 2).contiguous()
+        return x.view(batch, channels, height, width)
+
+
+def test_a_channel_split_and_shuffle_run_at_every_batch(tmp_path: Path) -> None:
+    """litert-torch lowers ``chunk`` to SLICEs of the traced batch's rows: ShuffleNetV2's TFLite file
+    answered 2 rows at batch 3 (the build refused it) and would answer 7 at batch 10 had it been
+    traced at 7. The exporter frees the batch in them as in reshapes."""
+    torch.manual_seed(0)
+    head = trace(_Shuffled(), (3, 224, 224)).module
+    runner = _check_float(head, "head", tmp_path / "shuffled_head.tflite")
+    x = np.random.default_rng(10).standard_normal((10, 3, 224, 224), dtype=np.float32)
+    with torch.no_grad():
+        want = head(torch.from_numpy(x)).numpy()
+    got = runner({"input": x})["cut"]
+    assert got.shape == want.shape and np.abs(got - want).max() <= RTOL * want.std()
+
+
 # The float32 full model is exported and checked against torch and ONNX (atol 1e-4, and top-1
 # through the board's runner) by tests/exporter/test_tflite_bundle.py; int8 is checked on the
 # head, the variant a board runs split. Each conversion costs 20-50 s of CI.
