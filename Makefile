@@ -165,9 +165,8 @@ board-ready: board-rootfs $(DEVICE_VENV)/.installed $(BUILD)/board-bundle/manife
 	$(SUDO) $(DEVICE_VENV)/bin/python -m testbed.board_box --root $(BOARD_ROOT) install --tflite-runtime-board --ssh \
 		--wheel $$(ls $(BUILD)/wheel/splitedge-*.whl)
 
-# Niced: the box's emulated CPU work fills what the workstation suite (the longest) leaves idle.
 board: board-ready $(BUILD)/test-bundle/manifest.json
-	$(SUDO) nice -n 10 env SPLITEDGE_DEVICE_ENV=1 SPLITEDGE_BOARD_ROOT=$(BOARD_ROOT) SPLITEDGE_BOARD_BUNDLE=$(BUILD)/board-bundle \
+	$(SUDO) env SPLITEDGE_DEVICE_ENV=1 SPLITEDGE_BOARD_ROOT=$(BOARD_ROOT) SPLITEDGE_BOARD_BUNDLE=$(BUILD)/board-bundle \
 		SPLITEDGE_TEST_BUNDLE=$(BUILD)/test-bundle \
 		SPLITEDGE_BOARD_WHEEL=$$(ls $(BUILD)/wheel/splitedge-*.whl) SPLITEDGE_TEST_PHOTOS=$(BUILD)/photos \
 		$(DEVICE_VENV)/bin/python -m pytest -q -rs $(DURATIONS) tests/testbed/test_board_box.py tests/deploy/test_card.py \

@@ -60,6 +60,12 @@ _missing = [name for name, value in (("SPLITEDGE_BOARD_ROOT", ROOT), ("SPLITEDGE
 _reason = (f"not set up ({', '.join(_missing)} unset): make board" if _missing
            else unavailable_reason())
 
+#: Emulated arm64 runs an order of magnitude slower than the host, and the box's probe of every variant
+#: (a module fixture, counted in its first test's time) took 104 s beside the other suites on a quiet
+#: machine; with two busy processes beside them too it ran past the suite's 600 s. The box's own
+#: commands bound their time (BoardBox.run's timeouts), so the test's bound is theirs.
+pytestmark = pytest.mark.timeout(1800)
+
 VARIANTS = [("onnx", "float32"), ("onnx", "int8"), ("tflite", "float32"), ("tflite", "int8")]
 #: Largest logit difference allowed, box against x86 (see the module docstring).
 TOLERANCE = {"float32": 0.05, "int8": 2.5}
