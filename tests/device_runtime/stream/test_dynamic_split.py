@@ -290,17 +290,11 @@ def test_nothing_waits_behind_an_upload_the_link_slowed_under(
     before = [r for r in answered if r.captured < step]
     after = [r for r in answered if r.captured >= step]
     assert sum(r.split == OFFLOAD for r in before[-10:]) >= 8, [r.split for r in before]  # offloading while fast
-    # Capped before any slow reply came (the first one takes 2.4 s): below what the frame's bytes in 0.3 s would need.
-    capped = min(r.captured for r in after if r.rate_bps is not None and r.rate_bps < 8 * sent / 0.3)
-    assert capped < step + 2.0
-    # Once capped, the board runs every frame itself, at once: what went remote after the step was sent
-    # before the cap, and nothing after it waits. (These were counted from the step: at most 2 remote
-    # frames, none slow from 0.5 s on. With two busy processes beside the suite the cap came a frame or
-    # more later: how soon is the machine's; that nothing goes remote or waits once capped is not.)
-    assert all(r.captured < capped for r in after if r.where == "remote"), [
-        (r.split, r.where, round(r.captured - step, 3)) for r in after]
-    settled = [r for r in after if r.captured >= capped]
+    assert sum(r.where == "remote" for r in after) <= 2, [(r.split, r.total_ms) for r in after]
+    settled = [r for r in after if r.captured >= step + 0.5]
     assert settled and max(r.total_ms for r in settled) < 1000.0, [(r.split, r.total_ms) for r in settled]
+    # Capped before any slow reply came (the first one takes 2.5 s): below what the frame's bytes in 0.3 s would need.
+    assert any(r.rate_bps < 8 * sent / 0.3 for r in after if r.captured < step + 2.0)
     slow = [r.index for r in answered if r.total_ms > 2000.0]  # sent as the link slowed
     assert slow
     if source_kind.live:
