@@ -60,6 +60,7 @@ from device_runtime.hosts.host_link import HostLink
 from device_runtime.stream.camera import Frame, FrameSource
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig
 from device_runtime.stream.policy import BanditPolicy, SplitPolicy, StaticPolicy
+from device_runtime.stream.reason import FIXED, Choice, Reason
 from device_runtime.stream.results import FrameResult
 from testbed import DelayRelay, EmulatedLink, unavailable_reason
 from testbed.namespace_host import running_host
@@ -164,9 +165,9 @@ class RandomPolicy(StaticPolicy):
         self.rng = random.Random(seed)
 
     def choose(self, batch: int, rate_bps: float | None, available: Collection[str], link_busy: bool = False,
-               deadline_ms: float | None = None) -> str:
+               deadline_ms: float | None = None, uncapped_bps: float | None = None) -> Choice:
         split = SEMANTIC_SPLIT if self.rng.random() < 0.5 else CUT
-        return split if split in available else super().choose(batch, rate_bps, available, link_busy)
+        return Choice(split, Reason(FIXED)) if split in available else super().choose(batch, rate_bps, available)
 
 
 class LearnThenRun(BanditPolicy):

@@ -18,7 +18,7 @@ from calibration.fragments import (
 from calibration.gain import gains_over_static, relative_gain
 from calibration.latency import LatencyModel, SplitTimings, drop_share
 from calibration.rate import MIN_SAMPLE_BYTES, RateEstimator
-from calibration.switching import SplitSelector, decision_cost_us
+from calibration.switching import Decision, SplitSelector, decision_cost_us
 from calibration.table import POINTS_PER_DECADE, RATE_MAX_BPS, RATE_MIN_BPS, SplitTable
 from calibration.timing import RunningTimes, Spread, measure_ms, measure_round_robin
 from splitedge import CalibrationError
@@ -33,6 +33,7 @@ __all__ = [
     "CalibrationError",
     "Calibrations",
     "ChainStage",
+    "Decision",
     "FILENAME",
     "FragmentPlacement",
     "HostView",

@@ -13,12 +13,39 @@ import copy
 import math
 import time
 from collections.abc import Collection
+from dataclasses import dataclass
+from typing import ClassVar
 
 from calibration.latency import LatencyModel
 from calibration.table import SplitTable
 from splitedge import LOCAL, CalibrationError, Fields
 
 _fields = Fields(CalibrationError)  # field checks raising this package's error
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One choice of :meth:`SplitSelector.decide` and why: ``why`` is one of the class's words."""
+
+    #: the table's choice for the rate ...
+    TABLE: ClassVar[str] = "table"
+    #: ... the current split kept against it (hysteresis: not yet ``min_hold`` calls in a row, or
+    #: not predicted ``margin`` faster) ...
+    HOLD: ClassVar[str] = "hold"
+    #: ... the table's choice (or the current split) cannot run now: the model's best of those that can ...
+    UNAVAILABLE: ClassVar[str] = "unavailable"
+    #: ... or no rate estimate: LOCAL where it may run.
+    NO_RATE: ClassVar[str] = "no_rate"
+
+    split: str
+    why: str
+    wanted: str | None = None  # the table's choice for the rate (None without a rate)
+    lo_bps: float | None = None  # the table gives ``wanted`` for rates in [lo_bps, hi_bps) at this batch
+    hi_bps: float | None = None  # None: above the grid's last edge, no bound
+    streak: int = 0  # HOLD: calls in a row the table has wanted ``wanted`` (it takes ``min_hold``)
+    wanted_ms: float | None = None  # HOLD after ``min_hold``: ``wanted``'s predicted time ...
+    current_ms: float | None = None  # ... and the split kept's: ``wanted`` is not ``margin`` faster
+    margin: float | None = None
 
 
 class SplitSelector:
@@ -70,25 +97,34 @@ class SplitSelector:
         where the table has it, else the current split: nothing can be predicted, and
         nothing crosses the link under LOCAL.
         """
+        return self.decide(batch, rate_bps, available).split
+
+    def decide(self, batch: int, rate_bps: float | None, available: Collection[str] | None = None) -> Decision:
+        """:meth:`choose`, with why: the table's cell, the hysteresis holding the current split
+        against the table's choice, a split that cannot run now, or no estimate (:class:`Decision`)."""
         if rate_bps is None:
             self._streak_split, self._streak = None, 0  # no table choice this call: a run is broken
-            return self._force(self._without_rate(batch, available))
-        candidate = self._table.lookup(batch, rate_bps)
+            return Decision(self._force(self._without_rate(batch, available)), Decision.NO_RATE)
+        candidate, lo, hi = self._table.cell(batch, rate_bps)
         if candidate == self._streak_split:
             self._streak += 1
         else:
             self._streak_split, self._streak = candidate, 1
         current = self._current
         if available is not None and (candidate not in available or (current and current not in available)):
-            return self._force(self._model.best(batch, rate_bps, self._restricted(available)))
-        if current is None:
-            return self._force(candidate)
-        if candidate != current and self._streak >= self._min_hold:
-            candidate_ms = self._model.predict_ms(candidate, batch, rate_bps)
-            if candidate_ms < (1.0 - self._margin) * self._model.predict_ms(current, batch, rate_bps):
-                self._current = current = candidate
-                self._switches += 1
-        return current
+            best = self._model.best(batch, rate_bps, self._restricted(available))
+            return Decision(self._force(best), Decision.UNAVAILABLE, candidate, lo, hi)
+        if current is None or candidate == current:
+            return Decision(self._force(candidate), Decision.TABLE, candidate, lo, hi)
+        if self._streak < self._min_hold:
+            return Decision(current, Decision.HOLD, candidate, lo, hi, streak=self._streak)
+        candidate_ms = self._model.predict_ms(candidate, batch, rate_bps)
+        current_ms = self._model.predict_ms(current, batch, rate_bps)
+        if candidate_ms < (1.0 - self._margin) * current_ms:
+            self._current = candidate
+            self._switches += 1
+            return Decision(candidate, Decision.TABLE, candidate, lo, hi)
+        return Decision(current, Decision.HOLD, candidate, lo, hi, self._streak, candidate_ms, current_ms, self._margin)
 
     def _restricted(self, available: Collection[str]) -> list[str]:
         """The table's splits (it may exclude some, e.g. OFFLOAD under a privacy rule) that can run now."""

@@ -124,17 +124,37 @@ class SplitTable:
         (a dead link, rate 0, takes the lowest rate); the batch takes the row of the largest
         tabulated batch size not above it (the smallest one below the table).
         """
+        b = bisect_right(self.batches, batch) - 1
+        return self.splits[self.best[b if b > 0 else 0][self._index(rate_bps)]]
+
+    def _index(self, rate_bps: float) -> int:
+        """The grid index :meth:`lookup` rounds ``rate_bps`` to."""
         rates = self.rates_bps
         if rate_bps >= rates[-1]:
-            r = len(rates) - 1
-        elif rate_bps > rates[0]:
-            r = int((math.log10(rate_bps) - self._log_first) * self._steps_per_decade + 0.5)
-        elif rate_bps <= rates[0]:
-            r = 0
-        else:  # only NaN fails all three comparisons
-            raise CalibrationError(f"link rate must be a number, got {rate_bps!r}")
-        b = bisect_right(self.batches, batch) - 1
-        return self.splits[self.best[b if b > 0 else 0][r]]
+            return len(rates) - 1
+        if rate_bps > rates[0]:
+            return int((math.log10(rate_bps) - self._log_first) * self._steps_per_decade + 0.5)
+        if rate_bps <= rates[0]:
+            return 0
+        raise CalibrationError(f"link rate must be a number, got {rate_bps!r}")  # only NaN fails all three
+
+    def cell(self, batch: int, rate_bps: float) -> tuple[str, float, float | None]:
+        """(split, lo, hi): :meth:`lookup`'s answer and the rates ``[lo, hi)`` around ``rate_bps``
+        over which the table gives it for this batch, the edges as :meth:`boundaries` places them
+        (0 below the grid, None above it: no edge there). What a run prints to explain a choice:
+        the estimate against the rates at which the choice would change."""
+        split = self.lookup(batch, rate_bps)
+        b = max(bisect_right(self.batches, batch) - 1, 0)
+        row, rates = self.best[b], self.rates_bps
+        r = self._index(rate_bps)
+        low, high = r, r
+        while low > 0 and row[low - 1] == row[r]:
+            low -= 1
+        while high < len(row) - 1 and row[high + 1] == row[r]:
+            high += 1
+        lo = math.sqrt(rates[low - 1] * rates[low]) if low > 0 else 0.0
+        hi = math.sqrt(rates[high] * rates[high + 1]) if high < len(row) - 1 else None
+        return split, lo, hi
 
     def boundaries(self, batch: int) -> list[tuple[float, str, str]]:
         """Where the best split changes along the rate axis, for the row :meth:`lookup` uses.

@@ -54,8 +54,9 @@ FACES = {
         "HostAdvert", "HostLink", "LinkMeter", "connect_host", "discover", "host_address", "probe_bytes",
     ],
     "device_runtime.stream": [
-        "AutoPolicy", "BanditPolicy", "DROP_QUEUE_FULL", "Frame", "FrameQueue", "FrameResult", "FrameSource",
-        "IMAGE_SUFFIXES", "LINK_RATE", "Pipeline", "PipelineConfig", "PipelineStats", "SplitPolicy", "StaticPolicy",
+        "AutoPolicy", "BanditPolicy", "Choice", "DROP_QUEUE_FULL", "Frame", "FrameQueue", "FrameResult", "FrameSource",
+        "IMAGE_SUFFIXES", "LINK_RATE", "Pipeline", "PipelineConfig", "PipelineStats", "Reason", "SplitPolicy",
+        "StaticPolicy",
         "TRACE_SCHEMA", "TraceWriter", "append_link_rate", "open_source", "pi_camera_absent", "top1",
     ],
     "device_runtime.board": [

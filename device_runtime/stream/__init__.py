@@ -1,10 +1,11 @@
-"""The stream: frame sources, the frame queue, the split policy, the pipeline that overlaps
-capture, head, transfer and tail, each frame's result, and the trace writer."""
+"""The stream: frame sources, the frame queue, the split policy and why it chose (its reasons), the
+pipeline that overlaps capture, head, transfer and tail, each frame's result, and the trace writer."""
 
 from device_runtime.stream.camera import Frame, FrameSource, open_source
 from device_runtime.stream.frame_queue import FrameQueue
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig, PipelineStats
 from device_runtime.stream.policy import AutoPolicy, BanditPolicy, SplitPolicy, StaticPolicy
+from device_runtime.stream.reason import Choice, Reason
 from device_runtime.stream.results import DROP_QUEUE_FULL, FrameResult, top1
 from device_runtime.stream.trace import LINK_RATE, TRACE_SCHEMA, TraceWriter, append_link_rate
 
@@ -15,6 +16,7 @@ __all__ = [
     "AutoPolicy",
     "DROP_QUEUE_FULL",
     "BanditPolicy",
+    "Choice",
     "Frame",
     "FrameQueue",
     "FrameResult",
@@ -24,6 +26,7 @@ __all__ = [
     "Pipeline",
     "PipelineConfig",
     "PipelineStats",
+    "Reason",
     "SplitPolicy",
     "StaticPolicy",
     "TRACE_SCHEMA",

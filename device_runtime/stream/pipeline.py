@@ -55,8 +55,9 @@ from device_runtime.stream.camera import Frame, FrameSource
 from device_runtime.stream.fragments import gather
 from device_runtime.stream.frame_queue import FrameQueue
 from device_runtime.stream.policy import SplitPolicy
+from device_runtime.stream.reason import DEADLINE, FALLBACK, NO_HOST, Reason
 from device_runtime.stream.results import DROP_QUEUE_FULL, FrameResult, top1
-from device_runtime.wire import Hop
+from device_runtime.wire import ErrorCode, Hop
 from splitedge import HostUnavailableError, RemoteError
 
 __all__ = ["Pipeline", "PipelineConfig", "PipelineStats"]
@@ -131,6 +132,7 @@ class _Answer:
 
     split: str
     rate: float | None  # the rate estimate the split was chosen with (bit/s)
+    reason: Reason  # why the split answered it
     head_ms: float
     transfer_ms: float = 0.0
     tail_ms: float = 0.0
@@ -329,13 +331,17 @@ class Pipeline:
         self.meter.crossing = client.crossing if client is not None else None
         rate = self.meter.rate_bps  # capped by an overdue upload, or one crossing slowly, if one is
         deadline = self._deadline(batch)
-        split = self.policy.choose(len(batch), rate, self.available(), link_busy=self.meter.overdue() is not None,
-                                   deadline_ms=deadline)
+        choice = self.policy.choose(len(batch), rate, self.available(), link_busy=self.meter.overdue() is not None,
+                                    deadline_ms=deadline, uncapped_bps=self.meter.estimator.rate_bps)
+        split, reason = choice.split, choice.reason
         if split == LOCAL or client is None:
+            if split != LOCAL:  # the host went in the meantime
+                reason = Reason(NO_HOST, batch=len(batch), wanted=split)
             logits, ms = await loop.run_in_executor(self._compute, self.runner.run_full, x)
             self.policy.observe_head(LOCAL, len(batch), ms)
             done: asyncio.Future[list[FrameResult]] = loop.create_future()
-            done.set_result(self._results(batch, logits, _Answer(LOCAL, rate, ms, started=time.monotonic() - ms / 1e3)))
+            done.set_result(self._results(batch, logits, _Answer(LOCAL, rate, reason, ms,
+                                                                 started=time.monotonic() - ms / 1e3)))
             return done
         if split == OFFLOAD:
             cut, head_ms = x, 0.0
@@ -349,7 +355,8 @@ class Pipeline:
         await self._slots.acquire()  # released by _send when the reply (or the failure) comes
         waits = {"started": started, "slot_ms": (time.monotonic() - waiting) * 1e3}
         self._remote += 1
-        return asyncio.ensure_future(self._offload(batch, x, split, tensor, fields, head_ms, rate, client, waits, deadline))
+        return asyncio.ensure_future(self._offload(batch, x, choice.split, tensor, fields, head_ms, rate, reason, client,
+                                                   waits, deadline))
 
     def _deadline(self, batch: list[_Captured]) -> float | None:
         """The batch's deadline (ms): the tightest of its frames' own, else the run's."""
@@ -358,21 +365,22 @@ class Pipeline:
 
     async def _offload(
         self, batch: list[_Captured], x: np.ndarray, split: str, tensor: np.ndarray, fields: dict[str, float],
-        head_ms: float, rate: float | None, client: HostClient, waits: dict[str, float], deadline: float | None,
+        head_ms: float, rate: float | None, reason: Reason, client: HostClient, waits: dict[str, float],
+        deadline: float | None,
     ) -> list[FrameResult]:
         """Send the cut and wait for the tail; on any failure answer the batch here instead."""
         if split in self.config.fragments:
-            return await self._gather(batch, x, split, tensor, fields, head_ms, rate, client, waits, deadline)
+            return await self._gather(batch, x, split, tensor, fields, head_ms, rate, reason, client, waits, deadline)
         try:
             result = await self._send(client, split, tensor, fields, deadline)
         except (HostUnavailableError, RemoteError) as exc:
             if isinstance(exc, HostUnavailableError) and self.hosts is not None:
                 await self.hosts.lost(client, exc)
-            return await self._locally(batch, x, split, head_ms, rate, exc, waits)
+            return await self._locally(batch, x, split, head_ms, rate, exc, waits, deadline)
         self.meter.observe_reply(tensor.nbytes, result)
         hops = result.hops  # a chain's later hosts: their stages, queues and links are the tail's too
         return self._results(batch, result.output, _Answer(
-            split, rate, head_ms,
+            split, rate, reason, head_ms,
             transfer_ms=result.transfer_ms + sum(h.link_ms for h in hops),
             tail_ms=result.compute_ms + sum(h.compute_ms for h in hops),
             host_queue_ms=result.queue_ms + sum(h.queue_ms for h in hops), sent_bytes=tensor.nbytes,
@@ -381,11 +389,15 @@ class Pipeline:
 
     async def _locally(
         self, batch: list[_Captured], x: np.ndarray, split: str, head_ms: float, rate: float | None, exc: Exception,
-        waits: dict[str, float],
+        waits: dict[str, float], deadline: float | None,
     ) -> list[FrameResult]:
-        """A remote batch that failed, answered here with the full model: no frame is lost."""
+        """A remote batch that failed, answered here with the full model: no frame is lost. Its
+        reason says so: ``deadline`` where the host refused it for the frame's deadline, else ``fallback``."""
         logits, ms = await asyncio.get_running_loop().run_in_executor(self._compute, self.runner.run_full, x)
-        return self._results(batch, logits, _Answer(LOCAL, rate, head_ms + ms, error=f"{split}: {exc}",
+        refused = isinstance(exc, RemoteError) and exc.code == ErrorCode.DEADLINE_EXCEEDED
+        reason = Reason(DEADLINE if refused else FALLBACK, batch=len(batch), rate_bps=rate, wanted=split,
+                        error=str(exc), deadline_ms=deadline if refused else None)
+        return self._results(batch, logits, _Answer(LOCAL, rate, reason, head_ms + ms, error=f"{split}: {exc}",
                                                     attempted=split, **waits))
 
     def _placement(self, split: str) -> dict[int, str]:
@@ -421,7 +433,8 @@ class Pipeline:
 
     async def _gather(
         self, batch: list[_Captured], x: np.ndarray, split: str, tensor: np.ndarray, fields: dict[str, float],
-        head_ms: float, rate: float | None, client: HostClient, waits: dict[str, float], deadline: float | None,
+        head_ms: float, rate: float | None, reason: Reason, client: HostClient, waits: dict[str, float],
+        deadline: float | None,
     ) -> list[FrameResult]:
         """A semantic split: the cut to every fragment's host at once, merged from those that answer
         by the frame's deadline (the request timeout without one); none answering runs it here."""
@@ -436,7 +449,7 @@ class Pipeline:
             )
         except HostUnavailableError as exc:
             self._move(split, set(self._placement(split).values()) - {client.address})
-            return await self._locally(batch, x, split, head_ms, rate, exc, waits)
+            return await self._locally(batch, x, split, head_ms, rate, exc, waits, deadline)
         finally:
             self.meter.settled(ticket)
             self._remote -= 1
@@ -446,7 +459,7 @@ class Pipeline:
             self._move(split, gathered.gone)
         slowest = max(gathered.timings, key=lambda t: t.round_trip_ms)
         return self._results(batch, gathered.logits, _Answer(
-            split, rate, head_ms, transfer_ms=gathered.transfer_ms,
+            split, rate, reason, head_ms, transfer_ms=gathered.transfer_ms,
             tail_ms=slowest.compute_ms, host_queue_ms=slowest.queue_ms, sent_bytes=tensor.nbytes,
             host=" | ".join(dict.fromkeys(t.address for t in gathered.timings)), missing=gathered.missing, **waits,
         ))
@@ -493,7 +506,7 @@ class Pipeline:
                 slot_ms=answer.slot_ms, host_queue_ms=answer.host_queue_ms,
                 batch=len(batch), bytes=answer.sent_bytes // len(batch), rate_bps=answer.rate,
                 where="local" if answer.host is None else "remote", host=answer.host, error=answer.error,
-                missing=answer.missing, attempted=answer.attempted,
+                missing=answer.missing, attempted=answer.attempted, reason=answer.reason,
                 deadline_ms=captured.frame.deadline_ms if captured.frame.deadline_ms is not None else self._deadline_ms,
             ))
         return results

@@ -7,10 +7,14 @@ host never costs a frame (the pipeline re-runs in-flight batches locally too).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Collection, Protocol
 
-from calibration import LAYER, SEMANTIC, Bandit, Calibration, RunningTimes, SplitSelector
+from calibration import LAYER, SEMANTIC, Bandit, Calibration, Decision, RunningTimes, SplitSelector
 from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
+from device_runtime.stream.reason import (
+    BANDIT, FIXED, HOLD, NO_HOST, NO_RATE, REFINED, TABLE, UPLOAD_CAP, Choice, Reason,
+)
 from device_runtime.stream.results import FrameResult
 
 __all__ = ["AutoPolicy", "BanditPolicy", "SplitPolicy", "StaticPolicy"]
@@ -19,9 +23,13 @@ __all__ = ["AutoPolicy", "BanditPolicy", "SplitPolicy", "StaticPolicy"]
 class SplitPolicy(Protocol):
     def choose(
         self, batch: int, rate_bps: float | None, available: Collection[str], link_busy: bool = False,
-        deadline_ms: float | None = None,
-    ) -> str:
-        """``link_busy``: an upload is overdue (:meth:`device_runtime.hosts.link_meter.LinkMeter.overdue`);
+        deadline_ms: float | None = None, uncapped_bps: float | None = None,
+    ) -> Choice:
+        """The split for the next batch and why (:class:`~device_runtime.stream.reason.Reason`).
+
+        ``rate_bps``: the rate estimate, capped while an upload is overdue or crossing slowly
+        (:attr:`device_runtime.hosts.link_meter.LinkMeter.rate_bps`), ``uncapped_bps`` the estimate
+        without the cap; ``link_busy``: an upload is overdue (:meth:`~device_runtime.hosts.link_meter.LinkMeter.overdue`);
         ``deadline_ms``: the batch's deadline, capture to answer (None: none)."""
         ...
 
@@ -42,10 +50,12 @@ class StaticPolicy:
 
     def choose(
         self, batch: int, rate_bps: float | None, available: Collection[str], link_busy: bool = False,
-        deadline_ms: float | None = None,
-    ) -> str:
+        deadline_ms: float | None = None, uncapped_bps: float | None = None,
+    ) -> Choice:
         """The fixed split, a slow link or not: the run measures that split."""
-        return self.split if self.split in available else LOCAL
+        if self.split in available:
+            return Choice(self.split, Reason(FIXED))
+        return Choice(LOCAL, Reason(NO_HOST, batch=batch, wanted=self.split))
 
     def observe_head(self, split: str, batch: int, head_ms: float) -> None:
         """A fixed split learns nothing from its timings."""
@@ -63,7 +73,8 @@ class AutoPolicy:
     The head times measured at calibration are refined by the ones measured as the stream
     runs (a board warms up, throttles, shares its CPU): every ``refine_every`` batches the
     model takes the running medians and the table is rebuilt (a few ms, off the per-frame
-    path's O(1) lookup).
+    path's O(1) lookup). A choice the rebuilt table makes otherwise than the calibrated one
+    says so (``refined``).
     """
 
     def __init__(self, calibration: Calibration, margin: float = 0.1, min_hold: int = 3, refine_every: int = 32) -> None:
@@ -73,6 +84,7 @@ class AutoPolicy:
         self.selector = SplitSelector(calibration.table, calibration.model, margin=margin, min_hold=min_hold)
         self.refine_every = refine_every
         self._observed = 0
+        self._table = calibration.table  # the one the selector decides with: rebuilt by refining
 
     @property
     def switches(self) -> int:
@@ -80,18 +92,43 @@ class AutoPolicy:
 
     def choose(
         self, batch: int, rate_bps: float | None, available: Collection[str], link_busy: bool = False,
-        deadline_ms: float | None = None,
-    ) -> str:
+        deadline_ms: float | None = None, uncapped_bps: float | None = None,
+    ) -> Choice:
         """The table's choice; ``local`` at once while an upload is overdue: anything sent now
         would wait in the socket behind it, which DSC Eq. 4's idle link does not account for."""
-        return self.selector.choose(batch, rate_bps, (LOCAL,) if link_busy else available)
+        decision = self.selector.decide(batch, rate_bps, (LOCAL,) if link_busy else available)
+        if link_busy:
+            return Choice(decision.split, Reason(UPLOAD_CAP, batch=batch, rate_bps=rate_bps,
+                                                 uncapped_bps=uncapped_bps, overdue=True))
+        reason = self._reason(decision, batch, rate_bps)
+        if rate_bps is not None and uncapped_bps is not None and rate_bps < uncapped_bps:
+            cap_chose = decision.why == Decision.TABLE and self._table.lookup(batch, uncapped_bps) != decision.split
+            reason = replace(reason, kind=UPLOAD_CAP if cap_chose else reason.kind, uncapped_bps=uncapped_bps,
+                             overdue=False)
+        return Choice(decision.split, reason)
+
+    def _reason(self, decision: Decision, batch: int, rate_bps: float | None) -> Reason:
+        cell = {"batch": batch, "rate_bps": rate_bps, "lo_bps": decision.lo_bps, "hi_bps": decision.hi_bps}
+        if decision.why == Decision.NO_RATE:
+            return Reason(NO_RATE, batch=batch)
+        if decision.why == Decision.UNAVAILABLE:
+            return Reason(NO_HOST, batch=batch, rate_bps=rate_bps, wanted=decision.wanted)
+        if decision.why == Decision.HOLD:
+            return Reason(HOLD, **cell, wanted=decision.wanted, streak=decision.streak,
+                          wanted_ms=decision.wanted_ms, kept_ms=decision.current_ms, margin=decision.margin)
+        assert rate_bps is not None  # the table chose: it had a rate
+        calibrated = self.calibration.table.lookup(batch, rate_bps)
+        if self._table is not self.calibration.table and calibrated != decision.split:
+            return Reason(REFINED, **cell, calibrated=calibrated)
+        return Reason(TABLE, **cell)
 
     def observe_head(self, split: str, batch: int, head_ms: float) -> None:
         self.running.observe(split, batch, head_ms)
         self._observed += 1
         if self._observed % self.refine_every == 0:
             model = self.running.apply(self.base_model)
-            self.selector.retune(self.calibration.table.for_model(model), model)
+            self._table = self.calibration.table.for_model(model)
+            self.selector.retune(self._table, model)
 
     def observe_result(self, result: FrameResult) -> None:
         """The table learns from head times (:meth:`observe_head`), not from answers."""
@@ -132,15 +169,24 @@ class BanditPolicy:
 
     def choose(
         self, batch: int, rate_bps: float | None, available: Collection[str], link_busy: bool = False,
-        deadline_ms: float | None = None,
-    ) -> str:
+        deadline_ms: float | None = None, uncapped_bps: float | None = None,
+    ) -> Choice:
+        """The bandit's arm for a batch with a deadline (the semantic split, or the layer policy's
+        choice, its reason then naming the arm too); the layer policy's choice without one."""
         arms = [LAYER] + ([SEMANTIC] if self.semantic.id in available and not link_busy else [])
         arm = LAYER if deadline_ms is None else self.bandit.choose(deadline_ms, arms)
         self.chosen[arm] += 1
+        score = None if deadline_ms is None else self._score(deadline_ms, arm)
         if arm == SEMANTIC:
-            return self.semantic.id
-        return self.layer.choose(batch, rate_bps, [s for s in available if s != self.semantic.id], link_busy,
-                                 deadline_ms)
+            return Choice(self.semantic.id, Reason(BANDIT, batch=batch, rate_bps=rate_bps, arm=arm, score=score))
+        choice = self.layer.choose(batch, rate_bps, [s for s in available if s != self.semantic.id], link_busy,
+                                   deadline_ms, uncapped_bps)
+        return choice if deadline_ms is None else Choice(choice.split, replace(choice.reason, arm=arm, score=score))
+
+    def _score(self, deadline_ms: float, arm: str) -> float:
+        """What the bandit knows of ``arm`` for this deadline: its mean reward (discounted while running)."""
+        stats = self.bandit.stats(self.bandit.context(deadline_ms), arm)
+        return stats.mean if self.bandit.mode == "learn" else stats.discounted_mean
 
     def observe_head(self, split: str, batch: int, head_ms: float) -> None:
         if split != self.semantic.id:

@@ -7,9 +7,11 @@ One :class:`FrameResult` is one line on the console and one record of the trace
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
+
+from device_runtime.stream.reason import Reason
 
 __all__ = ["DROP_QUEUE_FULL", "FrameResult", "top1"]
 
@@ -50,6 +52,7 @@ class FrameResult:
     attempted: str | None = None  # the split chosen for a batch that fell back to local
     missing: tuple[int, ...] = ()  # a semantic split's fragments that did not answer in time (scored absent)
     deadline_ms: float | None = None  # the frame's deadline, capture to answer (None: none)
+    reason: Reason | None = None  # why its batch took ``split`` (None for a dropped frame)
 
     @property
     def late(self) -> bool:
@@ -65,14 +68,22 @@ class FrameResult:
         if self.dropped:
             return f"#{self.index:<4d} {self.name[:24]:24s} dropped (the pipeline was full; newest frames win)"
         rate = f"  rate {self.rate_bps / 1e6:7.2f} Mbit/s" if self.rate_bps else ""
-        fallback = "  (fell back to local)" if self.error else ""
+        notes = ""
         if self.missing:
-            fallback += f"  (fragments {', '.join(map(str, self.missing))} late: their classes scored absent)"
+            notes += f"  (fragments {', '.join(map(str, self.missing))} late: their classes scored absent)"
+        if self.reason is not None:  # says a fallback and why, as every other reason
+            notes += f"  why: {self.reason.text()}"
+        elif self.error:
+            notes += "  (fell back to local)"
         return (
             f"#{self.index:<4d} {self.name[:24]:24s} {str(self.label)[:24]:24s} {self.probability:6.3f}  "
             f"split={self.split:<20s} pre {self.preprocess_ms:6.2f} ms  head {self.head_ms:7.2f} ms  transfer {self.transfer_ms:7.2f} ms  "
-            f"tail {self.tail_ms:7.2f} ms  waits {self.waits_ms:7.2f} ms  total {self.total_ms:7.2f} ms{rate}{fallback}"
+            f"tail {self.tail_ms:7.2f} ms  waits {self.waits_ms:7.2f} ms  total {self.total_ms:7.2f} ms{rate}{notes}"
         )
+
+    def reason_dict(self) -> dict[str, Any] | None:
+        """The reason as JSON (:meth:`Reason.as_dict`); None for a dropped frame."""
+        return None if self.reason is None else self.reason.as_dict()
 
 
 def top1(logits: np.ndarray, labels: Sequence[str]) -> tuple[str, float]:

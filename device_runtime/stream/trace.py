@@ -12,8 +12,12 @@ tail is the host's compute alone), the waits (``queue_ms`` in the board's queue 
 head, ``slot_ms`` for an in-flight slot, ``host_queue_ms`` in the host's queue), the total
 ms from capture to answer, whether it was dropped, local or remote, the host, and the error
 that made a remote batch fall back, and for a dropped frame why (``drop_reason``:
-:data:`~device_runtime.stream.results.DROP_QUEUE_FULL`, ...). Lines are flushed as they are
-written, so a run cut short (a Pi losing power) leaves a readable trace.
+:data:`~device_runtime.stream.results.DROP_QUEUE_FULL`, ...), and for an answered one why its
+batch took its split (``reason``: an object with ``kind`` — fixed, table, refined, hold, no_rate,
+no_host, upload_cap, fallback, deadline, bandit — and the fields that kind fills: the table's
+cell ``lo_bps``/``hi_bps`` around the estimate, the split the table wanted, the uncapped
+estimate, the error, the bandit's arm and score; :mod:`device_runtime.stream.reason`). Lines are
+flushed as they are written, so a run cut short (a Pi losing power) leaves a readable trace.
 
 A rehearsal on a shaped link adds the link's real rate (``type: link_rate``: ``t`` in the
 frames' seconds, ``rate_bps``, ``set_by``), one record each time it changes, so the report
@@ -25,7 +29,8 @@ over them. Records are in the order written, not sorted by ``t``.
 
 Schema 2 added the waits and took the host's queue out of ``tail_ms`` (schema 1 counted it
 there and recorded no other wait); schema 3 added ``drop_reason`` and the ``link_rate``
-records. The report reads all three.
+records; schema 4 added ``reason`` (absent, or null for a dropped frame, in older traces). The
+report reads all four.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from splitedge import SplitEdgeError
 
 __all__ = ["LINK_RATE", "TRACE_SCHEMA", "TraceWriter", "append_link_rate"]
 
-TRACE_SCHEMA = "splitedge.trace/3"
+TRACE_SCHEMA = "splitedge.trace/4"
 #: The record kind of the link's real rate (set by a testbed: the board itself only estimates it).
 LINK_RATE = "link_rate"
 _FRAME_FIELDS = (
@@ -69,7 +74,7 @@ class TraceWriter:
 
     def frame(self, result: FrameResult) -> None:
         record = {k: v for k, v in asdict(result).items() if k in _FRAME_FIELDS}
-        self._write({"type": "frame", "t": result.captured - self._t0, **record})
+        self._write({"type": "frame", "t": result.captured - self._t0, **record, "reason": result.reason_dict()})
 
     def link_rate(self, rate_bps: float, set_by: str, applied: float | None = None) -> None:
         """The link's real rate from ``applied`` on (``time.monotonic()``, like a frame's capture;

@@ -14,6 +14,7 @@ def test_public_names() -> None:
         "CalibrationError",
         "Calibrations",
         "ChainStage",
+        "Decision",
         "FILENAME",
         "FragmentPlacement",
         "HostView",

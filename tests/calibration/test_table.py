@@ -119,6 +119,28 @@ def test_lookup_equals_eq6_at_every_grid_point(model: LatencyModel) -> None:
         assert [table.lookup(batch, r) for r in table.rates_bps] == [model.best(batch, r) for r in table.rates_bps]
 
 
+def test_a_cell_is_the_rates_between_the_boundaries_around_the_estimate() -> None:
+    """What a run prints to explain a choice: the split and the rates [lo, hi) it holds over."""
+    table = SplitTable.build(corners(), [1])
+    (r1, _, _), (r2, _, _) = table.boundaries(1)
+    assert table.cell(1, 1e5) == (LOCAL, 0.0, r1)  # open below: the grid's bottom clamps
+    assert table.cell(1, 2e7) == ("mid", r1, r2)
+    assert table.cell(1, 1e9) == (OFFLOAD, r2, None)  # open above
+
+
+@settings(max_examples=25, deadline=None)
+@given(models(), st.floats(4.0, 10.0), st.sampled_from(_BATCHES))
+def test_a_cell_holds_its_rate_and_agrees_with_lookup(model: LatencyModel, log_rate: float, batch: int) -> None:
+    table = SplitTable.build(model, _BATCHES)
+    rate = 10**log_rate
+    split, lo, hi = table.cell(batch, rate)
+    assert split == table.lookup(batch, rate)
+    clamped = min(max(rate, table.rates_bps[0]), table.rates_bps[-1])
+    assert lo <= clamped * (1 + 1e-9) and (hi is None or clamped <= hi * (1 + 1e-9))
+    inside = [r for r in table.rates_bps if lo <= r and (hi is None or r < hi)]
+    assert {table.lookup(batch, r) for r in inside} == {split}
+
+
 @settings(max_examples=50, deadline=None)
 @given(models(), st.floats(5.0, 9.0), st.sampled_from(_BATCHES))
 def test_lookup_between_grid_points_takes_the_nearest_in_log(model: LatencyModel, log_rate: float, batch: int) -> None:

@@ -33,6 +33,7 @@ from device_runtime.hosts.link_meter import LinkMeter
 from device_runtime.stream.camera import Synthetic
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig
 from device_runtime.stream.policy import AutoPolicy, StaticPolicy
+from device_runtime.stream.reason import Choice
 from device_runtime.stream.results import FrameResult
 from device_runtime.wire.client import InferResult
 from device_runtime.wire.kernel_timing import UploadTiming
@@ -184,8 +185,8 @@ class _TablePolicy(AutoPolicy):
 
     def choose(
         self, batch: int, rate_bps: float | None, available: Collection[str], link_busy: bool = False,
-        deadline_ms: float | None = None,
-    ) -> str:
+        deadline_ms: float | None = None, uncapped_bps: float | None = None,
+    ) -> Choice:
         return super().choose(batch, rate_bps, available)
 
 
@@ -421,7 +422,7 @@ def test_a_busy_boards_stalls_do_not_hold_the_estimate_below_the_table(mobilenet
     results = []
     for index in range(120):
         rate = meter.rate_bps
-        split = policy.choose(1, rate, (LOCAL, SPLIT))
+        split = policy.choose(1, rate, (LOCAL, SPLIT)).split
         results.append(FrameResult(index=index, name=f"frame {index}", label=None, probability=None, split=split, rate_bps=rate))
         if split == SPLIT:
             ticket, sent = meter.sending(31360), clock()

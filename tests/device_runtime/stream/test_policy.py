@@ -1,7 +1,9 @@
-"""Split policies: fixed splits fall back to local without a host; auto refines its table with measured times."""
+"""Split policies: fixed splits fall back to local without a host; auto refines its table with measured times;
+every choice says why (its :class:`Reason`)."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 
 import pytest
@@ -9,6 +11,9 @@ import pytest
 from calibration import Calibration, LatencyModel, SplitTable, SplitTimings
 from device_runtime.bundle import LOCAL, OFFLOAD
 from device_runtime.stream.policy import AutoPolicy, StaticPolicy
+from device_runtime.stream.reason import (
+    FIXED, HOLD, NO_HOST, NO_RATE, REFINED, TABLE, UPLOAD_CAP, Choice, Reason,
+)
 from splitedge.errors import BundleError
 
 CUT = "cut"
@@ -24,8 +29,9 @@ class _Bundle:
     manifest = _Manifest()
 
 
-def _calibration(local_ms: float) -> Calibration:
-    model = LatencyModel((SplitTimings(LOCAL, 0, {1: local_ms}, {}), SplitTimings(CUT, 10_000, {1: 5.0}, {1: 5.0})), 0.0)
+def _calibration(local_ms: float, tail_ms: float = 5.0) -> Calibration:
+    """Local at ``local_ms`` against CUT: 10,000 bytes, a 5 ms head and a ``tail_ms`` tail."""
+    model = LatencyModel((SplitTimings(LOCAL, 0, {1: local_ms}, {}), SplitTimings(CUT, 10_000, {1: 5.0}, {1: tail_ms})), 0.0)
     return Calibration(
         bundle_id="b", manifest_sha256="0" * 64, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         board={}, backend="onnx", precision="float32", threads=1, repeats=1, batches=(1,), link=None, model=model,
@@ -35,8 +41,8 @@ def _calibration(local_ms: float) -> Calibration:
 
 def test_static_policy_runs_local_while_no_host_has_its_split() -> None:
     policy = StaticPolicy(CUT, _Bundle())
-    assert policy.choose(1, 1e7, {LOCAL, CUT}) == CUT
-    assert policy.choose(1, 1e7, {LOCAL}) == LOCAL
+    assert policy.choose(1, 1e7, {LOCAL, CUT}) == Choice(CUT, Reason(FIXED))
+    assert policy.choose(1, 1e7, {LOCAL}) == Choice(LOCAL, Reason(NO_HOST, batch=1, wanted=CUT))
     assert StaticPolicy(OFFLOAD, _Bundle()).split == OFFLOAD  # not a split of the bundle, still an option
     with pytest.raises(BundleError, match="unknown split 'nope'"):
         StaticPolicy("nope", _Bundle())
@@ -44,17 +50,75 @@ def test_static_policy_runs_local_while_no_host_has_its_split() -> None:
 
 def test_auto_policy_refines_the_table_with_the_times_it_measures() -> None:
     """Calibrated local at 200 ms, CUT wins at 100 Mbit/s (10.8 ms); the board then measures
-    local at 8 ms: after refine_every observations the table says local."""
+    local at 8 ms: after refine_every observations the table says local, and the reason says the
+    refined table chose it against the calibrated one's CUT."""
     policy = AutoPolicy(_calibration(200.0), min_hold=1, refine_every=16)
     everything = {LOCAL, CUT}
-    assert policy.choose(1, 1e8, everything) == CUT
+    assert policy.choose(1, 1e8, everything).reason.kind == TABLE
     for _ in range(16):
         policy.observe_head(LOCAL, 1, 8.0)
-    assert policy.choose(1, 1e8, everything) == LOCAL
+    choice = policy.choose(1, 1e8, everything)
+    assert (choice.split, choice.reason.kind, choice.reason.calibrated) == (LOCAL, REFINED, CUT)
     assert policy.switches == 1
 
 
 def test_auto_policy_without_a_host_runs_local_at_once() -> None:
     policy = AutoPolicy(_calibration(200.0), min_hold=5)
-    assert policy.choose(1, 1e8, {LOCAL, CUT}) == CUT
-    assert policy.choose(1, 1e8, {LOCAL}) == LOCAL  # forced: no hysteresis when the split cannot run
+    assert policy.choose(1, 1e8, {LOCAL, CUT}).split == CUT
+    # forced: no hysteresis when the split cannot run, and the reason names what it wanted
+    assert policy.choose(1, 1e8, {LOCAL}) == Choice(LOCAL, Reason(NO_HOST, batch=1, rate_bps=1e8, wanted=CUT))
+
+
+def test_a_table_choice_names_its_cell_around_the_estimate() -> None:
+    """CUT wins above 8 * 10,000 B / 190 ms = 0.42 Mbit/s: at 100 Mbit/s the cell is [≈0.42, ∞)."""
+    calibration = _calibration(200.0)
+    choice = AutoPolicy(calibration).choose(1, 1e8, {LOCAL, CUT})
+    reason = choice.reason
+    assert (choice.split, reason.kind, reason.batch, reason.rate_bps, reason.hi_bps) == (CUT, TABLE, 1, 1e8, None)
+    ((edge, below, above),) = calibration.table.boundaries(1)
+    assert (below, above) == (LOCAL, CUT) and reason.lo_bps == edge == pytest.approx(0.42e6, rel=0.07)
+    slow = AutoPolicy(calibration).choose(1, 1e5, {LOCAL, CUT}).reason
+    assert (slow.lo_bps, slow.hi_bps) == (0.0, edge)  # local from the bottom of the grid up to the edge
+    assert reason.text() == f"table: B=1 at 100.00 Mbit/s in [{edge / 1e6:.3g}, ∞) Mbit/s"
+
+
+def test_a_split_better_by_less_than_the_margin_is_held_off_and_the_reason_says_by_how_much() -> None:
+    """The issue's run that stayed local at 4980 Mbit/s: CUT at 5 + 4.2 ms on any fast link against
+    local's 10 ms is the table's choice above ~100 Mbit/s, but not 10 % faster: once local (a slow
+    spell), the hysteresis keeps local. Each batch says so, first while the table's choice has not
+    held for min_hold batches, then with both predictions."""
+    policy = AutoPolicy(_calibration(10.0, tail_ms=4.2), min_hold=3)
+    everything = {LOCAL, CUT}
+    assert policy.choose(1, 1.5e6, everything).split == LOCAL  # the slow spell
+    reasons = [policy.choose(1, 4.98e9, everything).reason for _ in range(4)]
+    assert [r.kind for r in reasons] == [HOLD] * 4 and {r.wanted for r in reasons} == {CUT}
+    assert [r.streak for r in reasons] == [1, 2, 3, 4]
+    assert reasons[0].wanted_ms is None and reasons[-1].wanted_ms == pytest.approx(9.2, abs=0.05)
+    assert reasons[-1].kept_ms == pytest.approx(10.0) and reasons[-1].margin == 0.1
+    assert reasons[-1].text().endswith("predicted 9.2 ms against 10.0 ms: not 10 % faster")
+    assert reasons[0].text().endswith("1 batch(es) in a row so far")
+
+
+def test_a_capped_estimate_that_made_the_choice_is_named_with_the_uncapped_one() -> None:
+    everything = {LOCAL, CUT}
+    overdue = AutoPolicy(_calibration(200.0)).choose(1, 2e5, everything, link_busy=True, uncapped_bps=1e8)
+    assert overdue == Choice(LOCAL, Reason(UPLOAD_CAP, batch=1, rate_bps=2e5, uncapped_bps=1e8, overdue=True))
+    crossing = AutoPolicy(_calibration(200.0)).choose(1, 2e5, everything, uncapped_bps=1e8)
+    assert (crossing.split, crossing.reason.kind, crossing.reason.overdue) == (LOCAL, UPLOAD_CAP, False)
+    assert crossing.reason.hi_bps == pytest.approx(0.42e6, rel=0.07)  # the cell of the capped rate
+    # A cap that changes nothing is not the reason, but the reason carries the uncapped estimate.
+    same = AutoPolicy(_calibration(200.0)).choose(1, 5e7, everything, uncapped_bps=1e8).reason
+    assert (same.kind, same.uncapped_bps) == (TABLE, 1e8)
+
+
+def test_no_estimate_runs_local_and_says_so() -> None:
+    assert AutoPolicy(_calibration(200.0)).choose(1, None, {LOCAL, CUT}) == Choice(LOCAL, Reason(NO_RATE, batch=1))
+
+
+def test_a_reason_goes_to_json_and_back() -> None:
+    reason = Reason(HOLD, batch=1, rate_bps=4.98e9, lo_bps=1e8, wanted=CUT, streak=2)
+    d = json.loads(json.dumps(reason.as_dict()))
+    assert d == {"kind": HOLD, "batch": 1, "rate_bps": 4.98e9, "lo_bps": 1e8, "wanted": CUT, "streak": 2}
+    assert Reason.from_dict(d) == reason
+    with pytest.raises(ValueError, match="reason kind 'why'"):
+        Reason("why")
