@@ -37,6 +37,7 @@ examples:
   split-device run bundle/ --split features_4_conv_2+features_14_conv_2 --host 192.168.1.20:7767 --host 10.0.0.5:7767
   split-device run bundle/ --camera clip.mp4 --split local  # full model on the board, no host
   split-device report run.jsonl --out report/               # latency over time, CDFs, drops, gain over static splits
+  split-device report a.jsonl b.jsonl --out compare/        # runs side by side in compare/report.html
   split-device run bundle/ --camera 0 --key-file host.key   # the host's key: every frame authenticated
   split-device run bundle/ --camera 0 --host 192.168.1.20:7767 --key-file host.key --tls-ca host.pem  # and TLS
 """
@@ -138,13 +139,21 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--out", metavar="DIR", help="also write plan.png (DSC Fig. 2 style) and plan.json here")
 
     report = commands.add_parser(
-        "report", help="plots and a summary from a --trace file", epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "report", help="plots, a summary and report.html from --trace files; several runs side by side",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    report.add_argument("trace", help="JSONL trace written by split-device run --trace")
-    report.add_argument("--out", required=True, metavar="DIR", help="directory for the PNGs and summary.json")
-    report.add_argument("--calibration", metavar="FILE",
-                        help="calibration.json for the gain over static splits (default: the one the run used)")
+    report.add_argument("traces", nargs="+", metavar="TRACE",
+                        help="JSONL traces written by split-device run --trace, or folders of them; two or more are "
+                             "compared side by side")
+    report.add_argument("--out", required=True, metavar="DIR",
+                        help="directory for report.html, the PNGs and summary.json (with several runs, a folder per "
+                             "run beside them)")
+    report.add_argument("--calibration", action="append", metavar="FILE",
+                        help="calibration.json for the gain over static splits (default: the one each run used); once "
+                             "per bundle compared")
+    report.add_argument("--label", action="append", metavar="NAME",
+                        help="the run's name on the page, once per run in order (default: the trace's file name, or "
+                             "what tells the runs apart)")
 
     info_parser = commands.add_parser(
         "info", help="show the detected board, the installed backends and the profile in force",
@@ -215,7 +224,7 @@ def plan(args: argparse.Namespace) -> None:
 
 
 def report_command(args: argparse.Namespace) -> None:
-    print(_trial_command("report")(args.trace, args.out, args.calibration))
+    print(_trial_command("report")(args.traces, args.out, args.calibration, args.label))
 
 
 def _trial_command(name: str) -> Callable[..., str]:

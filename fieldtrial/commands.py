@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Sequence
 
 from calibration import Calibration, CalibrationError, load_all
+from fieldtrial.compare import format_comparison, write_comparison
+from fieldtrial.page import PAGE
 from fieldtrial.plots import plot_table
-from fieldtrial.report import format_summary, write_report
+from fieldtrial.report import format_summary
 from splitedge import SplitEdgeError
 
 __all__ = ["main", "plot_plan", "report"]
@@ -21,15 +23,22 @@ EXAMPLES = """\
 examples:
   split-trial report run.jsonl --out report/                 # latency, link rate and drops over time, CDFs, gains
   split-trial report run.jsonl --out report/ --calibration bundle/calibration.json
+  split-trial report a.jsonl b.jsonl --out compare/          # runs side by side: report.html, PNGs, summary.json
+  split-trial report trial.jsonl replay/ --label field --label replay --out compare/
   split-trial plan bundle/calibration.json --out plan/       # the split table as plan.png and plan.json
 """
 
 
-def report(trace: str, out: str, calibration: str | None = None) -> str:
-    """Write a trace's plots and ``summary.json`` into ``out``; return the summary as text."""
-    tables = load_all(calibration) if calibration else None  # None: the report takes the run's table
-    summary = write_report(trace, out, tables)
-    return f"{format_summary(summary)}\nwrote {out}"
+def report(
+    traces: Sequence[str], out: str, calibrations: Sequence[str] | None = None, labels: Sequence[str] | None = None,
+) -> str:
+    """Write the report of one trace, or the comparison of several (files or folders of traces),
+    into ``out`` with ``report.html``; return its summary as text. ``calibrations``: files of the
+    runs' bundles (each run takes its bundle's, else the one it recorded); ``labels``: one per run."""
+    given = [load_all(path) for path in calibrations or ()]
+    summary = write_comparison(traces, out, given, labels or ())
+    text = format_comparison(summary) if "runs" in summary else format_summary(summary)
+    return f"{text}\nwrote {Path(out) / PAGE}"
 
 
 def plot_plan(calibration: Calibration, out: str) -> str:
@@ -41,16 +50,30 @@ def plot_plan(calibration: Calibration, out: str) -> str:
     return f"wrote {folder / 'plan.png'} and {folder / 'plan.json'}"
 
 
+def _report_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``report``, the same in ``split-trial`` and ``split-device``."""
+    parser.add_argument("traces", nargs="+", metavar="TRACE",
+                        help="JSONL traces written by split-device run --trace, or folders of them; two or more are "
+                             "compared side by side")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="directory for report.html, the PNGs and summary.json (with several runs, a folder per run "
+                             "beside them)")
+    parser.add_argument("--calibration", action="append", metavar="FILE",
+                        help="calibration.json for the gain over static splits and the model (default: the one each run "
+                             "used); once per bundle compared, each run takes its bundle's")
+    parser.add_argument("--label", action="append", metavar="NAME",
+                        help="the run's name on the page, once per run in order (default: the trace's file name, or "
+                             "what tells the runs apart: bundle, policy)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="split-trial", description="Reports and plots of field trials.",
                                      epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    rep = commands.add_parser("report", help="plots and a summary from a split-device run --trace file",
-                              epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    rep.add_argument("trace", help="JSONL trace written by split-device run --trace")
-    rep.add_argument("--out", required=True, metavar="DIR", help="directory for the PNGs and summary.json")
-    rep.add_argument("--calibration", metavar="FILE",
-                     help="calibration.json for the gain over static splits (default: the one the run used)")
+    rep = commands.add_parser("report", help="plots, a summary and report.html from split-device run --trace files; "
+                              "several runs side by side", epilog=EXAMPLES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    _report_arguments(rep)
     plan = commands.add_parser("plan", help="plot a calibration.json's latest split table",
                                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     plan.add_argument("calibration", help="calibration.json written by split-device calibrate")
@@ -62,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "report":
-            print(report(args.trace, args.out, args.calibration))
+            print(report(args.traces, args.out, args.calibration, args.label))
         else:
             print(plot_plan(load_all(args.calibration).latest(), args.out))
     except (SplitEdgeError, CalibrationError) as exc:

@@ -195,6 +195,9 @@ def summarize(
 
     Latencies are over answered frames only: a dropped frame was never classified; the dropped
     ones are counted per reason in ``drops_by_reason`` (:func:`timeline.drops_by_reason`).
+    ``deadline_misses`` counts the answered frames answered after their deadline
+    (:func:`timeline.deadline_misses`, None where none had one); ``split_reasons`` the answered
+    frames per kind of reason for their split (trace schema 4; empty before it).
     ``link_rate`` has the link's real rate where a testbed recorded it (``real``: its steps in
     Mbit/s from ``t`` on, ``[]`` when the trace has none, from its ``link_rates`` records) and
     the board's estimate over it (``estimate_over_real``, :func:`timeline.estimate_over_real`). ``fps`` is
@@ -229,6 +232,8 @@ def summarize(
         "per_split": _per_split(answered),
         "switches": sum(a["split"] != b["split"] for a, b in zip(answered, answered[1:])),
         "fallbacks": sum(1 for f in frames if f.get("error")),
+        "deadline_misses": timeline.deadline_misses(frames),
+        "split_reasons": timeline.split_reasons(frames),
         "link_rate": {"real": steps, "estimate_over_real": timeline.estimate_over_real(frames, steps)},
         "calibration": None,
     }
@@ -315,6 +320,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"latency ms  p50 {_ms(latency['p50'])}  p95 {_ms(latency['p95'])}  p99 {_ms(latency['p99'])}  "
         f"mean {_ms(latency['mean'])}",
         *_drop_lines(summary["drops_by_reason"]),
+        *_deadline_lines(summary["deadline_misses"]),
+        *_reason_lines(summary["split_reasons"]),
         *_link_rate_lines(summary["link_rate"]),
         "",
         f"{'split':28s} {'frames':>7s} {'share':>7s} {'seconds':>8s} {'p50 ms':>8s} {'p95 ms':>8s}",
@@ -362,6 +369,21 @@ def _drop_lines(by_reason: dict[str, int]) -> list[str]:
     if not by_reason:
         return []
     return ["dropped, by reason: " + ", ".join(f"{n} {timeline.reason_label(r)}" for r, n in by_reason.items())]
+
+
+def _deadline_lines(misses: dict[str, Any] | None) -> list[str]:
+    """How many answered frames missed their deadline, where frames had one."""
+    if misses is None:
+        return []
+    return [f"deadline missed by {misses['missed']} of {misses['with_deadline']} answered frames "
+            f"({100.0 * misses['share']:.1f} %)"]
+
+
+def _reason_lines(reasons: dict[str, int]) -> list[str]:
+    """Why the splits were chosen (trace schema 4), on one line where the trace says."""
+    if not reasons:
+        return []
+    return ["split chosen by: " + ", ".join(f"{n} {r.replace('_', ' ')}" for r, n in reasons.items())]
 
 
 def _link_rate_lines(link_rate: dict[str, Any]) -> list[str]:

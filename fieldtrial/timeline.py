@@ -18,7 +18,8 @@ import numpy as np
 from device_runtime.stream import DROP_QUEUE_FULL
 
 __all__ = [
-    "NOT_RECORDED", "drop_reason", "drops_by_reason", "estimate_over_real", "reason_label", "real_rate_steps",
+    "NOT_RECORDED", "deadline_misses", "drop_reason", "drops_by_reason", "estimate_over_real", "reason_label",
+    "real_rate_steps", "split_reasons",
 ]
 
 _BITS_PER_MBIT = 1e6
@@ -44,6 +45,27 @@ def drops_by_reason(frames: Sequence[dict[str, Any]]) -> dict[str, int]:
     """Dropped frames per reason, most frequent first (ties by name, so the order is stable)."""
     counts = Counter(drop_reason(f) for f in frames if f.get("dropped"))
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+def split_reasons(frames: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """Answered frames per kind of reason for their split (trace schema 4's ``reason: {kind: ...}``),
+    most frequent first; empty for a trace that records none (schema 1 to 3)."""
+    counts = Counter(
+        f["reason"]["kind"] for f in frames
+        if not f.get("dropped") and isinstance(f.get("reason"), dict) and f["reason"].get("kind")
+    )
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+def deadline_misses(frames: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """Answered frames that had a deadline (``deadline_ms``) and how many were answered after it (a
+    violation, in SplitPlace's terms; a dropped frame is counted as a drop, not here). None when
+    no frame had one (a run without ``--deadline-ms`` on a file source)."""
+    timed = [f for f in frames if not f.get("dropped") and f.get("deadline_ms")]
+    if not timed:
+        return None
+    missed = sum(1 for f in timed if f["total_ms"] > f["deadline_ms"])
+    return {"with_deadline": len(timed), "missed": missed, "share": missed / len(timed)}
 
 
 def real_rate_steps(link_rates: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -11,14 +11,22 @@ from typing import Any, Iterator
 from device_runtime.stream import LINK_RATE, TRACE_SCHEMA
 from splitedge import SplitEdgeError
 
-__all__ = ["TRACE_SCHEMA_1", "TRACE_SCHEMA_2", "Trace", "load_trace", "read_trace", "records_waits"]
+__all__ = [
+    "TRACE_SCHEMA_1", "TRACE_SCHEMA_2", "TRACE_SCHEMA_3", "TRACE_SCHEMA_4", "Trace", "load_trace", "read_trace",
+    "records_waits",
+]
 
 #: Traces before the waits were recorded: ``tail_ms`` held the host's queue, and nothing else
 #: told queueing from the stages.
 TRACE_SCHEMA_1 = "splitedge.trace/1"
 #: Traces before drop reasons and the link's real rate were recorded.
 TRACE_SCHEMA_2 = "splitedge.trace/2"
-_READABLE = (TRACE_SCHEMA, TRACE_SCHEMA_2, TRACE_SCHEMA_1)
+#: Traces before each frame carried the reason for its split.
+TRACE_SCHEMA_3 = "splitedge.trace/3"
+#: Each frame's ``reason`` (``{kind: ..., ...}``): why its split was chosen. Named here as well as
+#: by the writer's :data:`TRACE_SCHEMA`, so that this reader takes it whichever the writer writes.
+TRACE_SCHEMA_4 = "splitedge.trace/4"
+_READABLE = tuple(dict.fromkeys((TRACE_SCHEMA, TRACE_SCHEMA_4, TRACE_SCHEMA_3, TRACE_SCHEMA_2, TRACE_SCHEMA_1)))
 
 
 @dataclass(frozen=True)
