@@ -31,6 +31,7 @@ import os
 import socket
 import ssl
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -137,6 +138,7 @@ class _HostProtocol(FramedProtocol):
         self.in_flight = 0
         self.costly: str | None = None  # the profile or links request of this connection in progress
         self.address = ""  # the peer's IP address, once admitted
+        self.splits: Counter[str] = Counter()  # infer requests admitted, by tail (the live page's "its splits")
         now = server.clock()
         self.activity = Activity(now, opened=now)
 
@@ -311,6 +313,7 @@ class _HostProtocol(FramedProtocol):
         except ProtocolError as exc:  # refused at once: bad, overloaded, too late already, or a hop not allowed
             self.reply_error(request.id, exc.code, str(exc))
             return
+        self.splits[split] += 1  # a tail served here: the keys are bounded by the registry
         self.in_flight += 1
         if self.in_flight >= self.server.config.max_in_flight:
             self.pause("in_flight")

@@ -56,14 +56,16 @@ BOARD_ROOMS: dict[str, set[str]] = {
     "hosts": {"bundle", "wire"},
     "stream": {"bundle", "wire", "engine", "hosts"},
     "board": {"bundle", "wire", "engine", "hosts"},
-    "run": {"bundle", "wire", "engine", "hosts", "stream", "board"},
-    "cli": {"bundle", "bundle_slice", "wire", "engine", "hosts", "stream", "board", "run"},
+    "live": {"bundle", "wire", "engine", "hosts", "stream"},  # the live pages: what the stream publishes
+    "run": {"bundle", "wire", "engine", "hosts", "stream", "board", "live"},
+    "cli": {"bundle", "bundle_slice", "wire", "engine", "hosts", "stream", "board", "live", "run"},
 }
 #: Launched, not imported: the board's systemd unit runs ``python -m device_runtime.cli run``.
 LAUNCHED = {("device_runtime.board.service", "device_runtime.cli")}
 #: The host imports the two contracts (the protocol's client and its pool of connections, with
-#: which it passes a chain's request on, are the protocol's) and the engine for its sessions.
-HOST_SEES = {"bundle", "wire", "engine"}
+#: which it passes a chain's request on, are the protocol's), the engine for its sessions, and
+#: the live pages' server (``split-host serve --live``: one page server for the board and the host).
+HOST_SEES = {"bundle", "wire", "engine", "live"}
 
 #: (module, what it may import inside a function): the only lazy imports that go up or sideways.
 #: None: ``split-device report`` reaches ``fieldtrial`` through an entry point.

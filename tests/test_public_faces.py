@@ -50,6 +50,9 @@ FACES = {
         "OnnxBackend", "PRECISIONS", "PREPROCESS_PATHS", "check_input", "default_split", "fast_preprocess",
         "load_backend", "prefers_int8", "preprocess", "preprocess_path",
     ],
+    "device_runtime.live": [
+        "LiveBoard", "LiveServer", "LiveSource", "live_token", "page", "parse_live_address",
+    ],
     "device_runtime.hosts": [
         "HostAdvert", "HostLink", "LinkMeter", "connect_host", "discover", "host_address", "probe_bytes",
     ],

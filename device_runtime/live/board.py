@@ -1,0 +1,186 @@
+"""The board's live page: what :class:`LiveBoard` keeps of the stream, and how it answers a page.
+
+The stream calls :meth:`LiveBoard.publish` for every result and reads frames through
+:meth:`LiveBoard.watch`; both only keep a reference in a ring (O(1), no copy, no encoding), so
+watching costs the stream next to nothing whether or not a page is open. Everything else is done
+when a page asks, in the page server's threads: results become JSON records at most ten times a
+second per page (only those it has not seen), and the latest answered frame is scaled down and
+encoded as a JPEG at most :data:`PICTURES_PER_S` times a second whatever the number of pages.
+
+What a record carries is the trace's (:mod:`device_runtime.stream.trace`) plus the result's
+``reason`` where the stream gives one (why its split was chosen), so the page says what the
+trace will say.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from calibration import SplitTable
+from device_runtime.live.page import BOARD_PAGE
+from device_runtime.live.ring import Ring
+from device_runtime.live.server import LiveServer, parse_live_address
+from device_runtime.stream import Frame, FrameResult, FrameSource
+
+__all__ = ["LiveBoard", "PICTURES_PER_S", "PICTURE_WIDTH"]
+
+#: Results kept: a minute at 30 fps and then some (the page shows the last minute).
+RESULTS_KEPT = 4096
+#: Frames kept for their pictures: the latest answered frame is among them unless more than
+#: this many were captured while it was answered (then the newest older one is shown).
+FRAMES_KEPT = 8
+PICTURES_PER_S = 5.0
+PICTURE_WIDTH = 320  # pixels: the page shows what was classified, not the camera's full frame
+JPEG_QUALITY = 70
+#: The trace's fields a page shows (FrameResult's names), in a record of their own names.
+_FIELDS = (
+    "index", "name", "label", "probability", "split", "where", "host", "batch", "bytes", "rate_bps", "preprocess_ms",
+    "head_ms", "transfer_ms", "tail_ms", "queue_ms", "slot_ms", "host_queue_ms", "total_ms", "dropped", "drop_reason",
+    "error", "attempted", "deadline_ms",
+)
+
+
+class _Watched(FrameSource):
+    """A frame source seen through: every frame it yields is also kept (its reference) for the page."""
+
+    def __init__(self, source: FrameSource, keep: Callable[[Frame], None]) -> None:
+        self._source, self._keep = source, keep
+
+    def __getattr__(self, name: str) -> Any:  # live, frame_interval_s, description, ...: the source's own
+        return getattr(self._source, name)
+
+    def __iter__(self) -> Iterator[Frame]:
+        for frame in self._source:
+            self._keep(frame)
+            yield frame
+
+    def close(self) -> None:
+        self._source.close()
+
+
+class LiveBoard:
+    """The stream, as a live page sees it: the last results, the frames they answered, the table.
+
+    ``clock``: ``time.monotonic`` (the clock of a result's ``captured``), injected by tests.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.started = time.time()  # tells a page a new run from a reconnect
+        self._results: Ring[FrameResult] = Ring(RESULTS_KEPT)
+        self._frames: Ring[Frame] = Ring(FRAMES_KEPT)
+        self._plan: dict[str, Any] | None = None
+        self._picture_lock = threading.Lock()
+        self._picture: tuple[int, bytes] | None = None  # (frame index, JPEG) last encoded
+        self._encoded_at = -math.inf
+
+    def serve(self, where: str, key: bytes | None = None) -> LiveServer:
+        """The board's page on ``where`` (``[ADDRESS:]PORT``: 127.0.0.1 unless an address is
+        given), asking for the token of ``key`` when there is one (``--key-file``)."""
+        address, port = parse_live_address(where)
+        return LiveServer(self, BOARD_PAGE, address, port, key)
+
+    def watch(self, source: FrameSource) -> FrameSource:
+        """``source``, its frames kept for the page as the stream reads them."""
+        return _Watched(source, self._frames.add)
+
+    def publish(self, result: FrameResult) -> None:
+        """One result of the stream (dropped ones too): O(1), a reference kept in a ring."""
+        self._results.add(result)
+
+    def plan(self, table: SplitTable | None, batch: int) -> None:
+        """The calibration table the run chooses its splits with, for batches of ``batch``: the page
+        draws its rate boundaries (DSC Eq. 6) on the rate estimate. None: no table (a fixed split)."""
+        if table is None:
+            self._plan = None
+            return
+        self._plan = {
+            "batch": batch,
+            "rates_bps": [table.rates_bps[0], table.rates_bps[-1]],
+            "first": table.lookup(batch, table.rates_bps[0]),
+            "boundaries": [[rate, below, above] for rate, below, above in table.boundaries(batch)],
+        }
+
+    def state(self, since: int | None) -> tuple[dict[str, Any], int]:
+        """The results after ``since`` as records (each with its number, ``seq``), the table, and
+        the clock (``now``: a record's ``t`` is its capture on the same clock)."""
+        results, cursor = self._results.since(since)
+        first = cursor - len(results)
+        return {
+            "run": self.started, "now": self.clock(), "plan": self._plan,
+            "frames": [_record(first + n, result) for n, result in enumerate(results)],
+        }, cursor
+
+    def picture(self) -> tuple[bytes, dict[str, str]] | None:
+        """The latest answered frame as a JPEG (its index in ``X-Frame-Index``), encoded at most
+        :data:`PICTURES_PER_S` times a second: a page asking more often gets the last one again.
+        None before any frame is answered, or without OpenCV to encode it."""
+        with self._picture_lock:
+            now = self.clock()
+            if self._picture is None or now - self._encoded_at >= 1.0 / PICTURES_PER_S:
+                frame = self._latest_answered_frame()
+                if frame is not None and (self._picture is None or frame.index != self._picture[0]):
+                    jpeg = _jpeg(frame.image)
+                    if jpeg is not None:
+                        self._picture, self._encoded_at = (frame.index, jpeg), now
+            if self._picture is None:
+                return None
+            index, jpeg = self._picture
+            return jpeg, {"X-Frame-Index": str(index)}
+
+    def _latest_answered_frame(self) -> Frame | None:
+        """The newest kept frame no newer than the latest answered result (its own where kept)."""
+        results, _ = self._results.since(max(self._results.added - 64, 0))
+        answered = next((r.index for r in reversed(results) if not r.dropped), None)
+        if answered is None:
+            return None
+        frames, _ = self._frames.since(None)
+        return max((f for f in frames if f.index <= answered), key=lambda f: f.index, default=None)
+
+
+def _record(seq: int, result: FrameResult) -> dict[str, Any]:
+    """One result as the page reads it: the trace's fields, ``t`` (capture), ``waits_ms``, the
+    reason as the trace records it and as the printed line says it (``why``)."""
+    record: dict[str, Any] = {name: _plain(getattr(result, name)) for name in _FIELDS}
+    reason = getattr(result, "reason", None)
+    text = getattr(reason, "text", None)
+    record.update(seq=seq, t=result.captured, waits_ms=result.waits_ms, reason=_plain(reason),
+                  why=text() if callable(text) else None)
+    return record
+
+
+def _plain(value: Any) -> Any:
+    """A value as JSON: a reason as its ``as_dict`` (any other dataclass as its fields), numbers
+    that are not finite as None; whatever else, as text."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if callable(getattr(value, "as_dict", None)):  # device_runtime.stream's Reason: the fields its kind fills
+        value = value.as_dict()
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return str(value)
+
+
+def _jpeg(image: np.ndarray) -> bytes | None:
+    """An RGB (H, W, 3) frame scaled down by whole steps to at most :data:`PICTURE_WIDTH` wide, as a
+    JPEG; None without OpenCV (the ``camera`` extra), which the page then says."""
+    try:
+        import cv2
+    except ImportError:
+        return None
+    step = max(1, math.ceil(image.shape[1] / PICTURE_WIDTH))
+    bgr = np.ascontiguousarray(image[::step, ::step, ::-1])  # a few hundred kB at most: the frame is never copied whole
+    ok, data = cv2.imencode(".jpg", bgr, (cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY))
+    return data.tobytes() if ok else None
