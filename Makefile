@@ -36,6 +36,11 @@ $(VENV)/.installed: pyproject.toml
 # The board's environment: splitedge[device,tflite,camera] installed as a board would, with no
 # torch; plus the host extra, since a host needs no torch either and its tests run here too.
 $(DEVICE_VENV)/.installed: pyproject.toml
+	# The live pages' browser tests: Debian's Chromium and its driver, where missing (waiting for
+	# dpkg's lock: another install may run beside this one under -j).
+	[ -x /usr/bin/chromedriver ] || $(SUDO) apt-get install -y --no-install-recommends -o DPkg::Lock::Timeout=600 \
+		chromium chromium-driver || { $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends \
+		-o DPkg::Lock::Timeout=600 chromium chromium-driver; }
 	$(PYTHON) -m venv $(DEVICE_VENV)
 	$(DEVICE_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
 	$(DEVICE_VENV)/bin/pip install $(PIP_FLAGS) ".[device,tflite,camera,host,report,dev]"
