@@ -3,7 +3,10 @@
 For every model in ``torchvision.models.list_models(module=torchvision.models)`` (random
 weights), ``split-export points`` and then ``split-export build --splits auto``, each in a process
 of its own under a time limit (a model that takes too long, or more memory than the machine has,
-is a row of the table, not the end of the run). Each row: cut points, compressive ones, whether
+is a row of the table, not the end of the run). Each command runs in a memory cgroup of its own
+(``--memory``, GB; cgroup v2 or v1's memory controller, so root): a model too large for the machine
+is killed there and becomes its row, instead of the kernel's OOM killer picking whatever else runs
+(an address-space limit does not do: torch maps far more than it touches). Each row: cut points, compressive ones, whether
 the build wrote a bundle, the largest difference of any float32 artifact against torch (absolute,
 and relative to the spread of torch's outputs, as the bundle records them), the time, and with
 ``--tflite`` which TFLite artifacts the bundle holds. The ratio the table is judged by is the share
@@ -25,23 +28,67 @@ import time
 from pathlib import Path
 
 SPLIT_EXPORT = Path(sys.executable).parent / "split-export"
+CGROUP_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/memory"))  # v2, then v1's memory controller
 
 
-def _run(argv: list[str], timeout: float) -> tuple[int | None, str, str, float]:
+class MemoryCage:
+    """A memory cgroup every command is started in (its children follow it there)."""
+
+    def __init__(self, gigabytes: float) -> None:
+        self.limit = int(gigabytes * 2**30)
+        self.path: Path | None = None
+        for root in CGROUP_ROOTS:
+            limit_file = _limit_file(root)
+            if limit_file is None:
+                continue
+            path = root / f"splitedge-zoo-{os.getpid()}"
+            try:
+                path.mkdir()
+                (path / limit_file).write_text(str(self.limit))
+            except OSError as exc:
+                print(f"zoo: no memory cgroup under {root} ({exc.strerror}); trying the next", file=sys.stderr)
+                if path.is_dir():
+                    path.rmdir()
+                continue
+            self.path = path
+            return
+        print("zoo: no memory cgroup available (it needs root); models run without a memory bound", file=sys.stderr)
+
+    def enter(self) -> None:
+        """In the child, before it runs the command."""
+        if self.path is not None:
+            (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def close(self) -> None:
+        if self.path is not None:
+            self.path.rmdir()
+
+
+def _limit_file(root: Path) -> str | None:
+    """The memory limit's file name under ``root`` (v2 with the memory controller, or v1's), or None."""
+    controllers = root / "cgroup.controllers"
+    if controllers.is_file() and "memory" in controllers.read_text().split():
+        return "memory.max"
+    return "memory.limit_in_bytes" if (root / "memory.limit_in_bytes").is_file() else None
+
+
+def _run(argv: list[str], timeout: float, cage: MemoryCage) -> tuple[int | None, str, str, float]:
     """Exit status (None: out of time), stdout, the last line of stderr, and seconds."""
     started = time.monotonic()
     try:
         out = subprocess.run([str(SPLIT_EXPORT), *argv], capture_output=True, text=True, timeout=timeout,
-                             env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                             env={**os.environ, "PYTHONWARNINGS": "ignore"}, preexec_fn=cage.enter)
     except subprocess.TimeoutExpired:
         return None, "", f"over the {timeout:g} s limit", time.monotonic() - started
     lines = [line for line in out.stderr.splitlines() if line.strip() and "%|" not in line]
+    if out.returncode == -9 and cage.path is not None:
+        lines.append(f"killed: over the {cage.limit / 2**30:g} GB memory limit (--memory)")
     return out.returncode, out.stdout, lines[-1] if lines else "", time.monotonic() - started
 
 
-def one_model(name: str, tflite: bool, timeout: float) -> dict:
+def one_model(name: str, tflite: bool, timeout: float, cage: MemoryCage) -> dict:
     row: dict = {"model": name}
-    status, stdout, err, seconds = _run(["points", f"torchvision:{name}", "--json"], timeout)
+    status, stdout, err, seconds = _run(["points", f"torchvision:{name}", "--json"], timeout, cage)
     row["points_s"] = round(seconds, 1)
     if status != 0:
         row["points_error"] = err
@@ -52,7 +99,7 @@ def one_model(name: str, tflite: bool, timeout: float) -> dict:
         out = Path(tmp) / "bundle"
         formats = ["--formats", "onnx,tflite"] if tflite else []
         status, _, err, seconds = _run(["build", f"torchvision:{name}", "--splits", "auto", *formats, "--out", str(out)],
-                                       timeout)
+                                       timeout, cage)
         row["build_s"] = round(seconds, 1)
         if status != 0:
             row["build_error"] = err
@@ -114,24 +161,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", help="comma-separated torchvision names (default: every classification model)")
     parser.add_argument("--tflite", action="store_true", help="build TFLite artifacts too")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for each command of each model")
+    parser.add_argument("--memory", type=float, default=8.0, help="GB each command may hold (default 8)")
     args = parser.parse_args(argv)
     import torchvision
 
     names = args.models.split(",") if args.models else sorted(torchvision.models.list_models(module=torchvision.models))
     rows = []
+    cage = MemoryCage(args.memory)
+    try:
+        _zoo(names, args, cage, rows)
+    finally:
+        cage.close()
+    if args.doc:
+        command = "python bench/zoo.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
+        args.doc.write_text(markdown(rows, args.tflite, command))
+    print(markdown(rows, args.tflite, "bench/zoo.py"))
+    return 0
+
+
+def _zoo(names: list[str], args: argparse.Namespace, cage: MemoryCage, rows: list[dict]) -> None:
     for i, name in enumerate(names, 1):
-        rows.append(one_model(name, args.tflite, args.timeout))
+        rows.append(one_model(name, args.tflite, args.timeout, cage))
         row = rows[-1]
         print(f"[{i}/{len(names)}] {name}: " + (f"{row['splits']} splits, max rel diff {_relative(row)}"
                                                  if "splits" in row else row.get("points_error") or row.get("build_error")),
               flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rows, indent=2) + "\n")  # what was measured survives a stopped run
-    if args.doc:
-        command = "python bench/zoo.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
-        args.doc.write_text(markdown(rows, args.tflite, command))
-    print(markdown(rows, args.tflite, "bench/zoo.py"))
-    return 0
 
 
 if __name__ == "__main__":
