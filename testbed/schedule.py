@@ -111,15 +111,16 @@ SET_BY = "testbed schedule"
 _BITS_PER_MBIT = 1e6
 
 
-def trace_steps(trace: str | Path) -> Callable[[float, float], None]:
+def trace_steps(trace: str | Path, set_by: str = SET_BY) -> Callable[[float, float], None]:
     """An ``on_change`` for :meth:`RateSchedule.drive` that writes each rate applied into the trace
     a ``split-device run --trace`` is writing beside it: the board only estimates the link's rate,
-    and a report can judge the estimate only against what the link really did."""
+    and a report can judge the estimate only against what the link really did. ``set_by``: what
+    the records say set the rate (a replay names the trace it replays)."""
     # Imported here: `make` builds the board in a box with the system's python3, which has only the
     # standard library, and `python -m testbed.board_box` imports this package's face.
     from device_runtime.stream import append_link_rate
 
     def on_change(elapsed_s: float, rate_mbit: float) -> None:
-        append_link_rate(trace, rate_mbit * _BITS_PER_MBIT, SET_BY)
+        append_link_rate(trace, rate_mbit * _BITS_PER_MBIT, set_by)
 
     return on_change

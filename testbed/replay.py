@@ -1,0 +1,290 @@
+"""``python -m testbed replay run.jsonl --bundle B``: run a stream again under the link a trace recorded.
+
+A field trial's trace says what the link did, frame by frame; a rehearsal on a made-up schedule
+says nothing about that Wi-Fi. The replay reconstructs a :class:`RateSchedule` from the trace,
+drives the testbed's kernel link (:class:`EmulatedLink`) through it with a host behind it
+(:func:`serve_in`), and runs ``split-device run`` over it on the same input, writing a new
+trace: ``split-device report run.jsonl replay/replay.jsonl`` then sets them side by side.
+
+Where the rates come from, best first:
+
+* the trace's ``link_rate`` records: the link's real rate, recorded where a testbed shaped it;
+* else the board's own per-frame estimates (``rate_bps``): a field trial's only view of the link.
+  An estimate is goodput (the link's rate less headers and the board's own delays), so the
+  replayed link is a little slower than the one estimated.
+
+The round-trip time: no trace records it (the frames' transfer times hold it, mixed with the
+rate); the replay adds no delay (the veth's own, well under 0.1 ms) and says so in
+``replay.json``.
+
+Time: the frames' ``t`` and the ``link_rate`` records' count from the run record's
+``started_unix``. The replay starts the link at the rate in force at the original's start,
+waits for the new run's record, and from then drives what is left of the schedule at the
+same offsets from the new start (:func:`remaining`), so frame ``t`` of the replay meets the
+rate frame ``t`` of the original met. Every step is applied and written into the new trace,
+also after the board has finished, so the trace holds the whole schedule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from splitedge import SplitEdgeError
+from testbed.kernel_link import EmulatedLink, unavailable_reason
+from testbed.namespace_host import DEFAULT_PORT, serve_in
+from testbed.schedule import RateSchedule, RateStep, trace_steps
+
+__all__ = [
+    "ESTIMATES", "LINK_RATES", "RecordedLink", "board_argv", "main", "read_trace", "recorded_link", "remaining",
+    "replay", "replay_source",
+]
+
+#: Where a replay's rates came from (``replay.json``'s ``rate_from``).
+LINK_RATES = "the trace's link_rate records (the link's real rate)"
+ESTIMATES = "the board's rate estimates (rate_bps per frame; no link_rate records in the trace)"
+NO_RTT = "not in the trace: no delay added (the veth's own)"
+TRACE_FILE = "replay.jsonl"
+RECORD_FILE = "replay.json"
+BOARD_LOG = "board.log"
+_BITS_PER_MBIT = 1e6
+#: The shortest step a schedule takes: a rate recorded at the very end of a run holds this long.
+_MIN_STEP_S = 1e-3
+#: Bounds on the board: to start (import, warm-up, connect) and to end after the schedule.
+_START_TIMEOUT_S = 120.0
+_END_TIMEOUT_S = 120.0
+_SOURCE_WORDS = ("synthetic", "picam")
+
+
+@dataclass(frozen=True)
+class RecordedLink:
+    """The link a trace recorded: ``schedule`` from the run's start (its t = 0) to its last frame,
+    and where its rates came from (:data:`LINK_RATES` or :data:`ESTIMATES`)."""
+
+    schedule: RateSchedule
+    rate_from: str
+
+
+def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The run record, frame records and ``link_rate`` records of a trace: what a replay needs of it.
+
+    The testbed sits beside ``fieldtrial`` (which has the full reader) and may not import it; a
+    line cut short at the end (a run that lost power) is left out, any other bad line is an error."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise SplitEdgeError(f"cannot read the trace {path}: {exc}") from exc
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if number < len(lines):
+                raise SplitEdgeError(f"{path}:{number}: not JSON: {exc}") from exc
+    if not records or not isinstance(records[0], dict) or records[0].get("type") != "run":
+        raise SplitEdgeError(f"{path}: not a splitedge trace (the first line must be the run record)")
+    frames = [r for r in records if isinstance(r, dict) and r.get("type") == "frame"]
+    rates = [r for r in records if isinstance(r, dict) and r.get("type") == "link_rate"]
+    if not frames:
+        raise SplitEdgeError(f"{path}: no frames to replay")
+    return records[0], frames, rates
+
+
+def _schedule(points: Sequence[tuple[float, float]], end: float) -> RateSchedule:
+    """The steps of ``points`` (``(t, rate_bps)``: that rate from ``t`` on) from 0 to ``end``.
+
+    The first rate also holds before its ``t`` (a testbed sets the link's rate before it starts
+    the schedule; a board has no estimate before its first transfer); a repeat of the rate in
+    force is no step; of points at one instant, the last holds; a point after ``end`` changes
+    nothing a frame met (and the last rate holds at least :data:`_MIN_STEP_S`)."""
+    ordered = sorted(points, key=lambda p: p[0])
+    steps: list[tuple[float, float]] = []  # (start, rate_mbit)
+    for t, rate_bps in ordered:
+        start, rate = max(t, 0.0), rate_bps / _BITS_PER_MBIT
+        if steps and start > end:
+            break
+        if steps and steps[-1][0] == start:
+            steps.pop()
+        if not steps or steps[-1][1] != rate:
+            steps.append((start if steps else 0.0, rate))
+    bounds = [s for s, _ in steps[1:]] + [max(end, steps[-1][0] + _MIN_STEP_S)]
+    return RateSchedule([RateStep(duration_s=b - s, rate_mbit=r) for (s, r), b in zip(steps, bounds)])
+
+
+def recorded_link(frames: Sequence[dict[str, Any]], link_rates: Sequence[dict[str, Any]]) -> RecordedLink:
+    """The link of a trace as a schedule up to its last frame's capture: from its ``link_rate``
+    records where it has them, else from the board's rate estimates (see the module docstring)."""
+    end = max(f["t"] for f in frames)
+    if link_rates:
+        return RecordedLink(_schedule([(r["t"], r["rate_bps"]) for r in link_rates], end), LINK_RATES)
+    estimates = [(f["t"], f["rate_bps"]) for f in frames if not f.get("dropped") and f.get("rate_bps")]
+    if not estimates:
+        raise SplitEdgeError("the trace has no link_rate records and no frame with a rate estimate (nothing was "
+                             "offloaded): there is no link to replay")
+    return RecordedLink(_schedule(estimates, end), ESTIMATES)
+
+
+def remaining(schedule: RateSchedule, elapsed_s: float) -> RateSchedule | None:
+    """What is left of ``schedule`` ``elapsed_s`` after its start: the step in force then, shortened,
+    and the ones after it (``remaining(s, e).rate_at(t) == s.rate_at(e + t)``); None past the end."""
+    steps, boundary = [], 0.0
+    for step in schedule.steps:
+        boundary += step.duration_s
+        if boundary > elapsed_s:
+            steps.append(RateStep(duration_s=min(step.duration_s, boundary - elapsed_s), rate_mbit=step.rate_mbit))
+    return RateSchedule(steps) if steps else None
+
+
+def replay_source(run: dict[str, Any], given: str | None) -> str:
+    """The input of the replay: ``given`` (``--source``), else the original's when it is a file or a
+    folder that is still there; a camera cannot be replayed, so it takes ``--source``."""
+    if given:
+        return given
+    recorded = run.get("source")
+    if isinstance(recorded, str) and Path(recorded).exists():
+        return recorded
+    why = (f"its source {recorded!r} is a live camera or synthetic frames" if recorded is not None
+           and (recorded.isdigit() or recorded.startswith(_SOURCE_WORDS)) else f"its source {recorded!r} is not here")
+    raise SplitEdgeError(f"the trace cannot be replayed on its own input ({why}): give --source (the same video or "
+                         "folder of images, or synthetic:FPS at its frame rate)")
+
+
+def board_argv(
+    run: dict[str, Any], frames: int, bundle: str | Path, policy: str, source: str, host: str, trace: Path,
+) -> list[str]:
+    """``split-device run``'s arguments for the replay: the original's stream (batch, queue, drop
+    policy, real-time pacing, frame count) on ``bundle`` with ``policy``, the host behind the link."""
+    argv = ["run", str(bundle), "--camera", source, "--split", policy, "--host", host, "--trace", str(trace),
+            "--frames", str(frames), "--batch", str(run.get("batch") or 1)]
+    if run.get("queue"):
+        argv += ["--queue", str(run["queue"])]
+    if run.get("drop"):
+        argv += ["--drop", str(run["drop"])]
+    if run.get("realtime"):
+        argv.append("--realtime")
+    if Path(source).is_dir():
+        argv.append("--loop")  # a folder's images again, in the same order, up to --frames (as the original ran)
+    return argv
+
+
+def _started_unix(trace: Path, board: subprocess.Popen) -> float:
+    """The new run's ``started_unix``, once its run record is written (the frames' t = 0)."""
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if trace.is_file():
+            with trace.open(encoding="utf-8") as file:
+                line = file.readline()
+            if line.endswith("\n"):
+                return float(json.loads(line)["started_unix"])
+        if board.poll() is not None:
+            raise SplitEdgeError(f"the board exited with status {board.returncode} before its trace started")
+        time.sleep(0.02)
+    raise SplitEdgeError(f"the board wrote no trace within {_START_TIMEOUT_S:g} s")
+
+
+async def _drive(link: EmulatedLink, schedule: RateSchedule, trace: Path, board: subprocess.Popen, set_by: str) -> None:
+    record = trace_steps(trace, set_by)  # first: it imports the board runtime (half a second), not on the clock
+    started = await asyncio.to_thread(_started_unix, trace, board)
+    rest = remaining(schedule, time.time() - started)
+    if rest is not None:
+        await rest.drive(link, record)
+
+
+def _launch(argv: Sequence[str], log: Any) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "device_runtime.cli", *argv], stdout=log, stderr=subprocess.STDOUT)
+
+
+def replay(
+    trace: str | Path, bundle: str | Path, out: str | Path, policy: str = "auto", source: str | None = None,
+    port: int = DEFAULT_PORT, launch: Callable[[Sequence[str], Any], subprocess.Popen] = _launch,
+) -> dict[str, Any]:
+    """Replay ``trace``'s link with ``bundle`` (served by a host behind the link) and ``policy``;
+    write ``replay.jsonl`` (the new trace), ``replay.json`` (what was replayed, and how) and
+    ``board.log`` into ``out``; return ``replay.json``'s content. ``launch(argv, log)`` starts
+    ``split-device ARGV`` (a benchmark pins the board to a CPU of its own)."""
+    reason = unavailable_reason()
+    if reason is not None:
+        raise SplitEdgeError(f"cannot emulate a link here: {reason} (a replay needs root, ip and tc)")
+    run, frames, link_rates = read_trace(trace)
+    link_record = recorded_link(frames, link_rates)
+    input_source = replay_source(run, source)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    new_trace = folder / TRACE_FILE
+    new_trace.unlink(missing_ok=True)  # the new run's record is waited for: not an older one's
+    count = max(f["index"] for f in frames) + 1
+    schedule = link_record.schedule
+    record: dict[str, Any] = {
+        "original": str(trace), "trace": str(new_trace), "bundle": str(bundle), "policy": policy,
+        "source": input_source, "frames": count, "rate_from": link_record.rate_from,
+        "rtt": NO_RTT,
+        "schedule": [[s.rate_mbit, s.duration_s] for s in schedule.steps],
+    }
+    with EmulatedLink(rate_mbit=schedule.rate_at(0.0)) as link, serve_in(link, [bundle], port) as host, \
+            (folder / BOARD_LOG).open("w", encoding="utf-8") as log:
+        record["board_argv"] = argv = board_argv(run, count, bundle, policy, input_source, host, new_trace)
+        board = launch(argv, log)
+        try:
+            asyncio.run(_drive(link, schedule, new_trace, board, f"testbed replay of {Path(trace).name}"))
+            board.wait(timeout=_END_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise SplitEdgeError(f"the board did not finish {count} frames within {_END_TIMEOUT_S:g} s of the "
+                                 f"schedule's end (see {folder / BOARD_LOG})") from None
+        finally:
+            if board.poll() is None:
+                board.kill()
+                board.wait()
+    if board.returncode != 0:
+        raise SplitEdgeError(f"the board's run failed with status {board.returncode}: see {folder / BOARD_LOG}")
+    (folder / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return record
+
+
+EXAMPLES = """\
+examples (as root: the link is a network namespace shaped by tc):
+  python -m testbed replay trial.jsonl --bundle bundle/ --out replay/                 # the same bundle and policy
+  python -m testbed replay trial.jsonl --bundle other-bundle/ --policy local --out replay-local/
+  python -m testbed replay trial.jsonl --bundle bundle/ --source synthetic:10 --out replay/  # a camera's trial
+  split-device report trial.jsonl replay/replay.jsonl --out compare/                  # the two side by side
+"""
+
+
+def add_parser(commands: Any) -> None:
+    """``replay``'s subcommand in ``python -m testbed``."""
+    parser = commands.add_parser("replay", help="run a stream again under the link a trace recorded",
+                                 description="Run a stream again under the link a trace recorded: its rates (the link_rate records, "
+                                 "else the board's estimates) on the testbed's kernel link, the same input, a new trace.",
+                                 epilog=EXAMPLES,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("trace", help="JSONL trace written by split-device run --trace")
+    parser.add_argument("--bundle", required=True, help="the bundle to run (the board's heads, the host's tails)")
+    parser.add_argument("--policy", default="auto",
+                        help="--split of the replay: auto (default: the bundle's calibration.json) or a split id, "
+                             "local or offload")
+    parser.add_argument("--source", help="the input, where the trace's is a camera or not here: a video file, a "
+                                         "folder of images or synthetic:FPS (default: the trace's)")
+    parser.add_argument("--out", default="replay", metavar="DIR",
+                        help=f"directory for {TRACE_FILE}, {RECORD_FILE} and {BOARD_LOG} (default replay)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the host's port (default {DEFAULT_PORT})")
+
+
+def main(args: argparse.Namespace) -> str:
+    """Run ``replay`` from parsed arguments; the lines to print."""
+    record = replay(args.trace, args.bundle, args.out, args.policy, args.source, args.port)
+    steps = record["schedule"]
+    seconds = sum(duration for _, duration in steps)
+    return (f"replayed {seconds:.1f} s of link in {len(steps)} steps from {record['rate_from']}; round-trip time "
+            f"{record['rtt']}\n{record['frames']} frames of {record['source']} with {record['bundle']} "
+            f"(--split {record['policy']})\nwrote {record['trace']} and {Path(args.out) / RECORD_FILE}; compare: "
+            f"split-device report {record['original']} {record['trace']} --out compare/")
