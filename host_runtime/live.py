@@ -52,8 +52,7 @@ class HostLive:
         }, self._states
 
     def picture(self) -> None:
-        """The host has no camera."""
-        return None
+        """The host has no camera: its page shows none."""
 
 
 def _board(connection: Any, now: float) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """The board's live page: what :class:`LiveBoard` keeps of the stream, and how it answers a page.
 
 The stream calls :meth:`LiveBoard.publish` for every result and reads frames through
-:meth:`LiveBoard.watch`; both only keep a reference in a ring (O(1), no copy, no encoding), so
-watching costs the stream next to nothing whether or not a page is open. Everything else is done
+:meth:`LiveBoard.watch`; both only keep references (O(1), no copy, no encoding): a result in a
+ring, a frame until its result comes (the pipeline holds it meanwhile anyway), then the latest
+answered one. Watching costs the stream next to nothing whether or not a page is open. Everything else is done
 when a page asks, in the page server's threads: results become JSON records at most ten times a
 second per page (only those it has not seen), and the latest answered frame is scaled down and
 encoded as a JPEG at most :data:`PICTURES_PER_S` times a second whatever the number of pages.
@@ -18,7 +19,8 @@ import dataclasses
 import math
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -28,13 +30,13 @@ from device_runtime.live.ring import Ring
 from device_runtime.live.server import LiveServer, parse_live_address
 from device_runtime.stream import Frame, FrameResult, FrameSource
 
-__all__ = ["LiveBoard", "PICTURES_PER_S", "PICTURE_WIDTH"]
+__all__ = ["PICTURES_PER_S", "PICTURE_WIDTH", "LiveBoard"]
 
 #: Results kept: a minute at 30 fps and then some (the page shows the last minute).
 RESULTS_KEPT = 4096
-#: Frames kept for their pictures: the latest answered frame is among them unless more than
-#: this many were captured while it was answered (then the newest older one is shown).
-FRAMES_KEPT = 8
+#: Frames captured and not yet answered or dropped, kept by reference at most: the pipeline's
+#: queue and in-flight batches hold fewer (a frame whose result never came is forgotten oldest first).
+PENDING_KEPT = 64
 PICTURES_PER_S = 5.0
 PICTURE_WIDTH = 320  # pixels: the page shows what was classified, not the camera's full frame
 JPEG_QUALITY = 70
@@ -74,7 +76,9 @@ class LiveBoard:
         self.clock = clock
         self.started = time.time()  # tells a page a new run from a reconnect
         self._results: Ring[FrameResult] = Ring(RESULTS_KEPT)
-        self._frames: Ring[Frame] = Ring(FRAMES_KEPT)
+        self._pending: dict[int, Frame] = {}  # by index: captured (the camera's thread), not yet published
+        self._pending_lock = threading.Lock()
+        self._answered: Frame | None = None  # the frame of the latest answered result
         self._plan: dict[str, Any] | None = None
         self._picture_lock = threading.Lock()
         self._picture: tuple[int, bytes] | None = None  # (frame index, JPEG) last encoded
@@ -88,11 +92,21 @@ class LiveBoard:
 
     def watch(self, source: FrameSource) -> FrameSource:
         """``source``, its frames kept for the page as the stream reads them."""
-        return _Watched(source, self._frames.add)
+        return _Watched(source, self._captured)
+
+    def _captured(self, frame: Frame) -> None:
+        with self._pending_lock:
+            self._pending[frame.index] = frame
+            if len(self._pending) > PENDING_KEPT:
+                del self._pending[next(iter(self._pending))]
 
     def publish(self, result: FrameResult) -> None:
-        """One result of the stream (dropped ones too): O(1), a reference kept in a ring."""
+        """One result of the stream (dropped ones too): O(1), references kept."""
         self._results.add(result)
+        with self._pending_lock:
+            frame = self._pending.pop(result.index, None)
+        if frame is not None and not result.dropped:
+            self._answered = frame
 
     def plan(self, table: SplitTable | None, batch: int) -> None:
         """The calibration table the run chooses its splits with, for batches of ``batch``: the page
@@ -123,25 +137,16 @@ class LiveBoard:
         None before any frame is answered, or without OpenCV to encode it."""
         with self._picture_lock:
             now = self.clock()
-            if self._picture is None or now - self._encoded_at >= 1.0 / PICTURES_PER_S:
-                frame = self._latest_answered_frame()
-                if frame is not None and (self._picture is None or frame.index != self._picture[0]):
-                    jpeg = _jpeg(frame.image)
-                    if jpeg is not None:
-                        self._picture, self._encoded_at = (frame.index, jpeg), now
+            frame = self._answered
+            if frame is not None and (self._picture is None or frame.index != self._picture[0]) and \
+                    now - self._encoded_at >= 1.0 / PICTURES_PER_S:
+                jpeg = _jpeg(frame.image)
+                if jpeg is not None:
+                    self._picture, self._encoded_at = (frame.index, jpeg), now
             if self._picture is None:
                 return None
             index, jpeg = self._picture
             return jpeg, {"X-Frame-Index": str(index)}
-
-    def _latest_answered_frame(self) -> Frame | None:
-        """The newest kept frame no newer than the latest answered result (its own where kept)."""
-        results, _ = self._results.since(max(self._results.added - 64, 0))
-        answered = next((r.index for r in reversed(results) if not r.dropped), None)
-        if answered is None:
-            return None
-        frames, _ = self._frames.since(None)
-        return max((f for f in frames if f.index <= answered), key=lambda f: f.index, default=None)
 
 
 def _record(seq: int, result: FrameResult) -> dict[str, Any]:

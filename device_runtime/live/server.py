@@ -34,7 +34,13 @@ from urllib.parse import parse_qs, urlsplit
 from splitedge import SplitEdgeError
 
 __all__ = [
-    "DEFAULT_ADDRESS", "LiveServer", "LiveSource", "MAX_CONNECTIONS", "MAX_STREAMS", "live_token", "parse_live_address",
+    "DEFAULT_ADDRESS",
+    "MAX_CONNECTIONS",
+    "MAX_STREAMS",
+    "LiveServer",
+    "LiveSource",
+    "live_token",
+    "parse_live_address",
 ]
 
 #: Where a page listens unless an address is given: this machine only.
@@ -97,7 +103,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, address: tuple[str, int], live: "LiveServer") -> None:
+    def __init__(self, address: tuple[str, int], live: LiveServer) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.live = live
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
@@ -129,7 +135,7 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: a page polled ten times a second would fill the journal."""
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         live = self.server.live
         url = urlsplit(self.path)
         query = parse_qs(url.query)
@@ -188,7 +194,7 @@ class _Handler(BaseHTTPRequestHandler):
                     since, quiet = cursor, 0.0
                 live.stopped.wait(live.period_s)
                 quiet += live.period_s
-        except (BrokenPipeError, ConnectionResetError, TimeoutError, socket.timeout):
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
             pass  # the page was closed, or stopped reading
         finally:
             self.server.streams.release()
@@ -246,7 +252,7 @@ class LiveServer:
         self._server.server_close()
         self._thread.join(5.0)
 
-    def __enter__(self) -> "LiveServer":
+    def __enter__(self) -> LiveServer:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from device_runtime.bundle import Bundle
 from device_runtime.wire import HostClient
-from tests.conftest import TEST_SPLITS, start_host
+from tests.conftest import TEST_SPLITS, RunningHost, start_host
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-host-dashboard.json"
 METRIC = re.compile(r"\bsplitedge_host_[a-z_]+\b")
@@ -51,7 +51,7 @@ def test_every_query_names_what_a_real_host_exports(mobilenet_bundle: Path) -> N
     manifest = Bundle.load(mobilenet_bundle, roles=()).manifest
     spec = manifest.split(TEST_SPLITS[-1]).tensor
     for host in start_host([mobilenet_bundle], metrics_port=0):
-        async def answer_a_board() -> None:  # labelled histograms have samples once a tail has answered
+        async def answer_a_board(host: RunningHost = host) -> None:  # labelled histograms need a tail's answer
             client = await HostClient.connect(host.host, host.port)
             try:
                 await client.infer(manifest.bundle_id, TEST_SPLITS[-1], np.zeros((1, *spec.shape), dtype=spec.dtype))

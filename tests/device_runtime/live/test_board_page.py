@@ -13,8 +13,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,15 @@ from device_runtime.bundle import LOCAL, Bundle
 from device_runtime.engine import DeviceRunner
 from device_runtime.hosts import HostLink
 from device_runtime.live import LiveBoard, live_token
-from device_runtime.stream import Frame, FrameSource, Pipeline, PipelineConfig, StaticPolicy, TraceWriter, open_source
+from device_runtime.stream import (
+    Frame,
+    FrameSource,
+    Pipeline,
+    PipelineConfig,
+    StaticPolicy,
+    TraceWriter,
+    open_source,
+)
 from tests.conftest import TEST_SPLITS, RunningHost
 from tests.device_runtime.live.browser import browser, read, until  # noqa: F401 (browser: a fixture)
 
@@ -62,7 +71,7 @@ class _Stream:
         self.failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="test-stream", daemon=True)
 
-    def __enter__(self) -> "_Stream":
+    def __enter__(self) -> _Stream:
         self._thread.start()
         return self
 
