@@ -11,11 +11,13 @@ import sys
 from typing import Any, Callable, Sequence
 
 from splitedge import run_command
+from device_runtime.live import parse_live_address
 from device_runtime.wire import DEFAULT_MAX_FRAME_BYTES, load_key, server_context, split_address
 from host_runtime.advertise import Advertiser, local_address_for
 from host_runtime.batcher import BatchConfig
 from host_runtime.event_loop import LOOPS, loop_runner
 from host_runtime.limits import fit_fd_limit
+from host_runtime.live import serve_live
 from host_runtime.metrics import MetricsEndpoint
 from host_runtime.procs import Child, Supervisor, child_setup, serve_summed_metrics, supervise
 from host_runtime.server import HostServer, ServerConfig
@@ -30,6 +32,8 @@ examples:
   split-host serve bundle/ --interface 127.0.0.1   # this machine only
   split-host serve a/ b/ --port 9000 --no-zeroconf # two bundles, no discovery
   split-host serve bundle/ --metrics-port 9100     # Prometheus text at http://HOST:9100/metrics
+  split-host serve bundle/ --live 8080             # a live page of the boards at http://127.0.0.1:8080/
+  split-host serve bundle/ --live 0.0.0.0:8080 --key-file host.key   # for the network: the page asks for a token
   split-host serve bundle/ --max-batch 32 --max-wait-ms 5   # bigger batches for a busy fleet
   split-host serve bundle/ --max-batch 1 --max-queue 64     # no batching, refuse sooner
   split-host serve bundle/ --device cpu            # keep the tails off the GPU
@@ -190,6 +194,12 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         help="serve Prometheus text metrics on this port, on the --interface address (default: off)",
     )
     serve.add_argument(
+        "--live", metavar="[ADDRESS:]PORT", type=_live_address,
+        help="serve a live page of this host (the boards connected and their splits, queue, batches, deadlines "
+        "missed) on PORT, on 127.0.0.1 unless ADDRESS is given; with --key-file the page asks for a token, and "
+        "the URL printed at start carries it (default: off; not with --procs above 1)",
+    )
+    serve.add_argument(
         "--key-file", metavar="FILE",
         help="pre-shared key (at least 16 bytes, not readable by other users): every frame must carry its "
         "HMAC; boards use the same file with split-device --key-file (default: no authentication)",
@@ -224,6 +234,14 @@ def _buckets(text: str) -> str:
     if min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: batch sizes are at least 1")
     return ",".join(str(size) for size in sorted(set(sizes)))
+
+
+def _live_address(text: str) -> str:
+    try:
+        parse_live_address(text)
+    except SplitEdgeError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--live {text!r}: ")) from None
+    return text
 
 
 def _address(text: str) -> str:
@@ -292,6 +310,7 @@ async def serve(args: argparse.Namespace, child: Child | None = None, caught: li
     )
     server = HostServer(registry, config)
     host, port = await server.start()
+    live = None
     for bundle_id, splits in registry.served().items():
         notes.append((sys.stdout, f"bundle {bundle_id}: {len(splits)} tails ({', '.join(splits)})"))
     if key is None:
@@ -308,6 +327,8 @@ async def serve(args: argparse.Namespace, child: Child | None = None, caught: li
                               f"per address), idle {config.idle_timeout:g} s, frames finished within "
                               f"{config.frame_timeout:g} s, {config.max_partial_bytes / 2**20:g} MiB of frames arriving")]
     try:
+        if args.live is not None and child is None:  # a port in use is one line, the host closed after it
+            live = serve_live(server, args.live, key)
         if child is not None:
             child.reports.put(("ready", child.index, {
                 "pid": os.getpid(), "metrics_port": None if server.metrics is None else server.metrics.port,
@@ -322,8 +343,12 @@ async def serve(args: argparse.Namespace, child: Child | None = None, caught: li
             _print_notes(after)
             if server.metrics is not None:
                 print(f"metrics on http://{host}:{server.metrics.port}/metrics", flush=True)
+            if live is not None:
+                print(f"live page on {live.url}", flush=True)
             await _advertise(args, port, registry.served(), server.load, key is not None, stop.wait)
     finally:
+        if live is not None:
+            live.close()
         await server.close()
         if child is None:
             print(_stopped(caught), flush=True)
@@ -407,6 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
+    if args.live is not None and args.procs > 1:
+        parser.error("--live shows one process's connections and queue: use it with --procs 1")
     if args.max_partial_mb is not None and args.max_partial_mb < args.max_frame_mb:
         parser.error(f"--max-partial-mb {args.max_partial_mb:g} cannot hold one frame of --max-frame-mb {args.max_frame_mb:g}")
     try:

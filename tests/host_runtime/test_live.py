@@ -3,6 +3,9 @@ listed with the split it asked for, and the host's figures are the ones its regi
 
 from __future__ import annotations
 
+import re
+import signal
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,6 +19,7 @@ from device_runtime.live import live_token
 from device_runtime.wire import HostClient
 from host_runtime.live import serve_live
 from tests.conftest import TEST_SPLITS, RunningHost, start_host
+from tests.e2e.test_cli import script, wait_for_line
 from tests.device_runtime.live.browser import browser, read, until  # noqa: F401 (browser: a fixture)
 
 SPLIT = TEST_SPLITS[-1]
@@ -66,3 +70,26 @@ def test_with_a_key_the_host_page_asks_for_its_token(mobilenet_bundle: Path) -> 
             assert refused.value.code == 403
             with urllib.request.urlopen(f"{base}/state.json?token={live_token(key)}", timeout=10) as answer:
                 assert b'"boards":[]' in answer.read()
+
+
+def test_split_host_serve_live_prints_the_pages_url_with_its_token(mobilenet_bundle: Path, tmp_path: Path) -> None:
+    key_file = tmp_path / "host.key"
+    key_file.write_text("k" * 64)
+    key_file.chmod(0o600)
+    proc = subprocess.Popen(
+        [*script("split-host"), "serve", str(mobilenet_bundle), "--interface", "127.0.0.1", "--port", "0",
+         "--no-zeroconf", "--live", "0", "--key-file", str(key_file)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        url = re.search(r"live page on (http://\S+)", wait_for_line(proc, r"live page on", timeout=120)[-1]).group(1)
+        assert url.startswith("http://127.0.0.1:") and url.endswith(f"/?token={live_token(b'k' * 64)}")
+        with urllib.request.urlopen(url.replace("/?", "/state.json?"), timeout=10) as answer:
+            assert b'"boards":[]' in answer.read()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url.partition("?")[0], timeout=10)
+        assert refused.value.code == 403
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "host stopped (SIGINT)" in out
