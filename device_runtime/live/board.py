@@ -32,8 +32,10 @@ from device_runtime.stream import Frame, FrameResult, FrameSource
 
 __all__ = ["PICTURES_PER_S", "PICTURE_WIDTH", "LiveBoard"]
 
-#: Results kept: a minute at 30 fps and then some (the page shows the last minute).
+#: Results kept: a minute at 30 fps and then some, for a page that reconnects ...
 RESULTS_KEPT = 4096
+#: ... and what a page shows: a new page gets the results of the last minute.
+WINDOW_S = 60.0
 #: Frames captured and not yet answered or dropped, kept by reference at most: the pipeline's
 #: queue and in-flight batches hold fewer (a frame whose result never came is forgotten oldest first).
 PENDING_KEPT = 64
@@ -122,10 +124,15 @@ class LiveBoard:
         }
 
     def state(self, since: int | None) -> tuple[dict[str, Any], int]:
-        """The results after ``since`` as records (each with its number, ``seq``), the table, and
-        the clock (``now``: a record's ``t`` is its capture on the same clock)."""
+        """The results after ``since`` as records (each with its number, ``seq``; a new page, None,
+        gets the last :data:`WINDOW_S`), the table, and the clock (``now``: a record's ``t`` is its
+        capture on the same clock)."""
         results, cursor = self._results.since(since)
         first = cursor - len(results)
+        if since is None:  # a new page: what it shows, the last minute, not all that is kept
+            now = self.clock()
+            recent = [r for r in results if r.captured >= now - WINDOW_S]
+            first, results = first + len(results) - len(recent), recent
         return {
             "run": self.started, "now": self.clock(), "plan": self._plan,
             "frames": [_record(first + n, result) for n, result in enumerate(results)],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -40,10 +41,11 @@ class _Frames(FrameSource):
             yield Frame(index, f"frame{index}", image, captured=float(index))
 
 
-def _result(index: int, dropped: bool = False) -> FrameResult:
+def _result(index: int, dropped: bool = False, captured: float | None = None) -> FrameResult:
     return FrameResult(index=index, name=f"frame{index}", label=None if dropped else f"label{index}",
-                       probability=None if dropped else 0.5, split="" if dropped else "local", captured=float(index),
-                       dropped=dropped, rate_bps=float("inf") if index == 0 else 1e6)
+                       probability=None if dropped else 0.5, split="" if dropped else "local",
+                       captured=float(index) if captured is None else captured, dropped=dropped,
+                       rate_bps=float("inf") if index % 2 else 1e6)
 
 
 def test_addresses_bind_this_machine_unless_given() -> None:
@@ -73,15 +75,20 @@ def test_a_ring_keeps_its_capacity_and_reads_from_a_cursor() -> None:
 
 
 def test_the_board_keeps_a_bounded_history_as_json() -> None:
-    board = LiveBoard(clock=_Clock())
-    for index in range(RESULTS_KEPT + 100):
-        board.publish(_result(index, dropped=index % 7 == 3))
+    clock = _Clock()
+    board = LiveBoard(clock=clock)
+    for index in range(RESULTS_KEPT + 100):  # 100 frames a second
+        board.publish(_result(index, dropped=index % 7 == 3, captured=index / 100))
+    clock.now = (RESULTS_KEPT + 100) / 100
     state, cursor = board.state(None)
     assert cursor == RESULTS_KEPT + 100 and len(state["frames"]) == RESULTS_KEPT
     assert [f["seq"] for f in state["frames"]][:2] == [100, 101]
-    json.dumps(state, allow_nan=False)  # the first result's infinite rate is gone, as the page needs
+    json.dumps(state, allow_nan=False)  # no infinite rate, as the page needs
     later, _ = board.state(cursor - 2)
     assert [f["index"] for f in later["frames"]] == [RESULTS_KEPT + 98, RESULTS_KEPT + 99]
+    clock.now += 30.0  # a new page gets the last minute only
+    state, _ = board.state(None)
+    assert state["frames"][0]["t"] >= clock.now - 60.0 > state["frames"][0]["t"] - 0.011
 
 
 def test_pictures_are_encoded_at_most_five_times_a_second_and_only_of_answered_frames() -> None:
@@ -127,7 +134,7 @@ def _event(response: http.client.HTTPResponse) -> tuple[int, dict]:
 def test_events_resume_from_the_last_id_and_streams_are_bounded() -> None:
     board = LiveBoard()
     for index in range(5):
-        board.publish(_result(index))
+        board.publish(_result(index, captured=time.monotonic()))
     with board.serve("127.0.0.1:0") as server:
         port = server.address[1]
         page = _get(port, "/")
