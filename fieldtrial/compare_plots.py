@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fieldtrial import timeline
-from fieldtrial.plots import _colours, _plain_rate_axis, _pyplot, _reason_colours, _save, graph_order, split_label
+from fieldtrial.plots import (
+    _colours, _plain_rate_axis, _pyplot, _reason_colours, _save, draw_cdf, graph_order, split_label,
+)
 
 if TYPE_CHECKING:
     from fieldtrial.compare import Run
@@ -43,18 +45,12 @@ def plot_latency_cdfs(runs: Sequence[Run], path: Path) -> bool:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.8))
     for run, colour in zip(runs, _run_colours(plt, runs)):
-        x = np.sort(np.asarray([f["total_ms"] for f in _answered(run)], dtype=float))
-        if not len(x):
-            continue
-        y = np.arange(1, len(x) + 1) / len(x)
-        ax.step(np.concatenate([[x[0]], x]), np.concatenate([[0.0], y]), where="post", color=colour, lw=1.8,
-                label=f"{run.label} ({len(x)} answered, p50 {np.median(x):.1f} ms)")
-    for q in (0.5, 0.95):
-        ax.axhline(q, color="grey", ls=":", lw=0.8)
+        values = [f["total_ms"] for f in _answered(run)]
+        if values:
+            draw_cdf(ax, values, colour, 1.8, f"{run.label} ({len(values)} answered, p50 {np.median(values):.1f} ms)")
     ax.legend(fontsize=8, loc="lower right")
     ax.set_xlabel("total latency, capture to answer (ms)")
     ax.set_ylabel("fraction of answered frames ≤ latency")
-    ax.set_ylim(0, 1.02)
     ax.set_title("latency distribution of each run")
     _save(plt, fig, path)
     return True
