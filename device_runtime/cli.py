@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict
 from importlib.metadata import entry_points
@@ -22,7 +23,7 @@ from device_runtime.board import (
 )
 from device_runtime.bundle import FORMATS, Bundle
 from device_runtime.engine import AUTO, PRECISIONS, PREPROCESS_PATHS
-from device_runtime.run import Output, calibrate_board, run_stream, table_text
+from device_runtime.run import DEFAULT, QUIET, VERBOSE, Output, calibrate_board, run_stream, table_text
 from device_runtime.wire import kernel_timing_support
 from splitedge import SplitEdgeError, exit_on_signals, run_command
 
@@ -40,6 +41,15 @@ examples:
   split-device report a.jsonl b.jsonl --out compare/        # runs side by side in compare/report.html
   split-device run bundle/ --camera 0 --key-file host.key   # the host's key: every frame authenticated
   split-device run bundle/ --camera 0 --host 192.168.1.20:7767 --key-file host.key --tls-ca host.pem  # and TLS
+  split-device run bundle/ --verbose                        # a line per frame: label, split, stage times, why
+  split-device run bundle/ --quiet --frames 300             # the final summary alone (and errors)
+  split-device run bundle/ --json --summary-every 60 | jq -c 'select(.event == "split_change")'
+
+run prints a line as it starts, a line each time the split answering frames changes (to, from,
+and why: the table's cell and the rate estimate against its edges, the hysteresis holding a split
+the table no longer wants, no host, a fallback and its error, a capped upload, the bandit's arm),
+a summary every --summary-every seconds (answered, dropped, fps, p50/p95 capture to answer,
+each split's share, the hosts) and a final one; --trace keeps every frame with its reason.
 """
 
 CALIBRATE_EXAMPLES = """\
@@ -52,6 +62,7 @@ examples:
   split-device calibrate bundle/ --frame 1280x720           # preprocessing timed on the camera's 1280x720 frames
   split-device calibrate bundle/ --backend tflite --precision int8  # a second table; run takes the one it runs
   split-device plan bundle/ --out plan/                     # the table it wrote, as text and a plot
+  split-device calibrate bundle/ --json | jq .table         # its summary as one JSON object (progress on stderr)
 """
 
 INFO_EXAMPLES = """\
@@ -111,6 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
     _runtime_arguments(run)
     run.add_argument("--transmit", choices=("auto", "float32", "uint8"), default="auto",
                      help="cut tensor on the link (default auto: uint8 where the bundle has its quantization)")
+    said = run.add_mutually_exclusive_group()
+    said.add_argument("--verbose", "-v", action="store_true",
+                      help="also a line per frame: label, split, stage times, the rate estimate and why that split")
+    said.add_argument("--quiet", "-q", action="store_true", help="print only errors and the final summary")
+    run.add_argument("--json", action="store_true",
+                     help="print JSON lines on stdout, one object per event (start, split_change, summary, final; "
+                     "frame with --verbose), and nothing else there: progress goes to stderr")
+    run.add_argument("--summary-every", type=_seconds, default=10.0, metavar="S",
+                     help="seconds between summary lines (default 10)")
 
     cal = commands.add_parser(
         "calibrate", help="measure board, host and link; write calibration.json", epilog=CALIBRATE_EXAMPLES,
@@ -126,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="time the board's runs F a second at most, as the camera will pace them: a board idle "
                           "between frames runs them at another speed than back to back (default 0: back to back)")
     cal.add_argument("--no-host", action="store_true", help="calibrate the board alone (every choice is local)")
+    cal.add_argument("--json", action="store_true",
+                     help="print the summary as one JSON object on stdout at the end (progress on stderr)")
     cal.add_argument("--frame", type=_checked("frame"), default=DEFAULT_FRAME, metavar="WIDTHxHEIGHT",
                      help="the camera's frame size: preprocessing (by the --preprocess path) is timed on a frame "
                           "this big, its cost grows with the frame (default 640x480)")
@@ -193,6 +215,17 @@ def _host_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-ca", metavar="FILE", type=_checked("tls_ca"),
                         help="connect with TLS, trusting this CA or the host's self-signed certificate (PEM); the "
                         "certificate must name the host's address")
+
+
+def _seconds(text: str) -> float:
+    """``--summary-every``: seconds > 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, like 10, got {text!r}")
+    return seconds
 
 
 def _checked(key: str) -> Callable[[str], Any]:
@@ -283,8 +316,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if status != 0:
         return status
     if args.command == "run":
-        return run_command("split-device", run_stream(run_settings(args), Output()))
-    return run_command("split-device", calibrate_board(calibrate_settings(args), Output()))
+        return run_command("split-device", run_stream(run_settings(args), output(args)))
+    return run_command("split-device", calibrate_board(calibrate_settings(args), output(args)))
+
+
+def output(args: argparse.Namespace) -> Output:
+    """What ``run`` or ``calibrate`` prints, from ``--verbose``, ``--quiet``, ``--json`` and ``--summary-every``."""
+    detail = VERBOSE if getattr(args, "verbose", False) else QUIET if getattr(args, "quiet", False) else DEFAULT
+    return Output(detail=detail, json=args.json, summary_every_s=getattr(args, "summary_every", 10.0))
 
 
 def _settle(args: argparse.Namespace, argv: Sequence[str]) -> int:

@@ -4,18 +4,28 @@ Following ``--split`` from the flag to the wire stays in this module: the camera
 for, the calibration table of the backend that runs, the policy (the table, a fixed split, the
 bandit), the hosts (``--host`` once, or once per chain stage or fragment), the pipeline and its
 trace. The CLI parses flags into :class:`RunSettings` and prints what :class:`Output` is given.
+
+What ``run`` prints (:class:`Output`): by default its start, a line for each change of the split
+answering frames (from, to and why), a summary every ``summary_every_s`` seconds and a final
+one (:class:`~device_runtime.stream.summary.RunEvents`); ``verbose`` adds a line per frame,
+``quiet`` leaves only the final summary and warnings; ``json`` prints the same events as JSON
+lines (``event``: start, split_change, summary, final, and frame when verbose) and sends the
+progress lines to ``warn``, so that ``say`` (stdout) holds JSON alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from calibration import (
-    BANDIT_FILENAME, FILENAME, Bandit, Calibration, Calibrations, HostView, drop_share, place_fragments, save,
+    BANDIT_FILENAME, FILENAME, Bandit, Calibration, Calibrations, HostView, SplitTable, drop_share, place_fragments,
+    save,
 )
 from device_runtime.board import (
     CalibrateSettings, Connection, DetectedBoard, LastRun, RunSettings, Runtime, calibrate, calibrations_for,
@@ -25,13 +35,20 @@ from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle
 from device_runtime.engine import AUTO, DeviceRunner, default_split
 from device_runtime.hosts import HostLink, LinkMeter, connect_host, discover
 from device_runtime.stream import (
-    AutoPolicy, BanditPolicy, FrameSource, Pipeline, PipelineConfig, PipelineStats, SplitPolicy, StaticPolicy,
-    TraceWriter, open_source, pi_camera_absent,
+    AutoPolicy, BanditPolicy, FrameSource, Pipeline, PipelineConfig, PipelineStats, Reason, RunEvents, SplitPolicy,
+    StaticPolicy, TraceWriter, frame_record, open_source, pi_camera_absent,
 )
 from device_runtime.wire import Credentials, HostClient, client_context, load_key
 from splitedge import BundleError, CameraError, HostUnavailableError, SplitEdgeError, notify, stop_on_signals
 
-__all__ = ["Output", "calibrate_board", "drop_forecast", "run_stream", "table_text"]
+__all__ = ["DEFAULT", "Output", "QUIET", "VERBOSE", "calibrate_board", "drop_forecast", "run_stream", "table_text"]
+
+#: How much ``run`` prints (:class:`Output`): its start, split changes, summaries and the final one ...
+DEFAULT = "default"
+#: ... those and every frame ...
+VERBOSE = "verbose"
+#: ... the final summary alone (and warnings).
+QUIET = "quiet"
 
 
 def _stderr(line: str) -> None:
@@ -45,10 +62,32 @@ def _stdout(line: str) -> None:
 @dataclass(frozen=True)
 class Output:
     """Where the library's lines go: ``say`` for progress and answers, ``warn`` for what the user
-    should act on. The CLI prints them; a test or an embedding application collects them."""
+    should act on. The CLI prints them; a test or an embedding application collects them.
+
+    ``detail`` (:data:`DEFAULT`, :data:`VERBOSE`, :data:`QUIET`) and ``json`` choose what a run
+    says (module docstring); its summaries come every ``summary_every_s`` seconds of ``clock``,
+    which a test drives itself."""
 
     say: Callable[[str], None] = field(default=_stdout)
     warn: Callable[[str], None] = field(default=_stderr)
+    detail: str = DEFAULT
+    json: bool = False
+    summary_every_s: float = 10.0
+    clock: Callable[[], float] = field(default=time.monotonic)
+
+    def progress(self, line: str) -> None:
+        """A line about what the command is doing: on ``say``, or on ``warn`` where ``say`` holds
+        JSON; none when quiet."""
+        if self.detail != QUIET:
+            (self.warn if self.json else self.say)(line)
+
+    def event(self, record: dict[str, Any], line: str | None) -> None:
+        """One of a run's events: as a JSON line, or as its text ``line`` (None: the progress
+        lines already said it)."""
+        if self.json:
+            self.say(json.dumps(record, separators=(",", ":")))
+        elif line is not None:
+            self.say(line)
 
 
 def _credentials(connection: Connection) -> Credentials:
@@ -98,11 +137,11 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
     if bandit is not None:
         policy = BanditPolicy(policy, bundle, bandit[0], bandit[1])
         warm.append(bandit[0])
-        out.say(f"choosing per batch between the layer split and {bandit[0]} for a {settings.deadline_ms:g} ms "
+        out.progress(f"choosing per batch between the layer split and {bandit[0]} for a {settings.deadline_ms:g} ms "
                 f"deadline ({bandit[1].mode}: {'ε-greedy' if settings.learn else 'UCB'})")
     for split_id in {*warm, LOCAL}:
         runner.warm_up(split_id)
-    out.say(f"{board.describe()}: {runner.backend} backend, {runner.threads or 'default'} threads, "
+    out.progress(f"{board.describe()}: {runner.backend} backend, {runner.threads or 'default'} threads, "
             f"split {settings.split}")
     stop = asyncio.Event()
     stop_on_signals(stop)
@@ -120,20 +159,27 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
     last_run.watch(bundle, pipeline.stats, policy)
     trace = TraceWriter(settings.trace, _run_record(settings, camera, bundle, runner, calibration)) \
         if settings.trace else None
+    events = RunEvents(out.summary_every_s, out.clock)
     try:
         with _open_camera(camera, settings, chosen, bundle.manifest.model.preprocess.resize) as source:
-            out.say(f"camera: {source.description}{chosen}")
+            out.progress(f"camera: {source.description}{chosen}")
             if (negotiation := source.negotiation()) is not None:
-                out.say(f"camera: {negotiation}")
+                out.progress(f"camera: {negotiation}")
             forecast = _forecast(settings, calibration or _own_table(bundle, runner), hosts, source)
             if forecast is not None:
-                out.say(forecast)
+                out.progress(forecast)
+            if out.detail != QUIET:
+                out.event(_start_event(settings, bundle, board, runner, source.description, hosts), None)
             ready = False
             async for result in pipeline.run(source, frames=settings.frames, stop=stop):
-                out.say(result.line())
                 if not ready:  # a frame answered: bundle, camera and a path to the result all work
                     notify(f"READY=1\nSTATUS=running {bundle.manifest.bundle_id} from {settings.bundle}")
                     ready = True
+                if out.detail == VERBOSE:
+                    out.event({"event": "frame", **frame_record(result)}, result.line())
+                for event in events.frame(result):
+                    if out.detail != QUIET:
+                        out.event(event, _event_line(event))
                 if trace is not None:
                     trace.frame(result)
     finally:
@@ -143,13 +189,47 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
         if hosts is not None:
             await hosts.close()
         if bandit is not None:
-            out.say(f"kept what the bandit learned in {bandit[1].save(bundle.root / BANDIT_FILENAME)}")
-    stats = pipeline.stats
-    per_split = ", ".join(f"{k} {v}" for k, v in stats.per_split.most_common())
-    switches = f", {policy.switches} split switches" if isinstance(policy, AutoPolicy) else ""
-    out.say(f"{stats.frames} frames: {stats.dropped} dropped ({stats.drop_rate:.1%}), {stats.fallbacks} answered "
-            f"locally after a host failure{switches}; by split: {per_split}")
-    return stats
+            out.progress(f"kept what the bandit learned in {bandit[1].save(bundle.root / BANDIT_FILENAME)}")
+    final = events.final()
+    if isinstance(policy, AutoPolicy):
+        final["policy_switches"] = policy.switches
+    out.event(final, _event_line(final))
+    return pipeline.stats
+
+
+def _start_event(
+    settings: RunSettings, bundle: Bundle, board: DetectedBoard, runner: DeviceRunner, camera: str,
+    hosts: HostLink | None,
+) -> dict[str, Any]:
+    """The run's first event: what it runs, where, and from which camera."""
+    return {
+        "event": "start", "bundle_id": bundle.id, "bundle": settings.bundle, "board": board.describe(),
+        "backend": runner.backend, "precision": precision_of(runner), "threads": runner.threads,
+        "policy": settings.split, "batch": settings.batch, "camera": camera,
+        "host": hosts.address if hosts is not None and hosts.client is not None else None,
+    }
+
+
+def _event_line(event: dict[str, Any]) -> str:
+    """A run's event as the line a person reads (:class:`~device_runtime.stream.summary.RunEvents`)."""
+    if event["event"] == "split_change":
+        reason = Reason.from_dict(event["reason"]).text() if event["reason"] else "unknown"
+        was = f" (was {event['from']})" if event["from"] is not None else ""
+        where = f" on {event['host']}" if event["host"] else ""
+        return f"#{event['index']:<4d} split {event['to']}{was}{where}: {reason}"
+    splits = ", ".join(f"{split} {share:.0%}" for split, share in event["splits"].items()) or "none"
+    latency = (f"total p50 {event['p50_ms']:.1f} ms, p95 {event['p95_ms']:.1f} ms" if event["p50_ms"] is not None
+               else "nothing answered")
+    fps = f"{event['fps']:.1f} fps" if event["fps"] is not None else "fps unknown"
+    hosts = ", ".join(event["hosts"]) or "none"
+    if event["event"] == "summary":
+        return (f"last {event['seconds']:.0f} s: {event['answered']} answered ({fps}), {event['dropped']} dropped, "
+                f"{event['fallbacks']} fell back; {latency}; splits {splits}; host {hosts}")
+    frames, dropped = event["frames"], event["dropped"]
+    switches = f", {event['policy_switches']} split switches" if "policy_switches" in event else ""
+    by_split = ", ".join(f"{k} {v}" for k, v in event["by_split"].items())
+    return (f"{frames} frames: {dropped} dropped ({dropped / frames if frames else 0.0:.1%}), {event['fallbacks']} "
+            f"answered locally after a host failure{switches}; by split: {by_split}; {latency}, {fps}")
 
 
 async def _hosts(settings: RunSettings, bundle: Bundle, credentials: Credentials, out: Output) -> HostLink:
@@ -159,13 +239,13 @@ async def _hosts(settings: RunSettings, bundle: Bundle, credentials: Credentials
     hosts = HostLink(bundle, connection.host, connection.interface, timeout=connection.timeout,
                      credentials=credentials)
     if await hosts.connect():
-        out.say(f"host {hosts.address}: bundle {bundle.id}")
+        out.progress(f"host {hosts.address}: bundle {bundle.id}")
     elif not settings.auto:
         await hosts.close()
         raise SplitEdgeError(f"{hosts.last_error} (or run with --split auto to start locally and offload when "
                              "a host appears)")
     else:
-        out.say(f"no host yet ({hosts.last_error}); running locally, looking for one every {hosts.retry_s:g} s")
+        out.progress(f"no host yet ({hosts.last_error}); running locally, looking for one every {hosts.retry_s:g} s")
     return hosts
 
 
@@ -202,7 +282,7 @@ async def _spread_fragments(bundle: Bundle, connection: Connection, out: Output)
         placement = place_fragments(split.id, names, split.tensor.bytes_per_sample, {1: 0.0}, views, batch=1) if views else None
         if placement is not None:
             placed[split.id] = placement.hosts
-            out.say(f"semantic split {split.id}: fragments on {', '.join(placement.hosts)}")
+            out.progress(f"semantic split {split.id}: fragments on {', '.join(placement.hosts)}")
     return placed
 
 
@@ -379,7 +459,7 @@ async def calibrate_board(settings: CalibrateSettings, out: Output = Output()) -
     bundle = Bundle.load(settings.bundle, roles=(HEAD, FULL))
     board = detect_board()
     runner = _runner(settings.runtime, bundle, bundle.manifest.splits[0].id if bundle.manifest.splits else LOCAL, board)
-    out.say(f"{board.describe()}: {runner.backend} backend, {runner.threads or 'default'} threads; "
+    out.progress(f"{board.describe()}: {runner.backend} backend, {runner.threads or 'default'} threads; "
             f"batches {', '.join(map(str, settings.batches))}, {settings.repeats} repeats"
             + (f" at {settings.fps:g} runs/s" if settings.fps > 0 else ""))
     credentials = _credentials(connection)
@@ -390,7 +470,7 @@ async def calibrate_board(settings: CalibrateSettings, out: Output = Output()) -
     peers, loads = ([], {}) if client is None else await _chain_peers(bundle, connection, credentials,
                                                                       client.address, out)
     try:
-        result = await calibrate(runner, client, settings.batches, settings.repeats, board.to_dict(), out.say,
+        result = await calibrate(runner, client, settings.batches, settings.repeats, board.to_dict(), out.progress,
                                  settings.fps, peers, loads, settings.frame)
     finally:
         for host in (client, *peers):
@@ -402,9 +482,24 @@ async def calibrate_board(settings: CalibrateSettings, out: Output = Output()) -
     path = bundle.root / FILENAME
     tables = save(result, path)
     others = [f"{'/'.join(t.key)} ({t.created})" for t in tables.tables if t.key != result.key]
-    out.say(f"wrote {path}: the {'/'.join(result.key)} table" + (f", kept {', '.join(others)}" if others else ""))
-    out.say(table_text(result))
+    out.progress(f"wrote {path}: the {'/'.join(result.key)} table" + (f", kept {', '.join(others)}" if others else ""))
+    out.progress(table_text(result))
+    if out.json:
+        out.say(json.dumps(_calibration_summary(result, path, others)))
     return result
+
+
+def _calibration_summary(calibration: Calibration, path: Path, kept: list[str]) -> dict[str, Any]:
+    """What ``calibrate`` says of the table it wrote, as ``--json`` prints it."""
+    timed = calibration.preprocess
+    return {
+        "calibration": str(path), "bundle_id": calibration.bundle_id, "backend": calibration.backend,
+        "precision": calibration.precision, "created": calibration.created, "kept": kept,
+        "preprocess_ms": None if timed is None else timed.spread.p50, "link": calibration.link,
+        "table": {str(batch): [{"split": split, "lo_bps": lo, "hi_bps": hi} for split, lo, hi in
+                               _spans(calibration.table, batch)] for batch in calibration.table.batches},
+        "chains": {chain: list(hosts) for chain, hosts in calibration.routes.items()},
+    }
 
 
 async def _chain_peers(
@@ -443,17 +538,22 @@ def table_text(calibration: Calibration) -> str:
         lines.append(f"  preprocessing a {timed.frame} frame ({timed.path} path): {timed.spread.p50:.1f} ms, "
                      "in every option's time (it changes no choice)")
     for batch in table.batches:
-        edges = table.boundaries(batch)
-        first = table.lookup(batch, table.rates_bps[0])
-        spans, low, current = [], table.rates_bps[0], first
-        for rate, _, above in edges:
-            spans.append(f"{current} {_mbit(low)}–{_mbit(rate)}")
-            low, current = rate, above
-        spans.append(f"{current} ≥{_mbit(low)}")
+        spans = [f"{split} {_mbit(lo)}–{_mbit(hi)}" if hi is not None else f"{split} ≥{_mbit(lo)}"
+                 for split, lo, hi in _spans(table, batch)]
         lines.append(f"  B={batch:<3d} " + ";  ".join(spans))
     for chain, hosts in calibration.routes.items():
         lines.append(f"  chain {chain}: stage 1 on the host the board sends to, then {' > '.join(hosts)}")
     return "\n".join(lines)
+
+
+def _spans(table: SplitTable, batch: int) -> list[tuple[str, float, float | None]]:
+    """(split, from, to) along the rate axis for ``batch``, from the grid's first rate; the last
+    one's ``to`` is None (no bound above)."""
+    spans, low, current = [], table.rates_bps[0], table.lookup(batch, table.rates_bps[0])
+    for rate, _, above in table.boundaries(batch):
+        spans.append((current, low, rate))
+        low, current = rate, above
+    return [*spans, (current, low, None)]
 
 
 def _mbit(rate_bps: float) -> str:

@@ -1,5 +1,6 @@
 """The stream: frame sources, the frame queue, the split policy and why it chose (its reasons), the
-pipeline that overlaps capture, head, transfer and tail, each frame's result, and the trace writer."""
+pipeline that overlaps capture, head, transfer and tail, each frame's result, the run's events (split
+changes and summaries) and the trace writer."""
 
 from device_runtime.stream.camera import Frame, FrameSource, open_source
 from device_runtime.stream.frame_queue import FrameQueue
@@ -7,7 +8,8 @@ from device_runtime.stream.pipeline import Pipeline, PipelineConfig, PipelineSta
 from device_runtime.stream.policy import AutoPolicy, BanditPolicy, SplitPolicy, StaticPolicy
 from device_runtime.stream.reason import Choice, Reason
 from device_runtime.stream.results import DROP_QUEUE_FULL, FrameResult, top1
-from device_runtime.stream.trace import LINK_RATE, TRACE_SCHEMA, TraceWriter, append_link_rate
+from device_runtime.stream.summary import RunEvents
+from device_runtime.stream.trace import LINK_RATE, TRACE_SCHEMA, TraceWriter, append_link_rate, frame_record
 
 from device_runtime.stream.camera import IMAGE_SUFFIXES
 from device_runtime.stream.picamera import pi_camera_absent
@@ -27,11 +29,13 @@ __all__ = [
     "PipelineConfig",
     "PipelineStats",
     "Reason",
+    "RunEvents",
     "SplitPolicy",
     "StaticPolicy",
     "TRACE_SCHEMA",
     "TraceWriter",
     "append_link_rate",
+    "frame_record",
     "open_source",
     "pi_camera_absent",
     "top1",

@@ -3,7 +3,8 @@ result and trace record carry it on, and every printed line says it.
 
 The vocabulary (``Reason.kind``), with the fields each one fills:
 
-* ``fixed`` — ``--split`` named the split.
+* ``fixed`` — one split for the run: ``--split`` named it, or ``auto`` found no calibration
+  table and holds the smallest cut.
 * ``table`` — the calibration table's cell: ``batch``, the rate estimate ``rate_bps`` and the
   cell's edges ``lo_bps``/``hi_bps`` (the table gives this split for rates in [lo, hi); ``hi_bps``
   None: no edge above).
@@ -85,7 +86,7 @@ class Reason:
     def text(self) -> str:
         """The reason in a few words, for a printed line."""
         said = {
-            FIXED: lambda: "fixed by --split",
+            FIXED: lambda: "fixed split (--split, or no calibration to choose with)",
             TABLE: lambda: f"table: B={self.batch} at {_mbit(self.rate_bps)} in {self._cell()}",
             REFINED: lambda: (f"refined table: B={self.batch} at {_mbit(self.rate_bps)} in {self._cell()} (the "
                               f"head times measured in this run; the calibrated table says {self.calibrated})"),
@@ -96,7 +97,7 @@ class Reason:
                                  + ("capped by an overdue upload" if self.overdue else "capped by an upload crossing "
                                     f"slowly; the table's cell {self._cell()}")),
             FALLBACK: lambda: f"fell back from {self.wanted}: {self.error}",
-            DEADLINE: lambda: f"{self.wanted} refused for the {self.deadline_ms:g} ms deadline: {self.error}",
+            DEADLINE: lambda: f"{self.wanted} refused for the {self.deadline_ms:.1f} ms deadline: {self.error}",
             BANDIT: lambda: f"bandit arm {self.arm}" + (f" (score {self.score:.3f})" if self.score is not None else ""),
         }[self.kind]()
         if self.kind != UPLOAD_CAP and self.uncapped_bps is not None:

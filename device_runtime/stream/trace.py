@@ -45,7 +45,7 @@ from typing import Any, TextIO
 from device_runtime.stream.results import FrameResult
 from splitedge import SplitEdgeError
 
-__all__ = ["LINK_RATE", "TRACE_SCHEMA", "TraceWriter", "append_link_rate"]
+__all__ = ["LINK_RATE", "TRACE_SCHEMA", "TraceWriter", "append_link_rate", "frame_record"]
 
 TRACE_SCHEMA = "splitedge.trace/4"
 #: The record kind of the link's real rate (set by a testbed: the board itself only estimates it).
@@ -73,8 +73,7 @@ class TraceWriter:
         self._write({"type": "run", "schema": TRACE_SCHEMA, "started_unix": time.time(), **run})
 
     def frame(self, result: FrameResult) -> None:
-        record = {k: v for k, v in asdict(result).items() if k in _FRAME_FIELDS}
-        self._write({"type": "frame", "t": result.captured - self._t0, **record, "reason": result.reason_dict()})
+        self._write({"type": "frame", "t": result.captured - self._t0, **frame_record(result)})
 
     def link_rate(self, rate_bps: float, set_by: str, applied: float | None = None) -> None:
         """The link's real rate from ``applied`` on (``time.monotonic()``, like a frame's capture;
@@ -94,6 +93,13 @@ class TraceWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def frame_record(result: FrameResult) -> dict[str, Any]:
+    """A frame's fields as its trace record holds them (the reason as an object), JSON-ready:
+    also what ``split-device run --json --verbose`` prints for it."""
+    record = {k: v for k, v in asdict(result).items() if k in _FRAME_FIELDS}
+    return {**record, "reason": result.reason_dict()}
 
 
 def append_link_rate(path: str | Path, rate_bps: float, set_by: str) -> None:

@@ -109,7 +109,7 @@ def test_a_deploy_to_the_board_in_a_box_over_its_own_sshd_runs_there(
     assert os.readlink(box_target.root / "home/pi/.local/share/splitedge/current") == f"releases/{release}"
     ran = subprocess.run(["ssh", "-F", str(box_target.ssh_config), "-o", "BatchMode=yes", "box",
                           "~/splitedge/bin/split-device run ~/.local/share/splitedge/current --split local "
-                          "--preprocess exact"],
+                          "--preprocess exact --verbose"],
                          capture_output=True, text=True, timeout=900)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     board = {m[1]: (m[2], float(m[3])) for m in ANSWER.finditer(ran.stdout)}
@@ -117,7 +117,7 @@ def test_a_deploy_to_the_board_in_a_box_over_its_own_sshd_runs_there(
     # network's kernels. On the fast path (OpenCV's blur and resize, NEON against AVX) the box gave
     # astronaut.png bobsled 0.206 against x86's 0.175, the same top-1: not compared here.
     here = subprocess.run([os.sys.executable, "-m", "device_runtime.cli", "run", str(mobilenet_bundle), "--camera",
-                           str(photos_dir), "--split", "local", "--preprocess", "exact"],
+                           str(photos_dir), "--split", "local", "--preprocess", "exact", "--verbose"],
                           capture_output=True, text=True, timeout=300)
     x86 = {m[1]: (m[2], float(m[3])) for m in ANSWER.finditer(here.stdout)}
     assert board.keys() == x86.keys() and len(board) == 4

@@ -57,7 +57,8 @@ def changed_bundle(mobilenet_bundle: Path, tmp_path_factory: pytest.TempPathFact
 
 def reference(bundle: Path, photos: Path, split: str, host: str | None = None) -> dict[str, tuple[str, float, str]]:
     import sys
-    argv = [sys.executable, "-m", "device_runtime.cli", "run", str(bundle), "--camera", str(photos), "--split", split]
+    argv = [sys.executable, "-m", "device_runtime.cli", "run", str(bundle), "--camera", str(photos), "--split", split,
+            "--verbose"]
     out = subprocess.run([*argv, *(["--host", host] if host else [])], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     return answers(out.stdout)
@@ -91,7 +92,7 @@ def test_a_fleet_deploys_and_the_full_disk_fails_alone(make_boards, mobilenet_bu
         # The deployed release, run by the board's own split-device over ssh, its host from the deployed settings.
         for split in ("local", "features_14_conv_2"):
             run = fleet.ssh("board1", f"~/splitedge/bin/split-device run ~/.local/share/splitedge/current "
-                                      f"--camera {photos} --split {split}")
+                                      f"--camera {photos} --split {split} --verbose")
             assert run.returncode == 0, run.stdout + run.stderr
             same_answers(answers(run.stdout), reference(mobilenet_bundle, photos_dir, split,
                                                         address if split != "local" else None))

@@ -221,7 +221,7 @@ def test_split_host_serves_the_host_slice_found_by_zeroconf_for_the_board_slice(
         split = TEST_SPLITS[1]
         remote = subprocess.run(
             [sys.executable, "-m", "device_runtime.cli", "run", str(tmp_path / BOARD_PART), "--camera", str(photos_dir),
-             "--interface", "127.0.0.1", "--split", split, "--threads", "1"],
+             "--interface", "127.0.0.1", "--split", split, "--threads", "1", "--verbose"],
             cwd=ROOT, capture_output=True, text=True, timeout=120,
         )
     finally:
@@ -230,7 +230,7 @@ def test_split_host_serves_the_host_slice_found_by_zeroconf_for_the_board_slice(
     assert remote.returncode == 0, remote.stderr
     local = subprocess.run(
         [sys.executable, "-m", "device_runtime.cli", "run", str(mobilenet_bundle), "--camera", str(photos_dir),
-         "--split", "local", "--threads", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+         "--split", "local", "--threads", "1", "--verbose"], cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert local.returncode == 0, local.stderr
     sliced, whole = answers(remote.stdout), answers(local.stdout)

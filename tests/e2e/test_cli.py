@@ -68,7 +68,7 @@ def test_help_has_examples(main, capsys) -> None:
 def test_device_finds_host_by_zeroconf_and_prints_one_line_per_frame(host_process, mobilenet_bundle, photos_dir) -> None:
     out = subprocess.run(
         [*script("split-device"), "run", str(mobilenet_bundle), "--camera", str(photos_dir),
-         "--interface", "127.0.0.1", "--split", TEST_SPLITS[0]],
+         "--interface", "127.0.0.1", "--split", TEST_SPLITS[0], "--verbose"],
         capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, out.stderr
@@ -102,7 +102,7 @@ def test_device_stops_cleanly_on_signal(host_process, mobilenet_bundle, sig) -> 
     _, port = host_process
     proc = subprocess.Popen(
         [*script("split-device"), "run", str(mobilenet_bundle), "--camera", "synthetic",
-         "--host", f"127.0.0.1:{port}"],
+         "--host", f"127.0.0.1:{port}", "--verbose"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     wait_for_line(proc, r"#2 ")
@@ -120,9 +120,10 @@ def test_errors_are_one_line_and_exit_2(mobilenet_bundle, capsys, tmp_path) -> N
     assert "cannot connect to host 127.0.0.1:9" in capsys.readouterr().err
     # --split auto (the default) starts locally instead, says why, and keeps looking for the host.
     assert device_cli.main(["run", str(mobilenet_bundle), "--camera", "synthetic", "--host", "127.0.0.1:9",
-                            "--timeout", "1", "--frames", "2"]) == 0
+                            "--timeout", "1", "--frames", "2", "--verbose"]) == 0
     out = capsys.readouterr().out
     assert "no host yet (cannot connect to host 127.0.0.1:9" in out and out.count("split=local") == 2
+    assert out.count("why: no host for features_14_conv_2") == 2  # the smallest cut, without a calibration
     assert device_cli.main(["run", str(tmp_path), "--camera", "synthetic", "--split", "local"]) == 2
     assert "no manifest" in capsys.readouterr().err
     assert host_cli.main(["serve", str(tmp_path), "--no-zeroconf"]) == 2
@@ -131,7 +132,7 @@ def test_errors_are_one_line_and_exit_2(mobilenet_bundle, capsys, tmp_path) -> N
 
 def test_local_split_needs_no_host(mobilenet_bundle, photos_dir, capsys) -> None:
     assert device_cli.main(["run", str(mobilenet_bundle), "--camera", str(photos_dir / "coffee.png"),
-                            "--split", "local"]) == 0
+                            "--split", "local", "--verbose"]) == 0
     (row,) = [LINE.search(line) for line in capsys.readouterr().out.splitlines() if LINE.search(line)]
     assert row["label"] == "espresso" and row["split"] == "local"
 

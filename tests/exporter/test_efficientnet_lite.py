@@ -76,7 +76,8 @@ def test_its_own_preprocessing_reaches_the_board_and_gives_torchs_answers(tmp_pa
                           "--out", "bundle"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr
     ran = subprocess.run([sys.executable, "-m", "device_runtime.cli", "run", str(tmp_path / "bundle"), "--camera",
-                          str(photos_dir), "--split", "local"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          str(photos_dir), "--split", "local", "--verbose"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
     assert ran.returncode == 0, ran.stderr
     board = {m[1]: m[2] for m in ANSWER.finditer(ran.stdout)}
     own = torch_answers(tmp_path, photos_dir, [127 / 255] * 3, [128 / 255] * 3)

@@ -444,7 +444,7 @@ def test_split_device_with_the_key_file(keyed_host, mobilenet_bundle, tmp_path, 
     from device_runtime import cli as device_cli
 
     argv = ["run", str(mobilenet_bundle), "--camera", "synthetic", "--frames", "2", "--split", SPLIT,
-            "--host", f"{keyed_host.host}:{keyed_host.port}"]
+            "--host", f"{keyed_host.host}:{keyed_host.port}", "--verbose"]
     assert device_cli.main(argv + ["--key-file", str(key_file(tmp_path))]) == 0
     out = capsys.readouterr().out
     assert len(re.findall(rf"split={SPLIT}\s", out)) == 2 and "fell back" not in out

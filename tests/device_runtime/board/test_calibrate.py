@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import shutil
 import time
 from dataclasses import replace
@@ -25,6 +26,7 @@ from device_runtime.board.calibrate import (
 from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle, write_manifest
 from device_runtime.cli import main
 from device_runtime.engine.runner import DeviceRunner
+from device_runtime.stream.reason import KINDS, TABLE
 from device_runtime.wire.ops import HelloReply
 from splitedge.errors import BundleError, RemoteError
 from tests.conftest import TEST_CHAIN, TEST_SPLITS, RunningHost
@@ -142,7 +144,8 @@ def test_auto_without_calibration_says_so_and_runs_the_smallest_cut(mobilenet_bu
     bare = tmp_path / "bare"
     shutil.copytree(mobilenet_bundle, bare)
     (bare / FILENAME).unlink(missing_ok=True)
-    assert main(["run", str(bare), "--camera", "synthetic", "--frames", "2", "--host", f"{host.host}:{host.port}"]) == 0
+    assert main(["run", str(bare), "--camera", "synthetic", "--frames", "2", "--host", f"{host.host}:{host.port}",
+                 "--verbose"]) == 0
     captured = capsys.readouterr()
     assert "no calibration for this bundle" in captured.err and "run split-device calibrate" in captured.err
     assert captured.out.count("split=features_14_conv_2") == 2
@@ -163,6 +166,15 @@ def test_auto_runs_from_the_table_and_traces(calibrated: Path, tmp_path: Path, c
     # Each split taken is one the table can choose; with a rate estimate, remote frames record it.
     assert {f["split"] for f in frames} <= set(calibration.table.splits)
     assert all(f["rate_bps"] for f in frames if f["where"] == "remote")
+    # Each frame says why (schema 4): the first, chosen after the first probe, by the table's cell
+    # around its estimate; any later table choice likewise.
+    assert lines[0]["schema"] == "splitedge.trace/4" and all(f["reason"]["kind"] in KINDS for f in frames)
+    assert frames[0]["reason"]["kind"] == TABLE
+    for f in frames:
+        reason = f["reason"]
+        if reason["kind"] == TABLE:
+            assert reason["lo_bps"] <= reason["rate_bps"] < reason.get("hi_bps", math.inf), reason
+            assert f["split"] == calibration.table.lookup(1, reason["rate_bps"]), f
     assert "20 frames: 0 dropped" in capsys.readouterr().out
 
 

@@ -122,7 +122,7 @@ def test_run_takes_its_flags_from_the_file(dirs, mobilenet_bundle: Path, photos_
     system, user = dirs
     slice_bundle(mobilenet_bundle, tmp_path / "board", BOARD_PART)
     (user / "device.toml").write_text(f'split = "local"\nthreads = 1\ncamera = "{photos_dir}"\n')
-    out = device("run", str(tmp_path / "board"), env=env_for(system, user))
+    out = device("run", str(tmp_path / "board"), "--verbose", env=env_for(system, user))
     assert out.returncode == 0, out.stderr
     assert ", 1 threads, split local" in out.stdout
     assert sum("split=local" in line for line in out.stdout.splitlines()) == 4

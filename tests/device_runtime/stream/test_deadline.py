@@ -65,7 +65,7 @@ def test_split_device_run_keeps_its_timeout_for_the_connection(
     """``--timeout 7`` bounds finding the host and its silence; a 20 frames/s camera's frames carry 50 ms."""
     seen = budgets_ms(host)
     assert device_cli.main(["run", str(mobilenet_bundle), "--camera", "synthetic:20", "--host", f"{host.host}:{host.port}",
-                            "--split", SPLIT, "--frames", "3", "--drop", "none", "--timeout", "7"]) == 0
+                            "--split", SPLIT, "--frames", "3", "--drop", "none", "--timeout", "7", "--verbose"]) == 0
     assert capsys.readouterr().out.count(f"split={SPLIT}") == 3
     assert seen == pytest.approx([50.0] * 3)
     assert device_cli.main(["run", str(mobilenet_bundle), "--camera", "synthetic:20", "--host", f"{host.host}:{host.port}",

@@ -1,0 +1,138 @@
+"""What ``split-device run`` prints: its start, split changes and summaries by default, every frame
+with ``--verbose``, the final summary alone with ``--quiet``, JSON lines alone on stdout with ``--json``;
+and ``calibrate --json``'s one object.
+
+The runs are real (the test bundle's full model on the photos); the summaries' clock is the test's:
+it moves one second each time the run reads it (once per frame), so a 10-second period is ten frames,
+whatever the machine's load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from calibration import FILENAME
+from device_runtime.board import RunSettings
+from device_runtime.cli import main
+from device_runtime.run import DEFAULT, QUIET, VERBOSE, Output, run_stream
+
+FRAMES = 40
+
+
+class Ticks:
+    """A clock that moves one second each time it is read."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def _run(bundle: Path, photos: Path, detail: str, as_json: bool = False) -> tuple[list[str], list[str]]:
+    """(stdout lines, stderr lines) of a local run of FRAMES frames over the photos, looped."""
+    said: list[str] = []
+    warned: list[str] = []
+    settings = RunSettings(bundle=str(bundle), camera=str(photos), split="local", frames=FRAMES, loop=True)
+    out = Output(say=said.append, warn=warned.append, detail=detail, json=as_json, summary_every_s=10.0,
+                 clock=Ticks())
+    stats = asyncio.run(run_stream(settings, out))
+    assert stats.frames == FRAMES and stats.dropped == 0  # a folder is no live camera: nothing dropped
+    return said, warned
+
+
+FRAME_LINE = re.compile(r"^#\d+\s+\S+\s+.+split=local\s")
+FINAL = f"{FRAMES} frames: 0 dropped (0.0%), 0 answered locally after a host failure; by split: local {FRAMES};"
+
+
+def test_by_default_a_line_per_split_change_and_a_summary_every_period(mobilenet_bundle: Path, photos_dir: Path) -> None:
+    said, _ = _run(mobilenet_bundle, photos_dir, DEFAULT)
+    assert not [line for line in said if FRAME_LINE.match(line)]  # no line per frame
+    changes = [line for line in said if re.match(r"^#\d+\s+split ", line)]
+    assert changes == ["#0    split local: fixed split (--split, or no calibration to choose with)"]
+    summaries = [line for line in said if line.startswith("last 10 s: ")]
+    assert len(summaries) == FRAMES // 10  # the clock read at frames 10, 20, 30, 40 (it started at 1)
+    assert all("10 answered (1.0 fps), 0 dropped, 0 fell back; total p50 " in line and line.endswith(
+        "splits local 100%; host local") for line in summaries), summaries
+    assert said[-1].startswith(FINAL)
+    progress = [line for line in said if line not in (*changes, *summaries, said[-1])]
+    assert len(progress) == 2 and progress[1].startswith("camera: "), progress  # the board and the camera
+
+
+def test_verbose_prints_every_frame_with_its_reason(mobilenet_bundle: Path, photos_dir: Path) -> None:
+    said, _ = _run(mobilenet_bundle, photos_dir, VERBOSE)
+    frames = [line for line in said if FRAME_LINE.match(line)]
+    assert len(frames) == FRAMES
+    assert all(line.endswith("why: fixed split (--split, or no calibration to choose with)") for line in frames)
+    assert len([line for line in said if line.startswith("last 10 s: ")]) == FRAMES // 10
+
+
+def test_quiet_prints_the_final_summary_alone(mobilenet_bundle: Path, photos_dir: Path) -> None:
+    said, warned = _run(mobilenet_bundle, photos_dir, QUIET)
+    assert len(said) == 1 and said[0].startswith(FINAL) and warned == []
+
+
+@pytest.mark.parametrize("detail", [DEFAULT, VERBOSE, QUIET])
+def test_json_lines_alone_on_stdout(mobilenet_bundle: Path, photos_dir: Path, detail: str) -> None:
+    said, warned = _run(mobilenet_bundle, photos_dir, detail, as_json=True)
+    events = [json.loads(line) for line in said]  # every line parses
+    kinds = [e["event"] for e in events]
+    expected = {
+        DEFAULT: ["start", "split_change", *["summary"] * (FRAMES // 10), "final"],
+        QUIET: ["final"],
+    }.get(detail)
+    if detail == VERBOSE:
+        assert kinds.count("frame") == FRAMES and kinds[0] == "start" and kinds[-1] == "final"
+        assert all(e["reason"] == {"kind": "fixed"} for e in events if e["event"] == "frame")
+    else:
+        assert kinds == expected
+    final = events[-1]
+    assert (final["frames"], final["answered"], final["dropped"], final["by_split"]) == (FRAMES, FRAMES, 0, {"local": FRAMES})
+    assert final["seconds"] == FRAMES + 1.0 and final["fps"] == pytest.approx(FRAMES / (FRAMES + 1.0), abs=1e-3)
+    if detail != QUIET:
+        start = events[0]
+        assert start["policy"] == "local" and start["host"] is None and "4 images" in start["camera"]
+        assert any(line.startswith("camera: ") for line in warned)  # progress goes to stderr
+
+
+def test_the_cli_flags(mobilenet_bundle: Path, photos_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--json`` and ``--quiet`` from the command line; ``--verbose`` and ``--quiet`` exclude each other.
+    A summary period of an hour: these runs take seconds, even on a busy machine."""
+    run = ["run", str(mobilenet_bundle), "--camera", str(photos_dir), "--split", "local", "--frames", "6", "--loop",
+           "--summary-every", "3600"]
+    assert main([*run, "--json"]) == 0
+    out = capsys.readouterr().out
+    assert [json.loads(line)["event"] for line in out.splitlines()] == ["start", "split_change", "final"]
+    assert main([*run, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith("6 frames: 0 dropped")
+    with pytest.raises(SystemExit) as exited:
+        main([*run, "--quiet", "--verbose"])
+    assert exited.value.code == 2
+    with pytest.raises(SystemExit):
+        main([*run, "--summary-every", "0"])
+    assert "expected seconds > 0, like 10, got '0'" in capsys.readouterr().err
+
+
+def test_calibrate_json_is_one_object_on_stdout(mobilenet_bundle: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    root = tmp_path / "bundle"
+    shutil.copytree(mobilenet_bundle, root)
+    (root / FILENAME).unlink(missing_ok=True)
+    assert main(["calibrate", str(root), "--no-host", "--batch", "1,2", "--repeats", "2", "--threads", "1",
+                 "--json"]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)  # the whole of stdout
+    assert summary["calibration"] == str(root / FILENAME) and summary["kept"] == []
+    assert (summary["backend"], summary["precision"]) == ("onnx", "float32")
+    # Without a host every choice is local, at every rate of both batch sizes.
+    assert summary["table"] == {b: [{"split": "local", "lo_bps": 1e5, "hi_bps": None}] for b in ("1", "2")}
+    assert "best split by batch size and link rate" in captured.err  # the human summary, aside
