@@ -46,8 +46,8 @@ def _image(path: Path) -> str:
 
 
 def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    cells = "".join(f"<th>{html.escape(str(h), quote=False)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c), quote=False)}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>"
 
 
@@ -90,7 +90,7 @@ def _reasons(runs: Sequence[Run]) -> str:
         return '<p class="note">No run recorded why its splits were chosen (trace schema 4 does).</p>'
     rows = []
     for kind in kinds:
-        row: list[Any] = [kind.replace("_", " ")]
+        row: list[Any] = [timeline.split_reason_label(kind)]
         for run in runs:
             counts = run.summary.get("split_reasons", {})
             total = sum(counts.values())

@@ -383,7 +383,7 @@ def _reason_lines(reasons: dict[str, int]) -> list[str]:
     """Why the splits were chosen (trace schema 4), on one line where the trace says."""
     if not reasons:
         return []
-    return ["split chosen by: " + ", ".join(f"{n} {r.replace('_', ' ')}" for r, n in reasons.items())]
+    return ["split chosen by: " + ", ".join(f"{n} {timeline.split_reason_label(r)}" for r, n in reasons.items())]
 
 
 def _link_rate_lines(link_rate: dict[str, Any]) -> list[str]:

@@ -19,7 +19,7 @@ from device_runtime.stream import DROP_QUEUE_FULL
 
 __all__ = [
     "NOT_RECORDED", "deadline_misses", "drop_reason", "drops_by_reason", "estimate_over_real", "reason_label",
-    "real_rate_steps", "split_reasons",
+    "real_rate_steps", "split_reason_label", "split_reasons",
 ]
 
 _BITS_PER_MBIT = 1e6
@@ -45,6 +45,26 @@ def drops_by_reason(frames: Sequence[dict[str, Any]]) -> dict[str, int]:
     """Dropped frames per reason, most frequent first (ties by name, so the order is stable)."""
     counts = Counter(drop_reason(f) for f in frames if f.get("dropped"))
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+#: A split reason's kind (trace schema 4: ``device_runtime.stream.reason``) in words.
+_SPLIT_REASON_LABELS = {
+    "fixed": "fixed (--split, or no table)",
+    "table": "the table's cell for the rate",
+    "refined": "the table refined with this run's head times",
+    "hold": "held by hysteresis",
+    "no_rate": "no rate estimate yet",
+    "no_host": "no host for the split wanted",
+    "upload_cap": "a slow upload capped the rate",
+    "fallback": "host failed: answered here",
+    "deadline": "host past the deadline: answered here",
+    "bandit": "the layer/semantic bandit",
+}
+
+
+def split_reason_label(kind: str) -> str:
+    """A split reason's kind in words; a kind this version does not know, as written."""
+    return _SPLIT_REASON_LABELS.get(kind, kind.replace("_", " "))
 
 
 def split_reasons(frames: Sequence[dict[str, Any]]) -> dict[str, int]:

@@ -115,7 +115,7 @@ def test_two_runs_side_by_side(tmp_path: Path) -> None:
     images = embedded_images(page)
     assert len(images) == len(COMPARISON_PLOTS) + 2 * (len(PLOTS) + 1)
     assert all(image.startswith(PNG_MAGIC) for image in images)
-    for text in ("first", "second", "table", "no rate", "2 of 6", "DSC Eq. 7", "local (no offload)"):
+    for text in ("first", "second", "the table's cell for the rate", "no rate estimate yet", "2 of 6", "DSC Eq. 7", "local (no offload)"):
         assert text in page, text
 
 
