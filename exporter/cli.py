@@ -13,10 +13,10 @@ import contextlib
 import json
 import sys
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from boards import BOARDS
-from device_runtime import FORMATS, HEAD, INT8, ONNX, PARTS, PRECISIONS, TensorSpec, slice_bundle
+from device_runtime import FORMATS, HEAD, INT8, ONNX, PARTS, PRECISIONS, Artifact, Manifest, TensorSpec, slice_bundle
 from exporter.deploy import add_deploy_command
 from splitedge import SplitEdgeError, exit_on_signals
 
@@ -46,6 +46,7 @@ examples:
       --bottleneck ae --latent-ratio 0.1 --train-data fashion-mnist --out bundle/
   split-export build torchvision:vit_b_16 --splits encoder_layers_encoder_layer_5_add_1 --out bundle/
   split-export build mynet:two_heads --output logits --splits auto --out bundle/   # a forward returning a dict
+  split-export build torchvision:mobilenet_v2 --splits auto --out bundle/ --json | jq -r '.splits[].id'   # for scripts
   split-export analyze torchvision:mobilenet_v2 --weights mobilenet_v2-b0353104.pth --data photos/ --out report/
   split-export analyze mypkg.models:fmnist_cnn --weights cnn.pt --data fashion-mnist --classes 5,7,9 --out report/
   split-export slice bundle/ --for board --formats tflite --precision int8 --out board-bundle/   # no torch needed
@@ -109,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--width", type=float, default=SEMANTIC_WIDTH, metavar="W",
                        help=f"each --semantic fragment's channel widths, a fraction of the tail's (default {SEMANTIC_WIDTH})")
     build.add_argument("--out", required=True, metavar="DIR", help="bundle directory to write")
+    build.add_argument("--json", action="store_true",
+                       help="print the summary as one JSON object on stdout at the end (what it says otherwise goes "
+                       "to stderr)")
     build.add_argument("--labels", metavar="FILE", help="class names, one per line")
     build.add_argument(
         "--formats", type=_formats, default=None, metavar="onnx[,tflite]",
@@ -257,8 +261,40 @@ def _build(args: argparse.Namespace) -> int:
         semantic=semantic,
         output=args.output,
     )
-    manifest = build_bundle(spec, args.out)
-    print(f"wrote bundle {manifest.bundle_id} to {args.out}: splits {', '.join(s.id for s in manifest.splits)}")
+    if not args.json:
+        _built(build_bundle(spec, args.out), args.out)
+        return 0
+    with contextlib.redirect_stdout(sys.stderr):  # stdout holds the JSON alone: the build's own words go aside
+        manifest = build_bundle(spec, args.out)
+        _built(manifest, args.out)
+    print(json.dumps(_build_summary(manifest, args.out), indent=2))
+    return 0
+
+
+def _build_summary(manifest: Manifest, out: str) -> dict[str, Any]:
+    """What :func:`_built` says of a bundle, as ``build --json`` prints it."""
+
+    def artifact(a: Artifact) -> dict[str, Any]:
+        return {"path": a.path, "role": a.role, "format": a.format, "precision": a.precision, "bytes": a.bytes,
+                "accuracy": a.accuracy, "max_abs_error": a.max_abs_error, "max_rel_error": a.max_rel_error}
+
+    return {
+        "bundle_id": manifest.bundle_id, "out": str(out), "output": manifest.model.output,
+        "accuracy_on": manifest.model.accuracy_on, "accuracy": manifest.model.accuracy,
+        "full": [artifact(a) for a in manifest.full],
+        "splits": [{
+            "id": s.id, "kind": s.kind, "shape": list(s.tensor.shape), "bytes_per_sample": s.tensor.bytes_per_sample,
+            "accuracy": s.accuracy, "accuracies": dict(s.accuracies), "artifacts": [artifact(a) for a in s.artifacts],
+            "stages": [{"index": t.index, "cut": t.cut, "shape": list(t.tensor.shape),
+                        "bytes_per_sample": t.tensor.bytes_per_sample} for t in s.stages],
+            "fragments": [{"index": f.index, "classes": list(f.classes), "params": f.params} for f in s.fragments],
+        } for s in manifest.splits],
+    }
+
+
+def _built(manifest: Manifest, out: str) -> None:
+    """The human summary of a build: where it went, its artifacts, how they validated, what they measured."""
+    print(f"wrote bundle {manifest.bundle_id} to {out}: splits {', '.join(s.id for s in manifest.splits)}")
     if manifest.model.output is not None:
         print(f"  answers with output {manifest.model.output} (--output to choose)")
     for what, artifacts in [("full model", manifest.full),
@@ -293,7 +329,6 @@ def _build(args: argparse.Namespace) -> int:
         for a in manifest.full:
             if a.accuracy is not None:
                 print(f"  full {a.format} {a.precision}: {a.accuracy:.4f}, {a.bytes:,} B")
-    return 0
 
 
 def _semantic_options(args: argparse.Namespace):

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any, Callable
 
 from device_runtime import PRECISIONS
 from exporter.deploy.board import ServiceOptions
 from exporter.deploy.card import deploy_card
-from exporter.deploy.fleet import Fleet, parse_max_fail
+from exporter.deploy.fleet import Fleet, FleetResult, parse_max_fail
 from splitedge import SplitEdgeError
 
 __all__ = ["DEPLOY_EXAMPLES", "add_deploy_command"]
@@ -23,6 +27,7 @@ examples:
   split-export deploy bundle/ --to pi@192.168.1.31 --service --camera picam  # and run it at boot (systemd)
   split-export deploy --rollback --to pi@192.168.1.31                    # current -> the release before
   sudo split-export deploy bundle/ --card /media/$USER/rootfs --user pi --service --host 192.168.1.20:7767
+  split-export deploy bundle/ --to pi1 --to pi2 --json | jq '.boards[] | select(.ok | not)'   # for scripts
 
 Each board: a board slice (heads, full model; no tails) goes to releases/.incoming-<id>/ under
 its splitedge directory (rsync hard-links the files the release in use already has; tar over
@@ -35,7 +40,9 @@ the release it had (its service restarted there) and says which board and why. s
 ~/.ssh/config, keys, agent and known_hosts, in batch mode (it never asks for a password).
 --card does the same into a mounted SD card's root file system (files owned by --user, the unit
 enabled with systemctl --root), so the board starts the service on its first boot.
-Exit status 0 when every board is on the new release, 1 otherwise.
+Exit status 0 when every board is on the new release, 1 otherwise. --json prints the outcome as
+one JSON object on stdout at the end (each board's result, those not reached, why the rollout
+stopped); the lines above go to stderr.
 """
 
 
@@ -80,6 +87,8 @@ def add_deploy_command(commands: argparse._SubParsersAction) -> None:
                         help="seconds to reach each board (default 10)")
     deploy.add_argument("--dry-run", action="store_true", help="probe the boards (read-only), print the steps")
     deploy.add_argument("--rollback", action="store_true", help="switch each board back to its previous release")
+    deploy.add_argument("--json", action="store_true",
+                        help="print the outcome as one JSON object on stdout at the end (the lines go to stderr)")
     deploy.set_defaults(run=run_deploy)
 
 
@@ -90,8 +99,23 @@ def _to_card(args: argparse.Namespace) -> int:
     formats = tuple(f.strip() for f in args.formats.split(",")) if args.formats else None
     result = deploy_card(args.bundle, args.card, args.user, formats=formats, precision=args.precision,
                          settings=_settings(args), keep=args.keep, service=args.service)
-    print(result.line())
+    _say(args)(result.line())
+    if args.json:
+        print(json.dumps(_summary(FleetResult([result]), 1)))
     return 0 if result.ok else 1
+
+
+def _say(args: argparse.Namespace) -> Callable[[str], None]:
+    """Where the human lines go: stdout, or stderr where stdout holds ``--json``'s object."""
+    return (lambda line: print(line, file=sys.stderr)) if args.json else print
+
+
+def _summary(result: FleetResult, boards: int) -> dict[str, Any]:
+    """The outcome ``--json`` prints: what the last line says, and each board's :class:`~exporter.deploy.BoardResult`."""
+    done = sum(b.ok for b in result.boards)
+    return {"ok": result.ok, "boards_given": boards, "done": done, "failed": len(result.boards) - done,
+            "not_reached": list(result.skipped), "stopped": result.stopped,
+            "boards": [asdict(b) for b in result.boards]}
 
 
 def _max_fail(text: str) -> float:
@@ -126,19 +150,25 @@ def run_deploy(args: argparse.Namespace) -> int:
         raise SplitEdgeError("give the bundle to deploy (or --rollback)")
     formats = tuple(f.strip() for f in args.formats.split(",")) if args.formats else None
     service = ServiceOptions(health_s=args.health_seconds) if args.service else None
-    with Fleet(args.to, args.ssh_config, args.ssh_options, args.connect_timeout) as fleet:
+    say = _say(args)
+    with Fleet(args.to, args.ssh_config, args.ssh_options, args.connect_timeout, say=say) as fleet:
         if args.rollback:
             result = fleet.rollback(args.serial, args.max_fail)
         elif args.dry_run:
-            for line in fleet.plan(args.bundle, formats=formats, precision=args.precision, settings=_settings(args),
-                                   keep=args.keep, serial=args.serial, max_fail=args.max_fail, service=service):
-                print(line)
+            steps = fleet.plan(args.bundle, formats=formats, precision=args.precision, settings=_settings(args),
+                               keep=args.keep, serial=args.serial, max_fail=args.max_fail, service=service)
+            for line in steps:
+                say(line)
+            if args.json:
+                print(json.dumps({"dry_run": True, "steps": steps}))
             return 0
         else:
             result = fleet.deploy(args.bundle, formats=formats, precision=args.precision, settings=_settings(args),
                                   keep=args.keep, serial=args.serial, max_fail=args.max_fail, service=service)
     failed = [b for b in result.boards if not b.ok]
-    print(f"{len(result.boards) - len(failed)} of {len(args.to)} board(s) done"
-          + (f", {len(failed)} failed" if failed else "") + (f", {len(result.skipped)} not reached"
-                                                             if result.skipped else ""))
+    say(f"{len(result.boards) - len(failed)} of {len(args.to)} board(s) done"
+        + (f", {len(failed)} failed" if failed else "") + (f", {len(result.skipped)} not reached"
+                                                           if result.skipped else ""))
+    if args.json:
+        print(json.dumps(_summary(result, len(args.to))))
     return 0 if result.ok else 1

@@ -8,6 +8,7 @@ emulation to check what the deploy wrote.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -47,6 +48,16 @@ def test_a_path_that_is_not_a_root_file_system_is_one_line(tmp_path: Path, mobil
                                   "give the card's rootfs partition, such as /media/$USER/rootfs, not bootfs; "
                                   "current left as it was")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["overlays"]
+
+
+def test_json_says_the_same_as_one_object(tmp_path: Path, mobilenet_bundle: Path) -> None:
+    (tmp_path / "overlays").mkdir()
+    out = card_deploy(tmp_path, mobilenet_bundle, "--json")
+    assert out.returncode == 1 and out.stderr.startswith(f"{tmp_path}: FAILED: not a root file system")
+    summary = json.loads(out.stdout)  # the whole of stdout
+    assert (summary["ok"], summary["done"], summary["failed"], summary["not_reached"]) == (False, 0, 1, [])
+    (board,) = summary["boards"]
+    assert board["board"] == str(tmp_path) and not board["ok"] and board["error"].startswith("not a root file system")
 
 
 @pytest.fixture

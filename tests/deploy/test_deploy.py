@@ -8,6 +8,7 @@ home and host key, running splitedge installed from its wheel; the deploy is thi
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -242,6 +243,21 @@ def test_a_field_trial_holding_the_update_lock_defers_the_switch(
         trial.wait()
     out = deploy(boards, changed_bundle, "board1")
     assert out.returncode == 0 and board.current() == slice_id(changed_bundle)
+
+
+def test_json_is_the_outcome_as_one_object_the_lines_on_stderr(make_boards, mobilenet_bundle: Path) -> None:
+    fleet = make_boards(board1={}, board2={"disk_mb": 8})
+    out = deploy(fleet, mobilenet_bundle, "board1", "board2", extra=("--max-fail", "50%", "--json"))
+    assert out.returncode == 1, out.stdout + out.stderr
+    summary = json.loads(out.stdout)  # the whole of stdout
+    assert (summary["ok"], summary["boards_given"], summary["done"], summary["failed"]) == (False, 2, 1, 1)
+    boards = {b["board"]: b for b in summary["boards"]}
+    assert boards["board1"]["ok"] and boards["board1"]["current"] == slice_id(mobilenet_bundle)
+    assert boards["board1"]["before"] is None and boards["board1"]["method"] == "rsync"
+    assert not boards["board2"]["ok"] and "not enough space" in boards["board2"]["error"]
+    assert out.stderr.rstrip().endswith("1 of 2 board(s) done, 1 failed")
+    dry = deploy(fleet, mobilenet_bundle, "board1", extra=("--dry-run", "--json"))
+    assert dry.returncode == 0 and json.loads(dry.stdout)["dry_run"] is True
 
 
 def test_dry_run_probes_and_prints_the_steps_and_changes_nothing(make_boards, mobilenet_bundle: Path) -> None:

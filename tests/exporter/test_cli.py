@@ -35,6 +35,24 @@ def test_build_writes_a_bundle_that_loads(tmp_path: Path, capsys) -> None:
     }  # fmt: skip
 
 
+def test_build_json_is_one_object_on_stdout(tmp_path: Path, capsys) -> None:
+    """A small model: the summary as JSON alone on stdout, what the build says on stderr."""
+    out = tmp_path / "bundle"
+    assert main(["build", "exporter.zoo:fmnist_vgg", "--input-shape", "1,28,28", "--splits", "auto", "--out", str(out),
+                 "--json"]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    manifest = Bundle.load(out).manifest
+    assert summary["bundle_id"] == manifest.bundle_id and summary["out"] == str(out)
+    assert [s["id"] for s in summary["splits"]] == [s.id for s in manifest.splits] and summary["splits"]
+    first = summary["splits"][0]
+    assert first["bytes_per_sample"] == manifest.splits[0].tensor.bytes_per_sample
+    assert {a["role"] for a in first["artifacts"]} == {"head", "tail"}
+    assert all(a["max_abs_error"] is not None for a in first["artifacts"])  # validated against torch
+    assert [a["path"] for a in summary["full"]] == [a.path for a in manifest.full]
+    assert f"wrote bundle {manifest.bundle_id}" in captured.err
+
+
 def test_points_prints_every_cut(capsys) -> None:
     assert main(["points", "torchvision:resnet18", "--json"]) == 0
     points = json.loads(capsys.readouterr().out)
