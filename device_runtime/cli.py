@@ -23,6 +23,7 @@ from device_runtime.board import (
 )
 from device_runtime.bundle import FORMATS, Bundle
 from device_runtime.engine import AUTO, PRECISIONS, PREPROCESS_PATHS
+from device_runtime.live import live_flag
 from device_runtime.run import DEFAULT, QUIET, VERBOSE, Output, calibrate_board, run_stream, table_text
 from device_runtime.wire import kernel_timing_support
 from splitedge import SplitEdgeError, exit_on_signals, run_command
@@ -40,6 +41,8 @@ examples:
   split-device report run.jsonl --out report/               # latency over time, CDFs, drops, gain over static splits
   split-device report a.jsonl b.jsonl --out compare/        # runs side by side in compare/report.html
   split-device run bundle/ --camera 0 --key-file host.key   # the host's key: every frame authenticated
+  split-device run bundle/ --live 8080                      # watch it at http://127.0.0.1:8080/ (this board only)
+  split-device run bundle/ --live 0.0.0.0:8080 --key-file host.key  # from the network: the page asks for a token
   split-device run bundle/ --camera 0 --host 192.168.1.20:7767 --key-file host.key --tls-ca host.pem  # and TLS
   split-device run bundle/ --verbose                        # a line per frame: label, split, stage times, why
   split-device run bundle/ --quiet --frames 300             # the final summary alone (and errors)
@@ -120,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --deadline-ms and a semantic split: learn the choice ε-greedily (SplitPlace) rather "
                      "than run on what was learned (UCB that keeps learning slowly)")
     _runtime_arguments(run)
+    run.add_argument("--live", metavar="[ADDRESS:]PORT", type=live_flag,
+                     help="serve a live page of the run on PORT, on 127.0.0.1 unless ADDRESS is given: the latest "
+                     "frame with its label, the split and why, the rate estimate against the table's boundaries, "
+                     "each stage's latency over the last minute, drops and the host; with --key-file the page asks "
+                     "for a token, and the URL printed at start carries it (default: off)")
     run.add_argument("--transmit", choices=("auto", "float32", "uint8"), default="auto",
                      help="cut tensor on the link (default auto: uint8 where the bundle has its quantization)")
     said = run.add_mutually_exclusive_group()

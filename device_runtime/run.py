@@ -34,6 +34,7 @@ from device_runtime.board import (
 from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle
 from device_runtime.engine import AUTO, DeviceRunner, default_split
 from device_runtime.hosts import HostLink, LinkMeter, connect_host, discover
+from device_runtime.live import LiveBoard, LiveServer
 from device_runtime.stream import (
     AutoPolicy, BanditPolicy, FrameSource, Pipeline, PipelineConfig, PipelineStats, Reason, RunEvents, SplitPolicy,
     StaticPolicy, TraceWriter, frame_record, open_source, pi_camera_absent,
@@ -160,7 +161,13 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
     trace = TraceWriter(settings.trace, _run_record(settings, camera, bundle, runner, calibration)) \
         if settings.trace else None
     events = RunEvents(out.summary_every_s, out.clock)
+    live = LiveBoard() if settings.live is not None else None
+    page: LiveServer | None = None
     try:
+        if live is not None:  # --live: every result and frame published to the page (O(1) each)
+            live.plan(calibration.table if calibration is not None else None, settings.batch)
+            page = live.serve(settings.live, credentials.key)
+            (out.warn if out.detail == QUIET else out.progress)(f"live page on {page.url}")
         with _open_camera(camera, settings, chosen, bundle.manifest.model.preprocess.resize) as source:
             out.progress(f"camera: {source.description}{chosen}")
             if (negotiation := source.negotiation()) is not None:
@@ -171,7 +178,10 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
             if out.detail != QUIET:
                 out.event(_start_event(settings, bundle, board, runner, source.description, hosts), None)
             ready = False
-            async for result in pipeline.run(source, frames=settings.frames, stop=stop):
+            async for result in pipeline.run(source if live is None else live.watch(source), frames=settings.frames,
+                                             stop=stop):
+                if live is not None:
+                    live.publish(result)
                 if not ready:  # a frame answered: bundle, camera and a path to the result all work
                     notify(f"READY=1\nSTATUS=running {bundle.manifest.bundle_id} from {settings.bundle}")
                     ready = True
@@ -184,6 +194,8 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
                     trace.frame(result)
     finally:
         notify("STOPPING=1")
+        if page is not None:
+            page.close()
         if trace is not None:
             trace.close()
         if hosts is not None:

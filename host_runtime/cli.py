@@ -11,7 +11,7 @@ import sys
 from typing import Any, Callable, Sequence
 
 from splitedge import run_command
-from device_runtime.live import parse_live_address
+from device_runtime.live import live_flag
 from device_runtime.wire import DEFAULT_MAX_FRAME_BYTES, load_key, server_context, split_address
 from host_runtime.advertise import Advertiser, local_address_for
 from host_runtime.batcher import BatchConfig
@@ -194,7 +194,7 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         help="serve Prometheus text metrics on this port, on the --interface address (default: off)",
     )
     serve.add_argument(
-        "--live", metavar="[ADDRESS:]PORT", type=_live_address,
+        "--live", metavar="[ADDRESS:]PORT", type=live_flag,
         help="serve a live page of this host (the boards connected and their splits, queue, batches, deadlines "
         "missed) on PORT, on 127.0.0.1 unless ADDRESS is given; with --key-file the page asks for a token, and "
         "the URL printed at start carries it (default: off; not with --procs above 1)",
@@ -234,14 +234,6 @@ def _buckets(text: str) -> str:
     if min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: batch sizes are at least 1")
     return ",".join(str(size) for size in sorted(set(sizes)))
-
-
-def _live_address(text: str) -> str:
-    try:
-        parse_live_address(text)
-    except SplitEdgeError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--live {text!r}: ")) from None
-    return text
 
 
 def _address(text: str) -> str:

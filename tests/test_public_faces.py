@@ -51,7 +51,7 @@ FACES = {
         "load_backend", "prefers_int8", "preprocess", "preprocess_path",
     ],
     "device_runtime.live": [
-        "LiveBoard", "LiveServer", "LiveSource", "live_token", "page", "parse_live_address",
+        "LiveBoard", "LiveServer", "LiveSource", "live_flag", "live_token", "page", "parse_live_address",
     ],
     "device_runtime.hosts": [
         "HostAdvert", "HostLink", "LinkMeter", "connect_host", "discover", "host_address", "probe_bytes",

@@ -210,6 +210,7 @@ class RunSettings:
     deadline_ms: float | None = None  # None: the camera's frame interval; 0: none
     learn: bool = False
     transmit: str = AUTO
+    live: str | None = None  # --live [ADDRESS:]PORT: the run's live page (device_runtime.live); None: none
 
     @property
     def auto(self) -> bool:
@@ -252,7 +253,7 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
         bundle=args.bundle, connection=_connection(args), runtime=_runtime(args), camera=str(args.camera),
         realtime=args.realtime, split=args.split, batch=args.batch, queue=args.queue, drop=args.drop,
         frames=args.frames, loop=args.loop, trace=args.trace, deadline_ms=args.deadline_ms, learn=args.learn,
-        transmit=args.transmit,
+        transmit=args.transmit, live=args.live,
     )
 
 

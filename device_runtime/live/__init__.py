@@ -9,6 +9,6 @@ address it is given, and nothing on a page is loaded from elsewhere.
 
 from device_runtime.live.board import LiveBoard
 from device_runtime.live.page import page
-from device_runtime.live.server import LiveServer, LiveSource, live_token, parse_live_address
+from device_runtime.live.server import LiveServer, LiveSource, live_flag, live_token, parse_live_address
 
-__all__ = ["LiveBoard", "LiveServer", "LiveSource", "live_token", "page", "parse_live_address"]
+__all__ = ["LiveBoard", "LiveServer", "LiveSource", "live_flag", "live_token", "page", "parse_live_address"]

@@ -47,7 +47,11 @@ function text(id, value) {
 
 function fixed(value, digits) { return value === null || value === undefined ? '—' : Number(value).toFixed(digits); }
 
-function mbit(bps) { return bps === null || bps === undefined ? '—' : (bps / 1e6).toPrecision(3) + ' Mbit/s'; }
+function mbit(bps) {
+  if (bps === null || bps === undefined) return '—';
+  return bps >= 1e9 ? (bps / 1e9).toPrecision(3) + ' Gbit/s' : bps >= 1e6 ? (bps / 1e6).toPrecision(3) + ' Mbit/s'
+       : (bps / 1e3).toPrecision(3) + ' kbit/s';
+}
 
 // The state as Server-Sent Events; the browser reconnects by itself, sending the last id it had.
 function connect(onState) {

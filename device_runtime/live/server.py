@@ -21,6 +21,7 @@ stops reading is dropped after :data:`SOCKET_TIMEOUT_S`), and what a source keep
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import hmac
 import json
@@ -95,6 +96,16 @@ def parse_live_address(text: str) -> tuple[str, int]:
         raise SplitEdgeError(f"--live {text!r}: expected [ADDRESS:]PORT, like 8080 (this machine only) or "
                              f"0.0.0.0:8080 (every interface); port 0 picks a free one")
     return address, port
+
+
+def live_flag(text: str) -> str:
+    """``--live``'s argparse type (``split-device run``, ``split-host serve``): ``text`` when
+    :func:`parse_live_address` takes it, else the usage error saying what it expects."""
+    try:
+        parse_live_address(text)
+    except SplitEdgeError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--live {text!r}: ")) from None
+    return text
 
 
 class _Server(ThreadingHTTPServer):
