@@ -32,6 +32,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -69,24 +70,28 @@ def _stream(runner: DeviceRunner, bundle: Bundle, fps: float, seconds: float, bo
     return asyncio.run(go())
 
 
+def chromium() -> Any:
+    """Headless Chromium driven by Selenium (Debian's chromium and chromium-driver)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    for argument in ("--headless=new", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1000"):
+        options.add_argument(argument)
+    if os.geteuid() == 0:  # Chromium's sandbox refuses to run as root
+        options.add_argument("--no-sandbox")
+    return webdriver.Chrome(service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"), options=options)
+
+
 class Watcher:
     """A page kept open on the live server: Chromium where installed, else :func:`python_client`."""
 
     def __init__(self, url: str, client: str) -> None:
         self.kind = client
         if client == "chromium":
-            from selenium import webdriver
-            from selenium.webdriver.chrome.options import Options
-            from selenium.webdriver.chrome.service import Service
-
-            options = Options()
-            options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
-            for argument in ("--headless=new", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1000"):
-                options.add_argument(argument)
-            if os.geteuid() == 0:
-                options.add_argument("--no-sandbox")
-            self.driver = webdriver.Chrome(service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"),
-                                           options=options)
+            self.driver = chromium()
             self.driver.get(url)
             self.process = None
         else:
