@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import shutil
 import socket
 import subprocess
@@ -33,7 +34,7 @@ from device_runtime.hosts.link_meter import LinkMeter
 from device_runtime.stream.camera import Synthetic
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig
 from device_runtime.stream.policy import AutoPolicy, StaticPolicy
-from device_runtime.stream.reason import Choice
+from device_runtime.stream.reason import TABLE, UPLOAD_CAP, Choice
 from device_runtime.stream.results import FrameResult
 from device_runtime.wire.client import InferResult
 from device_runtime.wire.kernel_timing import UploadTiming
@@ -235,6 +236,12 @@ def _check_rate_step(
     assert "up" in marks, "never moved to local after the rate dropped"
     assert splits[-1] == SPLIT, "did not go back to offloading when the link recovered"
     assert switches >= 2
+    # Each table choice names its cell: the estimate lies in it, and the two cells meet at the boundary.
+    tables = [r for r in results if r.reason.kind == TABLE]
+    assert all(r.reason.lo_bps <= r.rate_bps < (r.reason.hi_bps or math.inf) for r in tables), [r.reason for r in tables]
+    assert {r.split for r in tables} == {SPLIT, LOCAL}
+    edges = {r.reason.hi_bps for r in tables if r.split == LOCAL} | {r.reason.lo_bps for r in tables if r.split == SPLIT}
+    assert len(edges) == 1 and edges.pop() == pytest.approx(1.32e6, rel=0.07)
 
 
 class _Recording(Synthetic):
@@ -294,8 +301,11 @@ def test_nothing_waits_behind_an_upload_the_link_slowed_under(
     assert sum(r.where == "remote" for r in after) <= 2, [(r.split, r.total_ms) for r in after]
     settled = [r for r in after if r.captured >= step + 0.5]
     assert settled and max(r.total_ms for r in settled) < 1000.0, [(r.split, r.total_ms) for r in settled]
-    # Capped before any slow reply came (the first one takes 2.5 s): below what the frame's bytes in 0.3 s would need.
+    # Capped before any slow reply came (the first one takes 2.5 s): below what the frame's bytes in 0.3 s would need;
+    # those frames say so, with the estimate the cap overrode.
     assert any(r.rate_bps < 8 * sent / 0.3 for r in after if r.captured < step + 2.0)
+    assert any(r.reason.kind == UPLOAD_CAP and r.reason.uncapped_bps > r.rate_bps for r in after
+               if r.captured < step + 2.0), [r.reason for r in after]
     slow = [r.index for r in answered if r.total_ms > 2000.0]  # sent as the link slowed
     assert slow
     if source_kind.live:

@@ -19,6 +19,7 @@ from device_runtime.stream.camera import Frame, FrameSource, Synthetic
 from device_runtime.stream.frame_queue import FrameQueue
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig
 from device_runtime.stream.policy import StaticPolicy
+from device_runtime.stream.reason import DEADLINE, FALLBACK, FIXED, NO_HOST, Reason
 from splitedge.errors import BundleError
 from tests.conftest import TEST_SPLITS, run_stream, start_host, until
 
@@ -161,6 +162,14 @@ def test_host_killed_mid_stream_every_frame_answered_then_offloads_again(mobilen
     assert where[:10] == ["remote"] * 10, where[:10]
     assert "local" in where[10:] and where[-1] == "remote", where  # fell back, then offloaded again
     assert losses == 1
+    # Each frame says why it ran where it did: the fixed split remotely; here, the split that could not
+    # run (its batch failed on the way, no host to send it to, or refused for the frame's deadline).
+    assert all(r.reason == Reason(FIXED) for r in results if r.where == "remote")
+    local = [r for r in results if r.where == "local"]
+    assert {r.reason.kind for r in local} <= {FALLBACK, NO_HOST, DEADLINE} and {r.reason.wanted for r in local} == {SPLIT}
+    assert {FALLBACK, NO_HOST} & {r.reason.kind for r in local}, [r.reason for r in local]
+    assert all(r.error == f"{SPLIT}: {r.reason.error}" for r in local if r.reason.kind == FALLBACK)
+    assert all(r.line().endswith(f"why: {r.reason.text()}") for r in results)
 
 
 def test_a_failure_ends_the_stream_with_its_error_not_a_hang(mobilenet_bundle: Path, host) -> None:
