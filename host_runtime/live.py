@@ -125,7 +125,7 @@ connect((state) => {
   rows('tails', state.tails.map((t) => ({key: t.tail, row: [t.tail, t.answered, t.queue_ms.toFixed(2), t.compute_ms.toFixed(2)]})));
   chart(document.getElementById('queue-chart'), [
     {name: 'queue', points: samples.map((s) => [s.t, s.queue])}, {name: 'in flight', points: samples.map((s) => [s.t, s.in_flight])},
-  ], {now: state.now, spanS: KEEP_S, zero: true, format: (v) => v.toFixed(0)});
+  ], {now: state.now, spanS: KEEP_S, zero: true, format: num});
   // Rates over one second: each sample against the first one at least a second older.
   const per = [], mean = [], missed = [];
   let j = 0;
@@ -137,7 +137,7 @@ connect((state) => {
     mean.push([b.t, b.batches > a.batches ? (b.samples - a.samples) / (b.batches - a.batches) : null]);
   }
   chart(document.getElementById('batch-chart'), [{name: 'batches/s', points: per}, {name: 'mean batch', points: mean},
-        {name: 'missed/s', points: missed}], {now: state.now, spanS: KEEP_S, zero: true, format: (v) => v.toFixed(1)});
+        {name: 'missed/s', points: missed}], {now: state.now, spanS: KEEP_S, zero: true, format: num});
 });
 """
 

@@ -45,6 +45,9 @@ function text(id, value) {
   if (el.textContent !== shown) el.textContent = shown;
 }
 
+// An axis label: whole numbers from 100 up, two significant digits below.
+function num(value) { return Math.abs(value) >= 100 ? value.toFixed(0) : String(Number(value.toPrecision(2))); }
+
 function fixed(value, digits) { return value === null || value === undefined ? '—' : Number(value).toFixed(digits); }
 
 function mbit(bps) {
@@ -211,7 +214,7 @@ function render() {
   chart(document.getElementById('rate-chart'), [{name: 'rate estimate', points: answered.map((f) => [f.t, f.rate_bps])}],
         {now, spanS: KEEP_S, log: true, marks, format: mbit});
   chart(document.getElementById('stage-chart'), STAGES.map(([name, key]) => ({name, points: answered.map((f) => [f.t, f[key]])})),
-        {now, spanS: KEEP_S, zero: true, format: (v) => v.toFixed(1)});
+        {now, spanS: KEEP_S, zero: true, format: num});
   const rows = STAGES.map(([name, key]) => {
     const sorted = answered.map((f) => f[key]).sort((a, b) => a - b);
     return '<tr><td>' + name + '</td><td>' + fixed(percentile(sorted, 0.5), 2) + '</td><td>' + fixed(percentile(sorted, 0.95), 2)

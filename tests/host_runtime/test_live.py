@@ -51,6 +51,7 @@ def test_the_host_page_lists_a_connected_board_and_its_split(browser: Any, host:
             chart = browser.find_element("id", "queue-chart")
             draws = int(chart.get_attribute("data-draws"))
             until(browser, lambda d: int(chart.get_attribute("data-draws")) > draws, "the queue chart redrawn")
+            assert [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
     finally:
         host.call(client.close)
     assert row[0] == board and row[1] == f"{SPLIT} (3)" and row[2] == "0"

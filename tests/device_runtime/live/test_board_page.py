@@ -141,6 +141,7 @@ def test_the_page_shows_each_frame_as_the_trace_records_it_and_keeps_moving(
         assert int(browser.find_element("id", "stage-chart").get_attribute("data-points")) > 0
         stages = browser.execute_script(
             "return [...document.querySelectorAll('#stages tbody tr')].map((tr) => [...tr.children].map((td) => td.textContent));")
+        assert [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []  # no script failed
         picture, caption_shown = browser.execute_script(  # set together when a picture arrives
             "return [document.getElementById('frame').dataset.index, document.getElementById('caption').textContent];")
     answered = _trace(trace)
