@@ -74,7 +74,7 @@ demo: $(BUILD)/demo-bundle/manifest.json $(BUILD)/photos/.written
 	for i in $$(seq 60); do grep -q "advertised as" $(BUILD)/demo-host.log && break; sleep 0.5; done; \
 	for split in $$($(VENV)/bin/python -c "import json; print(' '.join(s['id'] for s in json.load(open('$(BUILD)/demo-bundle/manifest.json'))['splits']))") local; do \
 		echo "--- split $$split"; \
-		$(VENV)/bin/split-device run $(BUILD)/demo-bundle --camera $(BUILD)/photos --interface 127.0.0.1 --split $$split || exit 1; \
+		$(VENV)/bin/split-device run $(BUILD)/demo-bundle --camera $(BUILD)/photos --interface 127.0.0.1 --split $$split --verbose || exit 1; \
 	done
 
 # The workstation's torch work in two halves of about equal CPU and the board's (qemu) run side by
