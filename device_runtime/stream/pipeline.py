@@ -30,7 +30,9 @@ deadline, and only a batch no fragment answered is run here.
 
 Which split each batch takes is the policy's (:mod:`device_runtime.stream.policy`): fixed, or the
 calibration table's choice for the current rate estimate (:mod:`device_runtime.hosts.link_meter`),
-which comes from the stream's own transfers and, while nothing is offloaded, from probes.
+which comes from the stream's own transfers and, while nothing is offloaded, from probes. The
+policy says why (:class:`~device_runtime.stream.reason.Reason`), and each frame's result carries
+it; a batch the board answers instead says so (``fallback``, ``deadline``, ``no_host``).
 """
 
 from __future__ import annotations

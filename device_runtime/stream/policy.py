@@ -3,6 +3,10 @@
 ``available`` is what can run right now: ``local`` always, the host's splits only while a
 host is connected. A split that is not available falls back to ``local`` at once, so a lost
 host never costs a frame (the pipeline re-runs in-flight batches locally too).
+
+Each policy answers with a :class:`~device_runtime.stream.reason.Choice`: the split and why
+(:class:`~device_runtime.stream.reason.Reason`), which the frame's result, its printed line and
+its trace record carry on.
 """
 
 from __future__ import annotations
