@@ -178,8 +178,9 @@ connect((state) => {
 
 // The cell of the table the rate falls in: its split and the boundaries around it (the reason's
 // own where it names one: the table may have been rebuilt with this run's head times).
-function cell(rate, reason) {
-  if (reason && reason.lo_bps !== undefined) return {split: reason.wanted || null, low: reason.lo_bps, high: reason.hi_bps === undefined ? null : reason.hi_bps};
+// A reason's cell is that of the split it names (`wanted`: what the table wanted, held off), else of the split that ran.
+function cell(rate, reason, ran) {
+  if (reason && reason.lo_bps !== undefined) return {split: reason.wanted || ran, low: reason.lo_bps, high: reason.hi_bps === undefined ? null : reason.hi_bps};
   if (!plan || rate === null) return null;
   let low = plan.rates_bps[0], high = null, split = plan.first;
   for (const [boundary, below, above] of plan.boundaries) {
@@ -198,8 +199,8 @@ function render() {
     text('split', latest.split);
     text('where', latest.where === 'remote' ? 'on ' + latest.host : 'here (the board)');
     text('rate', mbit(latest.rate_bps));
-    const c = cell(latest.rate_bps, latest.reason);
-    text('cell', c ? (c.split ? c.split + ' for ' : '') + mbit(c.low) + ' – ' + (c.high === null ? '∞' : mbit(c.high))
+    const c = cell(latest.rate_bps, latest.reason, latest.split);
+    text('cell', c ? c.split + ' for ' + mbit(c.low) + ' – ' + (c.high === null ? '∞' : mbit(c.high))
                    + (plan ? ' (batch ' + plan.batch + ')' : '')
                    : (plan ? 'no rate estimate yet' : 'no table: a fixed split'));
     reason(latest.reason);

@@ -25,13 +25,7 @@ from device_runtime.engine import DeviceRunner
 from device_runtime.hosts import HostLink
 from device_runtime.live import LiveBoard, live_token
 from device_runtime.stream import (
-    Frame,
-    FrameSource,
-    Pipeline,
-    PipelineConfig,
-    StaticPolicy,
-    TraceWriter,
-    open_source,
+    Frame, FrameResult, FrameSource, Pipeline, PipelineConfig, Reason, StaticPolicy, TraceWriter, open_source,
 )
 from tests.conftest import TEST_SPLITS, RunningHost
 from tests.device_runtime.live.browser import browser, read, until  # noqa: F401 (browser: a fixture)
@@ -156,6 +150,30 @@ def test_the_page_shows_each_frame_as_the_trace_records_it_and_keeps_moving(
     assert caption_shown == f"#{picture}: {pictured['label']} {pictured['probability']:.3f}, split {pictured['split']}"
     assert [row[0] for row in stages] == ["preprocess", "head", "transfer", "tail", "waits", "total"]
     assert all(float(value) >= 0 for row in stages for value in row[1:])
+
+
+@pytest.mark.parametrize(("reason", "cell"), [
+    (Reason("table", batch=1, rate_bps=5e6, lo_bps=3.16e6), f"{SPLIT} for 3.16 Mbit/s – ∞"),
+    (Reason("hold", batch=1, rate_bps=2e6, lo_bps=1e6, hi_bps=3.16e6, wanted=LOCAL, streak=2),
+     f"{LOCAL} for 1.00 Mbit/s – 3.16 Mbit/s"),
+])
+def test_the_page_says_the_reasons_cell_and_fields(browser: Any, reason: Reason, cell: str) -> None:
+    """A reason's own cell (the table the run chose with may have been rebuilt with its head
+    times) and every field it fills, rates in Mbit/s; its sentence as the printed line says it."""
+    board = LiveBoard()
+    board.plan(TABLE, 1)
+    with board.serve("127.0.0.1:0") as server:
+        board.publish(FrameResult(index=7, name="coffee.png", label="espresso", probability=0.9, split=SPLIT,
+                                  captured=time.monotonic(), rate_bps=reason.rate_bps, reason=reason))
+        browser.get(server.url)
+        until(browser, lambda d: read(d, SHOWN)["index"] == "#7 coffee.png", "the frame")
+        shown = read(browser, SHOWN)
+        fields = browser.execute_script(
+            "return [...document.querySelectorAll('#reason dt')].map((dt) => [dt.textContent, dt.nextSibling.textContent]);")
+    assert (shown["kind"], shown["why"]) == (reason.kind, reason.text())
+    assert shown["cell"] == f"{cell} (batch 1)"
+    assert dict(fields) == {k: f"{v / 1e6:#.3g} Mbit/s" if k.endswith("_bps") else str(v)  # 3 digits, as the page
+                            for k, v in reason.as_dict().items() if k != "kind"}
 
 
 def test_with_a_key_the_page_asks_for_its_token(browser: Any, tmp_path: Path) -> None:
