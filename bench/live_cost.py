@@ -78,10 +78,10 @@ def chromium() -> Any:
 
     options = Options()
     options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
-    for argument in ("--headless=new", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1000"):
+    # No sandbox: it refuses to run as root, and needs user namespaces a container may not give.
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1280,1000"):
         options.add_argument(argument)
-    if os.geteuid() == 0:  # Chromium's sandbox refuses to run as root
-        options.add_argument("--no-sandbox")
     return webdriver.Chrome(service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"), options=options)
 
 

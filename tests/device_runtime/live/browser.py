@@ -7,7 +7,6 @@ never stand in for an assertion.
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,11 +39,11 @@ def browser() -> Iterator[Any]:
 
     options = Options()
     options.binary_location = str(CHROMIUM if CHROMIUM.is_file() else shutil.which("chromium"))
-    for argument in ("--headless=new", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1000",
-                     "--no-first-run", "--disable-extensions"):
+    # No sandbox: it refuses to run as root, and needs user namespaces a container may not give; the
+    # pages are the suite's own.
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1280,1000", "--no-first-run", "--disable-extensions"):
         options.add_argument(argument)
-    if os.geteuid() == 0:  # Chromium's sandbox refuses to run as root
-        options.add_argument("--no-sandbox")
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER if CHROMEDRIVER.is_file() else shutil.which("chromedriver"))),
                               options=options)
     driver.set_page_load_timeout(WITHIN_S)
