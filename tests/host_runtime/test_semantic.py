@@ -26,6 +26,7 @@ from device_runtime.stream.camera import Frame, FrameSource, open_source
 from device_runtime.stream.fragments import gather, merge
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig
 from device_runtime.stream.policy import BanditPolicy, StaticPolicy
+from device_runtime.stream.reason import BANDIT, FIXED
 from splitedge.errors import HostUnavailableError
 from tests.conftest import SEMANTIC_CUT, SEMANTIC_SPLIT, RunningHost, start_host
 from tests.host_runtime.helpers import Held
@@ -172,6 +173,11 @@ def test_the_bandit_chooses_per_batch_and_learns_from_every_answer(
     observed = {arm: sum(bandit.stats(ctx, arm).count for ctx in ("low", "high")) for arm in (LAYER, SEMANTIC)}
     assert observed == {arm: len(rs) for arm, rs in by_arm.items()}
     assert bandit.layer_ms is not None  # R (the layer arm's response estimate) follows the layer answers
+    # Each answer says which arm the bandit took, with what it knew of it (a remote answer: no fallback).
+    remote = [r for r in results if r.where == "remote"]
+    assert all((r.reason.kind, r.reason.arm) == (BANDIT, SEMANTIC) for r in remote if r.split == SEMANTIC_SPLIT)
+    assert all((r.reason.kind, r.reason.arm) == (FIXED, LAYER) for r in remote if r.split == SEMANTIC_CUT)
+    assert all(0.0 <= r.reason.score <= 1.0 for r in remote)
 
 
 def _limited(source: FrameSource, frames: int, deadline_ms: float | None = None) -> FrameSource:
