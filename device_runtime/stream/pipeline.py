@@ -378,7 +378,7 @@ class Pipeline:
         except (HostUnavailableError, RemoteError) as exc:
             if isinstance(exc, HostUnavailableError) and self.hosts is not None:
                 await self.hosts.lost(client, exc)
-            return await self._locally(batch, x, split, head_ms, rate, exc, waits, deadline)
+            return await self._locally(batch, x, split, head_ms, rate, reason, exc, waits, deadline)
         self.meter.observe_reply(tensor.nbytes, result)
         hops = result.hops  # a chain's later hosts: their stages, queues and links are the tail's too
         return self._results(batch, result.output, _Answer(
@@ -390,15 +390,16 @@ class Pipeline:
         ))
 
     async def _locally(
-        self, batch: list[_Captured], x: np.ndarray, split: str, head_ms: float, rate: float | None, exc: Exception,
-        waits: dict[str, float], deadline: float | None,
+        self, batch: list[_Captured], x: np.ndarray, split: str, head_ms: float, rate: float | None, chosen: Reason,
+        exc: Exception, waits: dict[str, float], deadline: float | None,
     ) -> list[FrameResult]:
         """A remote batch that failed, answered here with the full model: no frame is lost. Its
-        reason says so: ``deadline`` where the host refused it for the frame's deadline, else ``fallback``."""
+        reason says so: ``deadline`` where the host refused it for the frame's deadline, else
+        ``fallback``, with the reason ``split`` was ``chosen`` for."""
         logits, ms = await asyncio.get_running_loop().run_in_executor(self._compute, self.runner.run_full, x)
         refused = isinstance(exc, RemoteError) and exc.code == ErrorCode.DEADLINE_EXCEEDED
         reason = Reason(DEADLINE if refused else FALLBACK, batch=len(batch), rate_bps=rate, wanted=split,
-                        error=str(exc), deadline_ms=deadline if refused else None)
+                        error=str(exc), deadline_ms=deadline if refused else None, chosen=chosen)
         return self._results(batch, logits, _Answer(LOCAL, rate, reason, head_ms + ms, error=f"{split}: {exc}",
                                                     attempted=split, **waits))
 
@@ -451,7 +452,7 @@ class Pipeline:
             )
         except HostUnavailableError as exc:
             self._move(split, set(self._placement(split).values()) - {client.address})
-            return await self._locally(batch, x, split, head_ms, rate, exc, waits, deadline)
+            return await self._locally(batch, x, split, head_ms, rate, reason, exc, waits, deadline)
         finally:
             self.meter.settled(ticket)
             self._remote -= 1

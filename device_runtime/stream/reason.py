@@ -20,9 +20,10 @@ The vocabulary (``Reason.kind``), with the fields each one fills:
   cap, ``overdue`` whether an upload was overdue (then nothing is queued behind it: the board
   runs the batch), else the table's cell at the capped rate. Any other reason given while a cap
   held carries ``uncapped_bps`` too.
-* ``fallback`` — the remote split ``wanted`` failed (``error``): the board answered.
+* ``fallback`` — the remote split ``wanted`` failed (``error``): the board answered; ``chosen``
+  is the reason ``wanted`` had been chosen for (a reason of its own: the table's cell, ...).
 * ``deadline`` — the host said it could not answer ``wanted`` by the frame's deadline
-  (``deadline_ms``): the board answered.
+  (``deadline_ms``): the board answered; ``chosen`` as for ``fallback``.
 * ``bandit`` — the layer/semantic bandit's ``arm`` and its ``score`` (the arm's mean reward in
   the batch's deadline context). Where the bandit takes the layer arm the layer policy's reason
   stands, with ``arm`` and ``score`` added.
@@ -68,20 +69,26 @@ class Reason:
     deadline_ms: float | None = None  # deadline: the frame's
     arm: str | None = None  # bandit: the arm chosen ...
     score: float | None = None  # ... and its mean reward in the batch's context
+    chosen: Reason | None = None  # fallback, deadline: why the split that failed had been chosen
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"reason kind {self.kind!r}: expected one of {', '.join(KINDS)}")
 
     def as_dict(self) -> dict[str, Any]:
-        """``{"kind": ..., field: value, ...}`` with the fields set: JSON-ready."""
-        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+        """``{"kind": ..., field: value, ...}`` with the fields set (``chosen`` as an object of its
+        own): JSON-ready."""
+        return {f.name: v.as_dict() if isinstance(v, Reason) else v
+                for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Reason:
         """:meth:`as_dict`'s output read back (a trace's ``reason``); unknown keys are left out."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        read = {k: v for k, v in d.items() if k in known}
+        if isinstance(read.get("chosen"), dict):
+            read["chosen"] = cls.from_dict(read["chosen"])
+        return cls(**read)
 
     def text(self) -> str:
         """The reason in a few words, for a printed line."""

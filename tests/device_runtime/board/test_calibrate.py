@@ -26,7 +26,7 @@ from device_runtime.board.calibrate import (
 from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle, write_manifest
 from device_runtime.cli import main
 from device_runtime.engine.runner import DeviceRunner
-from device_runtime.stream.reason import KINDS, TABLE
+from device_runtime.stream.reason import FALLBACK, KINDS, TABLE
 from device_runtime.wire.ops import HelloReply
 from splitedge.errors import BundleError, RemoteError
 from tests.conftest import TEST_CHAIN, TEST_SPLITS, RunningHost
@@ -167,14 +167,16 @@ def test_auto_runs_from_the_table_and_traces(calibrated: Path, tmp_path: Path, c
     assert {f["split"] for f in frames} <= set(calibration.table.splits)
     assert all(f["rate_bps"] for f in frames if f["where"] == "remote")
     # Each frame says why (schema 4): the first, chosen after the first probe, by the table's cell
-    # around its estimate; any later table choice likewise.
+    # around its estimate (a split that then failed, a chain whose next hop refused it, says so and why
+    # it had been chosen); any later table choice likewise.
     assert lines[0]["schema"] == "splitedge.trace/4" and all(f["reason"]["kind"] in KINDS for f in frames)
-    assert frames[0]["reason"]["kind"] == TABLE
-    for f in frames:
-        reason = f["reason"]
+    chosen = [(f["reason"], f["split"]) if f["reason"]["kind"] != FALLBACK else (f["reason"]["chosen"],
+              f["reason"]["wanted"]) for f in frames]
+    assert chosen[0][0]["kind"] == TABLE
+    for reason, split in chosen:
         if reason["kind"] == TABLE:
             assert reason["lo_bps"] <= reason["rate_bps"] < reason.get("hi_bps", math.inf), reason
-            assert f["split"] == calibration.table.lookup(1, reason["rate_bps"]), f
+            assert split == calibration.table.lookup(1, reason["rate_bps"]), (split, reason)
     assert "20 frames: 0 dropped" in capsys.readouterr().out
 
 

@@ -169,6 +169,7 @@ def test_host_killed_mid_stream_every_frame_answered_then_offloads_again(mobilen
     assert {r.reason.kind for r in local} <= {FALLBACK, NO_HOST, DEADLINE} and {r.reason.wanted for r in local} == {SPLIT}
     assert {FALLBACK, NO_HOST} & {r.reason.kind for r in local}, [r.reason for r in local]
     assert all(r.error == f"{SPLIT}: {r.reason.error}" for r in local if r.reason.kind == FALLBACK)
+    assert all(r.reason.chosen == Reason(FIXED) for r in local if r.reason.kind in (FALLBACK, DEADLINE))
     assert all(r.line().endswith(f"why: {r.reason.text()}") for r in results)
 
 

@@ -12,7 +12,7 @@ from calibration import Calibration, LatencyModel, SplitTable, SplitTimings
 from device_runtime.bundle import LOCAL, OFFLOAD
 from device_runtime.stream.policy import AutoPolicy, StaticPolicy
 from device_runtime.stream.reason import (
-    FIXED, HOLD, NO_HOST, NO_RATE, REFINED, TABLE, UPLOAD_CAP, Choice, Reason,
+    FALLBACK, FIXED, HOLD, NO_HOST, NO_RATE, REFINED, TABLE, UPLOAD_CAP, Choice, Reason,
 )
 from splitedge.errors import BundleError
 
@@ -120,5 +120,9 @@ def test_a_reason_goes_to_json_and_back() -> None:
     d = json.loads(json.dumps(reason.as_dict()))
     assert d == {"kind": HOLD, "batch": 1, "rate_bps": 4.98e9, "lo_bps": 1e8, "wanted": CUT, "streak": 2}
     assert Reason.from_dict(d) == reason
+    fell = Reason(FALLBACK, batch=1, wanted=CUT, error="host gone", chosen=Reason(TABLE, batch=1, rate_bps=1e8, lo_bps=1e6))
+    d = json.loads(json.dumps(fell.as_dict()))
+    assert d["chosen"] == {"kind": TABLE, "batch": 1, "rate_bps": 1e8, "lo_bps": 1e6}
+    assert Reason.from_dict(d) == fell and fell.text() == f"fell back from {CUT}: host gone"
     with pytest.raises(ValueError, match="reason kind 'why'"):
         Reason("why")
