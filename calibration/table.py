@@ -44,6 +44,8 @@ class SplitTable:
     best: tuple[tuple[int, ...], ...]
     _log_first: float = field(init=False, repr=False, compare=False)  # log10(rates_bps[0])
     _steps_per_decade: float = field(init=False, repr=False, compare=False)
+    # _cells[batch_index][rate_index] = (lo, hi): the rates around that grid rate with the same best split
+    _cells: tuple[tuple[tuple[float, float | None], ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         batches = tuple(_fields.integer(b, f"batches[{i}]", minimum=1) for i, b in enumerate(self.batches))
@@ -75,8 +77,9 @@ class SplitTable:
             for r, index in enumerate(row):
                 if _fields.integer(index, f"best[{b}][{r}]", minimum=0) >= len(splits):
                     raise CalibrationError(f"best[{b}][{r}]: expected an index below {len(splits)}, got {index}")
+        cells = tuple(_cells(row, rates) for row in best)
         for name, value in (("batches", batches), ("rates_bps", rates), ("splits", splits), ("best", best),
-                            ("_log_first", log_first), ("_steps_per_decade", steps_per_decade)):
+                            ("_log_first", log_first), ("_steps_per_decade", steps_per_decade), ("_cells", cells)):
             object.__setattr__(self, name, value)
 
     @classmethod
@@ -143,18 +146,8 @@ class SplitTable:
         over which the table gives it for this batch, the edges as :meth:`boundaries` places them
         (0 below the grid, None above it: no edge there). What a run prints to explain a choice:
         the estimate against the rates at which the choice would change."""
-        split = self.lookup(batch, rate_bps)
-        b = max(bisect_right(self.batches, batch) - 1, 0)
-        row, rates = self.best[b], self.rates_bps
-        r = self._index(rate_bps)
-        low, high = r, r
-        while low > 0 and row[low - 1] == row[r]:
-            low -= 1
-        while high < len(row) - 1 and row[high + 1] == row[r]:
-            high += 1
-        lo = math.sqrt(rates[low - 1] * rates[low]) if low > 0 else 0.0
-        hi = math.sqrt(rates[high] * rates[high + 1]) if high < len(row) - 1 else None
-        return split, lo, hi
+        b, r = max(bisect_right(self.batches, batch) - 1, 0), self._index(rate_bps)
+        return (self.splits[self.best[b][r]], *self._cells[b][r])
 
     def boundaries(self, batch: int) -> list[tuple[float, str, str]]:
         """Where the best split changes along the rate axis, for the row :meth:`lookup` uses.
@@ -192,3 +185,17 @@ class SplitTable:
         args["best"] = [_fields.array(row, f"{join(where, 'best')}[{i}]") for i, row in enumerate(args["best"])]
         with _fields.located(where):
             return cls(**args)
+
+
+def _cells(row: tuple[int, ...], rates: tuple[float, ...]) -> tuple[tuple[float, float | None], ...]:
+    """For each grid rate of a table row, the edges (log-midpoints, as :meth:`SplitTable.boundaries`
+    places them) of the run of rates with its best split: 0 at the grid's bottom, None at its top.
+    Worked out once per table, so that :meth:`SplitTable.cell` stays O(1) on the per-frame path."""
+    edges = [0.0, *(math.sqrt(rates[r - 1] * rates[r]) if row[r] != row[r - 1] else None
+                    for r in range(1, len(row))), None]
+    cells, start = [], 0
+    for r in range(1, len(row) + 1):
+        if r == len(row) or row[r] != row[r - 1]:
+            cells += [(edges[start], edges[r])] * (r - start)
+            start = r
+    return tuple(cells)
