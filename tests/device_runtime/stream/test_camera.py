@@ -99,6 +99,32 @@ def test_a_video_replays_at_its_own_frame_rate_when_asked(tmp_path: Path) -> Non
     assert np.diff(captured) == pytest.approx([0.1, 0.1, 0.25, 0.1, 0.1])
 
 
+def test_a_paced_video_decodes_each_frame_just_before_it_is_due(tmp_path: Path) -> None:
+    """Decoding the next frame as soon as one is handed over would share a one-core board with that
+    frame's preprocessing and head (it held frames ~1 ms in the board's queue). Each frame is
+    decoded just ahead of its time instead, twice its recent decoding plus 1 ms, and is still
+    ready when due."""
+    clock = ManualClock(0.0)
+    reads: list[float] = []
+    with VideoCapture(str(_clip(tmp_path, frames=4)), realtime=True, clock=clock, sleep=clock.sleep) as source:
+        real = source.capture
+
+        class Decoding:  # each read takes 3 ms of the clock
+            def read(self):
+                reads.append(clock.now)
+                clock.now += 0.003
+                return real.read()
+
+            def release(self) -> None:
+                real.release()
+
+        source.capture = Decoding()
+        captured = [frame.captured for frame in source]
+    assert captured == pytest.approx([0.003, 0.103, 0.203, 0.303])  # on time, 100 ms apart
+    # The first as soon as asked; each next one 2 x 3 + 1 = 7 ms before it is due (the last read finds the end).
+    assert reads == pytest.approx([0.0, 0.096, 0.196, 0.296, 0.396])
+
+
 def test_realtime_needs_a_frame_rate(tmp_path: Path, photos_dir: Path) -> None:
     with pytest.raises(CameraError, match="--realtime is for videos"):
         open_source(str(photos_dir), realtime=True)
