@@ -12,7 +12,7 @@ and relative to the spread of torch's outputs, as the bundle records them), the 
 ``--tflite`` which TFLite artifacts the bundle holds. The ratio the table is judged by is the share
 of models that build, against the same run's count of models that trace.
 
-    python bench/zoo.py --out build/bench/zoo.json --doc docs/models.md [--tflite] [--models a,b]
+    python bench/zoo.py --out build/bench/zoo.json --doc docs/models.md [--tflite] [--models a,b] [--resume]
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def _relative(row: dict) -> str:
     return shown + (" (some outputs constant: not validated)" if row["constant_outputs"] else "")
 
 
-def markdown(rows: list[dict], tflite: bool, command: str) -> str:
+def markdown(rows: list[dict], tflite: bool, command: str, total: int) -> str:
     traced = [r for r in rows if "cut_points" in r]
     built = [r for r in rows if "splits" in r]
     lines = [
@@ -134,7 +134,9 @@ def markdown(rows: list[dict], tflite: bool, command: str) -> str:
         "",
         f"Produced by `{command}` on {platform.machine()}, Python {platform.python_version()}, random weights.",
         f"**{len(built)} of {len(rows)} models build with `--splits auto`**; {len(traced)} trace, so "
-        f"{len(built) / max(len(traced), 1):.2f} of those that trace build.",
+        f"{len(built) / max(len(traced), 1):.2f} of those that trace build."
+        + (f" **Rows for {len(rows)} of the {total} models so far**: the run was stopped part way; "
+           "`--resume` runs the rest." if len(rows) < total else ""),
         "",
         "| model | cut points | compressive | builds | splits | max abs diff | of spread | time s |"
         + (" TFLite |" if tflite else ""),
@@ -162,20 +164,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tflite", action="store_true", help="build TFLite artifacts too")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for each command of each model")
     parser.add_argument("--memory", type=float, default=8.0, help="GB each command may hold (default 8)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the rows already in --out and run only the models they lack (a run stopped part way)")
     args = parser.parse_args(argv)
     import torchvision
 
     names = args.models.split(",") if args.models else sorted(torchvision.models.list_models(module=torchvision.models))
-    rows = []
+    total = len(names)
+    rows = json.loads(args.out.read_text()) if args.resume and args.out.is_file() else []
+    done = {row["model"] for row in rows}
+    names = [name for name in names if name not in done]
     cage = MemoryCage(args.memory)
     try:
         _zoo(names, args, cage, rows)
+    except KeyboardInterrupt:  # stopped part way: what was measured is written, --resume goes on
+        print(f"stopped after {len(rows)} of {total} models", file=sys.stderr)
     finally:
         cage.close()
     if args.doc:
         command = "python bench/zoo.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
-        args.doc.write_text(markdown(rows, args.tflite, command))
-    print(markdown(rows, args.tflite, "bench/zoo.py"))
+        args.doc.write_text(markdown(rows, args.tflite, command, total))
+    print(markdown(rows, args.tflite, "bench/zoo.py", total))
     return 0
 
 
@@ -183,7 +192,7 @@ def _zoo(names: list[str], args: argparse.Namespace, cage: MemoryCage, rows: lis
     for i, name in enumerate(names, 1):
         rows.append(one_model(name, args.tflite, args.timeout, cage))
         row = rows[-1]
-        print(f"[{i}/{len(names)}] {name}: " + (f"{row['splits']} splits, max rel diff {_relative(row)}"
+        print(f"[{len(rows)}/{len(rows) - i + len(names)}] {name}: " + (f"{row['splits']} splits, max rel diff {_relative(row)}"
                                                  if "splits" in row else row.get("points_error") or row.get("build_error")),
               flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
