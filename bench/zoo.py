@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -175,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     done = {row["model"] for row in rows}
     names = [name for name in names if name not in done]
     cage = MemoryCage(args.memory)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # both, even when started as a background job (SIGINT ignored)
+        signal.signal(sig, _stop)
     try:
         _zoo(names, args, cage, rows)
     except KeyboardInterrupt:  # stopped part way: what was measured is written, --resume goes on
@@ -186,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         args.doc.write_text(markdown(rows, args.tflite, command, total))
     print(markdown(rows, args.tflite, "bench/zoo.py", total))
     return 0
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _zoo(names: list[str], args: argparse.Namespace, cage: MemoryCage, rows: list[dict]) -> None:
