@@ -4,7 +4,8 @@ DSC switches to the Eq. 6 optimum at every time step. On a real link the rate es
 wobbles around the table's boundaries, and each switch has a cost the model does not see
 (the host loads another tail, the pipeline drains), so a split is only left for one that is
 predicted clearly faster (``margin``) and has been the table's choice for a few frames in a
-row (``min_hold``). Changes forced by the link (the host went away) skip both.
+row (``min_hold``). Changes forced by the link (the host went away, or an upload crossing
+slower than the estimate now: ``at_once``) skip both.
 """
 
 from __future__ import annotations
@@ -99,9 +100,16 @@ class SplitSelector:
         """
         return self.decide(batch, rate_bps, available).split
 
-    def decide(self, batch: int, rate_bps: float | None, available: Collection[str] | None = None) -> Decision:
+    def decide(
+        self, batch: int, rate_bps: float | None, available: Collection[str] | None = None, at_once: bool = False,
+    ) -> Decision:
         """:meth:`choose`, with why: the table's cell, the hysteresis holding the current split
-        against the table's choice, a split that cannot run now, or no estimate (:class:`Decision`)."""
+        against the table's choice, a split that cannot run now, or no estimate (:class:`Decision`).
+
+        ``at_once``: ``rate_bps`` is what the link carries now (an upload seen crossing slower
+        than the estimate), not an estimate wobbling around a boundary: the table's choice is
+        taken without the hold or the margin. Held, a remote split kept sending frames into the
+        socket behind that upload (two frames answered 5 and 7 s late, issue 28)."""
         if rate_bps is None:
             self._streak_split, self._streak = None, 0  # no table choice this call: a run is broken
             return Decision(self._force(self._without_rate(batch, available)), Decision.NO_RATE)
@@ -114,7 +122,7 @@ class SplitSelector:
         if available is not None and (candidate not in available or (current and current not in available)):
             best = self._model.best(batch, rate_bps, self._restricted(available))
             return Decision(self._force(best), Decision.UNAVAILABLE, candidate, lo, hi)
-        if current is None or candidate == current:
+        if current is None or candidate == current or at_once:
             return Decision(self._force(candidate), Decision.TABLE, candidate, lo, hi)
         if self._streak < self._min_hold:
             return Decision(current, Decision.HOLD, candidate, lo, hi, streak=self._streak)

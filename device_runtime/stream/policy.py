@@ -99,13 +99,17 @@ class AutoPolicy:
         deadline_ms: float | None = None, uncapped_bps: float | None = None,
     ) -> Choice:
         """The table's choice; ``local`` at once while an upload is overdue: anything sent now
-        would wait in the socket behind it, which DSC Eq. 4's idle link does not account for."""
-        decision = self.selector.decide(batch, rate_bps, (LOCAL,) if link_busy else available)
+        would wait in the socket behind it, which DSC Eq. 4's idle link does not account for.
+        While one crosses slower than the estimate (``rate_bps`` capped below ``uncapped_bps``)
+        the capped rate's choice is taken at once too, without the hysteresis: that rate is the
+        link's now, not an estimate's wobble. Back up, the hysteresis applies again."""
+        capped = rate_bps is not None and uncapped_bps is not None and rate_bps < uncapped_bps
+        decision = self.selector.decide(batch, rate_bps, (LOCAL,) if link_busy else available, at_once=capped)
         if link_busy:
             return Choice(decision.split, Reason(UPLOAD_CAP, batch=batch, rate_bps=rate_bps,
                                                  uncapped_bps=uncapped_bps, overdue=True))
         reason = self._reason(decision, batch, rate_bps)
-        if rate_bps is not None and uncapped_bps is not None and rate_bps < uncapped_bps:
+        if capped:
             cap_chose = decision.why == Decision.TABLE and self._table.lookup(batch, uncapped_bps) != decision.split
             reason = replace(reason, kind=UPLOAD_CAP if cap_chose else reason.kind, uncapped_bps=uncapped_bps,
                              overdue=False)

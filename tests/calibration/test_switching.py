@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from calibration import CalibrationError, LatencyModel, SplitSelector, SplitTable, SplitTimings
-from calibration.switching import decision_cost_us
+from calibration.switching import Decision, decision_cost_us
 from splitedge.words import LOCAL, OFFLOAD
 from tests.calibration.models import corners, two_cuts
 
@@ -63,6 +63,19 @@ def test_losing_the_host_forces_local_at_once_and_the_return_waits_for_the_hold(
     # Host back: OFFLOAD has been the table's choice for 2 calls, 3 with this one.
     assert selector.choose(1, 1e9) == OFFLOAD
     assert selector.switches == 2
+
+
+def test_a_rate_measured_now_is_followed_at_once_and_the_return_waits_for_the_hold() -> None:
+    model = corners()
+    table = SplitTable.build(model, [1])
+    selector = SplitSelector(table, model, min_hold=3)
+    assert selector.choose(1, 1e9) == OFFLOAD
+    slow = table.lookup(1, 1e5)
+    assert slow != OFFLOAD
+    assert selector.decide(1, 1e5).split == OFFLOAD  # an estimate's drop: held
+    decision = selector.decide(1, 1e5, at_once=True)
+    assert (decision.split, decision.why, selector.switches) == (slow, Decision.TABLE, 1)  # no hold, no margin
+    assert [selector.choose(1, 1e9) for _ in range(3)] == [slow, slow, OFFLOAD]
 
 
 def test_forced_choice_is_the_best_among_the_available() -> None:

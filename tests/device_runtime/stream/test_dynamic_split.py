@@ -298,7 +298,13 @@ def test_nothing_waits_behind_an_upload_the_link_slowed_under(
     before = [r for r in answered if r.captured < step]
     after = [r for r in answered if r.captured >= step]
     assert sum(r.split == OFFLOAD for r in before[-10:]) >= 8, [r.split for r in before]  # offloading while fast
-    assert sum(r.where == "remote" for r in after) <= 2, [(r.split, r.total_ms) for r in after]
+    # Nothing is sent behind an upload the board has seen overdue or crossing slowly: no frame after the
+    # step that was chosen on a capped rate went remote. How many went before the board saw it depends on
+    # the machine (3 with busy processes beside the suite, where this test allowed 2); this does not.
+    capped = [r for r in after if r.reason.uncapped_bps is not None]
+    assert capped, [r.reason for r in after]
+    assert not [r for r in capped if r.where == "remote"], [
+        (r.index, r.split, r.reason.kind, r.rate_bps, r.reason.uncapped_bps) for r in after]
     settled = [r for r in after if r.captured >= step + 0.5]
     assert settled and max(r.total_ms for r in settled) < 1000.0, [(r.split, r.total_ms) for r in settled]
     # Capped before any slow reply came (the first one takes 2.5 s): below what the frame's bytes in 0.3 s would need;

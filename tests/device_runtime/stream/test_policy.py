@@ -111,6 +111,20 @@ def test_a_capped_estimate_that_made_the_choice_is_named_with_the_uncapped_one()
     assert (same.kind, same.uncapped_bps) == (TABLE, 1e8)
 
 
+def test_an_upload_crossing_slowly_moves_a_held_split_at_once() -> None:
+    """The hysteresis holds a split against an estimate's wobble, not against the link measured
+    now: a remote split kept under a capped rate sent frames into the socket behind the slow upload
+    (answered 5 and 7 s late in test_dynamic_split's slowed upload, with busy processes beside it)."""
+    policy, everything = AutoPolicy(_calibration(200.0)), {LOCAL, CUT}
+    assert policy.choose(1, 1e8, everything).split == CUT
+    uncapped = policy.choose(1, 2e5, everything)  # the estimate itself dropped: held, as before
+    assert (uncapped.split, uncapped.reason.kind) == (CUT, HOLD)
+    capped = policy.choose(1, 2e5, everything, uncapped_bps=1e8)
+    assert (capped.split, capped.reason.kind, capped.reason.uncapped_bps) == (LOCAL, UPLOAD_CAP, 1e8)
+    # Back up: the hysteresis again (the table's CUT for 1, then 2 calls: held; the third switches).
+    assert [policy.choose(1, 1e8, everything).split for _ in range(3)] == [LOCAL, LOCAL, CUT]
+
+
 def test_no_estimate_runs_local_and_says_so() -> None:
     assert AutoPolicy(_calibration(200.0)).choose(1, None, {LOCAL, CUT}) == Choice(LOCAL, Reason(NO_RATE, batch=1))
 
