@@ -23,8 +23,14 @@ MIN_SAMPLE_BYTES = 4096
 RTT_WINDOW = 32
 #: Each this long a sample's payload held the link counts as one sample of weight ``alpha``.
 FULL_WEIGHT_S = 0.005
-#: ... up to this many: one sample never replaces the estimate outright.
+#: ... up to this many: one short sample never replaces the estimate outright ...
 MAX_UNITS = 3.0
+#: ... but one that held the link this long or longer does, and a shorter one above MAX_UNITS'
+#: weight weighs its share of this: half a second of the link carrying a payload at one rate is
+#: the link's rate now, not a wobble. After a 2.4 s upload at 0.5 Mbit/s, an estimate that kept a
+#: third of its 1.3 Gbit/s past read 7.3 Mbit/s and sent the next frame into that link (answered
+#: 2.5 s late, issue 28).
+REPLACING_S = 0.5
 
 
 class RateEstimator:
@@ -98,7 +104,8 @@ class RateEstimator:
         divide by: the payload's own time is lost in the jitter), and samples shorter than
         ``full_weight_s`` on the wire that read slower than the estimate. The sample weighs
         ``1 - (1 - alpha) ** units``, units = wire time / ``full_weight_s`` up to
-        :data:`MAX_UNITS` (1 when ``full_weight_s`` is 0); the first sample sets the estimate.
+        :data:`MAX_UNITS` (1 when ``full_weight_s`` is 0), or its wire time's share of
+        :data:`REPLACING_S` when that is more; the first sample sets the estimate.
         """
         wire_s = transfer_s - self._base_rtt_s
         if payload_bytes < MIN_SAMPLE_BYTES or not wire_s > 0.0:  # `not >` also drops NaN
@@ -110,7 +117,7 @@ class RateEstimator:
         elif units < 1.0 and log_sample < self._log_rate:
             return None
         else:
-            self._log_rate += (1.0 - (1.0 - self._alpha) ** units) * (log_sample - self._log_rate)
+            self._log_rate += self._weight(units, wire_s) * (log_sample - self._log_rate)
         self._samples += 1
         if wire_s >= self._full_weight_s:
             self._last_sample_at = self._clock()
@@ -124,7 +131,8 @@ class RateEstimator:
         weigh less than one unit: what makes a short transfer timed by the device read slow (a
         scheduler's delay, the head holding the CPU) is not in it. It weighs
         ``1 - (1 - alpha) ** units``, units = ``span_s`` / ``full_weight_s`` from 1 up to
-        :data:`MAX_UNITS`. Not a positive finite rate: ignored.
+        :data:`MAX_UNITS`, or the span's share of :data:`REPLACING_S` when that is more. Not a
+        positive finite rate: ignored.
         """
         if not (math.isfinite(rate_bps) and rate_bps > 0.0 and math.isfinite(span_s)):
             return None
@@ -133,10 +141,17 @@ class RateEstimator:
         if self._log_rate is None:
             self._log_rate = log_sample
         else:
-            self._log_rate += (1.0 - (1.0 - self._alpha) ** units) * (log_sample - self._log_rate)
+            self._log_rate += self._weight(units, span_s) * (log_sample - self._log_rate)
         self._samples += 1
         self._last_sample_at = self._clock()
         return math.exp(self._log_rate)
+
+    def _weight(self, units: float, wire_s: float) -> float:
+        """A sample's weight: ``1 - (1 - alpha) ** units``, or its time on the wire's share of
+        :data:`REPLACING_S` when that is more (1 from REPLACING_S on); ``alpha`` alone for every
+        sample when samples are not weighed by their time (``full_weight_s`` 0)."""
+        by_units = 1.0 - (1.0 - self._alpha) ** units
+        return max(by_units, min(wire_s / REPLACING_S, 1.0)) if self._full_weight_s > 0 else by_units
 
     def age_s(self) -> float:
         """Seconds since the last full-weight rate sample (on the estimator's clock); inf if none yet.

@@ -108,6 +108,20 @@ def test_a_long_sample_weighs_up_to_three_units() -> None:
         assert math.log10(rate) == pytest.approx(9 - weight)
 
 
+@pytest.mark.parametrize(("wire_s", "weight"), [(0.25, 1 - 0.7**3), (0.4, 0.8), (0.5, 1.0), (2.4, 1.0)])
+def test_a_sample_that_held_the_link_half_a_second_replaces_the_estimate(wire_s: float, weight: float) -> None:
+    """Device-timed or kernel-timed alike: a 2.4 s upload at 0.5 Mbit/s after 1.3 Gbit/s once left
+    the estimate at 7.3 Mbit/s (a third of the past kept), above the offload boundary, and the next
+    frame went into that link."""
+    for observe in ("transfer", "rate"):
+        estimator = RateEstimator(initial_bps=1.3e9)
+        if observe == "transfer":
+            new = estimator.observe_transfer(int(5e5 * wire_s / 8), wire_s)
+        else:
+            new = estimator.observe_rate(5e5, wire_s)
+        assert math.log(new / 1.3e9) == pytest.approx(weight * math.log(5e5 / 1.3e9)), observe
+
+
 def test_age_counts_from_the_last_full_weight_sample() -> None:
     clock = ManualClock()
     estimator = RateEstimator(clock=clock)
@@ -132,7 +146,7 @@ def test_alpha_must_be_a_fraction(alpha: float) -> None:
         RateEstimator(alpha=alpha)
 
 
-@pytest.mark.parametrize(("span_s", "units"), [(0.0002, 1.0), (0.005, 1.0), (0.010, 2.0), (0.5, 3.0)])
+@pytest.mark.parametrize(("span_s", "units"), [(0.0002, 1.0), (0.005, 1.0), (0.010, 2.0), (0.2, 3.0)])
 def test_a_rate_the_kernel_timed_weighs_by_its_span_from_one_unit(span_s: float, units: float) -> None:
     """No round trip comes off, and a short span is not discounted: the board's delays are not in it."""
     estimator = RateEstimator(initial_bps=1e8)
