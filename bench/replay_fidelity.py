@@ -8,7 +8,7 @@ least 90 % of frames and its p50 latency within 10 %. On one machine (as root):
   calibrate``, board and host as below, the link unshaped: what the table needs is the board's
   and the host's times; its rates are the table's axis);
 * the **board** is ``split-device`` pinned to one CPU of which it gets ``--board-cpu``
-  (bench/slow_board.py: a real-time process takes the rest), the **host** (``split-host
+  (default 0.25; bench/slow_board.py: a real-time process takes the rest), the **host** (``split-host
   serve`` in the link's namespace, :func:`testbed.serve_in`) pinned to the other, as in
   bench/dynamic_split.py;
 * the **camera**: a video made of the test photos (``--fps``, a new photo every second), played
@@ -17,8 +17,8 @@ least 90 % of frames and its p50 latency within 10 %. On one machine (as root):
 * the **original**: ``split-device run --split auto`` while a schedule drives the kernel link
   from the first traced frame (``testbed.trace_steps`` writes each step into its trace, as any
   testbed run does). ``--schedule auto`` (default): one step per cell of the calibrated table at
-  batch 1, at the geometric middle of the cell's rates (the open ends at 3 times their edge,
-  within 0.5-800 Mbit/s), high to low and back, ``--step-s`` each;
+  batch 1, at the geometric middle of the cell's rates (the open ends at 10 times their edge,
+  within 0.5-800 Mbit/s), high to low, then up and down again ``--sweeps`` times, ``--step-s`` each;
 * the **replay**: :func:`testbed.replay.replay` of that trace with the same bundle and policy
   (its own link and host, set up afresh);
 * the **figures**: :func:`fieldtrial.compare.agreement` (frames matched by index: the share of
@@ -60,6 +60,10 @@ PINNED = {BOARD_CPU, HOST_CPU} <= os.sched_getaffinity(0)
 #: The rates an automatic schedule keeps within (tbf shapes them faithfully on a veth).
 LOWEST_MBIT, HIGHEST_MBIT = 0.5, 800.0
 TARGET_AGREEMENT, TARGET_P50 = 0.9, 0.1
+#: The open cells (below the first edge, above the last) end this many times past their edge. At 3
+#: the low step sat where a board slowed to a quarter core, re-timing its heads as it ran, moved
+#: the edge to (measured: the split there followed the board's speed, not the link).
+OPEN_END = 10.0
 
 
 def pinned_board() -> None:
@@ -87,15 +91,17 @@ def make_video(photos: Path, path: Path, fps: float, seconds: float) -> Path:
     return path
 
 
-def auto_schedule(calibration, step_s: float) -> RateSchedule:
-    """A step in the middle of each cell of the table at batch 1, high to low and back up."""
+def auto_schedule(calibration, step_s: float, sweeps: int) -> RateSchedule:
+    """A step in the middle of each cell of the table at batch 1, high to low and back up, ``sweeps`` times."""
     edges = [rate / 1e6 for rate, _, _ in calibration.table.boundaries(1)]
     if not edges:
         raise SystemExit("the calibrated table has one split at every rate: nothing to switch (give --schedule)")
-    bounds = [edges[0] / 3, *edges, edges[-1] * 3]
+    bounds = [edges[0] / OPEN_END, *edges, edges[-1] * OPEN_END]
     middles = [min(max(math.sqrt(lo * hi), LOWEST_MBIT), HIGHEST_MBIT) for lo, hi in zip(bounds, bounds[1:])]
     middles = [m for i, m in enumerate(middles) if i == 0 or m != middles[i - 1]]  # cells outside the range: one step
-    rates = middles[::-1] + middles[1:]
+    rates = middles[::-1]
+    for _ in range(sweeps):
+        rates += middles[1:] + middles[::-1][1:]
     return RateSchedule.parse(",".join(f"{rate:.3g}:{step_s:g}" for rate in rates))
 
 
@@ -136,9 +142,11 @@ def main() -> None:
     parser.add_argument("--photos", type=Path, default=Path("build/photos"))
     parser.add_argument("--work", type=Path, default=Path("build/bench/replay_fidelity"))
     parser.add_argument("--schedule", default="auto", help="RATE_MBIT:SECONDS,... or auto (default auto)")
-    parser.add_argument("--step-s", type=float, default=6.0, help="seconds per step of the auto schedule (default 6)")
+    parser.add_argument("--step-s", type=float, default=5.0, help="seconds per step of the auto schedule (default 5)")
+    parser.add_argument("--sweeps", type=int, default=2,
+                        help="times the auto schedule goes back up the table's cells and down again (default 2)")
     parser.add_argument("--fps", type=float, default=10.0, help="the video's frame rate (default 10)")
-    parser.add_argument("--board-cpu", type=float, default=0.5, help="the board's CPU, in cores (default 0.5)")
+    parser.add_argument("--board-cpu", type=float, default=0.25, help="the board's CPU, in cores (default 0.25)")
     parser.add_argument("--out", type=Path, default=Path("build/bench/replay_fidelity.json"))
     parser.add_argument("--report", type=Path, help="also write split-device report of the two runs here")
     args = parser.parse_args()
@@ -158,7 +166,7 @@ def main() -> None:
             host = f"{link.namespace_address}:{PORT}"
             calibrate(bundle, host, link, args.fps)
             calibration = load(bundle / "calibration.json")
-            schedule = (auto_schedule(calibration, args.step_s) if args.schedule == "auto"
+            schedule = (auto_schedule(calibration, args.step_s, args.sweeps) if args.schedule == "auto"
                         else RateSchedule.parse(args.schedule))
             video = make_video(args.photos, work / "clip.mp4", args.fps, schedule.duration_s + 2.0)
             print(f"table at batch 1: {[(round(r / 1e6, 2), a, b) for r, a, b in calibration.table.boundaries(1)]}")

@@ -129,7 +129,7 @@ def plot_table(calibration: Calibration, path: str | Path) -> None:
     step = log_rates[1] - log_rates[0]
     edges = 10 ** np.concatenate([[log_rates[0] - step / 2], (log_rates[:-1] + log_rates[1:]) / 2, [log_rates[-1] + step / 2]])
 
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.45 * len(table.batches)))
+    fig, ax = plt.subplots(figsize=(10, max(2.6, 1.2 + 0.45 * len(table.batches))))  # room for the legend's rows
     cmap = ListedColormap([colours[s] for s in order])
     norm = BoundaryNorm(np.arange(len(order) + 1) - 0.5, cmap.N)
     ax.pcolormesh(edges, np.arange(len(table.batches) + 1), cells, cmap=cmap, norm=norm, edgecolors="white", linewidth=0.2)
@@ -145,7 +145,7 @@ def plot_table(calibration: Calibration, path: str | Path) -> None:
         Patch(color=colours[s], label=split_label(s) + ("" if s in used else " (never best)")) for s in order
     ]
     ax.legend(handles=handles, title="best split (input → output)", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_title(f"{calibration.bundle_id}: best split by batch size and link rate (DSC Eq. 6)")
+    ax.set_title(f"{calibration.bundle_id}:\nbest split by batch size and link rate (DSC Eq. 6)", fontsize=10)
     _save(plt, fig, path)
 
 
