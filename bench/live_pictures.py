@@ -5,8 +5,9 @@ The trial of ``bench/replay_fidelity.py``, with its set-up (as root): the test b
 the host (``split-host serve``) in a shaped link's namespace on the other, the test photos as a
 10 fps video played as a live camera, the link stepped through each cell of the calibrated table
 (``--step-s`` each, high to low and back). Here the run has ``--live 0`` and the host
-``--live ADDRESS:8099``; once the schedule has run, Chromium opens each page and takes its picture
-(``live-board.png``, ``live-host.png`` in ``--out``), then the run is stopped.
+``--live ADDRESS:8099``; Chromium opens the host's page as the run starts (its history is the
+browser's) and the board's once the schedule has run, takes their pictures (``live-board.png``,
+``live-host.png`` in ``--out``), then the run is stopped.
 
     python bench/live_pictures.py --out docs/fieldtrial
 """
@@ -72,7 +73,7 @@ def main() -> None:
     with slowed, EmulatedLink() as link, \
             serve_in(link, [bundle], PORT, ["--live", f"{link.namespace_address}:{LIVE_PORT}"]) as host:
         calibrate(bundle, host, link, args.fps)
-        schedule = auto_schedule(load(bundle / "calibration.json"), args.step_s)
+        schedule = auto_schedule(load(bundle / "calibration.json"), args.step_s, sweeps=1)  # down, up, down
         video = make_video(args.photos, work / "clip.mp4", args.fps, schedule.duration_s + 60.0)
         trace, log_path = work / "run.jsonl", work / "run.log"
         link.set_rate(schedule.rate_at(0))
@@ -83,16 +84,23 @@ def main() -> None:
             try:
                 url = _wait("the run's live page", lambda: re.search(r"live page on (http://\S+)", log_path.read_text()))[1]
                 _wait("the first frame", lambda: trace.exists() and len(trace.read_text().splitlines()) > 1)
-                asyncio.run(schedule.drive(link, record))
                 browser = chromium()
                 try:
                     browser.set_window_size(1280, 1000)
+                    # The host's page keeps its history in the browser: open from the start. The
+                    # board's page gets the last minute from the board when it opens.
+                    browser.get(f"http://{link.namespace_address}:{LIVE_PORT}/")
+                    asyncio.run(schedule.drive(link, record))
+                    host_tab = browser.current_window_handle
+                    browser.switch_to.new_window("tab")
                     for name, page, ready in (
                         ("live-board.png", url, "return document.getElementById('frame').dataset.index;"),
-                        ("live-host.png", f"http://{link.namespace_address}:{LIVE_PORT}/",
-                         "return document.querySelectorAll('#boards tbody tr').length;"),
+                        ("live-host.png", None, "return document.querySelectorAll('#boards tbody tr').length;"),
                     ):
-                        browser.get(page)
+                        if page is None:
+                            browser.switch_to.window(host_tab)
+                        else:
+                            browser.get(page)
                         _wait(f"{name}'s page", lambda: browser.execute_script(ready))
                         time.sleep(2.0)  # a few events drawn, the picture loaded
                         browser.save_screenshot(str(args.out / name))
