@@ -52,6 +52,7 @@ function fixed(value, digits) { return value === null || value === undefined ? '
 
 function mbit(bps) {
   if (bps === null || bps === undefined) return '—';
+  if (bps === 0) return '0';  // a cell's open lower end
   return bps >= 1e9 ? (bps / 1e9).toPrecision(3) + ' Gbit/s' : bps >= 1e6 ? (bps / 1e6).toPrecision(3) + ' Mbit/s'
        : (bps / 1e3).toPrecision(3) + ' kbit/s';
 }
