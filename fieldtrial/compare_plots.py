@@ -134,11 +134,8 @@ def plot_splits_over_time(runs: Sequence[Run], path: Path) -> bool:
         y = len(runs) - 1 - row
         for split in order:
             times = [f["t"] for f in answered if f["split"] == split]
-            bands.scatter(times, [y] * len(times), marker="|", s=160, color=colours[split],
-                          label=split_label(split) if row == 0 else None)
-    for split in order:  # every split in the legend, also one the first run never took
-        if split not in {f["split"] for f in _answered(runs[0])}:
-            bands.scatter([], [], marker="|", color=colours[split], label=split_label(split))
+            bands.scatter(times, [y] * len(times), marker="|", s=160, color=colours[split],  # every split in
+                          label=split_label(split) if row == 0 else None)  # the legend, taken by the first run or not
     bands.set_yticks(range(len(runs)))
     bands.set_yticklabels([r.label for r in reversed(runs)], fontsize=8)
     bands.set_ylim(-0.6, len(runs) - 0.4)
