@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import os
 import re
-import shutil
 import signal
 import sys
 import time
@@ -28,11 +27,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this tree's packages, not an installed copy
 
 from live_cost import chromium  # noqa: E402
-from replay_fidelity import BOARD_CPU, HOST_CPU, PINNED, PORT, auto_schedule, calibrate, device, make_video  # noqa: E402
+from replay_fidelity import BOARD_CPU, HOST_CPU, PINNED, PORT, auto_schedule, calibrate, device, fresh_work, make_video  # noqa: E402
 from slow_board import slowed_cpu  # noqa: E402
 
 from calibration import load  # noqa: E402
-from testbed import EmulatedLink, trace_steps, unavailable_reason  # noqa: E402
+from testbed import EmulatedLink, trace_steps  # noqa: E402
 from testbed.namespace_host import serve_in  # noqa: E402
 
 LIVE_PORT = 8099
@@ -59,13 +58,7 @@ def main() -> None:
     parser.add_argument("--board-cpu", type=float, default=0.5, help="the board's CPU, in cores (default 0.5)")
     parser.add_argument("--out", type=Path, default=Path("build/bench/live_pictures"))
     args = parser.parse_args()
-    reason = unavailable_reason()
-    if reason is not None:
-        raise SystemExit(f"cannot emulate a link here: {reason}")
-    work = args.work.resolve()
-    shutil.rmtree(work, ignore_errors=True)
-    bundle = work / "bundle"
-    shutil.copytree(args.bundle, bundle, ignore=shutil.ignore_patterns("calibration.json", "last-run.json", "bandit.json"))
+    work, bundle = fresh_work(args.work, args.bundle)
     args.out.mkdir(parents=True, exist_ok=True)
     if PINNED:
         os.sched_setaffinity(0, {HOST_CPU})  # the host and the browser (started from here) inherit it

@@ -132,6 +132,19 @@ def original_run(bundle: Path, host: str, link: EmulatedLink, schedule: RateSche
             raise SystemExit(f"the original run failed: see {trace.with_suffix('.log')}")
 
 
+def fresh_work(work: Path, source: Path) -> tuple[Path, Path]:
+    """An empty work folder (its absolute path) with a copy of ``source`` in it as it was built
+    (no calibration, run or bandit state of earlier runs); refused where no link can be emulated."""
+    reason = unavailable_reason()
+    if reason is not None:
+        raise SystemExit(f"cannot emulate a link here: {reason}")
+    work = work.resolve()
+    shutil.rmtree(work, ignore_errors=True)
+    bundle = work / "bundle"
+    shutil.copytree(source, bundle, ignore=shutil.ignore_patterns("calibration.json", "last-run.json", "bandit.json"))
+    return work, bundle
+
+
 def _lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
@@ -150,13 +163,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("build/bench/replay_fidelity.json"))
     parser.add_argument("--report", type=Path, help="also write split-device report of the two runs here")
     args = parser.parse_args()
-    reason = unavailable_reason()
-    if reason is not None:
-        raise SystemExit(f"cannot emulate a link here: {reason}")
-    work = args.work.resolve()
-    shutil.rmtree(work, ignore_errors=True)
-    bundle = work / "bundle"
-    shutil.copytree(args.bundle, bundle, ignore=shutil.ignore_patterns("calibration.json", "last-run.json", "bandit.json"))
+    work, bundle = fresh_work(args.work, args.bundle)
     original = work / "original.jsonl"
     if PINNED:
         os.sched_setaffinity(0, {HOST_CPU})  # the hosts (started from here) inherit it
