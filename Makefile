@@ -18,6 +18,10 @@ TEST_SPLITS := features_4_conv_2,features_14_conv_2
 # Fashion-MNIST comes from Debian (dataset-fashion-mnist); root installs it, others via sudo.
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Debian packages, only where a rule finds them missing: installed from the cached lists, else after
+# an update; waiting for dpkg's lock, since under -j another install may run beside this one.
+APT_GET := $(SUDO) apt-get -o DPkg::Lock::Timeout=600
+apt_install = $(APT_GET) install -y --no-install-recommends $(1) || { $(APT_GET) update && $(APT_GET) install -y --no-install-recommends $(1); }
 
 .PHONY: setup demo test test-workstation test-exporter-a test-exporter-b test-device board board-rootfs board-ready bench clean FORCE
 
@@ -38,9 +42,7 @@ $(VENV)/.installed: pyproject.toml
 $(DEVICE_VENV)/.installed: pyproject.toml
 	# The live pages' browser tests: Debian's Chromium and its driver, where missing (waiting for
 	# dpkg's lock: another install may run beside this one under -j).
-	[ -x /usr/bin/chromedriver ] || $(SUDO) apt-get install -y --no-install-recommends -o DPkg::Lock::Timeout=600 \
-		chromium chromium-driver || { $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends \
-		-o DPkg::Lock::Timeout=600 chromium chromium-driver; }
+	[ -x /usr/bin/chromedriver ] || { $(call apt_install,chromium chromium-driver); }
 	$(PYTHON) -m venv $(DEVICE_VENV)
 	$(DEVICE_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
 	$(DEVICE_VENV)/bin/pip install $(PIP_FLAGS) ".[device,tflite,camera,host,report,dev]"
@@ -86,14 +88,13 @@ test:
 	$(MAKE) test-device
 
 $(FASHION_MNIST):
-	$(SUDO) apt-get install -y --no-install-recommends dataset-fashion-mnist systemd || \
-	{ $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends dataset-fashion-mnist systemd; }
+	$(call apt_install,dataset-fashion-mnist systemd)
 
-# Deploy tests: a real OpenSSH server per board, and rsync at both ends (only where they are missing).
-SSHD := /usr/sbin/sshd
-$(SSHD): | $(FASHION_MNIST)
-	$(SUDO) apt-get install -y --no-install-recommends openssh-server rsync || \
-	{ $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends openssh-server rsync; }
+# Deploy tests: a real OpenSSH server per board, and rsync at both ends (each only where missing:
+# a machine may have one without the other). The board in a box's deploy test needs rsync here too.
+DEPLOY_TOOLS := /usr/sbin/sshd /usr/bin/rsync
+$(DEPLOY_TOOLS): | $(FASHION_MNIST)
+	$(call apt_install,openssh-server rsync)
 
 # What needs torch: the exporter, the checks of the board's preprocessing against torchvision, and
 # the exporter's part of the public faces and of the docs against --help (both also run below).
@@ -114,7 +115,7 @@ test-exporter-b: $(VENV)/.installed $(FASHION_MNIST)
 # Everything else runs once, in the environment without torch (as on a board and a host),
 # against a bundle the workstation exported.
 test-device: $(DEVICE_VENV)/.installed $(BUILD)/test-bundle/manifest.json $(BUILD)/semantic-bundle/manifest.json \
-		$(BUILD)/photos/.written $(SSHD)
+		$(BUILD)/photos/.written $(DEPLOY_TOOLS)
 	SPLITEDGE_DEVICE_ENV=1 SPLITEDGE_TEST_BUNDLE=$(BUILD)/test-bundle SPLITEDGE_TEST_PHOTOS=$(BUILD)/photos \
 	SPLITEDGE_TEST_SEMANTIC_BUNDLE=$(BUILD)/semantic-bundle \
 	$(DEVICE_VENV)/bin/python -m pytest -q $(DURATIONS) tests/test_architecture.py tests/test_public_faces.py tests/test_docs_agree.py tests/splitedge tests/device_runtime tests/host_runtime tests/e2e tests/calibration tests/boards tests/fieldtrial tests/testbed tests/deploy
@@ -130,8 +131,7 @@ BOARD_PATHS := pyproject.toml splitedge device_runtime host_runtime exporter cal
 
 # After Fashion-MNIST's install, never beside it: two apt-gets at once fight over dpkg's lock.
 $(BOARD_TOOLS): | $(FASHION_MNIST)
-	$(SUDO) apt-get install -y --no-install-recommends qemu-user-static debootstrap || \
-	{ $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends qemu-user-static debootstrap; }
+	$(call apt_install,qemu-user-static debootstrap)
 
 # Cached under build/: debootstrap (~5 min) only when the box is missing or its recipe changed.
 board-rootfs: | $(BOARD_TOOLS)
@@ -170,7 +170,7 @@ board-ready: board-rootfs $(DEVICE_VENV)/.installed $(BUILD)/board-bundle/manife
 	$(SUDO) $(DEVICE_VENV)/bin/python -m testbed.board_box --root $(BOARD_ROOT) install --tflite-runtime-board --ssh \
 		--wheel $$(ls $(BUILD)/wheel/splitedge-*.whl)
 
-board: board-ready $(BUILD)/test-bundle/manifest.json
+board: board-ready $(BUILD)/test-bundle/manifest.json $(DEPLOY_TOOLS)
 	$(SUDO) env SPLITEDGE_DEVICE_ENV=1 SPLITEDGE_BOARD_ROOT=$(BOARD_ROOT) SPLITEDGE_BOARD_BUNDLE=$(BUILD)/board-bundle \
 		SPLITEDGE_TEST_BUNDLE=$(BUILD)/test-bundle \
 		SPLITEDGE_BOARD_WHEEL=$$(ls $(BUILD)/wheel/splitedge-*.whl) SPLITEDGE_TEST_PHOTOS=$(BUILD)/photos \
