@@ -36,8 +36,10 @@ def test_a_vgg16_sized_head_is_refused_on_the_zero_2w(mobilenet_bundle: Path) ->
 def test_cli_refuses_and_writes_no_manifest(tmp_path: Path, capsys, monkeypatch) -> None:
     import exporter.build as build
 
-    # The size estimate is the real one; only the board is shrunk, so that the test needs no VGG16 export.
-    tiny = dataclasses.replace(build.BOARDS["rpi-zero2w"], memory_mb=300)
+    # The size estimate is the real one; only the board is shrunk (to its system's share and 1 MB),
+    # so that a small network's export (ONNX and TFLite) shows it, not a VGG16's.
+    zero = build.BOARDS["rpi-zero2w"]
+    tiny = dataclasses.replace(zero, memory_mb=zero.reserved_mb + 1)
     monkeypatch.setattr(build, "BOARDS", {**build.BOARDS, "rpi-zero2w": tiny})
     checked = []
 
@@ -47,8 +49,8 @@ def test_cli_refuses_and_writes_no_manifest(tmp_path: Path, capsys, monkeypatch)
 
     monkeypatch.setattr(build, "check_board", check)
     out = tmp_path / "bundle"
-    assert main(["build", "torchvision:resnet18", "--splits", "layer4_1_relu_1", "--board", "rpi-zero2w",
-                 "--out", str(out)]) == 2
+    assert main(["build", "exporter.zoo:fmnist_vgg", "--input-shape", "1,28,28", "--splits", "_17",
+                 "--board", "rpi-zero2w", "--out", str(out)]) == 2
     assert "does not fit a Raspberry Pi Zero 2 W" in capsys.readouterr().err
     assert not out.exists() and list(tmp_path.iterdir()) == []  # nothing half written, no staging left
     (manifest,) = checked
