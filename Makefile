@@ -108,8 +108,9 @@ EXPORTER_A := $(addprefix tests/exporter/,test_roundtrip.py test_semantic.py tes
 test-exporter-a: $(VENV)/.installed $(FASHION_MNIST)
 	$(VENV)/bin/python -m pytest -q $(DURATIONS) $(EXPORTER_A)
 
-test-exporter-b: $(VENV)/.installed $(FASHION_MNIST)
-	$(VENV)/bin/python -m pytest -q $(DURATIONS) tests/exporter $(addprefix --ignore=,$(EXPORTER_A)) \
+# The TFLite tests check the board bundle's conversions (minutes of CPU each) rather than make their own.
+test-exporter-b: $(VENV)/.installed $(FASHION_MNIST) $(BUILD)/board-bundle/manifest.json
+	SPLITEDGE_BOARD_BUNDLE=$(BUILD)/board-bundle $(VENV)/bin/python -m pytest -q $(DURATIONS) tests/exporter $(addprefix --ignore=,$(EXPORTER_A)) \
 		tests/device_runtime/engine/test_preprocess.py tests/test_public_faces.py tests/test_docs_agree.py
 
 # Everything else runs once, in the environment without torch (as on a board and a host),
@@ -137,13 +138,9 @@ $(BOARD_TOOLS): | $(FASHION_MNIST)
 board-rootfs: | $(BOARD_TOOLS)
 	$(SUDO) $(PYTHON) -m testbed.board_box --root $(BOARD_ROOT) build
 
-# Calibration images for the int8 variants: crops and mirror images of the photos (88; int8 needs 32 to
-# calibrate on and, without --test-data, 32 more held out to measure int8's accuracy on).
+# Calibration images for the int8 variants: 88 crops and mirror images of the photos (tests/calib_crops.py).
 $(BUILD)/board-calib/.written: $(BUILD)/photos/.written
-	$(VENV)/bin/python -c "import skimage.io as io, pathlib; out = pathlib.Path('$(BUILD)/board-calib/photos'); out.mkdir(parents=True, exist_ok=True); \
-	[io.imsave(out / f'{f.stem}-{k}{m}.png', c[:, ::-1] if m else c) for f in sorted(pathlib.Path('$(BUILD)/photos').glob('*.png')) for im in [io.imread(f)[..., :3]] \
-	 for h, w in [im.shape[:2]] for k, c in {'full': im, 'tl': im[:h*3//4, :w*3//4], 'tr': im[:h*3//4, w//4:], 'bl': im[h//4:, :w*3//4], 'br': im[h//4:, w//4:], 'c': im[h//8:h*7//8, w//8:w*7//8], \
-	 'cc': im[h//4:h*3//4, w//4:w*3//4], 'l': im[:, :w//2], 'r': im[:, w//2:], 't': im[:h//2], 'b': im[h//2:]}.items() for m in ('', '-flip')]"
+	$(VENV)/bin/python -m tests.calib_crops $(BUILD)/photos $(BUILD)/board-calib/photos
 	touch $@
 
 # The board's bundle: ONNX and TFLite heads and full model, float32 and int8.

@@ -6,6 +6,8 @@ Exposed as fixtures. The real MobileNetV2 weights and the photos come from ``tes
 from __future__ import annotations
 
 import functools
+import os
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,8 @@ from exporter.train import train_classifier  # noqa: E402
 from exporter.zoo import fmnist_vgg  # noqa: E402
 
 SEED = 0
+#: The board bundle's one split (the Makefile's BOARD_SPLITS).
+BOARD_SPLIT = "features_14_conv_2"
 
 
 @functools.cache
@@ -49,3 +53,21 @@ def trained(tmp_path_factory: pytest.TempPathFactory):
         train_classifier(model, load_images("fashion-mnist:train", (1, 28, 28)).subset(10_000), epochs=1, progress=False)
         torch.save(model.state_dict(), cache)
     return model.eval(), cache
+
+
+@pytest.fixture(scope="session")
+def board_bundle(mobilenet_weights: Path, photos_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MobileNetV2 (real weights) cut at :data:`BOARD_SPLIT`, ONNX and TFLite, float32 and int8: the
+    Makefile's board bundle (``SPLITEDGE_BOARD_BUNDLE``), or the same build here. Its TFLite
+    conversions take minutes, so the TFLite tests check these files rather than convert their own."""
+    if env := os.environ.get("SPLITEDGE_BOARD_BUNDLE"):
+        return Path(env)
+    from exporter.cli import main
+    from tests.calib_crops import write_crops
+
+    root = tmp_path_factory.mktemp("board")
+    write_crops(photos_dir, root / "calib" / "photos")
+    assert main(["build", "torchvision:mobilenet_v2", "--weights", str(mobilenet_weights), "--splits", BOARD_SPLIT,
+                 "--formats", "onnx,tflite", "--quantize", "int8", "--calib-data", str(root / "calib"),
+                 "--out", str(root / "bundle")]) == 0
+    return root / "bundle"

@@ -3,6 +3,11 @@
 Float32 must meet the bundle's ``RTOL`` (1e-4 of the spread of MobileNetV2's logits)
 at batch 1 and batch 3 from the same file. int8 is judged as a classifier is: top-1 on
 real photos and cosine similarity of the logits with the float model.
+
+A MobileNetV2 conversion takes 20-100 s of a 2-core machine, so MobileNetV2's late cut, its
+full model (global pooling, then the classifier) and their int8 variants are checked in the
+board bundle the session builds once (``board_bundle``: the files a board runs, normalisation
+folded in); the early cut, ResNet-18 and the small networks are converted here.
 """
 
 from __future__ import annotations
@@ -18,13 +23,15 @@ torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 skimage_data = pytest.importorskip("skimage.data")
 
-from device_runtime.bundle import FULL, IO_NAMES  # noqa: E402
+from device_runtime.bundle import FULL, HEAD, INT8, IO_NAMES, LOCAL, TAIL, TFLITE, Bundle  # noqa: E402
+from exporter.fold import normalise, pixels  # noqa: E402
 from exporter.graph import split_at, trace  # noqa: E402
 from exporter.onnx_export import export_onnx  # noqa: E402
-from exporter.tflite_export import MIN_CALIBRATION_SAMPLES, export_tflite  # noqa: E402
+from exporter.tflite_export import export_tflite  # noqa: E402
 from exporter.validate import RTOL, Case, Chain, OnnxRunner, TfliteRunner, compare, torch_cases, validate  # noqa: E402
 from splitedge.errors import ExportError  # noqa: E402
 from tests.conftest import PHOTOS, TEST_SPLITS  # noqa: E402
+from tests.exporter.conftest import BOARD_SPLIT  # noqa: E402
 
 #: int8 acceptance, from measurements on the four photos: the logits' cosine with the float
 #: model was >= 0.966 (head at features_14_conv_2 + float tail) and >= 0.961 (full model).
@@ -53,25 +60,6 @@ def photos() -> np.ndarray:
     return torch.stack([transforms(_photo(name)) for name in PHOTOS]).numpy()
 
 
-@pytest.fixture(scope="module")
-def calibration() -> np.ndarray:
-    """32 camera-like frames: random crops and flips of the photos, normalised like the model's input.
-
-    Only four photos are available offline, so calibration sees other views of the
-    photos the int8 test classifies; the top-1 check is on the centre crops.
-    """
-    torch.manual_seed(0)
-    augment = torchvision.transforms.Compose(
-        [
-            torchvision.transforms.RandomResizedCrop(224, scale=(0.25, 1.0), antialias=True),
-            torchvision.transforms.RandomHorizontalFlip(),
-            torchvision.transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-        ]
-    )
-    images = [_photo(name).float() / 255 for name in PHOTOS]
-    return torch.stack([augment(images[i % len(images)]) for i in range(MIN_CALIBRATION_SAMPLES)]).numpy()
-
-
 def _photo(name: str) -> torch.Tensor:
     return torch.from_numpy(getattr(skimage_data, name)()).permute(2, 0, 1)  # (3, H, W) uint8
 
@@ -88,7 +76,7 @@ def _check_float(module: torch.nn.Module, role: str, path: Path) -> TfliteRunner
     return runner
 
 
-@pytest.mark.parametrize("cut", TEST_SPLITS)
+@pytest.mark.parametrize("cut", [c for c in TEST_SPLITS if c != BOARD_SPLIT])
 def test_mobilenet_heads_match_torch_and_onnx(mobilenet, cut: str, tmp_path: Path) -> None:
     _, traced = mobilenet
     head, tail = split_at(traced, cut)
@@ -106,12 +94,36 @@ def test_resnet18_head_matches_torch_and_onnx(tmp_path: Path) -> None:
     assert runner.backend.input_shape == ("batch", 3, 224, 224)
 
 
-def test_global_pooling_runs_at_every_batch(mobilenet, tmp_path: Path) -> None:
-    """litert-torch bakes the traced batch into the RESHAPE after a global average pool; the
-    exporter frees it, or the interpreter cannot allocate batch 1 (MobileNetV2's smallest cut)."""
+def _board_inputs(bundle: Bundle) -> tuple[list[np.ndarray], object]:
+    """:func:`_inputs` as the board bundle's folded artifacts take them (pixels), and torch's view of them."""
+    spec = bundle.manifest.model.preprocess
+    assert spec is not None and spec.folded
+    return [pixels(x, spec) for x in _inputs()], lambda x: normalise(x, spec)
+
+
+def test_the_board_bundles_tflite_head_matches_torch_and_onnx_and_feeds_the_onnx_tail(mobilenet, board_bundle: Path) -> None:
     _, traced = mobilenet
-    head, _ = split_at(traced, "adaptive_avg_pool2d")
-    _check_float(head, "head", tmp_path / "pooled_head.tflite")
+    bundle = Bundle.load(board_bundle)
+    inputs, torch_view = _board_inputs(bundle)
+    head, _ = split_at(traced, BOARD_SPLIT)
+    runner = TfliteRunner(bundle.artifact(BOARD_SPLIT, HEAD, TFLITE), threads=2)
+    validate(runner, torch_cases(head, IO_NAMES[HEAD], inputs, torch_view), RTOL, f"board bundle's TFLite head {BOARD_SPLIT}")
+    onnx = OnnxRunner(bundle.artifact(BOARD_SPLIT, HEAD))
+    assert compare(runner, [Case(f"batch {x.shape[0]}", {"input": x}, onnx({"input": x})) for x in inputs], RTOL)[0] == []
+    # The board's TFLite head followed by the host's ONNX tail is the full model.
+    reference = torch_cases(traced.module, IO_NAMES[FULL], inputs, torch_view)
+    validate(Chain(runner, OnnxRunner(bundle.artifact(BOARD_SPLIT, TAIL))), reference, RTOL, f"TFLite head {BOARD_SPLIT} + ONNX tail")
+
+
+def test_global_pooling_runs_at_every_batch(mobilenet, board_bundle: Path) -> None:
+    """litert-torch bakes the traced batch into the RESHAPE after a global average pool; the
+    exporter frees it, or the interpreter cannot allocate another batch: the board bundle's full
+    model (MobileNetV2's pool, flatten and classifier) at batch 1 and 3 from the same file."""
+    _, traced = mobilenet
+    bundle = Bundle.load(board_bundle)
+    inputs, torch_view = _board_inputs(bundle)
+    runner = TfliteRunner(bundle.artifact(LOCAL, FULL, TFLITE), threads=2)
+    validate(runner, torch_cases(traced.module, IO_NAMES[FULL], inputs, torch_view), RTOL, "board bundle's TFLite full model")
 
 
 def test_squeeze_and_excitation_runs_at_every_batch(tmp_path: Path) -> None:
@@ -151,23 +163,20 @@ def test_a_channel_split_and_shuffle_run_at_every_batch(tmp_path: Path) -> None:
     assert got.shape == want.shape and np.abs(got - want).max() <= RTOL * want.std()
 
 
-# The float32 full model is exported and checked against torch and ONNX (atol 1e-4, and top-1
-# through the board's runner) by tests/exporter/test_tflite_bundle.py; int8 is checked on the
-# head, the variant a board runs split. Each conversion costs 20-50 s of CI.
-@pytest.mark.parametrize("role", ["head"])
-def test_int8_keeps_top1_on_photos(mobilenet, photos: np.ndarray, calibration: np.ndarray, role: str, tmp_path: Path) -> None:
-    model, traced = mobilenet
-    head, tail = split_at(traced, TEST_SPLITS[-1])
-    module = head if role == "head" else traced.module
-    path = tmp_path / f"{role}_int8.tflite"
-    export_tflite(module, role, torch.from_numpy(photos[:1]), path, precision="int8", calibration=calibration)
-    runner = TfliteRunner(path, threads=2)
+@pytest.mark.parametrize("role", [HEAD, FULL])
+def test_int8_keeps_top1_on_photos(mobilenet, photos: np.ndarray, board_bundle: Path, role: str) -> None:
+    """The board bundle's int8 TFLite head (feeding the host's float tail) and full model,
+    calibrated on other views of the photos (tests/calib_crops.py), on the photos' centre crops."""
+    model, _ = mobilenet
+    bundle = Bundle.load(board_bundle)
+    spec = bundle.manifest.model.preprocess
+    split = BOARD_SPLIT if role == HEAD else LOCAL
+    runner = TfliteRunner(bundle.artifact(split, role, TFLITE, INT8), threads=2)
     assert runner.backend.input_dtype == "float32"  # float I/O, quantize/dequantize inside
-    if role == "head":  # on the board the int8 head feeds the host's float tail
-        export_onnx(tail, "tail", head(torch.zeros(2, 3, 224, 224)).detach(), tmp_path / "tail.onnx")
-        runner = Chain(runner, OnnxRunner(tmp_path / "tail.onnx"))
-    got = runner({"input": photos})["logits"]
-    assert got.shape == (len(PHOTOS), 1000)  # batch 4 from a file traced at batch 2
+    if role == HEAD:  # on the board the int8 head feeds the host's float tail
+        runner = Chain(runner, OnnxRunner(bundle.artifact(BOARD_SPLIT, TAIL)))
+    got = runner({"input": pixels(photos, spec)})["logits"]
+    assert got.shape == (len(PHOTOS), 1000)  # batch 4
     want = model(torch.from_numpy(photos)).detach().numpy()
     cosine = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
     assert cosine.min() >= INT8_MIN_COSINE, cosine
