@@ -63,8 +63,14 @@ $(BUILD)/test-bundle/manifest.json: $(VENV)/.installed
 # A Fashion-MNIST model a camera can feed, cut at SEMANTIC_CUT twice: a layer split and a semantic
 # split of 3 fragments (tests/conftest.py's semantic_bundle; bench/splitplace.py builds its own).
 SEMANTIC_CUT := _14
-$(BUILD)/fmnist-camera.pt: $(VENV)/.installed $(FASHION_MNIST)
+# What a zoo model's training is made of: retrained when one of these changes.
+TRAINING_SOURCES := exporter/zoo.py exporter/train.py exporter/datasets.py
+$(BUILD)/fmnist-camera.pt: $(VENV)/.installed $(FASHION_MNIST) $(TRAINING_SOURCES)
 	$(VENV)/bin/python -m exporter.zoo fmnist_camera --images 10000 --epochs 1 --out $@
+
+# The exporter tests' Fashion-MNIST VGG (tests/exporter/conftest.py's ``trained``), trained once for both halves.
+$(BUILD)/fmnist-vgg.pt: $(VENV)/.installed $(FASHION_MNIST) $(TRAINING_SOURCES)
+	$(VENV)/bin/python -m exporter.zoo fmnist_vgg --images 10000 --epochs 1 --out $@
 
 $(BUILD)/semantic-bundle/manifest.json: $(BUILD)/fmnist-camera.pt
 	$(VENV)/bin/split-export build exporter.zoo:fmnist_camera --weights $< --splits $(SEMANTIC_CUT) --semantic 3 \
@@ -105,12 +111,12 @@ test-workstation: test-exporter-a test-exporter-b
 EXPORTER_A := $(addprefix tests/exporter/,test_roundtrip.py test_semantic.py test_bottleneck.py test_analysis.py \
 	test_cui.py test_chain.py test_graph.py test_blocks.py test_shape_arithmetic.py test_seed003_cnn.py \
 	test_any_model.py test_real_weights.py)
-test-exporter-a: $(VENV)/.installed $(FASHION_MNIST)
-	$(VENV)/bin/python -m pytest -q $(DURATIONS) $(EXPORTER_A)
+test-exporter-a: $(VENV)/.installed $(FASHION_MNIST) $(BUILD)/fmnist-vgg.pt
+	SPLITEDGE_TEST_FMNIST_VGG=$(BUILD)/fmnist-vgg.pt $(VENV)/bin/python -m pytest -q $(DURATIONS) $(EXPORTER_A)
 
 # The TFLite tests check the board bundle's conversions (minutes of CPU each) rather than make their own.
-test-exporter-b: $(VENV)/.installed $(FASHION_MNIST) $(BUILD)/board-bundle/manifest.json
-	SPLITEDGE_BOARD_BUNDLE=$(BUILD)/board-bundle $(VENV)/bin/python -m pytest -q $(DURATIONS) tests/exporter $(addprefix --ignore=,$(EXPORTER_A)) \
+test-exporter-b: $(VENV)/.installed $(FASHION_MNIST) $(BUILD)/board-bundle/manifest.json $(BUILD)/fmnist-vgg.pt
+	SPLITEDGE_BOARD_BUNDLE=$(BUILD)/board-bundle SPLITEDGE_TEST_FMNIST_VGG=$(BUILD)/fmnist-vgg.pt $(VENV)/bin/python -m pytest -q $(DURATIONS) tests/exporter $(addprefix --ignore=,$(EXPORTER_A)) \
 		tests/device_runtime/engine/test_preprocess.py tests/test_public_faces.py tests/test_docs_agree.py
 
 # Everything else runs once, in the environment without torch (as on a board and a host),

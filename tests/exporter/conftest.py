@@ -43,9 +43,11 @@ def random_model():
 def trained(tmp_path_factory: pytest.TempPathFactory):
     """fmnist_vgg trained one epoch on 10k Fashion-MNIST images: (model, state dict path).
 
-    Trained once per session and kept as a state dict in the session's temporary directory.
+    The Makefile's (``SPLITEDGE_TEST_FMNIST_VGG``: ``python -m exporter.zoo fmnist_vgg --images
+    10000 --epochs 1``, the same recipe), or trained once per session and kept as a state dict in
+    the session's temporary directory.
     """
-    cache = tmp_path_factory.getbasetemp() / "fmnist_vgg.pt"
+    cache = Path(os.environ.get("SPLITEDGE_TEST_FMNIST_VGG") or tmp_path_factory.getbasetemp() / "fmnist_vgg.pt")
     model = fmnist_vgg()
     if cache.is_file():
         model.load_state_dict(torch.load(cache, weights_only=True))

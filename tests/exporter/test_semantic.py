@@ -70,10 +70,9 @@ TRAINING = FragmentTraining(epochs=2)
 CASES = [("vgg", None, 2), ("vgg", None, 5), ("resnet", "_5_relu", 2), ("resnet", "_5_relu", 5)]
 
 
-@pytest.fixture(scope="module")
-def resnet_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """fmnist_resnet trained one epoch on 10,000 Fashion-MNIST images, once per session."""
-    cache = tmp_path_factory.getbasetemp() / "fmnist_resnet.pt"
+def _resnet_weights(root: Path) -> Path:
+    """fmnist_resnet trained one epoch on 10,000 Fashion-MNIST images, kept in ``root``."""
+    cache = root / "fmnist_resnet.pt"
     if not cache.is_file():
         model = fmnist_resnet()
         train_classifier(model, load_images("fashion-mnist:train", SHAPE).subset(10_000), epochs=1, progress=False)
@@ -81,13 +80,25 @@ def resnet_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cache
 
 
+class _Built(dict):
+    """Each case built on its first use: a test's time is its own case's build, not all four's."""
+
+    def __init__(self, build) -> None:
+        super().__init__()
+        self._build = build
+
+    def __missing__(self, case):
+        self[case] = self._build(case)
+        return self[case]
+
+
 @pytest.fixture(scope="module")
-def semantic_bundles(trained, resnet_weights: Path, tmp_path_factory: pytest.TempPathFactory):
-    """Each case built once: {case: (bundle dir, the torch semantic model the build exported, printed)}.
-    vgg K=5 goes through the command line, beside a layer split at the same cut."""
-    weights = {"vgg": trained[1], "resnet": resnet_weights}
-    built = {}
-    for case in CASES:
+def semantic_bundles(trained, tmp_path_factory: pytest.TempPathFactory) -> _Built:
+    """{case: (bundle dir, the torch semantic model the build exported, printed)}, each built when
+    first asked for. vgg K=5 goes through the command line, beside a layer split at the same cut."""
+    weights = {"vgg": lambda: trained[1], "resnet": lambda: _resnet_weights(tmp_path_factory.getbasetemp())}
+
+    def build(case):
         name, cut, k = case
         out = tmp_path_factory.mktemp(f"semantic_{name}_{k}") / "bundle"
         caught = []
@@ -101,15 +112,17 @@ def semantic_bundles(trained, resnet_weights: Path, tmp_path_factory: pytest.Tem
         with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
             patch.setattr(build_module, "make_semantic", spy)
             if case == ("vgg", None, 5):
-                assert main(["build", "exporter.zoo:fmnist_vgg", "--weights", str(weights[name]), "--input-shape",
+                assert main(["build", "exporter.zoo:fmnist_vgg", "--weights", str(weights[name]()), "--input-shape",
                              "1,28,28", "--splits", "_17", "--semantic", "5", "--train-data", "fashion-mnist",
                              "--train-images", str(TRAIN_IMAGES), "--epochs", str(TRAINING.epochs),
                              "--out", str(out)]) == 0
             else:
-                build_bundle(BuildSpec(f"exporter.zoo:fmnist_{name}", weights=weights[name], splits=(), input_shape=SHAPE, semantic=SemanticOptions(k, "fashion-mnist", cut=cut, train_images=TRAIN_IMAGES,
-                                                      training=TRAINING)), out, progress=False)
-        built[case] = (out, caught[0].model, printed.getvalue())
-    return built
+                build_bundle(BuildSpec(f"exporter.zoo:fmnist_{name}", weights=weights[name](), splits=(), input_shape=SHAPE,
+                                       semantic=SemanticOptions(k, "fashion-mnist", cut=cut, train_images=TRAIN_IMAGES,
+                                                                training=TRAINING)), out, progress=False)
+        return out, caught[0].model, printed.getvalue()
+
+    return _Built(build)
 
 
 def _run(path: Path, x: np.ndarray) -> np.ndarray:
