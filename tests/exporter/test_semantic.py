@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 from pathlib import Path
 
 import numpy as np
@@ -71,8 +72,10 @@ CASES = [("vgg", None, 2), ("vgg", None, 5), ("resnet", "_5_relu", 2), ("resnet"
 
 
 def _resnet_weights(root: Path) -> Path:
-    """fmnist_resnet trained one epoch on 10,000 Fashion-MNIST images, kept in ``root``."""
-    cache = root / "fmnist_resnet.pt"
+    """fmnist_resnet trained one epoch on 10,000 Fashion-MNIST images: the Makefile's
+    (``SPLITEDGE_TEST_FMNIST_RESNET``, ``python -m exporter.zoo fmnist_resnet --images 10000 --epochs 1``),
+    or trained here and kept in ``root``."""
+    cache = Path(os.environ.get("SPLITEDGE_TEST_FMNIST_RESNET") or root / "fmnist_resnet.pt")
     if not cache.is_file():
         model = fmnist_resnet()
         train_classifier(model, load_images("fashion-mnist:train", SHAPE).subset(10_000), epochs=1, progress=False)
