@@ -26,9 +26,10 @@ TEST_SPLITS := features_4_conv_2,features_14_conv_2
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages, only where a rule finds them missing: installed from the cached lists, else after
-# an update; waiting for dpkg's lock, since under -j another install may run beside this one.
-APT_GET := $(SUDO) apt-get -o DPkg::Lock::Timeout=600
-apt_install = $(APT_GET) install -y --no-install-recommends $(1) || { $(APT_GET) update && $(APT_GET) install -y --no-install-recommends $(1); }
+# an update. Under -j several rules may want some at once: they take turns (flock), as apt's locks
+# would refuse the second.
+apt_install = $(SUDO) flock /var/lock/splitedge-apt.lock sh -c 'apt-get install -y --no-install-recommends $(1) || \
+	{ apt-get update && apt-get install -y --no-install-recommends $(1); }'
 
 .PHONY: setup demo test test-workstation test-exporter-a test-exporter-b test-device board board-rootfs board-ready bench clean FORCE
 
@@ -47,8 +48,7 @@ $(VENV)/.installed: pyproject.toml
 # The board's environment: splitedge[device,tflite,camera] installed as a board would, with no
 # torch; plus the host extra, since a host needs no torch either and its tests run here too.
 $(DEVICE_VENV)/.installed: pyproject.toml
-	# The live pages' browser tests: Debian's Chromium and its driver, where missing (waiting for
-	# dpkg's lock: another install may run beside this one under -j).
+	# The live pages' browser tests: Debian's Chromium and its driver, where missing.
 	[ -x /usr/bin/chromedriver ] || { $(call apt_install,chromium chromium-driver); }
 	$(PYTHON) -m venv $(DEVICE_VENV)
 	$(DEVICE_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
@@ -149,7 +149,6 @@ BOARD_TOOLS := /usr/sbin/debootstrap /usr/libexec/qemu-binfmt/aarch64-binfmt-P
 BOARD_SPLITS := features_14_conv_2
 BOARD_PATHS := pyproject.toml splitedge device_runtime host_runtime exporter calibration boards fieldtrial testbed
 
-# After Fashion-MNIST's install, never beside it: two apt-gets at once fight over dpkg's lock.
 $(BOARD_TOOLS): | $(FASHION_MNIST)
 	$(call apt_install,qemu-user-static debootstrap)
 
