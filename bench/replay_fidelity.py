@@ -20,7 +20,9 @@ least 90 % of frames and its p50 latency within 10 %. On one machine (as root):
   batch 1, at the geometric middle of the cell's rates (the open ends at 10 times their edge,
   within 0.5-800 Mbit/s), high to low, then up and down again ``--sweeps`` times, ``--step-s`` each;
 * the **replay**: :func:`testbed.replay.replay` of that trace with the same bundle and policy
-  (its own link and host, set up afresh);
+  (its own link and host, set up afresh); its board decides with the head times the original
+  recorded (``--board-times``, default recorded: the replay's own default for the trial's bundle)
+  or, with ``--board-times measured``, with its own;
 * the **figures**: :func:`fieldtrial.compare.agreement` (frames matched by index: the share of
   the original's answered frames the replay answered on the same split, and the ratio of the
   p50 latencies), printed and written to ``--out``; ``--report DIR`` also writes
@@ -52,7 +54,7 @@ from fieldtrial.compare import agreement, write_comparison
 from fieldtrial.trace import load_trace
 from testbed import EmulatedLink, RateSchedule, trace_steps, unavailable_reason
 from testbed.namespace_host import serve_in
-from testbed.replay import TRACE_FILE, replay
+from testbed.replay import MEASURED, RECORDED, TRACE_FILE, replay
 
 PORT = 7767
 BOARD_CPU, HOST_CPU = 1, 0
@@ -162,6 +164,8 @@ def main() -> None:
     parser.add_argument("--board-cpu", type=float, default=0.25, help="the board's CPU, in cores (default 0.25)")
     parser.add_argument("--out", type=Path, default=Path("build/bench/replay_fidelity.json"))
     parser.add_argument("--report", type=Path, help="also write split-device report of the two runs here")
+    parser.add_argument("--board-times", choices=(RECORDED, MEASURED), default=RECORDED,
+                        help="the replay's board decides with the original's head times or its own (default recorded)")
     args = parser.parse_args()
     work, bundle = fresh_work(args.work, args.bundle)
     original = work / "original.jsonl"
@@ -180,7 +184,7 @@ def main() -> None:
             print(f"table at batch 1: {[(round(r / 1e6, 2), a, b) for r, a, b in calibration.table.boundaries(1)]}")
             print(f"schedule: {', '.join(f'{s.rate_mbit:g} Mbit/s for {s.duration_s:g} s' for s in schedule.steps)}")
             original_run(bundle, host, link, schedule, video, original)
-        record = replay(original, bundle, work / "replay", policy="auto", launch=device)
+        record = replay(original, bundle, work / "replay", policy="auto", launch=device, times=args.board_times)
     first, again = load_trace(original), load_trace(work / "replay" / TRACE_FILE)
     figures = agreement(first.frames, again.frames)
     met = (figures["split_agreement"] is not None and figures["split_agreement"] >= TARGET_AGREEMENT
@@ -192,6 +196,7 @@ def main() -> None:
         "switches": {"original": _switches(first.frames), "replay": _switches(again.frames)},
         "agreement": figures, "target_met": met,
     }
+    print(f"the replay's board decided with {record['board_times']} head times: {record['board_times_why']}")
     print(f"original: {figures['reference_answered']} answered, p50 {figures['reference_p50_ms']:.1f} ms, "
           f"{result['switches']['original']} switches; replay: p50 {figures['p50_ms']:.1f} ms, "
           f"{result['switches']['replay']} switches")

@@ -22,8 +22,8 @@ from splitedge.errors import SplitEdgeError
 from testbed import RateSchedule, unavailable_reason
 from testbed import __main__ as testbed_main
 from testbed.replay import (
-    ESTIMATES, LINK_RATES, RECORD_FILE, TRACE_FILE, board_argv, read_trace, recorded_link, remaining, replay,
-    replay_source,
+    ESTIMATES, LINK_RATES, MEASURED, RECORD_FILE, RECORDED, TRACE_FILE, board_argv, board_times, read_trace,
+    recorded_link, remaining, replay, replay_source,
 )
 from testbed.schedule import SET_BY
 from tests.conftest import TEST_SPLITS
@@ -151,6 +151,27 @@ def test_the_boards_command_line_is_the_originals_stream_and_parses(tmp_path: Pa
     assert args.trace == str(tmp_path / "r.jsonl") and not args.loop
     folder = board_argv(run_record(str(tmp_path)), 9, "bundle", "auto", str(tmp_path), "h:1", tmp_path / "r.jsonl")
     assert device_cli.build_parser().parse_args(folder).loop  # a folder's images again, up to --frames
+
+
+def test_the_trials_bundle_decides_with_the_trials_head_times_another_with_its_own(tmp_path: Path) -> None:
+    """Recorded by default where the bundle is the trial's and the trace has them; measured when
+    asked, for another bundle (saying so) and for a trace without them; nothing for a fixed split."""
+    trial = run_record(schema="splitedge.trace/5")
+    assert board_times(trial, True, "b", "auto") == (RECORDED, board_times(trial, True, "b", "auto", RECORDED)[1])
+    assert "the trial's head times" in board_times(trial, True, "b", "auto")[1]
+    assert board_times(trial, True, "b", "auto", MEASURED)[0] == MEASURED
+    times, why = board_times(trial, True, "other-123", "auto")
+    assert times == MEASURED and "another bundle (b, not other-123)" in why and "times its own heads" in why
+    times, why = board_times({**trial, "schema": "splitedge.trace/4"}, False, "b", "auto")
+    assert times == MEASURED and "no head times (trace schema 'splitedge.trace/4'" in why
+    assert board_times(trial, True, "b", "cut")[0] is None
+    for run, recorded, bundle, policy in ((trial, True, "other", "auto"), (trial, False, "b", "auto"),
+                                          (trial, True, "b", "cut")):
+        with pytest.raises(SplitEdgeError, match="board-times recorded"):
+            board_times(run, recorded, bundle, policy, RECORDED)
+    argv = board_argv(trial, 9, "bundle", "auto", "clip.mp4", "h:1", tmp_path / "r.jsonl", tmp_path / "trial.jsonl")
+    assert device_cli.build_parser().parse_args(argv).head_times == str(tmp_path / "trial.jsonl")
+    assert device_cli.build_parser().parse_args(argv[:-2]).head_times is None
 
 
 def test_replay_needs_a_trace() -> None:
