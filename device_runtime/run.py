@@ -475,8 +475,8 @@ def _run_record(
         "calibration": str(Path(settings.bundle) / FILENAME) if calibration is not None else None,
         # The table the run chose its splits with, and what it ran: the report compares with the same table.
         "calibration_key": list(calibration.key) if calibration is not None else None,
-        "backend": runner.backend, "precision": precision_of(runner),
-        "host": settings.connection.host, "queue": settings.queue, "drop": settings.drop,
+        "backend": runner.backend, "precision": precision_of(runner), "threads": runner.threads,
+        "transmit": settings.transmit, "host": settings.connection.host, "queue": settings.queue, "drop": settings.drop,
         "realtime": settings.realtime, "head_times": settings.head_times,
     }
 

@@ -212,10 +212,17 @@ def board_argv(
     head_times: str | Path | None = None,
 ) -> list[str]:
     """``split-device run``'s arguments for the replay: the original's stream (batch, queue, drop
-    policy, real-time pacing, frame count) on ``bundle`` with ``policy``, the host behind the link,
-    deciding with the head times recorded in the trace ``head_times`` where it is given."""
+    policy, real-time pacing, frame count) and runtime (the inference threads and the cut tensor's
+    type on the link, where its trace recorded them) on ``bundle`` with ``policy``, the host behind
+    the link, deciding with the head times recorded in the trace ``head_times`` where it is given.
+    The backend and precision are left to the replaying board (its calibrated ones): a trial's may
+    not be installed there."""
     argv = ["run", str(bundle), "--camera", source, "--split", policy, "--host", host, "--trace", str(trace),
             "--frames", str(frames), "--batch", str(run.get("batch") or 1)]
+    if run.get("threads"):
+        argv += ["--threads", str(run["threads"])]  # a head on 4 threads takes other times than on 1
+    if run.get("transmit"):
+        argv += ["--transmit", str(run["transmit"])]
     if head_times is not None:
         argv += ["--head-times", str(head_times)]
     if run.get("queue"):

@@ -143,12 +143,15 @@ def test_the_input_is_the_originals_file_or_folder_else_the_one_given(tmp_path: 
 
 
 def test_the_boards_command_line_is_the_originals_stream_and_parses(tmp_path: Path) -> None:
-    record = run_record("clip.mp4", batch=2, queue=3, drop="newest", realtime=True)
+    record = run_record("clip.mp4", batch=2, queue=3, drop="newest", realtime=True, threads=1, transmit="float32")
     argv = board_argv(record, 40, "bundle", "local", "clip.mp4", "10.0.0.2:7767", tmp_path / "r.jsonl")
     args = device_cli.build_parser().parse_args(argv)
     assert (args.bundle, args.camera, args.split, args.frames, args.batch, args.queue, args.drop, args.realtime) == (
         "bundle", "clip.mp4", "local", 40, 2, 3, "newest", True)
+    assert (args.threads, args.transmit) == (1, "float32")  # the trial's runtime, where its trace says
     assert args.trace == str(tmp_path / "r.jsonl") and not args.loop
+    assert device_cli.build_parser().parse_args(board_argv(run_record("clip.mp4"), 4, "b", "auto", "clip.mp4", "h:1",
+                                                           tmp_path / "r.jsonl")).threads is None
     folder = board_argv(run_record(str(tmp_path)), 9, "bundle", "auto", str(tmp_path), "h:1", tmp_path / "r.jsonl")
     assert device_cli.build_parser().parse_args(folder).loop  # a folder's images again, up to --frames
 
