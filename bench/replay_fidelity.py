@@ -20,7 +20,8 @@ least 90 % of frames and its p50 latency within 10 %. On one machine (as root):
   from the first traced frame (``testbed.trace_steps`` writes each step into its trace, as any
   testbed run does). ``--schedule auto`` (default): one step per cell of the calibrated table at
   batch 1, at the geometric middle of the cell's rates (the open ends at 10 times their edge,
-  within 0.5-800 Mbit/s), high to low, then up and down again ``--sweeps`` times, ``--step-s`` each;
+  within 0.5-800 Mbit/s; none in a cell narrower than the hysteresis' margin, see
+  :data:`NARROWEST_CELL`), high to low, then up and down again ``--sweeps`` times, ``--step-s`` each;
 * the **replay**: :func:`testbed.replay.replay` of that trace with the same bundle and policy
   (its own link and host, set up afresh); its board decides with the head times the original
   recorded (``--board-times``, default recorded: the replay's own default for the trial's bundle)
@@ -69,6 +70,12 @@ TARGET_AGREEMENT, TARGET_P50 = 0.9, 0.1
 #: the low step sat where a board slowed to a quarter core, re-timing its heads as it ran, moved
 #: the edge to (measured: the split there followed the board's speed, not the link).
 OPEN_END = 10.0
+#: A cell narrower than this (its upper edge over its lower) gets no step: with AutoPolicy's
+#: hysteresis (a split must be predicted 10 % faster to take over) the three splits around it are
+#: all within that margin there, and which one runs is whichever ran before (measured: at a step in
+#: a 47.3-53.1 Mbit/s cell one run held offload and its replay held local for 4 s, after one
+#: upload came back late in the replay) — a coin the run tosses, not anything a replay could repeat.
+NARROWEST_CELL = 1.1 ** 2
 
 
 def pinned_board() -> None:
@@ -97,12 +104,14 @@ def make_video(photos: Path, path: Path, fps: float, seconds: float) -> Path:
 
 
 def auto_schedule(calibration, step_s: float, sweeps: int) -> RateSchedule:
-    """A step in the middle of each cell of the table at batch 1, high to low and back up, ``sweeps`` times."""
+    """A step in the middle of each cell of the table at batch 1 (but those narrower than
+    :data:`NARROWEST_CELL`), high to low and back up, ``sweeps`` times."""
     edges = [rate / 1e6 for rate, _, _ in calibration.table.boundaries(1)]
     if not edges:
         raise SystemExit("the calibrated table has one split at every rate: nothing to switch (give --schedule)")
     bounds = [edges[0] / OPEN_END, *edges, edges[-1] * OPEN_END]
-    middles = [min(max(math.sqrt(lo * hi), LOWEST_MBIT), HIGHEST_MBIT) for lo, hi in zip(bounds, bounds[1:])]
+    middles = [min(max(math.sqrt(lo * hi), LOWEST_MBIT), HIGHEST_MBIT) for lo, hi in zip(bounds, bounds[1:])
+               if hi / lo >= NARROWEST_CELL]
     middles = [m for i, m in enumerate(middles) if i == 0 or m != middles[i - 1]]  # cells outside the range: one step
     rates = middles[::-1]
     for _ in range(sweeps):
@@ -172,6 +181,7 @@ def main() -> None:
     parser.add_argument("--board-times", choices=(RECORDED, MEASURED), default=RECORDED,
                         help="the replay's board decides with the original's head times or its own (default recorded)")
     args = parser.parse_args()
+    load_at_start = os.getloadavg()  # a busy machine slows the board and the host: the figures say how busy
     work, bundle = fresh_work(args.work, args.bundle)
     original = work / "original.jsonl"
     if PINNED:
@@ -198,7 +208,7 @@ def main() -> None:
     result = {
         "benchmark": "replay_fidelity", "machine": platform.machine(), "python": platform.python_version(),
         "board_cpu": args.board_cpu if PINNED else None, "nice": nice, "fps": args.fps,
-        "load_average": os.getloadavg(),
+        "load_average": {"start": load_at_start, "end": os.getloadavg()},
         "schedule": [[s.rate_mbit, s.duration_s] for s in schedule.steps], "replay": record,
         "switches": {"original": _switches(first.frames), "replay": _switches(again.frames)},
         "stages": {"original": _stages(first.frames), "replay": _stages(again.frames)},
