@@ -364,5 +364,5 @@ def main(args: argparse.Namespace) -> str:
     board = f"\nhead times: {record['board_times']}, {record['board_times_why']}" if record["board_times"] else ""
     return (f"replayed {seconds:.1f} s of link in {len(steps)} steps from {record['rate_from']}; round-trip time "
             f"{record['rtt']}\n{record['frames']} frames of {record['source']} with {record['bundle']} "
-            f"(--split {record['policy']}){board}\nwrote {record['trace']} and {Path(args.out) / RECORD_FILE}; compare: "
-            f"split-device report {record['original']} {record['trace']} --out compare/")
+            f"(--split {record['policy']}){board}\nwrote {record['trace']} and {Path(args.out) / RECORD_FILE}; "
+            f"compare: split-device report {record['original']} {record['trace']} --out compare/")

@@ -93,10 +93,18 @@ class HeadTimes:
             head_ms={split: {_batch(b, f"{where} head_ms.{split}"): _fields.number(ms, f"{where} head_ms.{split}.{b}")
                              for b, ms in _fields.obj(times, f"{where} head_ms.{split}").items()}
                      for split, times in head_ms.items()},
-            edges={_batch(b, f"{where} edges"): tuple((_fields.number(e[0], f"{where} edges.{b}"), str(e[1]), str(e[2]))
+            edges={_batch(b, f"{where} edges"): tuple(_edge(e, f"{where} edges.{b}")
                                                       for e in _fields.array(row, f"{where} edges.{b}"))
                    for b, row in edges.items()},
         )
+
+
+def _edge(value: Any, where: str) -> tuple[float, str, str]:
+    """``[rate_bps, below, above]``, as :meth:`calibration.SplitTable.boundaries` gives it."""
+    edge = _fields.array(value, where)
+    if len(edge) != 3:
+        raise SplitEdgeError(f"{where}: expected [rate_bps, below, above], got {edge!r}")
+    return _fields.number(edge[0], where), _fields.text(edge[1], where), _fields.text(edge[2], where)
 
 
 def _batch(key: str, where: str) -> int:

@@ -41,7 +41,9 @@ def _calibration(local_ms: float = 200.0) -> Calibration:
     )
 
 
-def _stream(policy: AutoPolicy, local_ms: Callable[[int], float], cut_ms: float, rates: list[float] = RATES) -> list[str]:
+def _stream(
+    policy: AutoPolicy, local_ms: Callable[[int], float], cut_ms: float, rates: list[float] = RATES,
+) -> list[str]:
     """What a pipeline does for each frame (batch 1): where it is, the choice, the head's time
     (local's as ``local_ms`` of the frame's index)."""
     splits = []
