@@ -111,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--frames", type=as_flag_type(positive_int), default=None, help="stop after N frames (default: the whole source)")
     run.add_argument("--loop", action="store_true", help="repeat a folder of images forever")
     run.add_argument("--trace", metavar="FILE.jsonl", help="write one record per frame (see split-device report)")
+    run.add_argument("--head-times", metavar="TRACE.jsonl",
+                     help="with --split auto: decide with the head times that trace's run decided with (its calibrated "
+                     "ones, then each refinement from the frame it made it at) instead of timing this board's: a "
+                     "replay of a trial's decisions on another machine or under another load (python -m testbed "
+                     "replay does this by default)")
     run.add_argument("--deadline-ms", type=_checked("deadline_ms"), default=None,
                      metavar="MS",
                      help="each frame's budget at the host, its queue and tail: a host that cannot answer in time "

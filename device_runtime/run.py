@@ -37,7 +37,7 @@ from device_runtime.hosts import HostLink, LinkMeter, connect_host, discover
 from device_runtime.live import LiveBoard, LiveServer
 from device_runtime.stream import (
     AutoPolicy, BanditPolicy, FrameSource, Pipeline, PipelineConfig, PipelineStats, Reason, RunEvents, SplitPolicy,
-    StaticPolicy, TraceWriter, frame_record, open_source, pi_camera_absent,
+    StaticPolicy, TraceWriter, frame_record, open_source, pi_camera_absent, read_head_times,
 )
 from device_runtime.wire import Credentials, HostClient, client_context, load_key
 from splitedge import BundleError, CameraError, HostUnavailableError, SplitEdgeError, notify, stop_on_signals
@@ -124,6 +124,10 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
     bundle = Bundle.load(settings.bundle, roles=(HEAD, FULL))
     board = detect_board()
     camera, chosen = _camera(settings.camera, board)
+    if settings.head_times is not None and not settings.auto:
+        raise SplitEdgeError(f"--head-times decides with a trace's head times: it needs --split auto, not "
+                             f"--split {settings.split}")
+    recorded = read_head_times(settings.head_times) if settings.head_times is not None else None
     first = default_split(bundle) if settings.auto else settings.split
     start_split = LOCAL if first == OFFLOAD else first
     tables = _tables(bundle, out) if settings.auto else None
@@ -131,8 +135,13 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
     if tables is not None and runtime.backend == AUTO:
         runtime = Runtime(_calibrated_backend(tables, bundle, start_split, board), runtime.precision, runtime.threads)
     runner = _runner(runtime, bundle, start_split, board, settings.transmit)
-    calibration = _table_for(runner, tables, settings.bundle, out) if tables is not None else None
-    policy: SplitPolicy = AutoPolicy(calibration) if calibration is not None else StaticPolicy(first, bundle)
+    calibration = _table_for(runner, tables, settings.bundle, out, recorded[0] if recorded else None) \
+        if tables is not None else None
+    auto = AutoPolicy(calibration, recorded=recorded[1] if recorded else None) if calibration is not None else None
+    if recorded is not None:
+        out.progress(f"deciding with the head times {settings.head_times} recorded ({len(recorded[1])} records: its "
+                     "calibrated ones and each refinement, at the frames it made them), not this board's")
+    policy: SplitPolicy = auto if auto is not None else StaticPolicy(first, bundle)
     warm = list(calibration.table.splits) if calibration is not None else [first]
     bandit = _bandit(settings, bundle)
     if bandit is not None:
@@ -160,6 +169,8 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
     last_run.watch(bundle, pipeline.stats, policy)
     trace = TraceWriter(settings.trace, _run_record(settings, camera, bundle, runner, calibration)) \
         if settings.trace else None
+    if trace is not None and auto is not None:
+        auto.watch(trace.head_times)  # what it decides with, now and at each change
     events = RunEvents(out.summary_every_s, out.clock)
     live = LiveBoard() if settings.live is not None else None
     page: LiveServer | None = None
@@ -371,12 +382,18 @@ def _calibrated_backend(tables: Calibrations, bundle: Bundle, split_id: str, boa
     return Calibrations(tables.bundle_id, tables.manifest_sha256, usable).latest().backend
 
 
-def _table_for(runner: DeviceRunner, tables: Calibrations, bundle_dir: str, out: Output) -> Calibration:
+def _table_for(
+    runner: DeviceRunner, tables: Calibrations, bundle_dir: str, out: Output, recorded: dict[str, Any] | None = None,
+) -> Calibration:
     """The table of the backend and precision ``runner`` runs. Without one, a one-line warning naming
     both and the command that measures it, and the nearest table (the same backend, else the same
     precision): its link and host times hold for any backend, and the head times of the splits
     this run takes are replaced by the ones it measures (AutoPolicy), which holds the cut better
-    than no table at all would."""
+    than no table at all would. Deciding with a trace's head times (``recorded``: its run record),
+    the table that run chose with, where the bundle has it: its head times are the trace's anyway."""
+    key = recorded.get("calibration_key") if recorded is not None else None
+    if isinstance(key, list) and len(key) == 2 and (table := tables.get(*key)) is not None:
+        return table
     backend, precision = runner.backend, precision_of(runner)
     table = tables.get(backend, precision)
     if table is not None:
@@ -458,9 +475,9 @@ def _run_record(
         "calibration": str(Path(settings.bundle) / FILENAME) if calibration is not None else None,
         # The table the run chose its splits with, and what it ran: the report compares with the same table.
         "calibration_key": list(calibration.key) if calibration is not None else None,
-        "backend": runner.backend, "precision": precision_of(runner),
-        "host": settings.connection.host, "queue": settings.queue, "drop": settings.drop,
-        "realtime": settings.realtime,
+        "backend": runner.backend, "precision": precision_of(runner), "threads": runner.threads,
+        "transmit": settings.transmit, "host": settings.connection.host, "queue": settings.queue, "drop": settings.drop,
+        "realtime": settings.realtime, "head_times": settings.head_times,
     }
 
 

@@ -12,8 +12,8 @@ from device_runtime.stream import LINK_RATE, TRACE_SCHEMA
 from splitedge import SplitEdgeError
 
 __all__ = [
-    "TRACE_SCHEMA_1", "TRACE_SCHEMA_2", "TRACE_SCHEMA_3", "TRACE_SCHEMA_4", "Trace", "load_trace", "read_trace",
-    "records_waits",
+    "TRACE_SCHEMA_1", "TRACE_SCHEMA_2", "TRACE_SCHEMA_3", "TRACE_SCHEMA_4", "TRACE_SCHEMA_5", "Trace", "load_trace",
+    "read_trace", "records_waits",
 ]
 
 #: Traces before the waits were recorded: ``tail_ms`` held the host's queue, and nothing else
@@ -23,10 +23,14 @@ TRACE_SCHEMA_1 = "splitedge.trace/1"
 TRACE_SCHEMA_2 = "splitedge.trace/2"
 #: Traces before each frame carried the reason for its split.
 TRACE_SCHEMA_3 = "splitedge.trace/3"
-#: Each frame's ``reason`` (``{kind: ..., ...}``): why its split was chosen. Named here as well as
-#: by the writer's :data:`TRACE_SCHEMA`, so that this reader takes it whichever the writer writes.
+#: Traces before the head times the policy decided with were recorded.
 TRACE_SCHEMA_4 = "splitedge.trace/4"
-_READABLE = tuple(dict.fromkeys((TRACE_SCHEMA, TRACE_SCHEMA_4, TRACE_SCHEMA_3, TRACE_SCHEMA_2, TRACE_SCHEMA_1)))
+#: The ``head_times`` records (what ``--split auto`` decided with; a report leaves them to a replay).
+#: Named here as well as by the writer's :data:`TRACE_SCHEMA`, so that this reader takes it whichever
+#: the writer writes.
+TRACE_SCHEMA_5 = "splitedge.trace/5"
+_READABLE = tuple(dict.fromkeys(
+    (TRACE_SCHEMA, TRACE_SCHEMA_5, TRACE_SCHEMA_4, TRACE_SCHEMA_3, TRACE_SCHEMA_2, TRACE_SCHEMA_1)))
 
 
 @dataclass(frozen=True)

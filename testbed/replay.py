@@ -17,6 +17,16 @@ The round-trip time: no trace records it (the frames' transfer times hold it, mi
 rate); the replay adds no delay (the veth's own, well under 0.1 ms) and says so in
 ``replay.json``.
 
+The board's side of its decisions: with ``--split auto`` a board decides with the head times it
+was calibrated with, refined from the ones it measures as it runs. The replaying machine's heads
+take other times (another board, another load), and its table's edges would move with them. So
+where the bundle replayed is the trial's (the run record's ``bundle_id``) and the trace recorded
+them (its ``head_times`` records), the replay's board decides with the trial's head times, each
+taken up at the frame the trial took it up (``split-device run --head-times``, :data:`RECORDED`):
+the replay then differs from the trial only where the link or the host made it differ.
+``--board-times measured`` (:data:`MEASURED`), and any other bundle, let the replaying board time
+its own heads; ``replay.json`` says which and why (``board_times``, ``board_times_why``).
+
 Time: the frames' ``t`` and the ``link_rate`` records' count from the run record's
 ``started_unix``. The replay starts the link at the rate in force at the original's start,
 waits for the new run's record, and from then drives what is left of the schedule at the
@@ -44,8 +54,8 @@ from testbed.namespace_host import DEFAULT_PORT, serve_in
 from testbed.schedule import RateSchedule, RateStep, trace_steps
 
 __all__ = [
-    "ESTIMATES", "LINK_RATES", "RecordedLink", "board_argv", "main", "read_trace", "recorded_link", "remaining",
-    "replay", "replay_source",
+    "ESTIMATES", "LINK_RATES", "MEASURED", "RECORDED", "RecordedLink", "board_argv", "board_times", "main",
+    "read_trace", "recorded_link", "remaining", "replay", "replay_source",
 ]
 
 #: Where a replay's rates came from (``replay.json``'s ``rate_from``).
@@ -62,6 +72,10 @@ _MIN_STEP_S = 1e-3
 _START_TIMEOUT_S = 120.0
 _END_TIMEOUT_S = 120.0
 _SOURCE_WORDS = ("synthetic", "picam")
+#: ``--board-times``: the replay's board decides with the head times the trial decided with, or
+#: with the ones it measures itself.
+RECORDED, MEASURED = "recorded", "measured"
+_HEAD_TIMES = "head_times"  # device_runtime.stream.HEAD_TIMES, without importing the board runtime here
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,16 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]], 
 
     The testbed sits beside ``fieldtrial`` (which has the full reader) and may not import it; a
     line cut short at the end (a run that lost power) is left out, any other bad line is an error."""
+    records = _records(path)
+    frames = [r for r in records if isinstance(r, dict) and r.get("type") == "frame"]
+    rates = [r for r in records if isinstance(r, dict) and r.get("type") == "link_rate"]
+    if not frames:
+        raise SplitEdgeError(f"{path}: no frames to replay")
+    return records[0], frames, rates
+
+
+def _records(path: str | Path) -> list[Any]:
+    """Every record of a trace, the run record first (:func:`read_trace`)."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -94,11 +118,7 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]], 
                 raise SplitEdgeError(f"{path}:{number}: not JSON: {exc}") from exc
     if not records or not isinstance(records[0], dict) or records[0].get("type") != "run":
         raise SplitEdgeError(f"{path}: not a splitedge trace (the first line must be the run record)")
-    frames = [r for r in records if isinstance(r, dict) and r.get("type") == "frame"]
-    rates = [r for r in records if isinstance(r, dict) and r.get("type") == "link_rate"]
-    if not frames:
-        raise SplitEdgeError(f"{path}: no frames to replay")
-    return records[0], frames, rates
+    return records
 
 
 def _schedule(points: Sequence[tuple[float, float]], end: float) -> RateSchedule:
@@ -160,13 +180,51 @@ def replay_source(run: dict[str, Any], given: str | None) -> str:
                          "folder of images, or synthetic:FPS at its frame rate)")
 
 
+def board_times(
+    run: dict[str, Any], head_times: bool, bundle_id: str | None, policy: str, asked: str | None = None,
+) -> tuple[str | None, str]:
+    """What the replay's board decides with, :data:`RECORDED` or :data:`MEASURED` (None: nothing, a
+    fixed split), and why, for ``replay.json``. ``run``: the trial's run record; ``head_times``:
+    whether its trace recorded them; ``bundle_id``: the replayed bundle's id; ``asked``:
+    ``--board-times`` (None: recorded where they can be, else measured)."""
+    if policy != "auto":
+        if asked == RECORDED:
+            raise SplitEdgeError(f"--board-times recorded is for --policy auto: --policy {policy} is one split, "
+                                 "which no head time changes")
+        return None, f"--policy {policy}: one split, which no head time changes"
+    if asked == MEASURED:
+        return MEASURED, "asked (--board-times measured): the replaying board times its own heads"
+    trial = run.get("bundle_id")
+    if trial == bundle_id and head_times:
+        return RECORDED, (f"the trial's bundle ({bundle_id}): the board decides with the trial's head times, each "
+                          "from the frame the trial took it up")
+    cannot = (f"the trial ran another bundle ({trial}, not {bundle_id}), whose head times are another model's"
+              if trial != bundle_id else
+              f"the trace records no head times (trace schema {run.get('schema')!r}, --split {run.get('policy')})")
+    if asked == RECORDED:
+        raise SplitEdgeError(f"--board-times recorded: {cannot}; leave --board-times out, or give measured")
+    why = f"{cannot}: the replaying board times its own heads"
+    return MEASURED, why
+
+
 def board_argv(
     run: dict[str, Any], frames: int, bundle: str | Path, policy: str, source: str, host: str, trace: Path,
+    head_times: str | Path | None = None,
 ) -> list[str]:
     """``split-device run``'s arguments for the replay: the original's stream (batch, queue, drop
-    policy, real-time pacing, frame count) on ``bundle`` with ``policy``, the host behind the link."""
+    policy, real-time pacing, frame count) and runtime (the inference threads and the cut tensor's
+    type on the link, where its trace recorded them) on ``bundle`` with ``policy``, the host behind
+    the link, deciding with the head times recorded in the trace ``head_times`` where it is given.
+    The backend and precision are left to the replaying board (its calibrated ones): a trial's may
+    not be installed there."""
     argv = ["run", str(bundle), "--camera", source, "--split", policy, "--host", host, "--trace", str(trace),
             "--frames", str(frames), "--batch", str(run.get("batch") or 1)]
+    if run.get("threads"):
+        argv += ["--threads", str(run["threads"])]  # a head on 4 threads takes other times than on 1
+    if run.get("transmit"):
+        argv += ["--transmit", str(run["transmit"])]
+    if head_times is not None:
+        argv += ["--head-times", str(head_times)]
     if run.get("queue"):
         argv += ["--queue", str(run["queue"])]
     if run.get("drop"):
@@ -201,6 +259,13 @@ async def _drive(link: EmulatedLink, schedule: RateSchedule, trace: Path, board:
         await rest.drive(link, record)
 
 
+def _bundle_id(bundle: str | Path) -> str:
+    """The id the bundle answers to (a trace's run record's ``bundle_id``)."""
+    from device_runtime import Bundle  # the board runtime, only once a replay runs (see trace_steps)
+
+    return Bundle.load(bundle, roles=()).id
+
+
 def _launch(argv: Sequence[str], log: Any) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "device_runtime.cli", *argv], stdout=log, stderr=subprocess.STDOUT)
 
@@ -208,15 +273,19 @@ def _launch(argv: Sequence[str], log: Any) -> subprocess.Popen:
 def replay(
     trace: str | Path, bundle: str | Path, out: str | Path, policy: str = "auto", source: str | None = None,
     port: int = DEFAULT_PORT, launch: Callable[[Sequence[str], Any], subprocess.Popen] = _launch,
+    times: str | None = None,
 ) -> dict[str, Any]:
     """Replay ``trace``'s link with ``bundle`` (served by a host behind the link) and ``policy``;
     write ``replay.jsonl`` (the new trace), ``replay.json`` (what was replayed, and how) and
     ``board.log`` into ``out``; return ``replay.json``'s content. ``launch(argv, log)`` starts
-    ``split-device ARGV`` (a benchmark pins the board to a CPU of its own)."""
+    ``split-device ARGV`` (a benchmark pins the board to a CPU of its own); ``times``: what the
+    board decides with (:func:`board_times`' ``asked``: ``--board-times``)."""
     reason = unavailable_reason()
     if reason is not None:
         raise SplitEdgeError(f"cannot emulate a link here: {reason} (a replay needs root, ip and tc)")
     run, frames, link_rates = read_trace(trace)
+    recorded_times = any(isinstance(r, dict) and r.get("type") == _HEAD_TIMES for r in _records(trace))
+    decided_with, why = board_times(run, recorded_times, _bundle_id(bundle), policy, times)
     link_record = recorded_link(frames, link_rates)
     input_source = replay_source(run, source)
     folder = Path(out)
@@ -228,12 +297,13 @@ def replay(
     record: dict[str, Any] = {
         "original": str(trace), "trace": str(new_trace), "bundle": str(bundle), "policy": policy,
         "source": input_source, "frames": count, "rate_from": link_record.rate_from,
-        "rtt": NO_RTT,
+        "rtt": NO_RTT, "board_times": decided_with, "board_times_why": why,
         "schedule": [[s.rate_mbit, s.duration_s] for s in schedule.steps],
     }
     with EmulatedLink(rate_mbit=schedule.rate_at(0.0)) as link, serve_in(link, [bundle], port) as host, \
             (folder / BOARD_LOG).open("w", encoding="utf-8") as log:
-        record["board_argv"] = argv = board_argv(run, count, bundle, policy, input_source, host, new_trace)
+        record["board_argv"] = argv = board_argv(run, count, bundle, policy, input_source, host, new_trace,
+                                                 trace if decided_with == RECORDED else None)
         board = launch(argv, log)
         try:
             asyncio.run(_drive(link, schedule, new_trace, board, f"testbed replay of {Path(trace).name}"))
@@ -254,6 +324,7 @@ def replay(
 EXAMPLES = """\
 examples (as root: the link is a network namespace shaped by tc):
   python -m testbed replay trial.jsonl --bundle bundle/ --out replay/                 # the same bundle and policy
+  python -m testbed replay trial.jsonl --bundle bundle/ --board-times measured --out replay-here/  # this board's heads
   python -m testbed replay trial.jsonl --bundle other-bundle/ --policy local --out replay-local/
   python -m testbed replay trial.jsonl --bundle bundle/ --source synthetic:10 --out replay/  # a camera's trial
   split-device report trial.jsonl replay/replay.jsonl --out compare/                  # the two side by side
@@ -277,14 +348,21 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--out", default="replay", metavar="DIR",
                         help=f"directory for {TRACE_FILE}, {RECORD_FILE} and {BOARD_LOG} (default replay)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the host's port (default {DEFAULT_PORT})")
+    parser.add_argument("--board-times", choices=(RECORDED, MEASURED), default=None,
+                        help="with --policy auto, the head times the board decides with: recorded (the trial's: its "
+                             "calibrated ones and each refinement, from the frame it made it; the replay then differs "
+                             "only where the link or the host did) or measured (this machine's own, refined as it "
+                             "runs); default: recorded where the bundle is the trial's and its trace has them, else "
+                             "measured (replay.json says which and why)")
 
 
 def main(args: argparse.Namespace) -> str:
     """Run ``replay`` from parsed arguments; the lines to print."""
-    record = replay(args.trace, args.bundle, args.out, args.policy, args.source, args.port)
+    record = replay(args.trace, args.bundle, args.out, args.policy, args.source, args.port, times=args.board_times)
     steps = record["schedule"]
     seconds = sum(duration for _, duration in steps)
+    board = f"\nhead times: {record['board_times']}, {record['board_times_why']}" if record["board_times"] else ""
     return (f"replayed {seconds:.1f} s of link in {len(steps)} steps from {record['rate_from']}; round-trip time "
             f"{record['rtt']}\n{record['frames']} frames of {record['source']} with {record['bundle']} "
-            f"(--split {record['policy']})\nwrote {record['trace']} and {Path(args.out) / RECORD_FILE}; compare: "
-            f"split-device report {record['original']} {record['trace']} --out compare/")
+            f"(--split {record['policy']}){board}\nwrote {record['trace']} and {Path(args.out) / RECORD_FILE}; "
+            f"compare: split-device report {record['original']} {record['trace']} --out compare/")

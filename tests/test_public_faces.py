@@ -58,9 +58,9 @@ FACES = {
     ],
     "device_runtime.stream": [
         "AutoPolicy", "BanditPolicy", "Choice", "DROP_QUEUE_FULL", "Frame", "FrameQueue", "FrameResult", "FrameSource",
-        "IMAGE_SUFFIXES", "LINK_RATE", "Pipeline", "PipelineConfig", "PipelineStats", "Reason", "RunEvents",
-        "SplitPolicy", "StaticPolicy", "TRACE_SCHEMA", "TraceWriter", "append_link_rate", "frame_record", "open_source",
-        "pi_camera_absent", "top1",
+        "HEAD_TIMES", "HeadTimes", "IMAGE_SUFFIXES", "LINK_RATE", "Pipeline", "PipelineConfig", "PipelineStats", "Reason",
+        "RunEvents", "SplitPolicy", "StaticPolicy", "TRACE_SCHEMA", "TraceWriter", "append_link_rate", "frame_record",
+        "open_source", "pi_camera_absent", "read_head_times", "top1",
     ],
     "device_runtime.board": [
         "CAMERA_GROUP", "CalibrateSettings", "Connection", "DEFAULT_BATCHES", "DEFAULT_FRAME", "DetectedBoard",

@@ -211,6 +211,7 @@ class RunSettings:
     learn: bool = False
     transmit: str = AUTO
     live: str | None = None  # --live [ADDRESS:]PORT: the run's live page (device_runtime.live); None: none
+    head_times: str | None = None  # --head-times TRACE: decide with the head times that trace recorded
 
     @property
     def auto(self) -> bool:
@@ -253,7 +254,7 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
         bundle=args.bundle, connection=_connection(args), runtime=_runtime(args), camera=str(args.camera),
         realtime=args.realtime, split=args.split, batch=args.batch, queue=args.queue, drop=args.drop,
         frames=args.frames, loop=args.loop, trace=args.trace, deadline_ms=args.deadline_ms, learn=args.learn,
-        transmit=args.transmit, live=args.live,
+        transmit=args.transmit, live=args.live, head_times=args.head_times,
     )
 
 

@@ -5,11 +5,13 @@ changes and summaries) and the trace writer."""
 from device_runtime.stream.camera import Frame, FrameSource, open_source
 from device_runtime.stream.frame_queue import FrameQueue
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig, PipelineStats
-from device_runtime.stream.policy import AutoPolicy, BanditPolicy, SplitPolicy, StaticPolicy
+from device_runtime.stream.policy import AutoPolicy, BanditPolicy, HeadTimes, SplitPolicy, StaticPolicy
 from device_runtime.stream.reason import Choice, Reason
 from device_runtime.stream.results import DROP_QUEUE_FULL, FrameResult, top1
 from device_runtime.stream.summary import RunEvents
-from device_runtime.stream.trace import LINK_RATE, TRACE_SCHEMA, TraceWriter, append_link_rate, frame_record
+from device_runtime.stream.trace import (
+    HEAD_TIMES, LINK_RATE, TRACE_SCHEMA, TraceWriter, append_link_rate, frame_record, read_head_times,
+)
 
 from device_runtime.stream.camera import IMAGE_SUFFIXES
 from device_runtime.stream.picamera import pi_camera_absent
@@ -23,6 +25,8 @@ __all__ = [
     "FrameQueue",
     "FrameResult",
     "FrameSource",
+    "HEAD_TIMES",
+    "HeadTimes",
     "IMAGE_SUFFIXES",
     "LINK_RATE",
     "Pipeline",
@@ -38,5 +42,6 @@ __all__ = [
     "frame_record",
     "open_source",
     "pi_camera_absent",
+    "read_head_times",
     "top1",
 ]

@@ -7,21 +7,111 @@ host never costs a frame (the pipeline re-runs in-flight batches locally too).
 Each policy answers with a :class:`~device_runtime.stream.reason.Choice`: the split and why
 (:class:`~device_runtime.stream.reason.Reason`), which the frame's result, its printed line and
 its trace record carry on.
+
+:class:`AutoPolicy` also says what it decides with (:class:`HeadTimes`: the board's head times
+and the table's edges they give), at the start and at each change, for the trace; given the head
+times a trace recorded, it decides with those instead of its own, each from the same frame as
+the traced run did (``split-device run --head-times``: a replay that differs from its trial only
+where the link or the host made it differ).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Collection, Protocol
+import dataclasses
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Collection, Mapping, Protocol, Sequence
 
-from calibration import LAYER, SEMANTIC, Bandit, Calibration, Decision, RunningTimes, SplitSelector
+from calibration import (
+    LAYER, SEMANTIC, Bandit, Calibration, Decision, LatencyModel, RunningTimes, SplitSelector, SplitTable,
+)
 from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
 from device_runtime.stream.reason import (
     BANDIT, FIXED, HOLD, NO_HOST, NO_RATE, REFINED, TABLE, UPLOAD_CAP, Choice, Reason,
 )
 from device_runtime.stream.results import FrameResult
+from splitedge import Fields, SplitEdgeError
 
-__all__ = ["AutoPolicy", "BanditPolicy", "SplitPolicy", "StaticPolicy"]
+__all__ = ["AutoPolicy", "BanditPolicy", "CALIBRATED", "HeadTimes", "RECORDED", "REFINED_TIMES", "SplitPolicy",
+           "StaticPolicy"]
+
+#: Where the head times :class:`AutoPolicy` decides with came from (:attr:`HeadTimes.source`): the
+#: calibration (at the start), the running medians this board measured, or a trace's records.
+CALIBRATED, REFINED_TIMES, RECORDED = "calibrated", "refined", "recorded"
+_SOURCES = (CALIBRATED, REFINED_TIMES, RECORDED)
+_fields = Fields(SplitEdgeError)
+
+
+@dataclass(frozen=True)
+class HeadTimes:
+    """The head times :class:`AutoPolicy` decides with, and from where in the stream.
+
+    ``head_ms``: split -> batch -> ms, every split's of the latency model (empty for offload);
+    ``edges``: batch -> the rates where the table they give changes split, ``(rate_bps, below,
+    above)`` (:meth:`calibration.SplitTable.boundaries`), for a person or a page to read;
+    ``index``: the last frame of the batch after whose head they were taken up, so they chose for
+    the batches after it (None: from the start); ``observed``: the head runs timed by then.
+    """
+
+    source: str
+    index: int | None
+    observed: int
+    head_ms: Mapping[str, Mapping[int, float]]
+    edges: Mapping[int, tuple[tuple[float, str, str], ...]]
+
+    @classmethod
+    def of(cls, source: str, index: int | None, observed: int, model: LatencyModel, table: SplitTable) -> HeadTimes:
+        return cls(source, index, observed, {t.split: dict(t.head_ms) for t in model.splits},
+                   {batch: tuple(table.boundaries(batch)) for batch in table.batches})
+
+    def applied_to(self, model: LatencyModel) -> LatencyModel:
+        """``model`` with these head times in place of its own; a split they lack keeps its own (a
+        slice of the bundle they were recorded with has fewer), one the model lacks is left out."""
+        return dataclasses.replace(model, splits=tuple(
+            dataclasses.replace(t, head_ms=dict(self.head_ms[t.split])) if t.split in self.head_ms else t
+            for t in model.splits))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form (batches as strings: JSON's keys), a trace's ``head_times`` record's fields."""
+        return {
+            "source": self.source, "index": self.index, "observed": self.observed,
+            "head_ms": {split: {str(b): ms for b, ms in times.items()} for split, times in self.head_ms.items()},
+            "edges": {str(b): [list(edge) for edge in edges] for b, edges in self.edges.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> HeadTimes:
+        """:meth:`as_dict`'s output read back; a malformed one is an error naming ``where``."""
+        d = _fields.obj(d, where)
+        index = d.get("index")
+        head_ms = _fields.obj(_fields.member(d, "head_ms", where), f"{where} head_ms")
+        edges = _fields.obj(d.get("edges", {}), f"{where} edges")
+        return cls(
+            source=_fields.choice(_fields.member(d, "source", where), f"{where} source", _SOURCES),
+            index=None if index is None else _fields.integer(index, f"{where} index", minimum=0),
+            observed=_fields.integer(d.get("observed", 0), f"{where} observed", minimum=0),
+            head_ms={split: {_batch(b, f"{where} head_ms.{split}"): _fields.number(ms, f"{where} head_ms.{split}.{b}")
+                             for b, ms in _fields.obj(times, f"{where} head_ms.{split}").items()}
+                     for split, times in head_ms.items()},
+            edges={_batch(b, f"{where} edges"): tuple(_edge(e, f"{where} edges.{b}")
+                                                      for e in _fields.array(row, f"{where} edges.{b}"))
+                   for b, row in edges.items()},
+        )
+
+
+def _edge(value: Any, where: str) -> tuple[float, str, str]:
+    """``[rate_bps, below, above]``, as :meth:`calibration.SplitTable.boundaries` gives it."""
+    edge = _fields.array(value, where)
+    if len(edge) != 3:
+        raise SplitEdgeError(f"{where}: expected [rate_bps, below, above], got {edge!r}")
+    return _fields.number(edge[0], where), _fields.text(edge[1], where), _fields.text(edge[2], where)
+
+
+def _batch(key: str, where: str) -> int:
+    try:
+        return _fields.integer(int(key), where, minimum=1)
+    except ValueError:
+        raise SplitEdgeError(f"{where}: a batch size must be a whole number, got {key!r}") from None
 
 
 class SplitPolicy(Protocol):
@@ -35,6 +125,11 @@ class SplitPolicy(Protocol):
         (:attr:`device_runtime.hosts.link_meter.LinkMeter.rate_bps`), ``uncapped_bps`` the estimate
         without the cap; ``link_busy``: an upload is overdue (:meth:`~device_runtime.hosts.link_meter.LinkMeter.overdue`);
         ``deadline_ms``: the batch's deadline, capture to answer (None: none)."""
+        ...
+
+    def observe_batch(self, last: int) -> None:
+        """Before each :meth:`choose`: the batch it chooses for ends with frame ``last`` (its index):
+        where in the stream the choice is."""
         ...
 
     def observe_head(self, split: str, batch: int, head_ms: float) -> None: ...
@@ -61,6 +156,9 @@ class StaticPolicy:
             return Choice(self.split, Reason(FIXED))
         return Choice(LOCAL, Reason(NO_HOST, batch=batch, wanted=self.split))
 
+    def observe_batch(self, last: int) -> None:
+        """A fixed split is the same wherever the stream is."""
+
     def observe_head(self, split: str, batch: int, head_ms: float) -> None:
         """A fixed split learns nothing from its timings."""
 
@@ -79,16 +177,44 @@ class AutoPolicy:
     model takes the running medians and the table is rebuilt (a few ms, off the per-frame
     path's O(1) lookup). A choice the rebuilt table makes otherwise than the calibrated one
     says so (``refined``).
+
+    Given ``recorded`` (a trace's :class:`HeadTimes`, :func:`~device_runtime.stream.trace.read_head_times`),
+    it measures nothing: it starts with the recorded start's head times (where there is one) and
+    takes up each later record before choosing for the first batch past the record's frame, as
+    the recorded run did, whatever this board's heads take. :meth:`watch` hears of every change.
     """
 
-    def __init__(self, calibration: Calibration, margin: float = 0.1, min_hold: int = 3, refine_every: int = 32) -> None:
+    def __init__(
+        self, calibration: Calibration, margin: float = 0.1, min_hold: int = 3, refine_every: int = 32,
+        recorded: Sequence[HeadTimes] | None = None,
+    ) -> None:
         self.calibration = calibration
         self.base_model = calibration.model
         self.running = RunningTimes()
         self.selector = SplitSelector(calibration.table, calibration.model, margin=margin, min_hold=min_hold)
         self.refine_every = refine_every
         self._observed = 0
+        self._last: int | None = None  # the last frame of the batch being chosen for (observe_batch)
         self._table = calibration.table  # the one the selector decides with: rebuilt by refining
+        self._listeners: list[Callable[[HeadTimes], object]] = []
+        #: What it decides with now (:meth:`watch`).
+        self.head_times = HeadTimes.of(CALIBRATED, None, 0, calibration.model, calibration.table)
+        # The recorded head times still to take up, in stream order (the start's first).
+        self._recorded = None if recorded is None else deque(
+            sorted(recorded, key=lambda times: -1 if times.index is None else times.index))
+        if self._recorded and self._recorded[0].index is None:
+            self._take_up(self._recorded.popleft())
+
+    @property
+    def replaying(self) -> bool:
+        """Whether it decides with recorded head times rather than this board's."""
+        return self._recorded is not None
+
+    def watch(self, listener: Callable[[HeadTimes], object]) -> None:
+        """Call ``listener`` with the head times it decides with now, and again at each change
+        (a refinement, or a recorded one taken up): what a trace records."""
+        self._listeners.append(listener)
+        listener(self.head_times)
 
     @property
     def switches(self) -> int:
@@ -130,13 +256,33 @@ class AutoPolicy:
             return Reason(REFINED, **cell, calibrated=calibrated)
         return Reason(TABLE, **cell)
 
+    def observe_batch(self, last: int) -> None:
+        """Where the stream is; recorded head times due before this batch are taken up now."""
+        self._last = last
+        while self._recorded and self._recorded[0].index is not None and self._recorded[0].index < last:
+            self._take_up(self._recorded.popleft())
+
     def observe_head(self, split: str, batch: int, head_ms: float) -> None:
+        """A head's time, into the running medians; every ``refine_every`` of them the table is
+        rebuilt with those (none of it while replaying recorded head times)."""
+        if self.replaying:
+            return
         self.running.observe(split, batch, head_ms)
         self._observed += 1
         if self._observed % self.refine_every == 0:
             model = self.running.apply(self.base_model)
-            self._table = self.calibration.table.for_model(model)
-            self.selector.retune(self._table, model)
+            self._retune(model, lambda table: HeadTimes.of(REFINED_TIMES, self._last, self._observed, model, table))
+
+    def _take_up(self, recorded: HeadTimes) -> None:
+        model = recorded.applied_to(self.base_model)
+        self._retune(model, lambda table: HeadTimes.of(RECORDED, recorded.index, recorded.observed, model, table))
+
+    def _retune(self, model: LatencyModel, times: Callable[[SplitTable], HeadTimes]) -> None:
+        self._table = self.calibration.table.for_model(model)
+        self.selector.retune(self._table, model)
+        self.head_times = times(self._table)
+        for listener in self._listeners:
+            listener(self.head_times)
 
     def observe_result(self, result: FrameResult) -> None:
         """The table learns from head times (:meth:`observe_head`), not from answers."""
@@ -195,6 +341,9 @@ class BanditPolicy:
         """What the bandit knows of ``arm`` for this deadline: its mean reward (discounted while running)."""
         stats = self.bandit.stats(self.bandit.context(deadline_ms), arm)
         return stats.mean if self.bandit.mode == "learn" else stats.discounted_mean
+
+    def observe_batch(self, last: int) -> None:
+        self.layer.observe_batch(last)
 
     def observe_head(self, split: str, batch: int, head_ms: float) -> None:
         if split != self.semantic.id:

@@ -27,10 +27,17 @@ from the run record's ``started_unix`` (the frames' ``t`` counts from that same 
 the writer opens the file for appending, so their lines land between the frames', never
 over them. Records are in the order written, not sorted by ``t``.
 
+A run with ``--split auto`` also records what its policy decided with (``type: head_times``:
+``t``, and :class:`~device_runtime.stream.policy.HeadTimes`' fields: ``source`` — calibrated,
+refined or recorded —, ``index``, the last frame chosen for before they were taken up (null at
+the start), ``observed``, ``head_ms`` split -> batch -> ms, and ``edges`` batch -> the table's
+``[rate_bps, below, above]``): one at the start and one at each refinement. :func:`read_head_times`
+reads them back, for a run that decides with them again (``split-device run --head-times``).
+
 Schema 2 added the waits and took the host's queue out of ``tail_ms`` (schema 1 counted it
 there and recorded no other wait); schema 3 added ``drop_reason`` and the ``link_rate``
-records; schema 4 added ``reason`` (absent, or null for a dropped frame, in older traces). The
-report reads all four.
+records; schema 4 added ``reason`` (absent, or null for a dropped frame, in older traces);
+schema 5 added the ``head_times`` records. The report reads all five.
 """
 
 from __future__ import annotations
@@ -42,14 +49,19 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
+from device_runtime.stream.policy import HeadTimes
 from device_runtime.stream.results import FrameResult
 from splitedge import SplitEdgeError
 
-__all__ = ["LINK_RATE", "TRACE_SCHEMA", "TraceWriter", "append_link_rate", "frame_record"]
+__all__ = [
+    "HEAD_TIMES", "LINK_RATE", "TRACE_SCHEMA", "TraceWriter", "append_link_rate", "frame_record", "read_head_times",
+]
 
-TRACE_SCHEMA = "splitedge.trace/4"
+TRACE_SCHEMA = "splitedge.trace/5"
 #: The record kind of the link's real rate (set by a testbed: the board itself only estimates it).
 LINK_RATE = "link_rate"
+#: The record kind of the head times the split policy decided with (trace schema 5 on).
+HEAD_TIMES = "head_times"
 _FRAME_FIELDS = (
     "index", "name", "label", "probability", "split", "batch", "bytes", "rate_bps", "preprocess_ms", "head_ms",
     "transfer_ms", "tail_ms", "queue_ms", "slot_ms", "host_queue_ms", "total_ms", "dropped", "where", "host", "error",
@@ -80,6 +92,11 @@ class TraceWriter:
         default now), for a run that shapes its own link in-process."""
         at = time.monotonic() if applied is None else applied
         self._write(_link_rate_record(at - self._t0, rate_bps, set_by))
+
+    def head_times(self, times: HeadTimes) -> None:
+        """What the split policy decides with from now on (:meth:`AutoPolicy.watch
+        <device_runtime.stream.policy.AutoPolicy.watch>` calls this)."""
+        self._write({"type": HEAD_TIMES, "t": time.monotonic() - self._t0, **times.as_dict()})
 
     def _write(self, record: dict[str, Any]) -> None:
         self._file.write(_line(record))
@@ -117,6 +134,37 @@ def append_link_rate(path: str | Path, rate_bps: float, set_by: str) -> None:
             file.write(_line(_link_rate_record(time.time() - started, rate_bps, set_by)))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SplitEdgeError(f"cannot add the link's rate to the trace {path}: {exc}") from exc
+
+
+def read_head_times(path: str | Path) -> tuple[dict[str, Any], list[HeadTimes]]:
+    """The run record of a trace and the head times its policy decided with, in the order written.
+
+    A line cut short at the end (a run that lost power) is left out; a trace without such records
+    (written before schema 5, or by a run with a fixed split) is an error that says so."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise SplitEdgeError(f"cannot read the trace {path}: {exc}") from exc
+    records: list[tuple[int, Any]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append((number, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            if number < len(lines):
+                raise SplitEdgeError(f"{path}:{number}: not JSON: {exc}") from exc
+    if not records or not isinstance(records[0][1], dict) or records[0][1].get("type") != "run":
+        raise SplitEdgeError(f"{path}: not a splitedge trace (the first line must be the run record)")
+    run = records[0][1]
+    times = [HeadTimes.from_dict(r, f"{path}:{number}") for number, r in records[1:]
+             if isinstance(r, dict) and r.get("type") == HEAD_TIMES]
+    if not times:
+        raise SplitEdgeError(f"{path}: no {HEAD_TIMES} records (trace schema {run.get('schema')!r}, --split "
+                             f"{run.get('policy')}): only a run with --split auto written by trace schema 5 on "
+                             "records the head times it decided with")
+    return run, times
 
 
 def _link_rate_record(t: float, rate_bps: float, set_by: str) -> dict[str, Any]:

@@ -22,8 +22,8 @@ from splitedge.errors import SplitEdgeError
 from testbed import RateSchedule, unavailable_reason
 from testbed import __main__ as testbed_main
 from testbed.replay import (
-    ESTIMATES, LINK_RATES, RECORD_FILE, TRACE_FILE, board_argv, read_trace, recorded_link, remaining, replay,
-    replay_source,
+    ESTIMATES, LINK_RATES, MEASURED, RECORD_FILE, RECORDED, TRACE_FILE, board_argv, board_times, read_trace,
+    recorded_link, remaining, replay, replay_source,
 )
 from testbed.schedule import SET_BY
 from tests.conftest import TEST_SPLITS
@@ -143,14 +143,38 @@ def test_the_input_is_the_originals_file_or_folder_else_the_one_given(tmp_path: 
 
 
 def test_the_boards_command_line_is_the_originals_stream_and_parses(tmp_path: Path) -> None:
-    record = run_record("clip.mp4", batch=2, queue=3, drop="newest", realtime=True)
+    record = run_record("clip.mp4", batch=2, queue=3, drop="newest", realtime=True, threads=1, transmit="float32")
     argv = board_argv(record, 40, "bundle", "local", "clip.mp4", "10.0.0.2:7767", tmp_path / "r.jsonl")
     args = device_cli.build_parser().parse_args(argv)
     assert (args.bundle, args.camera, args.split, args.frames, args.batch, args.queue, args.drop, args.realtime) == (
         "bundle", "clip.mp4", "local", 40, 2, 3, "newest", True)
+    assert (args.threads, args.transmit) == (1, "float32")  # the trial's runtime, where its trace says
     assert args.trace == str(tmp_path / "r.jsonl") and not args.loop
+    assert device_cli.build_parser().parse_args(board_argv(run_record("clip.mp4"), 4, "b", "auto", "clip.mp4", "h:1",
+                                                           tmp_path / "r.jsonl")).threads is None
     folder = board_argv(run_record(str(tmp_path)), 9, "bundle", "auto", str(tmp_path), "h:1", tmp_path / "r.jsonl")
     assert device_cli.build_parser().parse_args(folder).loop  # a folder's images again, up to --frames
+
+
+def test_the_trials_bundle_decides_with_the_trials_head_times_another_with_its_own(tmp_path: Path) -> None:
+    """Recorded by default where the bundle is the trial's and the trace has them; measured when
+    asked, for another bundle (saying so) and for a trace without them; nothing for a fixed split."""
+    trial = run_record(schema="splitedge.trace/5")
+    assert board_times(trial, True, "b", "auto") == (RECORDED, board_times(trial, True, "b", "auto", RECORDED)[1])
+    assert "the trial's head times" in board_times(trial, True, "b", "auto")[1]
+    assert board_times(trial, True, "b", "auto", MEASURED)[0] == MEASURED
+    times, why = board_times(trial, True, "other-123", "auto")
+    assert times == MEASURED and "another bundle (b, not other-123)" in why and "times its own heads" in why
+    times, why = board_times({**trial, "schema": "splitedge.trace/4"}, False, "b", "auto")
+    assert times == MEASURED and "no head times (trace schema 'splitedge.trace/4'" in why
+    assert board_times(trial, True, "b", "cut")[0] is None
+    for run, recorded, bundle, policy in ((trial, True, "other", "auto"), (trial, False, "b", "auto"),
+                                          (trial, True, "b", "cut")):
+        with pytest.raises(SplitEdgeError, match="board-times recorded"):
+            board_times(run, recorded, bundle, policy, RECORDED)
+    argv = board_argv(trial, 9, "bundle", "auto", "clip.mp4", "h:1", tmp_path / "r.jsonl", tmp_path / "trial.jsonl")
+    assert device_cli.build_parser().parse_args(argv).head_times == str(tmp_path / "trial.jsonl")
+    assert device_cli.build_parser().parse_args(argv[:-2]).head_times is None
 
 
 def test_replay_needs_a_trace() -> None:

@@ -160,16 +160,21 @@ def test_auto_runs_from_the_table_and_traces(calibrated: Path, tmp_path: Path, c
                      "--host", f"{host.host}:{host.port}", "--trace", str(trace), "--threads", "1"]) == 0
     lines = [json.loads(line) for line in trace.read_text().splitlines()]
     assert lines[0]["type"] == "run" and lines[0]["policy"] == "auto" and lines[0]["calibration"]
-    frames = lines[1:]
+    frames = [line for line in lines[1:] if line["type"] == "frame"]
     assert [f["index"] for f in frames] == list(range(20))
     calibration = load(calibrated / FILENAME)
+    # What the policy decided with (schema 5): the calibration's head times, written before any frame.
+    head_times = [line for line in lines[1:] if line["type"] == "head_times"]
+    assert lines[1] == head_times[0] and head_times[0]["source"] == "calibrated" and head_times[0]["index"] is None
+    assert head_times[0]["head_ms"] == {t.split: {str(b): ms for b, ms in t.head_ms.items()}
+                                        for t in calibration.model.splits}
     # Each split taken is one the table can choose; with a rate estimate, remote frames record it.
     assert {f["split"] for f in frames} <= set(calibration.table.splits)
     assert all(f["rate_bps"] for f in frames if f["where"] == "remote")
     # Each frame says why (schema 4): the first, chosen after the first probe, by the table's cell
     # around its estimate (a split that then failed, a chain whose next hop refused it, says so and why
     # it had been chosen); any later table choice likewise.
-    assert lines[0]["schema"] == "splitedge.trace/4" and all(f["reason"]["kind"] in KINDS for f in frames)
+    assert lines[0]["schema"] == "splitedge.trace/5" and all(f["reason"]["kind"] in KINDS for f in frames)
     chosen = [(f["reason"], f["split"]) if f["reason"]["kind"] != FALLBACK else (f["reason"]["chosen"],
               f["reason"]["wanted"]) for f in frames]
     assert chosen[0][0]["kind"] == TABLE
@@ -178,6 +183,38 @@ def test_auto_runs_from_the_table_and_traces(calibrated: Path, tmp_path: Path, c
             assert reason["lo_bps"] <= reason["rate_bps"] < reason.get("hi_bps", math.inf), reason
             assert split == calibration.table.lookup(1, reason["rate_bps"]), (split, reason)
     assert "20 frames: 0 dropped" in capsys.readouterr().out
+
+
+def test_a_run_given_a_traces_head_times_decides_with_them_from_their_frames(calibrated: Path, tmp_path: Path,
+                                                                              capsys) -> None:
+    """``--head-times``: a trial's trace says the full model took 1,000 s a frame here, then, from
+    after frame 9, a microsecond. The run takes both up where they say (its trace records them as
+    recorded) and its table's choices follow them: never local before, always after."""
+    from tests.conftest import start_host
+
+    calibration = load(calibrated / FILENAME)
+    heads = {t.split: {str(b): ms for b, ms in t.head_ms.items()} for t in calibration.model.splits}
+    slow, fast = ({**heads, LOCAL: {b: ms for b in heads[LOCAL]}} for ms in (1e6, 1e-3))
+    trial = tmp_path / "trial.jsonl"
+    trial.write_text("".join(json.dumps(r) + "\n" for r in (
+        {"type": "run", "schema": "splitedge.trace/5", "started_unix": 0.0, "policy": "auto",
+         "bundle_id": Bundle.load(calibrated, roles=()).id, "calibration_key": list(calibration.key)},
+        {"type": "head_times", "t": 0.0, "source": "calibrated", "index": None, "observed": 0, "head_ms": slow},
+        {"type": "head_times", "t": 1.0, "source": "refined", "index": 9, "observed": 10, "head_ms": fast})))
+    trace = tmp_path / "run.jsonl"
+    for host in start_host([calibrated]):
+        assert main(["run", str(calibrated), "--camera", "synthetic", "--frames", "20", "--drop", "none",
+                     "--host", f"{host.host}:{host.port}", "--trace", str(trace), "--threads", "1",
+                     "--head-times", str(trial)]) == 0
+    assert f"deciding with the head times {trial} recorded" in capsys.readouterr().out
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert lines[0]["head_times"] == str(trial)
+    head_times = [line for line in lines if line["type"] == "head_times"]
+    assert [(h["source"], h["index"], h["head_ms"][LOCAL]) for h in head_times] == [
+        ("recorded", None, slow[LOCAL]), ("recorded", 9, fast[LOCAL])]
+    by_table = [f for f in lines if f["type"] == "frame" and f["reason"]["kind"] == TABLE]
+    assert all((f["split"] == LOCAL) == (f["index"] > 9) for f in by_table), by_table
+    assert any(f["index"] > 9 for f in by_table)
 
 
 class Clock:
