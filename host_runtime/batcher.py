@@ -38,7 +38,7 @@ from concurrent.futures import Executor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 import numpy as np
 
@@ -74,7 +74,7 @@ class BatchConfig:
         assert self.max_queue >= 1, f"max_queue must be at least 1, got {self.max_queue}"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs a microsecond per request
 class BatchResult:
     """One request's share of a batch run: what its reply carries."""
 
@@ -84,12 +84,17 @@ class BatchResult:
     batch: int  # samples in the batch that ran
 
 
-@dataclass(eq=False)  # identity equality: deque.remove must find this request, not compare arrays
+#: How a request ends, told to the callback it was submitted with: its share of the batch, the
+#: :class:`ProtocolError` it failed with, or None where the host stopped before it ran.
+Outcome = Union["BatchResult", ProtocolError, None]
+
+
+@dataclass(eq=False, slots=True)  # identity equality: deque.remove must find this request, not compare arrays
 class _Request:
     tensor: np.ndarray  # (B, ...)
     received: float  # perf_counter when the frame was fully read
     deadline: float  # perf_counter; inf for none
-    future: asyncio.Future[BatchResult]
+    done: Callable[[Outcome], Any]  # called once, on the event loop, with how the request ended
     timer: asyncio.TimerHandle | None = None
 
     @property
@@ -161,11 +166,14 @@ class Batcher:
         self._idle.set()
         self._load = LoadMeter()
 
-    def submit(self, key: TailKey, backend: Backend, tensor: np.ndarray, received: float, deadline: float) -> asyncio.Future[BatchResult]:
+    def submit(self, key: TailKey, backend: Backend, tensor: np.ndarray, received: float, deadline: float,
+               done: Callable[[Outcome], Any]) -> None:
         """Admit a request or refuse it at once (:class:`ProtocolError` with the reply's code).
 
-        ``tensor`` is (B, ...) and already fits ``backend``; the future resolves with the
-        request's :class:`BatchResult`, or fails with ``deadline_exceeded`` or ``internal``.
+        ``tensor`` is (B, ...) and already fits ``backend``; ``done`` is called once, on the event
+        loop, with the request's :class:`BatchResult`, a ``deadline_exceeded`` or ``internal``
+        :class:`ProtocolError`, or None if the host stops first. A callback, not a future per
+        request: a batch's requests are answered in one pass over them, not one loop turn each.
         """
         samples = int(tensor.shape[0])
         if samples < 1:
@@ -180,14 +188,12 @@ class Batcher:
                 f"work on tail {'/'.join(key)} ahead of it and in it",
                 code=ErrorCode.DEADLINE_EXCEEDED,
             )
-        loop = asyncio.get_running_loop()
-        request = _Request(tensor, received, deadline, loop.create_future())
+        request = _Request(tensor, received, deadline, done)
         if deadline != math.inf:
-            request.timer = loop.call_later(deadline - now, self._expire, tail, request)
+            request.timer = asyncio.get_running_loop().call_later(deadline - now, self._expire, tail, request)
         tail.queue.append(request)
         self._count(tail, queued=samples, pending=1)
         tail.arrived.set()
-        return request.future
 
     def _check_room(self, samples: int) -> None:
         """Refuse (``overloaded``) work of ``samples`` that the queue could not take now, or ever."""
@@ -237,7 +243,7 @@ class Batcher:
             for request in tail.queue:
                 if request.timer is not None:
                     request.timer.cancel()
-                request.future.cancel()
+                _tell(request, None)
 
     def _tail(self, key: TailKey, backend: Backend) -> _Tail:
         tail = self.tails.get(key)
@@ -315,10 +321,8 @@ class Batcher:
         """Answer a request whose deadline passed in the queue, without running it."""
         waited_ms = (time.perf_counter() - request.received) * 1000.0
         self._count(tail, queued=-request.samples, pending=-1)
-        request.future.set_exception(
-            ProtocolError(f"deadline passed after {waited_ms:.1f} ms in the queue of tail {'/'.join(tail.key)}",
-                          code=ErrorCode.DEADLINE_EXCEEDED)
-        )
+        _tell(request, ProtocolError(f"deadline passed after {waited_ms:.1f} ms in the queue of tail {'/'.join(tail.key)}",
+                                     code=ErrorCode.DEADLINE_EXCEEDED))
 
     def _launch(self, tail: _Tail, batch: list[_Request]) -> None:
         loop = asyncio.get_running_loop()
@@ -333,16 +337,13 @@ class Batcher:
         self._count(tail, running=-samples, pending=-len(batch))
         if run.cancelled():  # the host is shutting down
             for request in batch:
-                request.future.cancel()
+                _tell(request, None)
             return
         error = run.exception()
         if error is not None:
             log.error("tail %s failed on a batch of %d samples", "/".join(tail.key), samples, exc_info=error)
             for request in batch:
-                if not request.future.done():
-                    request.future.set_exception(
-                        ProtocolError(f"tail {'/'.join(tail.key)} failed: {error}", code=ErrorCode.INTERNAL)
-                    )
+                _tell(request, ProtocolError(f"tail {'/'.join(tail.key)} failed: {error}", code=ErrorCode.INTERNAL))
             return
         output, started, compute_ms = run.result()
         self.on_batch(samples)
@@ -355,9 +356,16 @@ class Batcher:
         )
         offset = 0
         for request in batch:
-            if not request.future.done():
-                queue_ms = (started - request.received) * 1000.0
-                request.future.set_result(
-                    BatchResult(output[offset : offset + request.samples], queue_ms, compute_ms, samples)
-                )
-            offset += request.samples
+            rows = request.samples
+            _tell(request, BatchResult(output[offset : offset + rows], (started - request.received) * 1000.0, compute_ms,
+                                       samples))
+            offset += rows
+
+
+def _tell(request: _Request, outcome: Outcome) -> None:
+    """Call ``request``'s callback with how it ended; one that raises is logged and does not keep
+    the rest of its batch from theirs."""
+    try:
+        request.done(outcome)
+    except Exception:
+        log.exception("answering a request failed")

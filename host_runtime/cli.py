@@ -19,7 +19,8 @@ from host_runtime.event_loop import LOOPS, loop_runner
 from host_runtime.limits import fit_fd_limit
 from host_runtime.live import serve_live
 from host_runtime.metrics import MetricsEndpoint
-from host_runtime.procs import Child, Supervisor, child_setup, serve_summed_metrics, supervise
+from host_runtime.procs import (AUTO, CPU_CORES_PER_PROC, MAX_CUDA_PROCS, Child, Supervisor, auto_procs, child_setup,
+                                serve_summed_metrics, supervise, usable_cores)
 from host_runtime.server import HostServer, ServerConfig
 from host_runtime.service import SERVICE_EXAMPLES, install_service, service_arguments
 from host_runtime.tails import (BUCKETS_AUTO, BUCKETS_OFF, DEVICES, TF32_ERROR_H100, TailRegistry, bucket_sizes,
@@ -38,6 +39,7 @@ examples:
   split-host serve bundle/ --max-batch 1 --max-queue 64     # no batching, refuse sooner
   split-host serve bundle/ --device cpu            # keep the tails off the GPU
   split-host serve bundle/ --device cuda --max-batch 32 --procs 4   # a GPU host for a large fleet
+  split-host serve bundle/ --max-batch 32 --procs auto   # as many processes as the cores call for (said at start)
   split-host serve bundle/ --device cuda --tf32    # faster on the GPU, answers up to ~2e-2 off the CPU's
   split-host serve bundle/ --max-batch 32 --buckets 1,8,32   # pad batches to these sizes only
   split-host serve bundle/ --max-connections 256 --idle-timeout 60   # a smaller host, stricter
@@ -108,7 +110,7 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--no-zeroconf", action="store_true", help="do not advertise the host")
     serve.add_argument("--workers", type=_at_least(1, int), default=None,
                        help=f"tail worker threads: the tail runs at once on this many (default: {CUDA_WORKERS} when the "
-                       f"tails run on CUDA, else one per CPU, {ServerConfig.workers})")
+                       f"tails run on CUDA, else one per CPU, {ServerConfig.workers}, shared among the --procs processes)")
     serve.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads per tail")
     serve.add_argument(
         "--max-frame-mb", type=_at_least(0.001, float), default=DEFAULT_MAX_FRAME_BYTES / 2**20,
@@ -216,12 +218,20 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         "passes authenticated requests on to any host, one without only to these",
     )
     serve.add_argument(
-        "--procs", type=_at_least(1, int), default=1,
+        "--procs", type=_procs, default=1, metavar="N|auto",
         help="serve from this many processes on one port (SO_REUSEPORT, Linux; the kernel spreads the connections): "
         "each its own event loop, framing, auth, tails and batches; one zeroconf record, one --metrics-port "
-        "summing them, one shutdown; a process that dies stops the host, exit status 2 (default: 1)",
+        "summing them, one shutdown; a process that dies stops the host, exit status 2. auto: from the cores, "
+        "said at start: on CUDA a process per --workers + 2 cores (its event loop, its tail workers, room for the "
+        f"kernel: {CUDA_WORKERS + 2} by default; at most {MAX_CUDA_PROCS}), on the CPU one per {CPU_CORES_PER_PROC} "
+        "cores (default: 1)",
     )
     serve.add_argument("-v", "--verbose", action="store_true", help="log every error reply")
+
+
+def _procs(text: str) -> int | str:
+    """An argparse type: a number of processes, at least 1, or ``auto``."""
+    return text if text == AUTO else _at_least(1, int)(text)
 
 
 def _buckets(text: str) -> str:
@@ -280,7 +290,8 @@ async def serve(args: argparse.Namespace, child: Child | None = None, caught: li
                                        buckets=cuda_buckets)
     cuda = registry.device == "cuda"
     buckets = bucket_sizes(args.buckets, args.max_batch, cuda)
-    workers = args.workers or (CUDA_WORKERS if cuda else ServerConfig.workers)
+    # On the CPU the cores are shared among the processes: each takes its part of them for its workers.
+    workers = args.workers or (CUDA_WORKERS if cuda else max(ServerConfig.workers // args.procs, 1))
     notes: list[tuple[Any, str]] = []  # (stream, line): printed, or sent to the parent by a child
     max_connections, fd_warning = fit_fd_limit(args.max_connections)
     if fd_warning is not None:
@@ -424,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
-    if args.live is not None and args.procs > 1:
+    if args.live is not None and args.procs != 1:
         parser.error("--live shows one process's connections and queue: use it with --procs 1")
     if args.max_partial_mb is not None and args.max_partial_mb < args.max_frame_mb:
         parser.error(f"--max-partial-mb {args.max_partial_mb:g} cannot hold one frame of --max-frame-mb {args.max_frame_mb:g}")
@@ -439,6 +450,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SplitEdgeError as exc:
         parser.error(str(exc))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    if args.procs == AUTO:
+        cuda = on_cuda(args.device)
+        args.procs, why = auto_procs(usable_cores(), cuda, args.workers or (CUDA_WORKERS if cuda else 1))
+        print(f"--procs auto: {args.procs} process{'es' if args.procs > 1 else ''} ({why})", flush=True)
     caught: list[signal.Signals] = []
     status = run_command("split-host", serve(args, None, caught) if args.procs == 1 else serve_procs(args, caught), runner)
     if status == 0 and caught:

@@ -12,11 +12,13 @@ host serves), so a peer sending made-up op names cannot grow the registry withou
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
 from typing import Any, Callable, Iterable
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from device_runtime.wire import ERROR_CODES, OPS
 
@@ -53,14 +55,8 @@ class HostStats:
                                     buckets=BATCH_BUCKETS, registry=self.registry)
         self.padded_samples = Counter(PREFIX + "padded_samples", "Zero rows tail runs were padded with up to their "
                                       "bucket (--buckets); computed, then dropped.", registry=self.registry)
-        per_split = ["bundle", "split"]
-        self.queue_seconds = Histogram(PREFIX + "queue_seconds", "Request fully received to its batch starting.",
-                                       per_split, buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.compute_seconds = Histogram(PREFIX + "compute_seconds", "Tail time of the batch a request ran in.",
-                                         per_split, buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.host_seconds = Histogram(PREFIX + "host_seconds", "Request fully received to its reply written.",
-                                      per_split, buckets=LATENCY_BUCKETS, registry=self.registry)
-        self._per_tail: dict[tuple[str, str], tuple[Histogram, ...]] = {}
+        self._latencies = _Latencies()
+        self.registry.register(self._latencies)  # type: ignore[arg-type]  # a collector is anything with collect()
 
     def request(self, op: object) -> None:
         self._per_op[op if op in OPS else OTHER_OP].inc()
@@ -70,12 +66,7 @@ class HostStats:
 
     def served(self, key: tuple[str, str], queue_s: float, compute_s: float, host_s: float) -> None:
         """One answered infer request of tail ``key`` = (bundle, split)."""
-        per_tail = self._per_tail.get(key)
-        if per_tail is None:  # ``labels()`` takes a lock and builds a key: once per tail, not per request
-            per_tail = self._per_tail[key] = tuple(h.labels(*key) for h in (self.queue_seconds, self.compute_seconds,
-                                                                            self.host_seconds))
-        for histogram, seconds in zip(per_tail, (queue_s, compute_s, host_s)):
-            histogram.observe(seconds)
+        self._latencies.observe(key, queue_s, compute_s, host_s)
 
     def as_dict(self) -> dict[str, Any]:
         """What the ``stats`` op returns: :func:`stats_from` over this registry."""
@@ -85,6 +76,56 @@ class HostStats:
         """Serve the registry as Prometheus text on ``address:port`` (port 0 picks a free one)."""
         server, thread = start_http_server(port, address, registry=self.registry)
         return MetricsEndpoint(server, thread)
+
+
+#: The per-tail latency histograms: name, help (what :class:`_Latencies` keeps, in this order).
+_LATENCIES = (
+    (PREFIX + "queue_seconds", "Request fully received to its batch starting."),
+    (PREFIX + "compute_seconds", "Tail time of the batch a request ran in."),
+    (PREFIX + "host_seconds", "Request fully received to its reply written."),
+)
+_LATENCY_LES = [*(floatToGoString(bound) for bound in LATENCY_BUCKETS), "+Inf"]
+
+
+class _Latencies:
+    """The per-tail latency histograms, counted in plain lists by the event loop, read as Prometheus
+    histograms when collected (the same families, labels and buckets as prometheus_client's).
+
+    prometheus_client's ``Histogram.observe`` takes a lock twice and walks the buckets in Python:
+    three of them cost a host 2.4 µs a request, a fifth of what it does for one beside the framing
+    (issue 32). Here a request costs three bisects and six additions. A scrape from the metrics
+    thread reads the lists while the loop adds to them: each histogram's count is the sum of the
+    buckets it read, so a histogram is always whole; its sum may be one request ahead or behind.
+    """
+
+    def __init__(self) -> None:
+        # (bundle, split) -> [queue, compute, host]: each [bucket counts..., +Inf count, sum]
+        self._tails: dict[tuple[str, str], list[list[float]]] = {}
+
+    def observe(self, key: tuple[str, str], queue_s: float, compute_s: float, host_s: float) -> None:
+        tail = self._tails.get(key)
+        if tail is None:  # the keys are the tails served: bounded by the registry
+            tail = self._tails[key] = [[0] * (len(LATENCY_BUCKETS) + 1) + [0.0] for _ in _LATENCIES]
+        queue, compute, host = tail
+        queue[bisect_left(LATENCY_BUCKETS, queue_s)] += 1
+        queue[-1] += queue_s
+        compute[bisect_left(LATENCY_BUCKETS, compute_s)] += 1
+        compute[-1] += compute_s
+        host[bisect_left(LATENCY_BUCKETS, host_s)] += 1
+        host[-1] += host_s
+
+    def collect(self) -> Iterable[Metric]:
+        tails = list(self._tails.items())
+        for index, (name, documentation) in enumerate(_LATENCIES):
+            family = HistogramMetricFamily(name, documentation, labels=["bundle", "split"])
+            for key, histograms in tails:
+                counts = list(histograms[index])
+                cumulative, buckets = 0, []
+                for le, count in zip(_LATENCY_LES, counts):
+                    cumulative += count
+                    buckets.append((le, cumulative))
+                family.add_metric(list(key), buckets, counts[-1])
+            yield family
 
 
 class MetricsEndpoint:

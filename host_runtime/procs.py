@@ -46,7 +46,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from host_runtime.metrics import PREFIX, MetricsEndpoint
 from splitedge import SplitEdgeError
 
-__all__ = ["Child", "child_setup", "reserve_port", "sum_scrapes", "supervise"]
+__all__ = ["AUTO", "Child", "auto_procs", "child_setup", "reserve_port", "sum_scrapes", "supervise"]
+
+#: ``--procs auto``: as many processes as :func:`auto_procs` finds the cores call for.
+AUTO = "auto"
+#: On CUDA, at most this many processes: each holds its own sessions in GPU memory (1.6 GB per tail
+#: with --max-batch 32 on an H200), and 4 already served 0.50 of bare onnxruntime at 512 boards.
+MAX_CUDA_PROCS = 8
+#: On the CPU, one front end per this many cores: a front end costs about 80 µs of its loop's core
+#: per request, a sample of MobileNetV2's cheapest usual tail about 1.5 ms of a core (issue 32), so
+#: 16 cores of tails answer ~10,700 requests/s, 0.85 of one loop's core.
+CPU_CORES_PER_PROC = 16
 
 #: How long the children may take to load their bundles and listen.
 START_TIMEOUT_S = 300.0
@@ -64,6 +74,37 @@ class Child:
     parent: int  # the parent's pid: a child whose parent is gone stops
     reports: Any  # multiprocessing queue: ("ready", index, details) or ("failed", index, message)
     loads: Any  # multiprocessing array of doubles, one per child
+
+
+def auto_procs(cores: int, cuda: bool, workers: int) -> tuple[int, str]:
+    """``--procs auto``: how many front-end processes ``cores`` call for, and why, in a sentence.
+
+    On CUDA the GPU answers far faster than one event loop can frame requests (a loop at 0.9 of a
+    core stopped one process at 7-9k requests/s where the H200 does 65k; issue 32), so the host
+    runs as many processes as the cores hold, each needing one core for its loop and one per tail
+    worker (they spin while the GPU runs), with one core in every ``workers + 2`` left to the
+    kernel's network work: 16 cores and 2 workers make 4, the best measured on an H200. At most
+    :data:`MAX_CUDA_PROCS`. On the CPU the tail workers take the cores and one loop keeps up with
+    the tails of :data:`CPU_CORES_PER_PROC` of them, so one process per that many cores (one
+    below it). A pure function of its arguments: no timing, so the same machine always gets the
+    same answer.
+    """
+    assert cores >= 1 and workers >= 1, f"cores and workers must be positive, got {cores}, {workers}"
+    if cuda:
+        procs = max(1, min(cores // (workers + 2), MAX_CUDA_PROCS))
+        return procs, (f"the tails run on CUDA: {cores} cores hold {procs} processes of an event loop and "
+                       f"{workers} tail workers each, with a core in {workers + 2} left to the kernel")
+    procs = max(1, cores // CPU_CORES_PER_PROC)
+    return procs, (f"the tails run on the CPU: their workers take the {cores} cores, and one event loop keeps up "
+                   f"with the tails of {CPU_CORES_PER_PROC} cores")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, as taskset and cgroups' cpusets set it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def reserve_port(host: str, port: int) -> socket.socket:

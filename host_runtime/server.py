@@ -73,7 +73,7 @@ from device_runtime.wire import (
     dequantize,
     encode_message,
 )
-from host_runtime.batcher import BatchConfig, Batcher, BatchResult, TailKey
+from host_runtime.batcher import BatchConfig, Batcher, BatchResult, Outcome, TailKey
 from host_runtime.limits import (
     DEFAULT_FIRST_FRAME_TIMEOUT_S,
     DEFAULT_FRAME_TIMEOUT_S,
@@ -309,7 +309,8 @@ class _HostProtocol(FramedProtocol):
             if request.route:
                 self.server.peers.check(request.route[0].address)
             tail = self.server.registry.lookup_for(request.bundle, split, tensor)
-            result = self.server.batcher.submit(key, tail, tensor, received, deadline)
+            self.server.batcher.submit(key, tail, tensor, received, deadline,
+                                       partial(self.finish_infer, request, key, received, deadline))
         except ProtocolError as exc:  # refused at once: bad, overloaded, too late already, or a hop not allowed
             self.reply_error(request.id, exc.code, str(exc))
             return
@@ -317,7 +318,6 @@ class _HostProtocol(FramedProtocol):
         self.in_flight += 1
         if self.in_flight >= self.server.config.max_in_flight:
             self.pause("in_flight")
-        result.add_done_callback(partial(self.finish_infer, request, key, received, deadline))
 
     async def profile(self, request: ProfileRequest, plan: ProfilePlan) -> None:
         """Time tails here for a board's calibration, on the profiler's own thread (bounded and
@@ -348,21 +348,16 @@ class _HostProtocol(FramedProtocol):
         if self.in_flight < self.server.config.max_in_flight // 2:
             self.resume("in_flight")
 
-    def finish_infer(
-        self, request: InferRequest, key: TailKey, received: float, deadline: float, result: asyncio.Future[BatchResult]
-    ) -> None:
+    def finish_infer(self, request: InferRequest, key: TailKey, received: float, deadline: float, done: Outcome) -> None:
         """Reply with this request's slice of its batch, or the typed error it ended with; a chain's
         stage with a route passes the slice on to the next hop first (:meth:`forward`)."""
-        if result.cancelled():  # the host is shutting down; the connection goes with it
+        if done is None:  # the host is shutting down; the connection goes with it
             self.settled()
             return
-        error = result.exception()
-        if isinstance(error, ProtocolError):  # deadline passed in the queue, or the tail failed
+        if isinstance(done, ProtocolError):  # deadline passed in the queue, or the tail failed
             self.settled()
-            self.reply_error(request.id, error.code, str(error))
+            self.reply_error(request.id, done.code, str(done))
             return
-        assert error is None, f"the batcher fails requests with ProtocolError only, got {error!r}"
-        done = result.result()
         if request.route:
             self.server.spawn(self.forward(request, key, received, deadline, done))
             return

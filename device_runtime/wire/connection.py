@@ -186,10 +186,11 @@ class FramedProtocol(asyncio.BufferedProtocol):
         buffers = encode(message, tensor, **tensor_fields)
         if self.auth is not None:
             buffers = self.auth.seal(buffers)  # the tensor stays the array's memoryview
-        self.bytes_written += sum(memoryview(b).nbytes for b in buffers)
+        size = sum(map(len, buffers))  # bytes and byte-addressed views: their lengths are their sizes
+        self.bytes_written += size
         if WRITELINES_IS_ZERO_COPY:
             transport.writelines(buffers)  # prefix and tensor in one sendmsg
-        elif len(buffers) > 1 and sum(len(b) for b in buffers) <= JOIN_BELOW_BYTES:
+        elif len(buffers) > 1 and size <= JOIN_BELOW_BYTES:
             transport.write(b"".join(buffers))
         else:
             for buffer in buffers:

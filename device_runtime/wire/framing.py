@@ -262,8 +262,9 @@ class FrameDecoder:
                 if self._skip:
                     break
             elif end - start >= length:
-                # Complete in scratch: copy it out, scratch is reused by the next read.
-                frame = memoryview(bytes(scratch[start : start + length]))
+                # Complete in scratch: copied out once (a bytearray's slice would be a second copy),
+                # scratch is reused by the next read.
+                frame = memoryview(bytes(memoryview(scratch)[start : start + length]))
                 start += length
                 yield frame
             elif not self._reserve(length):

@@ -232,6 +232,12 @@ def _why(exc: BaseException) -> str:
 def _check_depth(value: Any, limit: int) -> None:
     """Refuse a value nested deeper than ``limit``, or with a map key other than a string or an
     integer (level by level, no recursion)."""
+    if type(value) is list and limit >= 1:  # the usual list, a shape or a route's scalars: one level
+        for item in value:
+            if type(item) is list or type(item) is dict:
+                break
+        else:
+            return
     level, depth = [value], 0
     while level:
         depth += 1
@@ -285,6 +291,51 @@ def _settle(message: dict[Any, Any], limits: DecodeLimits, depth: int) -> None:
                 _check_depth(value, limits.max_depth - depth)
 
 
+#: How this protocol's encoders end a frame with a tensor: the tensor map's last key, ``data`` (a
+#: fixstr), then its bin's header and bytes to the frame's end (device_runtime.wire.protocol.encode).
+_DATA_KEY = b"\xa4data"
+_EMPTY_BIN = b"\xc4\x00"
+
+
+def _tensor_last(view: memoryview, limits: DecodeLimits) -> dict[Any, Any] | None:
+    """A frame as the protocol's encoders write it, its tensor's data last, read in one call of
+    msgpack's C unpacker: its header up to that bin, the bin replaced by an empty one, and the
+    data then taken as a view. None for any other frame (the reader reads it, and answers for it).
+
+    The same message as the reader's, never another: the header alone is within ``header_bytes``
+    and msgpack's limits, and the empty bin must be read back as the tensor map's last value and
+    that map as the frame's last, so the bytes where the bin begins begin a value, the last of
+    both maps (a ``data`` key inside a string or a bin would have swallowed it).
+    A 31 KB request: 4 µs instead of the reader's 17 (its Python calls per entry).
+    """
+    window = bytes(view[: min(FIRST_FEED, limits.header_bytes)])
+    at = window.find(_DATA_KEY)
+    if at < 0 and limits.header_bytes > FIRST_FEED:  # a long header (a chain's route): the rest of it
+        window = bytes(view[: limits.header_bytes])
+        at = window.find(_DATA_KEY)
+    if at < 0:
+        return None
+    bin_at = at + len(_DATA_KEY)
+    width = _BIN_HEADERS.get(window[bin_at]) if bin_at < len(window) else None
+    if width is None:
+        return None
+    start = bin_at + 1 + width
+    if start > len(view) or start + int.from_bytes(view[bin_at + 1 : start], "big") != len(view):
+        return None
+    try:
+        message = msgpack.unpackb(window[:bin_at] + _EMPTY_BIN, **limits.unpacker_options)
+    except (ValueError, TypeError, msgpack.UnpackException):  # ExtraData included: not the usual frame
+        return None
+    tensor = message.get("tensor") if type(message) is dict else None
+    if (type(tensor) is not dict or next(reversed(message)) != "tensor" or next(reversed(tensor)) != "data"
+            or tensor["data"] != b""):
+        return None
+    _settle(message, limits, 1)
+    _settle(tensor, limits, 2)
+    tensor["data"] = view[start:]
+    return message
+
+
 def unpack(body: bytes | bytearray | memoryview, limits: DecodeLimits = DEFAULT_LIMITS) -> Any:
     """One msgpack value filling ``body`` exactly, within ``limits``. In a map, and in its
     ``tensor`` map, bins are memoryviews into ``body`` (or, in a frame read whole, of a copy);
@@ -292,6 +343,9 @@ def unpack(body: bytes | bytearray | memoryview, limits: DecodeLimits = DEFAULT_
     view = memoryview(body).cast("B")
     if len(view) <= limits.header_bytes:
         return _whole(view, limits)
+    message = _tensor_last(view, limits)
+    if message is not None:
+        return message
     reader = _Reader(view, limits)
     if len(view) and _is_map(view[0]):
         value: Any = reader.map(1)

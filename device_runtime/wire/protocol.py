@@ -109,7 +109,8 @@ def encode(message: dict[str, Any], tensor: np.ndarray | None = None, **tensor_f
         raise ProtocolError(f"dtype {array.dtype.name} cannot be sent; supported: {', '.join(DTYPES)}")
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)  # a slice of a batch: made contiguous once
-    data = memoryview(array.reshape(-1).view(np.uint8))  # a view: same memory, byte-addressed
+    # A view: same memory, byte-addressed (a cast costs a third of reshape and view; it refuses an empty shape).
+    data = memoryview(array).cast("B") if array.size else memoryview(array.reshape(-1).view(np.uint8))
     # Pack everything with an empty placeholder bin as the very last value (dicts keep their
     # order), then swap the placeholder's 2-byte header for the real one: one packb call,
     # and the tensor's bytes follow the prefix untouched.

@@ -24,7 +24,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from host_runtime.metrics import HostStats
-from host_runtime.procs import sum_scrapes
+from host_runtime.cli import build_parser
+from host_runtime.procs import AUTO, auto_procs, sum_scrapes
 from tests.conftest import TEST_SPLITS
 from tests.host_runtime.helpers import cut, port_from_log, serve_process, unbatched
 
@@ -175,3 +176,42 @@ def test_summing_adds_every_sample_and_drops_created() -> None:
     assert samples[("splitedge_host_batch_size_sum", ())] == 7
     assert samples[("splitedge_host_processes_up", ())] == 2
     assert samples[("splitedge_host_process_requests_total", (("op", "infer"), ("process", "2")))] == 4
+
+
+@pytest.mark.parametrize("cores, cuda, workers, expected", [
+    (16, True, 2, 4),  # an H200 host's 16 cores: 4 processes, the best measured there (issue 32)
+    (64, True, 2, 8),  # never more than MAX_CUDA_PROCS: each process holds its sessions in GPU memory
+    (12, True, 4, 2),  # more workers per process, fewer processes
+    (3, True, 2, 1),
+    (1, True, 2, 1),
+    (2, False, 2, 1),  # this VM: the tail workers need both cores
+    (31, False, 31, 1),
+    (64, False, 64, 4),  # one front end per 16 cores of CPU tails
+])
+def test_procs_auto_is_a_pure_function_of_the_cores_and_the_device(cores, cuda, workers, expected) -> None:
+    procs, why = auto_procs(cores, cuda, workers)
+    assert procs == expected
+    assert auto_procs(cores, cuda, workers) == (procs, why)  # no timing: the same machine, the same answer
+    assert ("CUDA" if cuda else "CPU") in why and str(cores) in why
+
+
+def test_procs_takes_a_number_or_auto_and_nothing_else() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["serve", "b/", "--procs", "auto"]).procs == AUTO
+    assert parser.parse_args(["serve", "b/", "--procs", "3"]).procs == 3
+    for wrong in ("0", "many"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", "b/", "--procs", wrong])
+
+
+def test_procs_auto_says_what_it_chose_and_why(mobilenet_bundle, tmp_path) -> None:
+    """On the CPU, whatever this machine's cores: the count the function gives, said before the host listens."""
+    log = tmp_path / "host.log"
+    process = serve_process(mobilenet_bundle, log, "--device", "cpu", "--procs", "auto")
+    try:
+        port_from_log(process, log)
+        procs, why = auto_procs(len(os.sched_getaffinity(0)), cuda=False, workers=1)
+        assert f"--procs auto: {procs} process{'es' if procs > 1 else ''} ({why})" in log.read_text().splitlines()
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(30)

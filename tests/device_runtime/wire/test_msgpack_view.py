@@ -116,3 +116,53 @@ def test_every_extension_type_is_refused_even_an_empty_one(data: bytes, tensor_b
     message = {"id": 1, "op": "infer", "tensor": {"data": bytes(tensor_bytes)}, "extra": msgpack.ExtType(5, data)}
     with pytest.raises(ProtocolError, match="extension type 5|max_ext_len"):
         unpack(msgpack.packb(message), REQUEST_LIMITS)
+
+
+TENSOR = bytes(range(256)) * 128  # 32 KiB: past the request header's 8 KiB, as a cut tensor is
+
+
+@pytest.mark.parametrize("message", [
+    # As the protocol's encoders write it, the tensor's data last: read in one call of the C unpacker.
+    {"op": "infer", "bundle": "b", "split": "s", "id": 7, "tensor": {"dtype": "uint8", "shape": [len(TENSOR)],
+                                                                     "scale": 0.5, "zero_point": 3, "data": TENSOR}},
+    # A ``data`` key with a bin before the tensor's, and one inside a string: the reader reads them.
+    {"op": "infer", "data": b"\x00" * 9, "tensor": {"dtype": "uint8", "shape": [len(TENSOR)], "data": TENSOR}},
+    {"split": "\xa4data", "note": b"\xa4data\xc5\x80\x00", "tensor": {"dtype": "uint8", "shape": [1], "data": TENSOR}},
+    # The data not last in its map, the tensor not last in the frame, twice the key: the reader again.
+    {"tensor": {"data": TENSOR, "dtype": "uint8", "shape": [len(TENSOR)]}, "id": 1},
+    {"id": 1, "tensor": {"shape": [len(TENSOR)], "dtype": "uint8", "data": b"", "data2": TENSOR}},
+    {"tensor": {"dtype": "uint8", "shape": [len(TENSOR)], "data": TENSOR, "data": TENSOR}, "route": [[1, 2]] * 3},
+])
+def test_a_frame_with_its_tensor_last_reads_as_msgpack_python_reads_it(message) -> None:
+    body = msgpack.packb(message, use_bin_type=True)
+    read = unpack(body, REQUEST_LIMITS)
+    assert plain(read) == msgpack.unpackb(body, raw=False, strict_map_key=False)
+    assert list(read) == list(message) and list(read["tensor"]) == list(message["tensor"])  # the sender's order
+    data = read["tensor"]["data"] if read["tensor"]["data"] else read["tensor"]["data2"]
+    assert isinstance(data, memoryview) and data.obj is body  # a view of the frame, not a copy
+
+
+def test_a_frame_with_its_tensor_last_keeps_the_header_limits() -> None:
+    deep = {"x": [[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]], "tensor": {"dtype": "uint8", "shape": [1], "data": TENSOR}}
+    with pytest.raises(ProtocolError, match="nested deeper"):
+        unpack(msgpack.packb(deep, use_bin_type=True), REQUEST_LIMITS)
+    hops = {"route": list(range(9)), "tensor": {"dtype": "uint8", "shape": [1], "data": TENSOR}}
+    with pytest.raises(ProtocolError, match="route: a list of 9 items, at most 8"):
+        unpack(msgpack.packb(hops, use_bin_type=True), REQUEST_LIMITS)
+
+
+def test_the_usual_request_is_read_in_one_call_not_entry_by_entry(monkeypatch) -> None:
+    """An infer request as a board's encoder writes it never reaches the reader (17 µs against 4)."""
+    import numpy as np
+
+    from device_runtime.wire import msgpack_view
+    from device_runtime.wire.ops import Hop, InferRequest
+    from device_runtime.wire.protocol import decode, encode_bytes
+
+    cut = np.arange(160 * 49, dtype=np.float32).reshape(1, 160, 7, 7)  # 31 KB, the test bundle's late cut
+    route = (Hop("10.0.0.2:7767", "c", 2),)
+    for request in (InferRequest(3, "b", "s", cut, 50.0), InferRequest(4, "b", "c", cut, None, None, 1, route)):
+        monkeypatch.setattr(msgpack_view, "_Reader", None)  # the reader is not called
+        head, tensor, fields = request.parts()
+        message = decode(encode_bytes(head, tensor, **fields)[4:], REQUEST_LIMITS)
+        assert (message["tensor"] == cut).all() and message["id"] == request.id
