@@ -184,6 +184,10 @@ class Pipeline:
         # Connections to a semantic split's fragment hosts other than the connected one, and where
         # fragments were moved to after their host went away.
         self._placed: dict[str, dict[int, str]] = {}
+        # (chain, host) pairs whose host refused the chain's route (``unauthorized``: a next hop it
+        # may not dial). That is the host's configuration, which no retry changes: the chain is left
+        # out while that host is the one connected, instead of falling back frame after frame.
+        self._refused_routes: set[tuple[str, str]] = set()
         self._pool = ClientPool(hosts.credentials if hosts is not None else Credentials(), config.request_timeout_s,
                                 what="fragment host")
 
@@ -194,7 +198,9 @@ class Pipeline:
         if self.hosts is None or self.hosts.client is None:
             return frozenset((LOCAL,))
         served = self.hosts.served()
-        chains = {chain for chain in self.config.routes if stage_id(chain, 1) in served}
+        address = self.hosts.client.address
+        chains = {chain for chain in self.config.routes
+                  if stage_id(chain, 1) in served and (chain, address) not in self._refused_routes}
         semantic = {split for split in self.config.fragments
                     if all(stage_id(split, k) in served for k, a in self._placement(split).items()
                            if a == self.hosts.client.address)}
@@ -379,6 +385,8 @@ class Pipeline:
         except (HostUnavailableError, RemoteError) as exc:
             if isinstance(exc, HostUnavailableError) and self.hosts is not None:
                 await self.hosts.lost(client, exc)
+            elif isinstance(exc, RemoteError) and exc.code == ErrorCode.UNAUTHORIZED and split in self.config.routes:
+                self._refuse_route(split, client.address, exc)
             return await self._locally(batch, x, split, head_ms, rate, reason, exc, waits, deadline)
         self.meter.observe_reply(tensor.nbytes, result)
         hops = result.hops  # a chain's later hosts: their stages, queues and links are the tail's too
@@ -403,6 +411,12 @@ class Pipeline:
                         error=str(exc), deadline_ms=deadline if refused else None, chosen=chosen)
         return self._results(batch, logits, _Answer(LOCAL, rate, reason, head_ms + ms, error=f"{split}: {exc}",
                                                     attempted=split, **waits))
+
+    def _refuse_route(self, chain: str, address: str, exc: Exception) -> None:
+        """Leave ``chain`` out while ``address`` is the connected host (:meth:`available`), saying so once."""
+        if (chain, address) not in self._refused_routes:
+            self._refused_routes.add((chain, address))
+            log.warning("chain %s left out of this run while host %s is the one connected: %s", chain, address, exc)
 
     def _placement(self, split: str) -> dict[int, str]:
         """Fragment index -> its host's address: where they were moved to, else where the config

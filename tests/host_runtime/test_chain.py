@@ -205,3 +205,24 @@ def test_a_host_measures_its_links_to_peers_on_demand_and_says_so_in_hello(mobil
     assert reply.failed[dead].startswith(f"cannot connect to host {dead}")
     assert "is not one of this host's peers" in reply.failed[stranger]
     assert hello.links == {address(b): (rate, rtt)}
+
+
+def test_a_chain_its_host_refuses_is_left_out_and_no_frame_is_lost(
+    mobilenet_bundle: Path, bundle, photos_dir: Path, caplog
+) -> None:
+    """Host A has no --peer: it refuses the chain's route. The frames sent before the refusal came
+    back are answered on the board; after it the chain is no longer a split the board can take (a
+    policy that wants it hears so: ``no_host``), said once, instead of a fallback per frame."""
+    runner = DeviceRunner(bundle, threads=1)
+    for b in start_host([mobilenet_bundle]):
+        for a in start_host([mobilenet_bundle]):  # no --peer
+            with caplog.at_level("WARNING", logger="splitedge.device"):
+                results = asyncio.run(_stream(runner, photos_dir, a, {TEST_CHAIN: (address(b),)}, 24, lambda r: None))
+            assert a.server.stats.as_dict()["compute_seconds"] == {}  # refused before running anything
+    assert len(results) == 24 and all(r.where == "local" and r.label for r in results)
+    fallen = [r for r in results if r.error is not None]
+    assert fallen and all("is not one of this host's peers" in r.error for r in fallen)
+    after = results[results.index(fallen[-1]) + 1:]
+    assert after and all(r.error is None and r.reason.kind == "no_host" and r.reason.wanted == TEST_CHAIN for r in after)
+    warned = [m for m in caplog.messages if m.startswith(f"chain {TEST_CHAIN} left out of this run")]
+    assert len(warned) == 1 and address(a) in warned[0]
