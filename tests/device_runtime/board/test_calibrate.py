@@ -26,7 +26,7 @@ from device_runtime.board.calibrate import (
 from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle, write_manifest
 from device_runtime.cli import main
 from device_runtime.engine.runner import DeviceRunner
-from device_runtime.stream.reason import FALLBACK, KINDS, TABLE
+from device_runtime.stream.reason import FALLBACK, KINDS, REFINED, TABLE
 from device_runtime.wire.ops import HelloReply
 from splitedge.errors import BundleError, RemoteError
 from tests.conftest import TEST_CHAIN, TEST_SPLITS, RunningHost
@@ -39,7 +39,10 @@ def calibrated(mobilenet_bundle: Path, tmp_path_factory: pytest.TempPathFactory)
 
     root = tmp_path_factory.mktemp("calibrated") / "bundle"
     shutil.copytree(mobilenet_bundle, root)
-    for host in start_host([root]):
+    # A budget this calibration fits on any machine: the full model's runs at batches 1 and 2 took
+    # 105-109 ms of a 2-core host, over the default 100 ms, on two runs in three (the budget's own
+    # refusal is tested in tests/host_runtime).
+    for host in start_host([root], profile_budget_s=1.0):
         assert main(["calibrate", str(root), "--host", f"{host.host}:{host.port}", "--batch", "1,2",
                      "--repeats", "3", "--threads", "1"]) == 0
         profiles = host.server.stats.as_dict()["requests"]["profile"]
@@ -212,7 +215,11 @@ def test_a_run_given_a_traces_head_times_decides_with_them_from_their_frames(cal
     head_times = [line for line in lines if line["type"] == "head_times"]
     assert [(h["source"], h["index"], h["head_ms"][LOCAL]) for h in head_times] == [
         ("recorded", None, slow[LOCAL]), ("recorded", 9, fast[LOCAL])]
-    by_table = [f for f in lines if f["type"] == "frame" and f["reason"]["kind"] == TABLE]
+    # The table's choices: from the first table (``table``) and, once it is rebuilt with the fast
+    # times, from that one (``refined`` where it chose otherwise). Between them the hysteresis may
+    # hold, a slow upload cap the rate or the host refuse a frame for its deadline (a busy machine):
+    # those go local whatever the table says, and once local, no upload is left to cap.
+    by_table = [f for f in lines if f["type"] == "frame" and f["reason"]["kind"] in (TABLE, REFINED)]
     assert all((f["split"] == LOCAL) == (f["index"] > 9) for f in by_table), by_table
     assert any(f["index"] > 9 for f in by_table)
 
