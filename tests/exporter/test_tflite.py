@@ -12,6 +12,7 @@ folded in); the early cut, ResNet-18 and the small networks are converted here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -94,7 +95,7 @@ def test_resnet18_head_matches_torch_and_onnx(tmp_path: Path) -> None:
     assert runner.backend.input_shape == ("batch", 3, 224, 224)
 
 
-def _board_inputs(bundle: Bundle) -> tuple[list[np.ndarray], object]:
+def _board_inputs(bundle: Bundle) -> tuple[list[np.ndarray], Callable[[np.ndarray], np.ndarray]]:
     """:func:`_inputs` as the board bundle's folded artifacts take them (pixels), and torch's view of them."""
     spec = bundle.manifest.model.preprocess
     assert spec is not None and spec.folded
