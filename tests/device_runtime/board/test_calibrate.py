@@ -418,13 +418,18 @@ def test_a_chain_on_the_profiled_host_costs_its_stages_and_no_link_between_them(
 
 
 class Slow:
-    """A real tail made slower by ``delay_s`` a run: a host that is slow at one stage, on purpose."""
+    """A real tail made slower by ``cpu_s`` of its thread's CPU a run: a host that is slow at one stage,
+    on purpose. CPU, not a sleep: a host profiles its tails in process CPU time (issue 27), which a
+    sleep does not add to (a sleeping stage measured as fast as B's, and the placement was a coin
+    toss between two equal hosts)."""
 
-    def __init__(self, tail, delay_s: float) -> None:
-        self.tail, self.delay_s = tail, delay_s
+    def __init__(self, tail, cpu_s: float) -> None:
+        self.tail, self.cpu_s = tail, cpu_s
 
     def run(self, x):
-        time.sleep(self.delay_s)
+        end = time.thread_time() + self.cpu_s
+        while time.thread_time() < end:
+            pass
         return self.tail.run(x)
 
     def __getattr__(self, name: str):
@@ -434,7 +439,7 @@ class Slow:
 def test_calibrate_places_a_chains_later_stage_on_the_host_that_runs_it_fastest(
     mobilenet_bundle: Path, tmp_path: Path, capsys
 ) -> None:
-    """Host A runs stage 2 50 ms slower than B: calibrating against A with B as the other host puts
+    """Host A runs stage 2 on 50 ms more CPU than B: calibrating against A with B as the other host puts
     stage 2 on B (A measured its link to B), and the table prices the chain that way."""
     from tests.conftest import start_host
 
