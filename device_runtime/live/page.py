@@ -224,7 +224,16 @@ function render() {
   });
   const body = document.querySelector('#stages tbody'), table = rows.join('');
   if (body.innerHTML !== table) body.innerHTML = table;  // numbers and fixed stage names only
+  caption();
   if (latest && latest.index !== shownIndex && !loading) picture();
+}
+
+// The picture's frame as the page's records have it: a picture can come before the state that
+// answers its frame (the board encodes the latest result at once), and is captioned when that comes.
+function caption() {
+  if (shownIndex === null) return;
+  const f = frames.find((r) => r.index === shownIndex && !r.dropped);
+  text('caption', '#' + shownIndex + (f ? ': ' + f.label + ' ' + fixed(f.probability, 3) + ', split ' + f.split : ''));
 }
 
 // Whatever reason the stream gave: its kind first, then each field.
@@ -254,8 +263,7 @@ function picture() {
       const img = document.getElementById('frame'), url = URL.createObjectURL(blob);
       img.onload = () => { if (pictureUrl) URL.revokeObjectURL(pictureUrl); pictureUrl = url; };
       img.src = url; img.dataset.index = index; shownIndex = index;
-      const f = frames.find((r) => r.index === index && !r.dropped);
-      text('caption', '#' + index + (f ? ': ' + f.label + ' ' + fixed(f.probability, 3) + ', split ' + f.split : ''));
+      caption();
     });
   }).catch(() => null).finally(() => { setTimeout(() => { loading = false; }, 200); });
 }

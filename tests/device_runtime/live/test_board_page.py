@@ -136,8 +136,10 @@ def test_the_page_shows_each_frame_as_the_trace_records_it_and_keeps_moving(
         stages = browser.execute_script(
             "return [...document.querySelectorAll('#stages tbody tr')].map((tr) => [...tr.children].map((td) => td.textContent));")
         assert [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []  # no script failed
-        picture, caption_shown = browser.execute_script(  # set together when a picture arrives
-            "return [document.getElementById('frame').dataset.index, document.getElementById('caption').textContent];")
+        # A picture can come before the state with its frame's answer: it is captioned once that comes.
+        picture, caption_shown = until(browser, lambda d: (lambda shown: shown if ":" in shown[1] else None)(d.execute_script(
+            "return [document.getElementById('frame').dataset.index, document.getElementById('caption').textContent];")),
+            "the picture's caption")
     answered = _trace(trace)
     for shown in (first, later):
         assert shown["status"] == "live"
