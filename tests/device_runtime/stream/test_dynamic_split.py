@@ -239,7 +239,7 @@ def _check_rate_step(
     # Each table choice names its cell: the estimate lies in it, and the two cells meet at the boundary.
     tables = [r for r in results if r.reason.kind == TABLE]
     assert all(r.reason.lo_bps <= r.rate_bps < (r.reason.hi_bps or math.inf) for r in tables), [r.reason for r in tables]
-    assert {r.split for r in tables} == {SPLIT, LOCAL}
+    assert {r.split for r in tables} == {SPLIT, LOCAL}, sorted({(r.split, r.reason.kind) for r in results})
     edges = {r.reason.hi_bps for r in tables if r.split == LOCAL} | {r.reason.lo_bps for r in tables if r.split == SPLIT}
     assert len(edges) == 1 and edges.pop() == pytest.approx(1.32e6, rel=0.07)
 
