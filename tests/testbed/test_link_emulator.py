@@ -18,6 +18,7 @@ import select
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -498,10 +499,20 @@ def test_relay_delivers_bytes_unchanged_and_in_order() -> None:
     assert hashlib.sha256(run(go())).hexdigest() == hashlib.sha256(payload).hexdigest()
 
 
-@pytest.mark.parametrize("rate_mbit", [4, 40])
-def test_relay_rate_limit(rate_mbit: float) -> None:
+@pytest.mark.parametrize(("rate_mbit", "hog_ms"), [(4, 0), (40, 0), (0.5, 100), (4, 20)])
+def test_relay_rate_limit(rate_mbit: float, hog_ms: float) -> None:
+    """The configured rate, measured at the receiver, within 10 %. ``hog_ms``: a task blocks the
+    relay's event loop that long at each turn, as a loop starved of CPU wakes late: the relay still
+    carries the rate within 20 % (0.92 and 0.98 of it here; 0.16 and 0.33 before the time it
+    overslept was credited, and a request through it timed out in test_dynamic_split)."""
+    async def hog() -> None:
+        while True:
+            time.sleep(hog_ms / 1000)
+            await asyncio.sleep(0)
+
     async def go() -> float:
         loop = asyncio.get_running_loop()
+        hogging = asyncio.create_task(hog()) if hog_ms else None
         got: list[tuple[float, int]] = []
         nbytes = int(rate_mbit * 1e6 / 8 * 2)  # 2 s
 
@@ -521,12 +532,14 @@ def test_relay_rate_limit(rate_mbit: float) -> None:
                 await asyncio.sleep(0.05)
             writer.close()
             await writer.wait_closed()
+        if hogging is not None:
+            hogging.cancel()
         start = next(g for g in got if g[1] >= nbytes * 0.1)
         return (got[-1][1] - start[1]) * 8 / 1e6 / (got[-1][0] - start[0])
 
     measured = run(go())
-    print(f"relay rate limit: configured {rate_mbit} Mbit/s, measured {measured:.2f}")
-    assert rate_mbit * 0.9 <= measured <= rate_mbit * 1.1
+    print(f"relay rate limit: configured {rate_mbit} Mbit/s, loop blocked {hog_ms} ms a turn, measured {measured:.2f}")
+    assert rate_mbit * (0.8 if hog_ms else 0.9) <= measured <= rate_mbit * 1.1
 
 
 def test_relay_bounds_what_it_buffers_for_a_receiver_that_does_not_read() -> None:
