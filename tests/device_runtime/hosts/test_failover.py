@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from device_runtime.bundle import LOCAL, Bundle
 from device_runtime.engine.runner import DeviceRunner
 from device_runtime.hosts.host_link import HostLink
-from device_runtime.stream.camera import Synthetic
+from device_runtime.stream.camera import Frame, Synthetic
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig
 from device_runtime.stream.policy import StaticPolicy
 from host_runtime.advertise import Advertiser
@@ -23,12 +25,30 @@ LOOPBACK = ["127.0.0.1"]
 FRAMES = 90
 
 
+class _HeldAfter(Synthetic):
+    """A 30 fps camera that holds its frames after ``last`` until ``moved`` (at most 30 s): the
+    frames after the move are chosen with the other host in view. Unheld, a machine slow to find
+    the host again (over 1.5 s) had every later frame chosen locally before it came."""
+
+    def __init__(self, last: int, moved: threading.Event) -> None:
+        super().__init__(fps=30)
+        self.last, self.moved = last, moved
+
+    def __iter__(self) -> Iterator[Frame]:
+        for frame in super().__iter__():
+            if frame.index > self.last:
+                self.moved.wait(30.0)
+            yield frame
+
+
 def test_device_moves_to_the_other_host_and_answers_every_frame(mobilenet_bundle: Path) -> None:
     bundle = Bundle.load(mobilenet_bundle)
     runner = DeviceRunner(bundle, threads=1)
     reference = {r.index: r.label for r in run_stream(runner, "synthetic", LOCAL, frames=FRAMES, drop="none")}
     idle_hosts, busy_hosts = start_host([mobilenet_bundle]), start_host([mobilenet_bundle])
     idle, busy = next(idle_hosts), next(busy_hosts)
+
+    moved = threading.Event()
 
     async def go():
         idle_ad = Advertiser(idle.host, idle.port, [bundle.id], LOOPBACK, name="failover-idle", load=0.1)
@@ -41,7 +61,7 @@ def test_device_moves_to_the_other_host_and_answers_every_frame(mobilenet_bundle
             first = hosts.address
             pipeline = Pipeline(runner, StaticPolicy(TEST_SPLITS[-1], bundle), hosts, PipelineConfig(drop="none"))
             results = []
-            with Synthetic(fps=30) as source:
+            with _HeldAfter(45, moved) as source:
                 async for r in pipeline.run(source, frames=FRAMES):
                     results.append(r)
                     if len(results) == 15:  # the host in use goes away: server closed, record withdrawn
@@ -50,8 +70,10 @@ def test_device_moves_to_the_other_host_and_answers_every_frame(mobilenet_bundle
                     if len(results) == 45:  # the rest go to the other host, however long finding it took
                         moved_to = f"{busy.host}:{busy.port}"
                         await until(lambda: hosts.address == moved_to, what=f"moving to {moved_to}")
+                        moved.set()
             return first, results, hosts.losses
         finally:
+            moved.set()
             await hosts.close()
             await busy_ad.__aexit__(None, None, None)
 
