@@ -548,21 +548,34 @@ class Pipeline:
         link that was 0.5 Mbit/s came back, 16 KB probes alone held the estimate there for
         seconds on end.
         """
-        timeout = self.config.request_timeout_s
         try:
-            self.meter.observe_probe(0, await client.ping(0, timeout=timeout))
+            self.meter.observe_probe(0, await client.ping(0, timeout=self.config.request_timeout_s))
             size = probe_bytes(self.meter.rate_bps)
-            probe = await client.probe(size, timeout=timeout)
-            measured = self.meter.observe_probe(size, probe.round_trip_ms, probe.upload)
+            measured = await self._payload_probe(client, size)
             longer = probe_bytes(measured)
             if longer >= 2 * size:
-                probe = await client.probe(longer, timeout=timeout)
-                self.meter.observe_probe(longer, probe.round_trip_ms, probe.upload)
+                await self._payload_probe(client, longer)
         except HostUnavailableError as exc:
             if self.hosts is not None:
                 await self.hosts.lost(client, exc)
         except RemoteError:
             return
+
+    async def _payload_probe(self, client: HostClient, size: int) -> float | None:
+        """One payload probe into the estimate; returns its own rate (:meth:`LinkMeter.observe_probe`).
+
+        While it crosses it holds the link as an upload does: a frame sent meanwhile waits
+        behind it in the socket, so an overdue probe caps the estimate too. Unseen by the meter,
+        a 1 MB probe sized for loopback that went up as the link dropped to 0.5 Mbit/s (17 s to
+        cross) let the next frames go remote on the stale estimate, to wait behind it until their
+        10 s timeout (issue 28).
+        """
+        ticket = self.meter.sending(size)
+        try:
+            probe = await client.probe(size, timeout=self.config.request_timeout_s)
+        finally:
+            self.meter.settled(ticket)
+        return self.meter.observe_probe(size, probe.round_trip_ms, probe.upload)
 
 
 def _dropped(frame: Frame) -> FrameResult:

@@ -41,13 +41,17 @@ from device_runtime.wire.kernel_timing import UploadTiming
 from testbed import DelayRelay, EmulatedLink, unavailable_reason
 from tests.calibration.test_timing import ManualClock
 from testbed.namespace_host import running_host, serve_in
-from tests.conftest import TEST_SPLITS, run_stream, start_host
+from tests.conftest import TEST_SPLITS, run_stream, start_host, until
 
 needs_netns = pytest.mark.skipif(unavailable_reason() is not None, reason=f"no link emulation: {unavailable_reason()}")
 
 T = TypeVar("T")
 SPLIT = TEST_SPLITS[-1]  # features_14_conv_2: 31,360 bytes per frame
 RATE_STEP_FRAMES = 400
+#: The rate step's fast link: a Wi-Fi link's rate, not loopback's. Its probes (50 ms of bytes,
+#: 125 KB) hold the frames behind one that crosses as the link drops for 2 s at 0.5 Mbit/s;
+#: loopback's 1 MB probes held them 17 s, past their 10 s timeout (issue 28).
+FAST_MBIT = 20.0
 
 
 @pytest.fixture
@@ -116,6 +120,33 @@ def test_after_a_slow_spell_the_first_probes_own_rate_calls_the_longer_one(mobil
     assert pings == 3 and rate > 0.5e6
 
 
+def test_a_probe_crossing_slowly_caps_the_estimate_as_an_overdue_upload_does(mobilenet_bundle: Path, host) -> None:
+    """A 1 MB probe sized for a 500 Mbit/s estimate goes up a link that carries 1 Mbit/s (8 s):
+    a frame sent meanwhile would wait behind it in the socket, so once it is overdue the
+    estimate is capped by what it has not crossed, and nothing stays counted once it is given up."""
+    bundle = Bundle.load(mobilenet_bundle)
+    meter = LinkMeter(RateEstimator(initial_bps=500e6))
+
+    async def crossing(pipeline: Pipeline, client: HostClient) -> tuple[float | None, float | None]:
+        probing = asyncio.ensure_future(pipeline.probe(client))
+        try:
+            await until(lambda: (meter.rate_bps or math.inf) < 20e6, within=5.0, what="the probe capping the estimate")
+            return meter.overdue(), meter.estimator.rate_bps
+        finally:
+            probing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probing
+
+    async def go() -> tuple[float | None, float | None]:
+        async with DelayRelay((host.host, host.port), delay_ms=0.0, rate_mbit=1.0) as relay:
+            address, port = relay.address
+            return await _probing(bundle, f"{address}:{port}", crossing, meter)
+
+    bound, estimate = asyncio.run(go())
+    assert bound is not None and bound < 20e6 and estimate == pytest.approx(500e6)  # capped, not yet learned
+    assert meter.overdue() is None and meter.rate_bps == pytest.approx(500e6)  # the given-up probe holds nothing
+
+
 async def _probing(
     bundle: Bundle, address: str, probe: Callable[[Pipeline, HostClient], Awaitable[T]], meter: LinkMeter | None = None
 ) -> T:
@@ -131,14 +162,14 @@ async def _probing(
 
 @needs_netns
 def test_split_follows_a_rate_step_and_every_answer_stays_right(mobilenet_bundle: Path, tmp_path: Path) -> None:
-    """The kernel's tbf shapes the link: unshaped, 0.5 Mbit/s, unshaped (see :func:`_follow_rate_step`)."""
+    """The kernel's tbf shapes the link: 20, 0.5, then 20 Mbit/s again (see :func:`_follow_rate_step`)."""
     bundle, runner, reference = _rate_step_setup(mobilenet_bundle, tmp_path)
 
     async def go(link: EmulatedLink, address: str) -> tuple[list[FrameResult], dict[str, int], int]:
         loop = asyncio.get_running_loop()
         return await _follow_rate_step(bundle, runner, address, lambda rate: loop.run_in_executor(None, link.set_rate, rate))
 
-    with EmulatedLink() as link, serve_in(link, [bundle.root]) as address:
+    with EmulatedLink(rate_mbit=FAST_MBIT) as link, serve_in(link, [bundle.root]) as address:
         _check_rate_step(*asyncio.run(go(link, address)), reference)
 
 
@@ -149,7 +180,7 @@ def test_split_follows_a_rate_step_through_the_user_space_relay(mobilenet_bundle
     host = next(hosts)
 
     async def go() -> tuple[list[FrameResult], dict[str, int], int]:
-        async with DelayRelay((host.host, host.port), delay_ms=0.0) as relay:
+        async with DelayRelay((host.host, host.port), delay_ms=0.0, rate_mbit=FAST_MBIT) as relay:
             address, port = relay.address
 
             async def set_rate(rate_mbit: float | None) -> None:
@@ -194,8 +225,9 @@ class _TablePolicy(AutoPolicy):
 async def _follow_rate_step(
     bundle: Bundle, runner: DeviceRunner, address: str, set_rate: Callable[[float | None], Awaitable[object]]
 ) -> tuple[list[FrameResult], dict[str, int], int]:
-    """A table whose boundary for SPLIT vs local is 1.3 Mbit/s: ~2 s in, ``set_rate`` drops the
-    link to 0.5 Mbit/s; once the stream has run locally for a while, it lifts the limit.
+    """A table whose boundary for SPLIT vs local is 1.3 Mbit/s, on a ``FAST_MBIT`` link: ~2 s in,
+    ``set_rate`` drops the link to 0.5 Mbit/s; once the stream has run locally for a while, it
+    brings the fast rate back.
     Returns the results, the indices of the frames at those two moments, and the switches."""
     hosts = HostLink(bundle, address, timeout=10.0)
     assert await hosts.connect(), hosts.last_error
@@ -216,7 +248,7 @@ async def _follow_rate_step(
                     await set_rate(0.5)
                 if "down" in marks and "up" not in marks and r.split == LOCAL and len(results) > marks["down"] + 30:
                     marks["up"] = r.index  # local for a while: the link comes back
-                    await set_rate(None)
+                    await set_rate(FAST_MBIT)
     finally:
         await hosts.close()
     return results, marks, policy.switches
