@@ -166,7 +166,7 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--tf32", action="store_true",
         help="let CUDA compute in TF32 (Ampere and later): faster matrix products, but answers no longer the "
-        "CPU's: MobileNetV2's logits moved by up to 1.5e-2 on its tails and 1.8e-2 on the full model (measured on an "
+        "CPU's: MobileNetV2's logits moved by up to 1.5e-2 on its tails and 2.2e-2 on the full model (measured on an "
         f"H200; {TF32_ERROR_H100:g} on an H100's tails; 1.2e-5 without); no effect on the CPU",
     )
     serve.add_argument(

@@ -57,10 +57,11 @@ Provider = Union[str, tuple[str, dict[str, str]]]
 #: the CPU, where every padded row costs as much compute as a real one.
 BUCKETS_AUTO, BUCKETS_OFF = "auto", "off"
 #: What ``--tf32`` costs: the largest difference from the CPU's answer over MobileNetV2's logits,
-#: measured on an H200 over 64 samples per tail of the test bundle (issue 32, bench/gpu_sessions.py):
-#: 1.54e-2 on the cut tails and stages, 1.84e-2 on the full model (offload); 1.3e-2 on an H100's
-#: cut tails (issue 19). The tf32 test and the bench allow the largest, rounded up, and no more.
-TF32_ERROR = 1.9e-2
+#: measured on H200s over 64 samples per tail of the test bundle (issue 32, bench/gpu_sessions.py):
+#: up to 1.54e-2 on the cut tails and stages, 1.84e-2 and 2.20e-2 on the full model (offload) on two
+#: machines (the same on every session one machine makes, not from one machine to the next);
+#: 1.3e-2 on an H100's cut tails (issue 19). The tf32 test and the bench allow the largest, rounded up, and no more.
+TF32_ERROR = 2.3e-2
 TF32_ERROR_H100 = 1.3e-2
 
 
