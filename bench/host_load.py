@@ -22,6 +22,10 @@
   of that moment. ``ratio now`` divides the host's throughput by that; ``ratio`` by the best
   of everything onnxruntime did in the run (the stricter; target of issue 6: at least 0.85).
   Each row also says how many cores the host, the generators and everything else used, and
+  ``queue``, ``tail`` and ``rest``: where a round trip goes (medians, ms): the host's queue until its
+  batch starts and the batch's tail run (on CUDA with its copies to and from the GPU), as each answer
+  says, and the rest (the batch's concatenation, the front ends' and the generators' loops, the
+  kernel); and
   ``front_us_per_request``: the CPU time of the host's event-loop threads (the main thread of each
   host process: framing, decoding, batching, replies; not the tail workers, whose time is
   onnxruntime's and the batch's copies) over the measured window, per request answered.
@@ -289,6 +293,7 @@ async def _run_boards(port: int, bundle_id: str, split: str, cut: np.ndarray, bo
         raise next(c for c in connected if not isinstance(c, HostClient))
     latencies: list[float] = []
     batches: list[int] = []
+    host_ms: list[tuple[float, float]] = []  # each answer's queue and compute, as the host says
     errors: Counter[str] = Counter()
     cpu: dict[str, float] = {}
     try:
@@ -317,13 +322,14 @@ async def _run_boards(port: int, bundle_id: str, split: str, cut: np.ndarray, bo
                 if measure_from <= now < measure_to:
                     latencies.append((answered - sent) * 1000.0)
                     batches.append(int(reply["batch"]))
+                    host_ms.append((reply["queue_ms"], reply["compute_ms"]))
 
         await asyncio.wait_for(asyncio.gather(*(board(c) for c in clients)), warmup + duration + REQUEST_TIMEOUT_S + 30)
     finally:
         for client in clients:
             await client.close()
     return {
-        "latencies_ms": latencies, "batches": batches, "errors": dict(errors),
+        "latencies_ms": latencies, "batches": batches, "host_ms": host_ms, "errors": dict(errors),
         "cpu_s": cpu.get("to", time.process_time()) - cpu.get("from", 0.0),
     }
 
@@ -392,6 +398,7 @@ def run_load(host: Host, bundle_id: str, split: str, cut: np.ndarray, boards: in
         raise RuntimeError(f"load generator failed: {failed}")
     latencies = np.array([x for p in parts for x in p["latencies_ms"]])
     batches = np.array([x for p in parts for x in p["batches"]])
+    queue_ms, compute_ms = np.array([x for p in parts for x in p["host_ms"]]).reshape(-1, 2).T
     errors: Counter[str] = Counter()
     for p in parts:
         errors.update(p["errors"])
@@ -403,6 +410,12 @@ def run_load(host: Host, bundle_id: str, split: str, cut: np.ndarray, boards: in
         "p50_ms": float(np.percentile(latencies, 50)) if latencies.size else float("nan"),
         "p99_ms": float(np.percentile(latencies, 99)) if latencies.size else float("nan"),
         "mean_batch": float(batches.mean()) if batches.size else float("nan"),
+        # Where a round trip goes, medians: waiting in the host's queue for its batch to start, the
+        # batch's tail run (copies in and out included), and the rest, the front ends' and the
+        # generators' loops and the kernel's way there and back (the round trip less the two).
+        "queue_p50_ms": float(np.median(queue_ms)) if latencies.size else float("nan"),
+        "compute_p50_ms": float(np.median(compute_ms)) if latencies.size else float("nan"),
+        "rest_p50_ms": float(np.median(latencies - queue_ms - compute_ms)) if latencies.size else float("nan"),
         "errors": dict(errors),
         "host_cpu": host_cpu / duration,  # cores busy on average
         "front_cpu": front_cpu / duration,  # of which the event-loop threads
@@ -507,7 +520,8 @@ def main() -> None:
                 rows.append(row)
                 print(f"  {mode:6s} {boards:4d} boards: {row['requests_per_s']:6.1f} req/s "
                       f"(baseline now {adjacent:.0f}), "
-                      f"p50 {row['p50_ms']:7.2f} ms, p99 {row['p99_ms']:7.2f} ms, batch {row['mean_batch']:5.2f}, "
+                      f"p50 {row['p50_ms']:7.2f} ms (queue {row['queue_p50_ms']:.2f}, tail {row['compute_p50_ms']:.2f}, "
+                      f"rest {row['rest_p50_ms']:.2f}), p99 {row['p99_ms']:7.2f} ms, batch {row['mean_batch']:5.2f}, "
                       f"front {row['front_us_per_request']:.0f} us/request, CPU host {row['host_cpu']:.2f} generators {row['generator_cpu']:.2f} "
                       f"other {row['other_cpu']:.2f} (around it {before['other_cpu']:.2f}, {after['other_cpu']:.2f}), "
                       f"errors {row['errors']}", flush=True)
@@ -531,11 +545,12 @@ def main() -> None:
         print(f"{callers:7d} " + " ".join(f"{c:>11s}" for c in cells))
     print(f"best: {best['samples_per_s']:.0f} samples/s (batch {best['batch']}, {best['callers']} caller thread(s))\n")
     print(f"{'batching':8s} {'max-batch':>9s} {'wait ms':>7s} {'boards':>6s} {'req/s':>7s} {'p50 ms':>8s} "
-          f"{'p99 ms':>8s} {'batch':>5s} {'ratio':>5s} {'ratio now':>9s} {'front us':>8s} {'CPU host':>8s} "
-          f"{'gen':>5s} {'other':>5s}  errors")
+          f"{'p99 ms':>8s} {'queue':>6s} {'tail':>6s} {'rest':>6s} {'batch':>5s} {'ratio':>5s} {'ratio now':>9s} "
+          f"{'front us':>8s} {'CPU host':>8s} {'gen':>5s} {'other':>5s}  errors")
     for r in rows:
         print(f"{r['mode']:8s} {r['max_batch']:9d} {r['max_wait_ms']:7g} {r['boards']:6d} {r['requests_per_s']:7.1f} "
-              f"{r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['mean_batch']:5.2f} {r['ratio']:5.2f} "
+              f"{r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['queue_p50_ms']:6.2f} {r['compute_p50_ms']:6.2f} "
+              f"{r['rest_p50_ms']:6.2f} {r['mean_batch']:5.2f} {r['ratio']:5.2f} "
               f"{r['ratio_adjacent']:9.2f} {r['front_us_per_request']:8.0f} "
               f"{r['host_cpu']:8.2f} {r['generator_cpu']:5.2f} {r['other_cpu']:5.2f}  {r['errors'] or ''}")
     for mode in dict.fromkeys(r["mode"] for r in rows):
