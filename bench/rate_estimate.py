@@ -35,7 +35,6 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -59,7 +58,7 @@ from device_runtime.hosts.link_meter import LinkMeter
 from device_runtime.stream.camera import Synthetic
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig
 from device_runtime.stream.policy import StaticPolicy
-from testbed import EmulatedLink, unavailable_reason
+from testbed import EmulatedLink, free_port, unavailable_reason
 from testbed.namespace_host import running_host, serve_in
 
 BOARD_CPU, HOST_CPU = 1, 0
@@ -284,12 +283,6 @@ def step_test(rates: tuple[float, float], bundle: Bundle, args: argparse.Namespa
 
         board_side(runs, bundle)
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ The pieces, standard library only:
 * :class:`RateSchedule` — "1:10,50:10,5:10": rates and durations, driven onto either of them;
   :func:`trace_steps` writes each rate it applies into the trace of the run beside it.
 * :func:`serve_in` — ``split-host`` started inside a link's namespace, behind the shaped veth.
+* :func:`free_port` — a port for a server that must be told its port before it starts.
 * :mod:`testbed.board_box` — the board in a box: an arm64 Debian Bookworm root file system
   (64-bit Raspberry Pi OS's base) under qemu-user-static, where the board's wheel installs from
   real aarch64 wheels (``python -m testbed.board_box``; imported from its module, so that running
@@ -30,6 +31,7 @@ from testbed.kernel_link import (
     unavailable_reason,
 )
 from testbed.namespace_host import serve_in
+from testbed.ports import free_port
 from testbed.relay import DelayRelay
 from testbed.schedule import RateSchedule, RateStep, trace_steps
 
@@ -40,6 +42,7 @@ __all__ = [
     "LinkEmulationUnavailable",
     "RateSchedule",
     "RateStep",
+    "free_port",
     "remove_stale_links",
     "serve_in",
     "tbf_parameters",

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from device_runtime import HEAD, Bundle, make_artifact, write_manifest
+from testbed.ports import free_port
 
 __all__ = ["BOARD_PYTHON", "SSHD", "SshBoard", "SshBoards", "install_board_venv", "one_head_changed",
            "unavailable_reason"]
@@ -52,12 +53,6 @@ def _run(argv: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)}: exit {done.returncode}: {done.stderr.strip()[-2000:]}")
     return done
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def install_board_venv(wheel: Path, venv: Path) -> Path:
@@ -176,7 +171,7 @@ class SshBoards:
     def _sshd(self, name: str, user: str) -> tuple[int, subprocess.Popen]:
         host_key = self.base / f"host_key_{name}"
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key)])
-        port = _free_port()
+        port = free_port()
         config = self.base / f"sshd_config_{name}"
         config.write_text(
             f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\nPidFile {self.base}/sshd_{name}.pid\n"

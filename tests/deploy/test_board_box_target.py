@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from testbed import free_port
 from testbed.board_box import VENV, BoardBox
 from tests.deploy.conftest import split_export
 from tests.deploy.test_card import BOX, needs_box, pi_uid, slice_id
@@ -32,12 +33,6 @@ ANSWER = re.compile(r"^#\d+\s+(\S+)\s+(.+?)\s+(\d\.\d{3})\s+split=(\S+)", re.M)
 class BoxTarget:
     root: Path
     ssh_config: Path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -64,7 +59,7 @@ def box_target(tmp_path: Path, photos_dir: Path) -> Iterator[BoxTarget]:
         uid = pi_uid(root)
         for path in [home, *home.rglob("*")]:
             os.chown(path, uid, uid, follow_symlinks=False)
-        port = _free_port()
+        port = free_port()
         (root / "etc/ssh/sshd_config.d/splitedge-test.conf").write_text(
             f"Port {port}\nListenAddress 127.0.0.1\nUsePAM no\nPasswordAuthentication no\nAllowUsers pi\n")
         (root / "run/sshd").mkdir(parents=True, exist_ok=True)
