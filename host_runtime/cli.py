@@ -430,13 +430,16 @@ async def serve_procs(args: argparse.Namespace, caught: list[signal.Signals]) ->
         print(_stopped(caught), flush=True)
 
 
+_LIVE_ONE_PROCESS = "--live shows one process's connections and queue: use it with --procs 1"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
-    if args.live is not None and args.procs != 1:
-        parser.error("--live shows one process's connections and queue: use it with --procs 1")
+    if args.live is not None and args.procs not in (1, AUTO):
+        parser.error(_LIVE_ONE_PROCESS)
     if args.max_partial_mb is not None and args.max_partial_mb < args.max_frame_mb:
         parser.error(f"--max-partial-mb {args.max_partial_mb:g} cannot hold one frame of --max-frame-mb {args.max_frame_mb:g}")
     try:
@@ -454,6 +457,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cuda = on_cuda(args.device)
         args.procs, why = auto_procs(usable_cores(), cuda, args.workers or (CUDA_WORKERS if cuda else 1))
         print(f"--procs auto: {args.procs} process{'es' if args.procs > 1 else ''} ({why})", flush=True)
+        if args.live is not None and args.procs != 1:
+            parser.error(f"{_LIVE_ONE_PROCESS} (--procs auto chose {args.procs} here)")
     caught: list[signal.Signals] = []
     status = run_command("split-host", serve(args, None, caught) if args.procs == 1 else serve_procs(args, caught), runner)
     if status == 0 and caught:

@@ -24,6 +24,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from host_runtime.metrics import HostStats
+from host_runtime import cli as host_cli
 from host_runtime.cli import build_parser
 from host_runtime.procs import AUTO, auto_procs, sum_scrapes
 from tests.conftest import TEST_SPLITS
@@ -215,3 +216,15 @@ def test_procs_auto_says_what_it_chose_and_why(mobilenet_bundle, tmp_path) -> No
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(30)
+
+
+@pytest.mark.parametrize("procs, said", [("2", ""), ("auto", " (--procs auto chose 4 here)")])
+def test_live_takes_one_process_and_says_what_auto_chose(procs, said, monkeypatch, capsys) -> None:
+    """--live shows one process's queue: refused with more, and with auto only once auto has
+    chosen more (here, told of 64 cores on the CPU: 4), saying so; not before it has chosen."""
+    monkeypatch.setattr(host_cli, "usable_cores", lambda: 64)
+    with pytest.raises(SystemExit) as exit:
+        host_cli.main(["serve", "b/", "--device", "cpu", "--procs", procs, "--live", "0", "--no-zeroconf"])
+    assert exit.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == f"split-host: error: --live shows one process's connections and queue: use it with --procs 1{said}"
