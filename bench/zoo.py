@@ -109,7 +109,8 @@ def one_model(name: str, tflite: bool, timeout: float, cage: MemoryCage) -> dict
     artifacts = [*manifest["full"], *(a for s in manifest["splits"] for a in s["artifacts"])]
     measured = [a for a in artifacts if a.get("max_abs_error") is not None]
     row["splits"] = len(manifest["splits"])
-    row["max_abs_error"] = max(a["max_abs_error"] for a in measured)
+    # None: the bundle records no figures (an exporter before issue 30's, when the zoo measures it for comparison).
+    row["max_abs_error"] = max((a["max_abs_error"] for a in measured), default=None)
     relative = [a["max_rel_error"] for a in measured if a.get("max_rel_error") is not None]
     row["max_rel_error"] = max(relative) if relative else None  # None: torch's outputs never vary (zero head)
     row["constant_outputs"] = len(relative) < len(measured)
@@ -118,6 +119,12 @@ def one_model(name: str, tflite: bool, timeout: float, cage: MemoryCage) -> dict
         row["tflite_left_out"] = sum(1 for s in manifest["splits"] if not any(
             a["format"] == "tflite" for a in s["artifacts"])) + (not any(a["format"] == "tflite" for a in manifest["full"]))
     return row
+
+
+def _absolute(row: dict) -> str:
+    if "splits" not in row:
+        return ""
+    return "not recorded" if row["max_abs_error"] is None else f"{row['max_abs_error']:.1e}"
 
 
 def _relative(row: dict) -> str:
@@ -148,7 +155,7 @@ def markdown(rows: list[dict], tflite: bool, command: str, total: int) -> str:
         builds = "yes" if "splits" in r else f"no: {why.replace('|', '/')}"
         seconds = r.get("points_s", 0) + r.get("build_s", 0)
         cells = [r["model"], str(r.get("cut_points", "")), str(r.get("compressive", "")), builds,
-                 str(r.get("splits", "")), f"{r['max_abs_error']:.1e}" if "splits" in r else "",
+                 str(r.get("splits", "")), _absolute(r),
                  _relative(r), f"{seconds:.0f}"]
         if tflite:
             cells.append("" if "splits" not in r else
