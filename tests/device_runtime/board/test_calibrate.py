@@ -88,6 +88,73 @@ def test_a_host_busy_for_too_long_is_an_error() -> None:
         asyncio.run(profile_host(BusyHost(100), "b", (1,), 5, lambda line: None, busy_wait_s=20, sleep=sleep))
 
 
+class SlowPerSample:
+    """A real tail that also burns ``cpu_s`` of its thread's CPU per sample: a tail that costs a host
+    this much whatever else the machine runs (a host budgets profiles in its process's CPU time)."""
+
+    def __init__(self, tail, cpu_s: float) -> None:
+        self.tail, self.cpu_s = tail, cpu_s
+
+    def run(self, x):
+        end = time.thread_time() + self.cpu_s * len(x)
+        while time.thread_time() < end:
+            pass
+        return self.tail.run(x)
+
+    def __getattr__(self, name: str):
+        return getattr(self.tail, name)
+
+
+def test_a_tail_over_the_hosts_budget_at_all_its_batch_sizes_is_timed_one_size_at_a_time(mobilenet_bundle: Path) -> None:
+    """At 20 ms a sample, batches 1, 2 and 4 together (140 ms) are more than one profile request may
+    cost the host (100 ms: it answers bad_request); each alone fits, so the board asks for them one
+    by one and gets every batch size, the slow tail's included."""
+    from device_runtime.wire.client import HostClient
+    from tests.conftest import start_host
+
+    bundle_id = Bundle.load(mobilenet_bundle, roles=()).id
+    slow = TEST_SPLITS[1]
+    lines: list[str] = []
+    for host in start_host([mobilenet_bundle], profile_budget_s=0.1, profile_rate=10.0):
+        key = (bundle_id, slow)
+        host.server.registry.tails[key] = SlowPerSample(host.server.registry.tails[key], 0.02)
+
+        async def profile() -> dict[str, dict[int, float]]:
+            client = await HostClient.connect(host.host, host.port)
+            try:
+                return await profile_host(client, bundle_id, (1, 2, 4), 3, lines.append, busy_wait_s=0)
+            finally:
+                await client.close()
+
+        tails = asyncio.run(profile())
+    assert set(tails) == {*TEST_SPLITS, TEST_CHAIN + "#1", TEST_CHAIN + "#2", OFFLOAD}
+    assert all(set(by_batch) == {1, 2, 4} for by_batch in tails.values()), tails
+    assert tails[slow][4] >= 4 * 20  # the slow tail's own times, each batch size measured
+    assert f"host   {slow}: over its budget for one request at B=1,2,4; one batch size at a time" in lines
+
+
+def test_a_batch_size_alone_over_the_hosts_budget_is_the_hosts_error(mobilenet_bundle: Path) -> None:
+    """One batch size that does not fit even alone: the host's own refusal, which names its budget."""
+    from device_runtime.wire.client import HostClient
+    from tests.conftest import start_host
+
+    bundle_id = Bundle.load(mobilenet_bundle, roles=()).id
+    for host in start_host([mobilenet_bundle], profile_budget_s=0.1, profile_rate=10.0):
+        key = (bundle_id, TEST_SPLITS[1])
+        host.server.registry.tails[key] = SlowPerSample(host.server.registry.tails[key], 0.02)
+
+        async def profile() -> None:
+            client = await HostClient.connect(host.host, host.port)
+            try:
+                await profile_host(client, bundle_id, (1, 8), 3, lambda line: None, busy_wait_s=0,
+                                   splits=[TEST_SPLITS[1]])
+            finally:
+                await client.close()
+
+        with pytest.raises(RemoteError, match=r"over its budget of 100 ms a request \(--profile-budget-ms\)"):
+            asyncio.run(profile())
+
+
 def test_calibration_has_every_option_at_every_batch(calibrated: Path, capsys) -> None:
     bundle = Bundle.load(calibrated, roles=())
     calibration = calibration_for(bundle)
