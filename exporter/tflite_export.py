@@ -29,6 +29,7 @@ board feeds it the same preprocessed frame as the float model.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
@@ -97,10 +98,7 @@ def tflite_bytes(
     if precision not in PRECISIONS:
         raise ExportError(f"unknown TFLite precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
     samples = _check_calibration(calibration, example, precision, role)
-    try:
-        import litert_torch
-    except ImportError as exc:
-        raise ExportError("litert-torch is not installed: pip install 'splitedge[export]'") from exc
+    litert_torch = _import_litert_torch()
 
     input_name, output_name = IO_NAMES[role]
     # torch.export specializes a dimension seen as 1, and the converted ops are told from their batch
@@ -253,6 +251,27 @@ def _check_calibration(calibration: np.ndarray | None, example: torch.Tensor, pr
     if len(samples) < MIN_CALIBRATION_SAMPLES:
         raise ExportError(f"int8 {role}: {len(samples)} calibration samples, at least {MIN_CALIBRATION_SAMPLES} needed")
     return samples
+
+
+def _import_litert_torch() -> Any:
+    """litert-torch, loaded so that its libraries print nothing a user did not ask for: TensorFlow's
+    note that oneDNN is on (logged through absl before any log set-up, which TF_CPP_MIN_LOG_LEVEL
+    does not reach; oneDNN speeds TensorFlow's own kernels, which a conversion does not run, so it
+    is off unless the user set it), the converter's informational lines ("Estimated count of
+    arithmetic ops", each file; its warnings and errors still show) and torch's deprecation of an
+    enum torchao registers. Both variables are read once, as TensorFlow loads."""
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    pytree = logging.getLogger("torch.utils._pytree")
+    level = pytree.level
+    pytree.setLevel(logging.ERROR)
+    try:
+        import litert_torch
+    except ImportError as exc:
+        raise ExportError("litert-torch is not installed: pip install 'splitedge[export]'") from exc
+    finally:
+        pytree.setLevel(level)
+    return litert_torch
 
 
 @contextlib.contextmanager

@@ -12,6 +12,9 @@ folded in); the early cut, ResNet-18 and the small networks are converted here.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -195,3 +198,17 @@ def test_int8_needs_enough_calibration_samples() -> None:
         export_tflite(module, "head", torch.zeros(1, 3, 8, 8), Path("unused.tflite"), precision="int8", calibration=np.zeros((4, 3, 8, 8), np.float32))
     with pytest.raises(ExportError, match="unknown TFLite precision 'fp16'"):
         export_tflite(module, "head", torch.zeros(1, 3, 8, 8), Path("unused.tflite"), precision="fp16")
+
+
+def test_a_conversion_prints_nothing_of_its_libraries() -> None:
+    """A user converting a model sees splitedge's lines only: TensorFlow's oneDNN note, absl's
+    warning about its own set-up, the converter's operation counts and torch's pytree deprecation
+    came with every TFLite build. In a process of its own: they print as the libraries first load."""
+    code = ("import torch\nfrom exporter.tflite_export import tflite_bytes\n"
+            "print(len(tflite_bytes(torch.nn.Conv2d(3, 4, 3), 'head', torch.zeros(1, 3, 8, 8))) > 0)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}  # as a user's shell has them
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "True\n"
+    assert done.stderr == ""
