@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import math
 import os
 import shutil
@@ -74,9 +75,11 @@ from exporter.semantic import (
 from exporter.tflite_export import export_tflite
 from exporter.train import accuracy
 from exporter.validate import RTOL, Agreement, Case, Chain, OnnxRunner, Runner, TfliteRunner, torch_cases, validate
-from splitedge import BoardFitError, CutPointError, ExportError, ModelSpecError, ValidationError, signals_held
+from splitedge import BackendError, BoardFitError, CutPointError, ExportError, ModelSpecError, ValidationError, signals_held
 
 __all__ = ["VALIDATION_BATCHES", "BuildSpec", "build_bundle", "check_board", "select_splits", "staged"]
+
+log = logging.getLogger("splitedge.export")
 
 VALIDATION_BATCHES = (1, 3)
 FULL_PATH = "full/model.onnx"
@@ -467,9 +470,10 @@ def _optional_tflite(root: Path, relpath: str, make: Callable[[], Artifact]) -> 
     written without it; the board runs the ONNX artifact of the same part."""
     try:
         return (make(),)
-    except (ExportError, ValidationError) as exc:
+    except (ExportError, ValidationError, BackendError) as exc:  # BackendError: the interpreter cannot load it
         (root / relpath).unlink(missing_ok=True)
         reason = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        log.debug("%s left out: the whole error", relpath, exc_info=exc)  # what --debug shows
         print(f"note: {relpath} left out of the bundle: {reason}", file=sys.stderr, flush=True)
         return ()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import sys
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Sequence
@@ -68,7 +69,11 @@ run side by side on hosts (SplitPlace's semantic split).
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    return exit_on_signals(PROG, lambda: int(args.run(args)), debug=getattr(args, "debug", False))
+    debug = getattr(args, "debug", False)
+    if debug:  # a part left out of the bundle is logged whole (its note gives the first line)
+        logging.basicConfig(format="%(name)s: %(message)s")  # the root stays at WARNING: other libraries quiet
+        logging.getLogger("splitedge").setLevel(logging.DEBUG)
+    return exit_on_signals(PROG, lambda: int(args.run(args)), debug=debug)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -189,8 +194,8 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
         "--input-shape", type=_shape, metavar="C,H,W", help="per-sample input shape (default: the model's own)"
     )
     parser.add_argument("--debug", action="store_true",
-                        help="on an error, print what the libraries raised under it (torch.onnx's graph, "
-                             "LiteRT's trace), not only its line")
+                        help="on an error, and for a TFLite file left out of the bundle, print what the libraries "
+                             "raised under it (torch.onnx's graph, LiteRT's trace), not only its line")
     parser.add_argument("--output", metavar="INDEX|KEY", default=None,
                         help="a model returning several tensors (tuple, list or dict): the one the board answers "
                              "with (default: the first; points lists them)")

@@ -45,6 +45,16 @@ class Folded(torch.nn.Module):
         return self.module(torch.nn.functional.conv2d(x, self.weight, self.bias, groups=self.weight.shape[0]))
 
 
+def described(role: str, module: torch.nn.Module) -> str:
+    """``the head``, ``the full ResNet``: a part named by its role and the user's class under the
+    exporter's wrappers (a folded normalisation); a piece of graph the exporter cut (an fx
+    ``GraphModule``) by its role alone, as the file's name tells which."""
+    while isinstance(module, Folded):
+        module = module.module
+    name = type(module).__name__
+    return f"the {role}" if name == "GraphModule" else f"the {role} {name}"
+
+
 def normalise(x: np.ndarray, spec: Preprocess) -> np.ndarray:
     """Pixels (N, C, H, W) as torch's module takes them: the normalisation, applied outside it."""
     scale, shift = _scale_shift(spec)

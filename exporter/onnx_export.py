@@ -19,6 +19,7 @@ from typing import BinaryIO, Iterator
 import torch
 
 from device_runtime import IO_NAMES
+from exporter.fold import described
 from splitedge import ExportError, brief
 
 __all__ = ["OPSET", "export_onnx", "onnx_bytes"]
@@ -62,7 +63,7 @@ def export_onnx(
     except OSError as exc:
         raise ExportError(f"cannot write the {role} ONNX file {target}: {exc}") from exc
     except Exception as exc:  # torch.onnx raises many unrelated types for unsupported operators
-        raise ExportError(f"cannot export the {role} {type(module).__name__} to ONNX: {brief(exc)}") from exc
+        raise ExportError(f"cannot export {described(role, module)} to ONNX: {brief(exc)}") from exc
 
 
 @contextlib.contextmanager

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
@@ -38,6 +39,7 @@ import numpy as np
 import torch
 
 from device_runtime import FLOAT32, IO_NAMES, PRECISIONS
+from exporter.fold import described
 from splitedge import ExportError, brief
 
 __all__ = ["MIN_CALIBRATION_SAMPLES", "MAX_BATCH", "export_tflite", "tflite_bytes"]
@@ -105,7 +107,7 @@ def tflite_bytes(
     # by its value (_free_batch): traced at a batch no layer's size is likely to equal.
     example = example.detach().float()[:1].repeat(TRACE_BATCH, *(1,) * (example.dim() - 1))
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
-    what = f"the {role} {type(module).__name__}"
+    what = described(role, module)
     try:
         with torch.no_grad(), _quiet():
             program = torch.export.export(
@@ -131,7 +133,42 @@ def tflite_bytes(
     except ExportError:
         raise
     except Exception as exc:  # torch.export, torchao and litert-torch raise many unrelated types
-        raise ExportError(f"cannot convert {what} to TFLite ({precision}): {brief(exc)}") from exc
+        site = _lowering_site(exc)
+        raise ExportError(f"cannot convert {what} to TFLite ({precision})"
+                          + ("" if site is None else f": LiteRT cannot lower {site}") + f": {brief(exc)}") from exc
+
+
+def _lowering_site(exc: BaseException) -> str | None:
+    """The op litert-torch failed to lower and the model's line that called it, read from the
+    error it raised (torch.fx's "While executing ... target=torch.ops.aten.view.default" and
+    the original traceback under it): what a user can change, where a JAX trace says nothing of it."""
+    text = "\n".join(str(e) for e in _chain(exc))
+    op = re.search(r"target=torch\.ops\.(aten\.\w+)", text)
+    if op is None:
+        return None
+    frames = re.findall(r'File "([^"]+)", line (\d+), in \w+\n\s*(.+)', text)
+    # The model's own line: the innermost frame outside torch and this exporter (torch's are its modules').
+    model = [f for f in frames if not f[0].startswith(_NOT_THE_MODELS)]
+    if not model:
+        return op.group(1)
+    path, line, code = model[-1]
+    inner = f" from `{frames[-1][2].strip()}`" if frames[-1] != model[-1] else ""
+    if path.startswith("<eval_with_key>"):  # torch.fx's code for the traced graph: its line names the layer
+        return f"{op.group(1)}{inner}, in `{code.strip()}` of the traced graph"
+    return f"{op.group(1)}{inner}, called at {Path(path).name}:{line} (`{code.strip()}`)"
+
+
+#: Where frames are torch's or this exporter's, not the model's.
+_NOT_THE_MODELS = (str(Path(torch.__file__).parent) + os.sep, str(Path(__file__).parent) + os.sep)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
 
 
 class _Named(torch.nn.Module):

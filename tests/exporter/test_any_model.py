@@ -5,6 +5,7 @@ they stand, through ``split-export`` itself; the bundles are checked in onnxrunt
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -100,6 +101,25 @@ def zero_head():
     nn.init.zeros_(model.fc.weight)
     nn.init.zeros_(model.fc.bias)
     return model
+
+
+class ChannelsLast(nn.Module):
+    """ConvNeXt's way: a linear layer over the channels of an (N, H, W, C) tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, stride=2)
+        self.mix = nn.Linear(8, 8)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.a(x))
+        x = self.mix(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.fc(x.mean((2, 3)))
+
+
+def channels_last():
+    return ChannelsLast()
 '''
 
 
@@ -268,3 +288,49 @@ def test_outputs_that_never_vary_are_said_not_validated(user_dir: Path, capsys) 
     head = next(a for a in split.artifacts if a.role == "head" and a.format == "onnx")
     assert tail.max_abs_error == 0 and tail.max_rel_error is None and manifest.full[0].max_rel_error is None
     assert head.max_rel_error is not None  # the cut tensor varies: the head is validated
+
+
+# -- TFLite where LiteRT cannot -------------------------------------------------------------------------
+
+
+def test_a_part_litert_cannot_convert_is_left_out_naming_the_op_and_the_rest_is_written(user_dir: Path, capsys) -> None:
+    """ConvNeXt's channels-last linear layers: LiteRT cannot lower them for a free batch. The full
+    model's and that split's TFLite are left out, one line each naming the op and the layer; the
+    other split's TFLite head and every ONNX file are written, and the manifest says which is which."""
+    pytest.importorskip("litert_torch")
+    out = user_dir / "channels-last-bundle"
+    assert main(["build", "usernets:channels_last", "--input-shape", "3,16,16", "--splits", "relu,permute_1",
+                 "--formats", "onnx,tflite", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    notes = sorted(re.findall(r"note: [^\r\n]*", captured.err))
+    assert [note.split(":")[1].split()[0] for note in notes] == ["full/model.tflite", "head/permute_1.tflite"]
+    for note in notes:
+        assert ("LiteRT cannot lower aten.view from `return F.linear(input, self.weight, self.bias)`, in "
+                "`mix = self.mix(permute);  permute = None` of the traced graph: TypeError: ") in note
+    assert "relu's head in onnx float32, tflite float32" in captured.out
+    assert "permute_1's head in onnx float32\n" in captured.out
+    bundle = Bundle.load(out)
+    assert bundle.has("relu", "head", fmt="tflite") and not bundle.has("permute_1", "head", fmt="tflite")
+    assert not bundle.has("local", FULL, fmt="tflite") and not (out / "full" / "model.tflite").exists()
+    _heads_and_tails_are_the_full_model(out)
+
+
+def test_a_tflite_file_the_interpreter_cannot_load_is_left_out_and_logged_whole(tmp_path: Path, capsys, caplog) -> None:
+    """What the interpreter refuses (XNNPack failing to prepare a converted file) is left out as a
+    conversion that failed is, its whole error logged for --debug, not the end of the build."""
+    from exporter.build import _optional_tflite
+    from splitedge import BackendError
+
+    (tmp_path / "head").mkdir()
+    (tmp_path / "head" / "x.tflite").write_bytes(b"converted")
+
+    def load() -> None:
+        raise BackendError("head/x.tflite: the TFLite interpreter cannot load it: XNNPack failed to prepare")
+
+    with caplog.at_level("DEBUG", logger="splitedge.export"):
+        assert _optional_tflite(tmp_path, "head/x.tflite", load) == ()
+    assert not (tmp_path / "head" / "x.tflite").exists()
+    assert capsys.readouterr().err == ("note: head/x.tflite left out of the bundle: head/x.tflite: the TFLite "
+                                       "interpreter cannot load it: XNNPack failed to prepare\n")
+    (record,) = caplog.records
+    assert record.exc_info is not None and "XNNPack failed to prepare" in str(record.exc_info[1])

@@ -212,3 +212,25 @@ def test_a_conversion_prints_nothing_of_its_libraries() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout == "True\n"
     assert done.stderr == ""
+
+
+class _ChannelsLastLinear(torch.nn.Module):
+    """ConvNeXt's block in miniature: a linear layer over the channels of a (N, H, W, C) tensor,
+    which litert-torch decomposes into views to N * H * W rows it cannot lower for a free batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.permute(0, 2, 3, 1))  # the line a refusal must name
+
+
+def test_a_conversion_litert_cannot_lower_names_the_op_and_the_models_line(tmp_path: Path) -> None:
+    with pytest.raises(ExportError) as refused:
+        export_tflite(_ChannelsLastLinear(), HEAD, torch.zeros(1, 4, 5, 5), tmp_path / "head.tflite")
+    (line,) = str(refused.value).splitlines()
+    assert line.startswith("cannot convert the head _ChannelsLastLinear to TFLite (float32): LiteRT cannot lower "
+                           "aten.view from `return F.linear(input, self.weight, self.bias)`, called at test_tflite.py:")
+    assert "(`return self.fc(x.permute(0, 2, 3, 1))  # the line a refusal must name`)" in line
+    assert not (tmp_path / "head.tflite").exists()
