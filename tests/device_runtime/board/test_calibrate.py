@@ -88,71 +88,48 @@ def test_a_host_busy_for_too_long_is_an_error() -> None:
         asyncio.run(profile_host(BusyHost(100), "b", (1,), 5, lambda line: None, busy_wait_s=20, sleep=sleep))
 
 
-class SlowPerSample:
-    """A real tail that also burns ``cpu_s`` of its thread's CPU per sample: a tail that costs a host
-    this much whatever else the machine runs (a host budgets profiles in its process's CPU time)."""
-
-    def __init__(self, tail, cpu_s: float) -> None:
-        self.tail, self.cpu_s = tail, cpu_s
-
-    def run(self, x):
-        end = time.thread_time() + self.cpu_s * len(x)
-        while time.thread_time() < end:
-            pass
-        return self.tail.run(x)
-
-    def __getattr__(self, name: str):
-        return getattr(self.tail, name)
-
-
-def test_a_tail_over_the_hosts_budget_at_all_its_batch_sizes_is_timed_one_size_at_a_time(mobilenet_bundle: Path) -> None:
-    """At 20 ms a sample, batches 1, 2 and 4 together (140 ms) are more than one profile request may
-    cost the host (100 ms: it answers bad_request); each alone fits, so the board asks for them one
-    by one and gets every batch size, the slow tail's included."""
-    from device_runtime.wire.client import HostClient
-    from tests.conftest import start_host
-
-    bundle_id = Bundle.load(mobilenet_bundle, roles=()).id
-    slow = TEST_SPLITS[1]
-    lines: list[str] = []
-    for host in start_host([mobilenet_bundle], profile_budget_s=0.1, profile_rate=10.0):
-        key = (bundle_id, slow)
-        host.server.registry.tails[key] = SlowPerSample(host.server.registry.tails[key], 0.02)
-
-        async def profile() -> dict[str, dict[int, float]]:
-            client = await HostClient.connect(host.host, host.port)
-            try:
-                return await profile_host(client, bundle_id, (1, 2, 4), 3, lines.append, busy_wait_s=0)
-            finally:
-                await client.close()
-
-        tails = asyncio.run(profile())
-    assert set(tails) == {*TEST_SPLITS, TEST_CHAIN + "#1", TEST_CHAIN + "#2", OFFLOAD}
-    assert all(set(by_batch) == {1, 2, 4} for by_batch in tails.values()), tails
-    assert tails[slow][4] >= 4 * 20  # the slow tail's own times, each batch size measured
-    assert f"host   {slow}: over its budget for one request at B=1,2,4; one batch size at a time" in lines
-
-
-def test_a_batch_size_alone_over_the_hosts_budget_is_the_hosts_error(mobilenet_bundle: Path) -> None:
-    """One batch size that does not fit even alone: the host's own refusal, which names its budget."""
+def _profiled(mobilenet_bundle: Path, batches: tuple[int, ...], splits: list[str] | None = None,
+              lines: list[str] | None = None) -> dict[str, dict[int, float]]:
+    """``profile_host`` against a real host whose lightest tail costs 15 ms of CPU a sample more (its
+    profile budget, 100 ms a request, counts the process's CPU, so this is that cost whatever else
+    the machine runs), with no waiting for a busy host."""
     from device_runtime.wire.client import HostClient
     from tests.conftest import start_host
 
     bundle_id = Bundle.load(mobilenet_bundle, roles=()).id
     for host in start_host([mobilenet_bundle], profile_budget_s=0.1, profile_rate=10.0):
         key = (bundle_id, TEST_SPLITS[1])
-        host.server.registry.tails[key] = SlowPerSample(host.server.registry.tails[key], 0.02)
+        host.server.registry.tails[key] = Slow(host.server.registry.tails[key], 0.015, per_sample=True)
 
-        async def profile() -> None:
+        async def profile() -> dict[str, dict[int, float]]:
             client = await HostClient.connect(host.host, host.port)
             try:
-                await profile_host(client, bundle_id, (1, 8), 3, lambda line: None, busy_wait_s=0,
-                                   splits=[TEST_SPLITS[1]])
+                return await profile_host(client, bundle_id, batches, 3, (lines if lines is not None else []).append,
+                                          busy_wait_s=0, splits=splits)
             finally:
                 await client.close()
 
-        with pytest.raises(RemoteError, match=r"over its budget of 100 ms a request \(--profile-budget-ms\)"):
-            asyncio.run(profile())
+        tails = asyncio.run(profile())
+    return tails
+
+
+def test_a_tail_over_the_hosts_budget_at_all_its_batch_sizes_is_timed_one_size_at_a_time(mobilenet_bundle: Path) -> None:
+    """At 15 ms a sample and more, batches 1, 2 and 4 together (over 105 ms) are more than one profile
+    request may cost the host (100 ms: it answers bad_request); each alone fits, so the board asks
+    for them one by one and gets every batch size, the slow tail's included."""
+    lines: list[str] = []
+    tails = _profiled(mobilenet_bundle, (1, 2, 4), lines=lines)
+    assert set(tails) == {*TEST_SPLITS, TEST_CHAIN + "#1", TEST_CHAIN + "#2", OFFLOAD}
+    assert all(set(by_batch) == {1, 2, 4} for by_batch in tails.values()), tails
+    assert tails[TEST_SPLITS[1]][4] >= 4 * 15  # the slow tail's own times, each batch size measured
+    assert f"host   {TEST_SPLITS[1]}: over its budget for one request at B=1,2,4; one batch size at a time" in lines
+
+
+def test_a_batch_size_alone_over_the_hosts_budget_is_the_hosts_error(mobilenet_bundle: Path) -> None:
+    """One batch size that does not fit even alone (8 samples, over 120 ms): the host's own refusal,
+    which names its budget."""
+    with pytest.raises(RemoteError, match=r"over its budget of 100 ms a request \(--profile-budget-ms\)"):
+        _profiled(mobilenet_bundle, (1, 8), splits=[TEST_SPLITS[1]])
 
 
 def test_calibration_has_every_option_at_every_batch(calibrated: Path, capsys) -> None:
@@ -485,16 +462,16 @@ def test_a_chain_on_the_profiled_host_costs_its_stages_and_no_link_between_them(
 
 
 class Slow:
-    """A real tail made slower by ``cpu_s`` of its thread's CPU a run: a host that is slow at one stage,
-    on purpose. CPU, not a sleep: a host profiles its tails in process CPU time (issue 27), which a
-    sleep does not add to (a sleeping stage measured as fast as B's, and the placement was a coin
-    toss between two equal hosts)."""
+    """A real tail made slower by ``cpu_s`` of its thread's CPU a run (a sample, with ``per_sample``):
+    a host that is slow at one stage, on purpose. CPU, not a sleep: a host profiles its tails in
+    process CPU time (issue 27), which a sleep does not add to (a sleeping stage measured as fast as
+    B's, and the placement was a coin toss between two equal hosts)."""
 
-    def __init__(self, tail, cpu_s: float) -> None:
-        self.tail, self.cpu_s = tail, cpu_s
+    def __init__(self, tail, cpu_s: float, per_sample: bool = False) -> None:
+        self.tail, self.cpu_s, self.per_sample = tail, cpu_s, per_sample
 
     def run(self, x):
-        end = time.thread_time() + self.cpu_s
+        end = time.thread_time() + self.cpu_s * (len(x) if self.per_sample else 1)
         while time.thread_time() < end:
             pass
         return self.tail.run(x)
