@@ -17,11 +17,15 @@ have float I/O already; quantized I/O comes from other converters.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import itertools
+import os
+import sys
+import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -71,6 +75,36 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(numbers)
 
 
+#: What LiteRT's C++ writes to stderr as a process's first interpreter starts, whatever the settings.
+_DELEGATE_NOTICE = b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU."
+
+
+@contextlib.contextmanager
+def _without_delegate_notice() -> Iterator[None]:
+    """Hold back LiteRT's ``INFO: Created TensorFlow Lite XNNPACK delegate for CPU.``: written to the
+    process's stderr from C++ (no setting or variable turns it off), it was a line at every start of
+    a board's run, in its journal too. The process's stderr is a file meanwhile; whatever else was
+    written to it is passed on after, in order."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no stderr (a daemon's closed descriptor): nothing to hold back
+        yield
+        return
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = b"".join(line for line in caught.read().splitlines(keepends=True)
+                            if not line.startswith(_DELEGATE_NOTICE))
+            if kept:
+                os.write(2, kept)
+
+
 class LiteRTBackend:
     """One TFLite interpreter for one artifact with a single input and a single output.
 
@@ -82,8 +116,9 @@ class LiteRTBackend:
         self.name = Path(path).name
         interpreter_class = load_interpreter_class()
         try:
-            self._interpreter = interpreter_class(model_path=str(path), num_threads=threads or None)
-            self._interpreter.allocate_tensors()
+            with _without_delegate_notice():
+                self._interpreter = interpreter_class(model_path=str(path), num_threads=threads or None)
+                self._interpreter.allocate_tensors()
         except Exception as exc:  # the interpreter raises ValueError/RuntimeError for missing and corrupt files
             raise BackendError(f"{path}: the TFLite interpreter cannot load it: {exc}") from exc
         inputs, outputs = self._interpreter.get_input_details(), self._interpreter.get_output_details()

@@ -7,6 +7,9 @@ pure numpy and always run where the interpreter is installed.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -96,3 +99,27 @@ def test_quantized_io_round_trips_within_half_a_step(dtype: type) -> None:
     assert back.dtype == np.float32
     inside = np.abs(x) <= 127 * scale - 1e-6  # outside the representable range values saturate
     assert np.abs(back - x)[inside].max() <= scale / 2 + 1e-6
+
+
+def test_a_board_starting_its_interpreter_prints_nothing_of_litert(head_tflite: Path) -> None:
+    """LiteRT's C++ writes 'INFO: Created TensorFlow Lite XNNPACK delegate for CPU.' to stderr as a
+    process's first interpreter starts: a line at every start of a board's run, and in its journal.
+    In a process of its own, as a board's run is."""
+    code = ("import sys, numpy as np\nfrom device_runtime.engine.litert_backend import LiteRTBackend\n"
+            "print('before', file=sys.stderr, flush=True)\n"
+            f"backend = LiteRTBackend({str(head_tflite)!r}, threads=1)\n"
+            "print(backend.run(np.zeros((1, 3, 224, 224), np.float32)).shape)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[3])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "(1, 32, 28, 28)\n"
+    assert done.stderr == "before\n"
+
+
+def test_what_else_reaches_stderr_meanwhile_is_passed_on_in_order(capfd: pytest.CaptureFixture[str]) -> None:
+    from device_runtime.engine.litert_backend import _without_delegate_notice
+
+    with _without_delegate_notice():
+        os.write(2, b"ERROR: one\nINFO: Created TensorFlow Lite XNNPACK delegate for CPU.\nERROR: two\n")
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "ERROR: one\nERROR: two\nafter\n"
