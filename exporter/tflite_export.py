@@ -153,8 +153,9 @@ def _lowering_site(exc: BaseException) -> str | None:
         return op.group(1)
     path, line, code = model[-1]
     inner = f" from `{frames[-1][2].strip()}`" if frames[-1] != model[-1] else ""
-    if path.startswith("<eval_with_key>"):  # torch.fx's code for the traced graph: its line names the layer
-        return f"{op.group(1)}{inner}, in `{code.strip()}` of the traced graph"
+    if path.startswith("<eval_with_key>"):  # torch.fx's code for the traced graph: `layer = ...(input)`
+        layer = re.match(r"(\w+) = ", code.strip())
+        return f"{op.group(1)}{inner}, in " + (f"layer {layer.group(1)}" if layer else f"`{code.strip()}`")
     return f"{op.group(1)}{inner}, called at {Path(path).name}:{line} (`{code.strip()}`)"
 
 
