@@ -80,19 +80,22 @@ def test_a_busy_host_is_asked_again_tail_by_tail(busy: int, waits: int) -> None:
     assert client.asked == [["s1"]] * (busy + 1) + [["s2"]] and len(slept) == waits
 
 
-def test_a_host_busy_for_too_long_is_an_error() -> None:
-    async def sleep(seconds: float) -> None:
-        pass
+async def _no_wait(seconds: float) -> None:
+    pass
 
+
+def test_a_host_busy_for_too_long_is_an_error() -> None:
     with pytest.raises(RemoteError, match="overloaded"):
-        asyncio.run(profile_host(BusyHost(100), "b", (1,), 5, lambda line: None, busy_wait_s=20, sleep=sleep))
+        asyncio.run(profile_host(BusyHost(100), "b", (1,), 5, lambda line: None, busy_wait_s=20, sleep=_no_wait))
 
 
 def _profiled(mobilenet_bundle: Path, batches: tuple[int, ...], splits: list[str] | None = None,
               lines: list[str] | None = None) -> dict[str, dict[int, float]]:
     """``profile_host`` against a real host whose lightest tail costs 15 ms of CPU a sample more (its
     profile budget, 100 ms a request, counts the process's CPU, so this is that cost whatever else
-    the machine runs), with no waiting for a busy host."""
+    the machine runs). The host runs in this process, whose other threads' CPU it counts too: a
+    request they push past the budget is ``overloaded`` (this host is slower now) and asked again,
+    as a board asks a busy host, without the board's 5 s wait."""
     from device_runtime.wire.client import HostClient
     from tests.conftest import start_host
 
@@ -105,7 +108,7 @@ def _profiled(mobilenet_bundle: Path, batches: tuple[int, ...], splits: list[str
             client = await HostClient.connect(host.host, host.port)
             try:
                 return await profile_host(client, bundle_id, batches, 3, (lines if lines is not None else []).append,
-                                          busy_wait_s=0, splits=splits)
+                                          busy_wait_s=60, sleep=_no_wait, splits=splits)
             finally:
                 await client.close()
 
@@ -118,9 +121,9 @@ def test_a_tail_over_the_hosts_budget_at_all_its_batch_sizes_is_timed_one_size_a
     request may cost the host (100 ms: it answers bad_request); each alone fits, so the board asks
     for them one by one and gets every batch size, the slow tail's included."""
     lines: list[str] = []
-    tails = _profiled(mobilenet_bundle, (1, 2, 4), lines=lines)
-    assert set(tails) == {*TEST_SPLITS, TEST_CHAIN + "#1", TEST_CHAIN + "#2", OFFLOAD}
-    assert all(set(by_batch) == {1, 2, 4} for by_batch in tails.values()), tails
+    # That tail alone: the full model at batch 4 is over 100 ms of a loaded 2-core host by itself.
+    tails = _profiled(mobilenet_bundle, (1, 2, 4), splits=[TEST_SPLITS[1]], lines=lines)
+    assert set(tails) == {TEST_SPLITS[1]} and set(tails[TEST_SPLITS[1]]) == {1, 2, 4}, tails
     assert tails[TEST_SPLITS[1]][4] >= 4 * 15  # the slow tail's own times, each batch size measured
     assert f"host   {TEST_SPLITS[1]}: over its budget for one request at B=1,2,4; one batch size at a time" in lines
 
