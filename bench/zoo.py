@@ -18,6 +18,7 @@ of models that build, against the same run's count of models that trace.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import platform
@@ -61,8 +62,19 @@ class MemoryCage:
             (self.path / "cgroup.procs").write_text(str(os.getpid()))
 
     def close(self) -> None:
-        if self.path is not None:
-            self.path.rmdir()
+        """Remove the cgroup once the command in it has gone: one stopped with the run (Ctrl-C)
+        takes a moment to exit, and until then the kernel refuses (EBUSY)."""
+        if self.path is None:
+            return
+        for _ in range(100):
+            try:
+                self.path.rmdir()
+                return
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise
+                time.sleep(0.1)
+        print(f"zoo: {self.path} still holds a process; remove it (rmdir) once that has exited", file=sys.stderr)
 
 
 def _limit_file(root: Path) -> str | None:

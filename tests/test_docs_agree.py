@@ -8,8 +8,8 @@ Read from README.md and docs/*.md:
   epilogs are parsed by their command's parser;
 * a flag in a backtick span that names a command (`` `split-host serve --max-frame-mb` ``), or
   in a table row whose first cell does, belongs to that command; any other flag in backticks
-  must belong to one of the three commands (not in docs/benchmarks.md, a log of runs whose
-  ``bench/`` scripts have flags of their own);
+  must belong to one of the three commands (not in docs/benchmarks.md and docs/models.md, logs
+  of runs whose ``bench/`` scripts have flags of their own);
 * "`--flag` (default N)", "(default N, `--flag`)", "`--flag N` (default)" and "(default N)" in
   a flag's own help must equal the parser's default.
 
@@ -33,8 +33,8 @@ from host_runtime import cli as host_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-#: A dated record of benchmark runs: flags of bench/ scripts, defaults of the day.
-LOGS = {ROOT / "docs" / "benchmarks.md"}
+#: Dated records of benchmark runs (docs/models.md: bench/zoo.py's table): flags of bench/ scripts, defaults of the day.
+LOGS = {ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "models.md"}
 HAS_EXPORTER = importlib.util.find_spec("torch") is not None
 
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
