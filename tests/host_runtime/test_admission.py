@@ -119,6 +119,31 @@ def test_deadline_passing_in_the_queue_is_answered_then_without_running(mobilene
         assert stats["errors"]["deadline_exceeded"] == 1
 
 
+def test_each_deadline_in_a_queue_is_kept_whatever_order_they_come_in(mobilenet_bundle, bundle) -> None:
+    """The host keeps one timer per tail, for the soonest deadline queued: a request that comes
+    later with a sooner deadline (80 ms behind one of 5 s) is refused at its own, the next one
+    (160 ms) at its own after that, and the 5 s request, still queued, runs once the worker is free."""
+    for host in start_host([mobilenet_bundle], workers=1):
+        registry = host.server.registry
+        held = registry.tails[bundle.id, LATE] = Held(registry.tails[bundle.id, LATE])
+        with raw_connection(host) as sock:
+            sock.sendall(infer_frame(bundle, 1, LATE, cut(bundle, LATE, 1)))
+            assert held.started.wait(30)  # the only worker is taken until the test lets it go
+            sent = time.perf_counter()
+            for request_id, deadline_ms in ((2, 5000), (3, 80), (4, 160)):
+                sock.sendall(infer_frame(bundle, request_id, EARLY, cut(bundle, EARLY, 1), deadline_ms=deadline_ms))
+            refused = []
+            for _ in range(2):
+                refused.append((read_reply(sock), (time.perf_counter() - sent) * 1000))
+            held.go.set()
+            rest = sorted((read_reply(sock) for _ in range(2)), key=lambda reply: reply["id"])
+        assert [reply["id"] for reply, _ in refused] == [3, 4]
+        assert all(reply["error"]["code"] == "deadline_exceeded" for reply, _ in refused)
+        assert refused[0][1] >= 79 and refused[1][1] >= 159  # each at its own deadline, less a timer's hair
+        assert [reply["id"] for reply in rest] == [1, 2] and all(reply["ok"] for reply in rest)
+        assert host.server.stats.as_dict()["errors"]["deadline_exceeded"] == 2
+
+
 def test_connection_past_max_in_flight_is_not_read(mobilenet_bundle, bundle) -> None:
     """Per-connection backpressure under batching: with 2 requests in flight allowed, six sent
     at once cannot all be read into one batch, however long the batcher waits for company.
