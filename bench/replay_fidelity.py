@@ -25,7 +25,12 @@ least 90 % of frames and its p50 latency within 10 %. On one machine (as root):
 * the **replay**: :func:`testbed.replay.replay` of that trace with the same bundle and policy
   (its own link and host, set up afresh); its board decides with the head times the original
   recorded (``--board-times``, default recorded: the replay's own default for the trial's bundle)
-  or, with ``--board-times measured``, with its own;
+  or, with ``--board-times measured``, with its own; and it runs at the original board's speed
+  (``--board-speed``, default recorded, again the replay's own default: each stage held to its
+  time in the original, frame by frame), which a board can only do where it is at least as fast:
+  the replay's board gets ``--replay-board-cpu`` (default 0.5) of its CPU, so that a machine
+  slower by a few per cent than during the original still leaves it room (the stages it ran
+  slower are counted in its log, ``board.log``);
 * the **figures**: :func:`fieldtrial.compare.agreement` (frames matched by index: the share of
   the original's answered frames the replay answered on the same split, and the ratio of the
   p50 latencies), printed and written to ``--out``; ``--report DIR`` also writes
@@ -58,7 +63,7 @@ from fieldtrial.compare import agreement, write_comparison
 from fieldtrial.trace import load_trace
 from testbed import EmulatedLink, RateSchedule, trace_steps, unavailable_reason
 from testbed.namespace_host import serve_in
-from testbed.replay import MEASURED, RECORDED, TRACE_FILE, replay
+from testbed.replay import BOARD_LOG, MEASURED, OWN, RECORDED, TRACE_FILE, replay
 
 PORT = 7767
 BOARD_CPU, HOST_CPU = 1, 0
@@ -180,6 +185,10 @@ def main() -> None:
     parser.add_argument("--report", type=Path, help="also write split-device report of the two runs here")
     parser.add_argument("--board-times", choices=(RECORDED, MEASURED), default=RECORDED,
                         help="the replay's board decides with the original's head times or its own (default recorded)")
+    parser.add_argument("--board-speed", choices=(RECORDED, OWN), default=RECORDED,
+                        help="the replay's board runs at the original board's speed or its own (default recorded)")
+    parser.add_argument("--replay-board-cpu", type=float, default=0.5,
+                        help="the replay's board's CPU, in cores (default 0.5: room to be held to the original's times)")
     args = parser.parse_args()
     load_at_start = os.getloadavg()  # a busy machine slows the board and the host: the figures say how busy
     work, bundle = fresh_work(args.work, args.bundle)
@@ -187,8 +196,7 @@ def main() -> None:
     if PINNED:
         os.sched_setaffinity(0, {HOST_CPU})  # the hosts (started from here) inherit it
     nice = _prioritized(args.nice)  # the hosts and the board inherit it
-    slowed = slowed_cpu(BOARD_CPU, args.board_cpu) if PINNED and args.board_cpu < 1 else nullcontext(None)
-    with slowed:
+    with _slowed(args.board_cpu):
         # The host's own budget for a profile is too small for a quarter-core board's calibration.
         with EmulatedLink() as link, serve_in(link, [bundle], PORT, ["--profile-budget-ms", "2000"]):
             host = f"{link.namespace_address}:{PORT}"
@@ -200,21 +208,28 @@ def main() -> None:
             print(f"table at batch 1: {[(round(r / 1e6, 2), a, b) for r, a, b in calibration.table.boundaries(1)]}")
             print(f"schedule: {', '.join(f'{s.rate_mbit:g} Mbit/s for {s.duration_s:g} s' for s in schedule.steps)}")
             original_run(bundle, host, link, schedule, video, original)
-        record = replay(original, bundle, work / "replay", policy="auto", launch=device, times=args.board_times)
+    with _slowed(args.replay_board_cpu):
+        record = replay(original, bundle, work / "replay", policy="auto", launch=device, times=args.board_times,
+                        speed=args.board_speed)
+    held = [line.strip() for line in (work / "replay" / BOARD_LOG).read_text().splitlines()
+            if "held to the times of" in line]
     first, again = load_trace(original), load_trace(work / "replay" / TRACE_FILE)
     figures = agreement(first.frames, again.frames)
     met = (figures["split_agreement"] is not None and figures["split_agreement"] >= TARGET_AGREEMENT
            and figures["p50_ratio"] is not None and abs(figures["p50_ratio"] - 1) <= TARGET_P50)
     result = {
         "benchmark": "replay_fidelity", "machine": platform.machine(), "python": platform.python_version(),
-        "board_cpu": args.board_cpu if PINNED else None, "nice": nice, "fps": args.fps,
+        "board_cpu": args.board_cpu if PINNED else None,
+        "replay_board_cpu": args.replay_board_cpu if PINNED else None, "nice": nice, "fps": args.fps,
         "load_average": {"start": load_at_start, "end": os.getloadavg()},
         "schedule": [[s.rate_mbit, s.duration_s] for s in schedule.steps], "replay": record,
         "switches": {"original": _switches(first.frames), "replay": _switches(again.frames)},
         "stages": {"original": _stages(first.frames), "replay": _stages(again.frames)},
-        "agreement": figures, "target_met": met,
+        "agreement": figures, "target_met": met, "held": held[-1] if held else None,
     }
     print(f"the replay's board decided with {record['board_times']} head times: {record['board_times_why']}")
+    print(f"the replay's board ran at {record['board_speed']} speed: {record['board_speed_why']}"
+          + (f"; {held[-1]}" if held else ""))
     print(f"original: {figures['reference_answered']} answered, p50 {figures['reference_p50_ms']:.1f} ms, "
           f"{result['switches']['original']} switches; replay: p50 {figures['p50_ms']:.1f} ms, "
           f"{result['switches']['replay']} switches")
@@ -233,6 +248,11 @@ def main() -> None:
     if args.report:
         write_comparison([original, work / "replay" / TRACE_FILE], args.report, labels=["original", "replay"])
         print(f"wrote {args.report}")
+
+
+def _slowed(share: float):
+    """The board's CPU left at ``share`` of a core while inside (where the bench has two CPUs to pin to)."""
+    return slowed_cpu(BOARD_CPU, share) if PINNED and share < 1 else nullcontext(None)
 
 
 def _prioritized(nice: int) -> int:

@@ -116,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "ones, then each refinement from the frame it made it at) instead of timing this board's: a "
                      "replay of a trial's decisions on another machine or under another load (python -m testbed "
                      "replay does this by default)")
+    run.add_argument("--pace", metavar="TRACE.jsonl",
+                     help="hold each stage the board runs (preprocessing, a head, the full model) to the time it took "
+                     "in that trace's run, frame by frame: a replay at the speed of the trial's board (python -m "
+                     "testbed replay does this by default); where this board is slower it runs at its own speed, "
+                     "and the run's summary says how often")
     run.add_argument("--deadline-ms", type=_checked("deadline_ms"), default=None,
                      metavar="MS",
                      help="each frame's budget at the host, its queue and tail: a host that cannot answer in time "

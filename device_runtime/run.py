@@ -37,7 +37,7 @@ from device_runtime.hosts import HostLink, LinkMeter, connect_host, discover
 from device_runtime.live import LiveBoard, LiveServer
 from device_runtime.stream import (
     AutoPolicy, BanditPolicy, FrameSource, Pipeline, PipelineConfig, PipelineStats, Reason, RunEvents, SplitPolicy,
-    StaticPolicy, TraceWriter, frame_record, open_source, pi_camera_absent, read_head_times,
+    StaticPolicy, TraceWriter, frame_record, open_source, pi_camera_absent, read_head_times, read_pace,
 )
 from device_runtime.wire import Credentials, HostClient, client_context, load_key
 from splitedge import BundleError, CameraError, HostUnavailableError, SplitEdgeError, notify, stop_on_signals
@@ -128,6 +128,7 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
         raise SplitEdgeError(f"--head-times decides with a trace's head times: it needs --split auto, not "
                              f"--split {settings.split}")
     recorded = read_head_times(settings.head_times) if settings.head_times is not None else None
+    pace = read_pace(settings.pace) if settings.pace is not None else None
     first = default_split(bundle) if settings.auto else settings.split
     start_split = LOCAL if first == OFFLOAD else first
     tables = _tables(bundle, out) if settings.auto else None
@@ -161,7 +162,11 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
     if hosts is not None and connection.host == AUTO:
         placements["fragments"] = {**placements["fragments"], **await _spread_fragments(bundle, connection, out)}
     config = PipelineConfig(batch=settings.batch, queue=settings.queue, drop=settings.drop,
-                            request_timeout_s=connection.timeout, deadline_ms=settings.deadline_ms, **placements)
+                            request_timeout_s=connection.timeout, deadline_ms=settings.deadline_ms, pace=pace,
+                            **placements)
+    if pace is not None:
+        out.progress(f"running at the pace of the board that recorded {settings.pace}: each stage held to its time "
+                     "there, frame by frame")
     meter = LinkMeter()
     if calibration is not None and calibration.link is not None:
         meter.estimator.observe_rtt(calibration.link["rtt_ms"] / 1000.0)
@@ -216,7 +221,11 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
     final = events.final()
     if isinstance(policy, AutoPolicy):
         final["policy_switches"] = policy.switches
+    if pace is not None:
+        final["paced"] = {"trace": settings.pace, "held": pace.held, "slower": pace.slower}
     out.event(final, _event_line(final))
+    if pace is not None:
+        out.progress(pace.summary())
     return pipeline.stats
 
 
@@ -477,7 +486,7 @@ def _run_record(
         "calibration_key": list(calibration.key) if calibration is not None else None,
         "backend": runner.backend, "precision": precision_of(runner), "threads": runner.threads,
         "transmit": settings.transmit, "host": settings.connection.host, "queue": settings.queue, "drop": settings.drop,
-        "realtime": settings.realtime, "head_times": settings.head_times,
+        "realtime": settings.realtime, "head_times": settings.head_times, "pace": settings.pace,
     }
 
 

@@ -27,6 +27,15 @@ the replay then differs from the trial only where the link or the host made it d
 ``--board-times measured`` (:data:`MEASURED`), and any other bundle, let the replaying board time
 its own heads; ``replay.json`` says which and why (``board_times``, ``board_times_why``).
 
+The board's speed: deciding alike is not answering alike. The replaying board's stages take its
+own times, and on a shared machine even the same emulated board ran 5-18 % faster or slower from
+one run to the next. So where the bundle is the trial's, the replay's board also runs at the
+trial's board's speed (``split-device run --pace``, :data:`RECORDED`): each stage held to the time
+it took in the trial, frame by frame, which a board at least as fast as the trial's can do.
+``--board-speed own`` (:data:`OWN`) lets it run at its own; ``replay.json`` says which
+(``board_speed``, ``board_speed_why``), and the board's log how many stages ran slower than the
+trial's (those keep this board's time).
+
 Time: the frames' ``t`` and the ``link_rate`` records' count from the run record's
 ``started_unix``. The replay starts the link at the rate in force at the original's start,
 waits for the new run's record, and from then drives what is left of the schedule at the
@@ -54,7 +63,8 @@ from testbed.namespace_host import DEFAULT_PORT, serve_in
 from testbed.schedule import RateSchedule, RateStep, trace_steps
 
 __all__ = [
-    "ESTIMATES", "LINK_RATES", "MEASURED", "RECORDED", "RecordedLink", "board_argv", "board_times", "main",
+    "BOARD_LOG", "ESTIMATES", "LINK_RATES", "MEASURED", "OWN", "RECORDED", "RecordedLink", "board_argv", "board_speed", "board_times",
+    "main",
     "read_trace", "recorded_link", "remaining", "replay", "replay_source",
 ]
 
@@ -75,6 +85,8 @@ _SOURCE_WORDS = ("synthetic", "picam")
 #: ``--board-times``: the replay's board decides with the head times the trial decided with, or
 #: with the ones it measures itself.
 RECORDED, MEASURED = "recorded", "measured"
+#: ``--board-speed``: the replay's board held to the trial's stage times (RECORDED), or at its own.
+OWN = "own"
 _HEAD_TIMES = "head_times"  # device_runtime.stream.HEAD_TIMES, without importing the board runtime here
 
 
@@ -207,14 +219,31 @@ def board_times(
     return MEASURED, why
 
 
+def board_speed(run: dict[str, Any], bundle_id: str | None, asked: str | None = None) -> tuple[str, str]:
+    """How fast the replay's board runs, :data:`RECORDED` (held to the trial's stage times) or
+    :data:`OWN`, and why, for ``replay.json``. ``asked``: ``--board-speed`` (None: recorded where
+    the bundle is the trial's, else own)."""
+    if asked == OWN:
+        return OWN, "asked (--board-speed own): the replaying board's stages take its own times"
+    trial = run.get("bundle_id")
+    if trial == bundle_id:
+        return RECORDED, ("the trial's bundle: each stage held to the time it took on the trial's board, frame by "
+                          "frame (where this board is at least as fast)")
+    cannot = f"the trial ran another bundle ({trial}, not {bundle_id}), whose stages are another model's"
+    if asked == RECORDED:
+        raise SplitEdgeError(f"--board-speed recorded: {cannot}; leave --board-speed out, or give own")
+    return OWN, f"{cannot}: the replaying board's stages take its own times"
+
+
 def board_argv(
     run: dict[str, Any], frames: int, bundle: str | Path, policy: str, source: str, host: str, trace: Path,
-    head_times: str | Path | None = None,
+    head_times: str | Path | None = None, pace: str | Path | None = None,
 ) -> list[str]:
     """``split-device run``'s arguments for the replay: the original's stream (batch, queue, drop
     policy, real-time pacing, frame count) and runtime (the inference threads and the cut tensor's
     type on the link, where its trace recorded them) on ``bundle`` with ``policy``, the host behind
-    the link, deciding with the head times recorded in the trace ``head_times`` where it is given.
+    the link, deciding with the head times recorded in the trace ``head_times`` and held to the
+    stage times of the trace ``pace`` where they are given.
     The backend and precision are left to the replaying board (its calibrated ones): a trial's may
     not be installed there."""
     argv = ["run", str(bundle), "--camera", source, "--split", policy, "--host", host, "--trace", str(trace),
@@ -225,6 +254,8 @@ def board_argv(
         argv += ["--transmit", str(run["transmit"])]
     if head_times is not None:
         argv += ["--head-times", str(head_times)]
+    if pace is not None:
+        argv += ["--pace", str(pace)]
     if run.get("queue"):
         argv += ["--queue", str(run["queue"])]
     if run.get("drop"):
@@ -273,19 +304,21 @@ def _launch(argv: Sequence[str], log: Any) -> subprocess.Popen:
 def replay(
     trace: str | Path, bundle: str | Path, out: str | Path, policy: str = "auto", source: str | None = None,
     port: int = DEFAULT_PORT, launch: Callable[[Sequence[str], Any], subprocess.Popen] = _launch,
-    times: str | None = None,
+    times: str | None = None, speed: str | None = None,
 ) -> dict[str, Any]:
     """Replay ``trace``'s link with ``bundle`` (served by a host behind the link) and ``policy``;
     write ``replay.jsonl`` (the new trace), ``replay.json`` (what was replayed, and how) and
     ``board.log`` into ``out``; return ``replay.json``'s content. ``launch(argv, log)`` starts
     ``split-device ARGV`` (a benchmark pins the board to a CPU of its own); ``times``: what the
-    board decides with (:func:`board_times`' ``asked``: ``--board-times``)."""
+    board decides with (:func:`board_times`' ``asked``: ``--board-times``); ``speed``: how fast it
+    runs (:func:`board_speed`'s ``asked``: ``--board-speed``)."""
     reason = unavailable_reason()
     if reason is not None:
         raise SplitEdgeError(f"cannot emulate a link here: {reason} (a replay needs root, ip and tc)")
     run, frames, link_rates = read_trace(trace)
     recorded_times = any(isinstance(r, dict) and r.get("type") == _HEAD_TIMES for r in _records(trace))
     decided_with, why = board_times(run, recorded_times, _bundle_id(bundle), policy, times)
+    paced, paced_why = board_speed(run, _bundle_id(bundle), speed)
     link_record = recorded_link(frames, link_rates)
     input_source = replay_source(run, source)
     folder = Path(out)
@@ -297,13 +330,15 @@ def replay(
     record: dict[str, Any] = {
         "original": str(trace), "trace": str(new_trace), "bundle": str(bundle), "policy": policy,
         "source": input_source, "frames": count, "rate_from": link_record.rate_from,
-        "rtt": NO_RTT, "board_times": decided_with, "board_times_why": why,
+        "rtt": NO_RTT, "board_times": decided_with, "board_times_why": why, "board_speed": paced,
+        "board_speed_why": paced_why,
         "schedule": [[s.rate_mbit, s.duration_s] for s in schedule.steps],
     }
     with EmulatedLink(rate_mbit=schedule.rate_at(0.0)) as link, serve_in(link, [bundle], port) as host, \
             (folder / BOARD_LOG).open("w", encoding="utf-8") as log:
         record["board_argv"] = argv = board_argv(run, count, bundle, policy, input_source, host, new_trace,
-                                                 trace if decided_with == RECORDED else None)
+                                                 trace if decided_with == RECORDED else None,
+                                                 trace if paced == RECORDED else None)
         board = launch(argv, log)
         try:
             asyncio.run(_drive(link, schedule, new_trace, board, f"testbed replay of {Path(trace).name}"))
@@ -325,6 +360,7 @@ EXAMPLES = """\
 examples (as root: the link is a network namespace shaped by tc):
   python -m testbed replay trial.jsonl --bundle bundle/ --out replay/                 # the same bundle and policy
   python -m testbed replay trial.jsonl --bundle bundle/ --board-times measured --out replay-here/  # this board's heads
+  python -m testbed replay trial.jsonl --bundle bundle/ --board-speed own --out replay-fast/  # this board's speed
   python -m testbed replay trial.jsonl --bundle other-bundle/ --policy local --out replay-local/
   python -m testbed replay trial.jsonl --bundle bundle/ --source synthetic:10 --out replay/  # a camera's trial
   split-device report trial.jsonl replay/replay.jsonl --out compare/                  # the two side by side
@@ -354,14 +390,21 @@ def add_parser(commands: Any) -> None:
                              "only where the link or the host did) or measured (this machine's own, refined as it "
                              "runs); default: recorded where the bundle is the trial's and its trace has them, else "
                              "measured (replay.json says which and why)")
+    parser.add_argument("--board-speed", choices=(RECORDED, OWN), default=None,
+                        help="how fast the board runs: recorded (each stage held to the time it took on the trial's "
+                             "board, frame by frame, where this board is at least as fast: the replay's latency is the "
+                             "trial's board's) or own (this machine's); default: recorded where the bundle is the "
+                             "trial's, else own (replay.json says which and why)")
 
 
 def main(args: argparse.Namespace) -> str:
     """Run ``replay`` from parsed arguments; the lines to print."""
-    record = replay(args.trace, args.bundle, args.out, args.policy, args.source, args.port, times=args.board_times)
+    record = replay(args.trace, args.bundle, args.out, args.policy, args.source, args.port, times=args.board_times,
+                    speed=args.board_speed)
     steps = record["schedule"]
     seconds = sum(duration for _, duration in steps)
     board = f"\nhead times: {record['board_times']}, {record['board_times_why']}" if record["board_times"] else ""
+    board += f"\nboard speed: {record['board_speed']}, {record['board_speed_why']}"
     return (f"replayed {seconds:.1f} s of link in {len(steps)} steps from {record['rate_from']}; round-trip time "
             f"{record['rtt']}\n{record['frames']} frames of {record['source']} with {record['bundle']} "
             f"(--split {record['policy']}){board}\nwrote {record['trace']} and {Path(args.out) / RECORD_FILE}; "

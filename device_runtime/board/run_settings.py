@@ -212,6 +212,7 @@ class RunSettings:
     transmit: str = AUTO
     live: str | None = None  # --live [ADDRESS:]PORT: the run's live page (device_runtime.live); None: none
     head_times: str | None = None  # --head-times TRACE: decide with the head times that trace recorded
+    pace: str | None = None  # --pace TRACE: each stage held to the time it took in that trace's run
 
     @property
     def auto(self) -> bool:
@@ -255,6 +256,7 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
         realtime=args.realtime, split=args.split, batch=args.batch, queue=args.queue, drop=args.drop,
         frames=args.frames, loop=args.loop, trace=args.trace, deadline_ms=args.deadline_ms, learn=args.learn,
         transmit=args.transmit, live=args.live, head_times=args.head_times,
+        pace=args.pace,
     )
 
 

@@ -1,9 +1,10 @@
 """The stream: frame sources, the frame queue, the split policy and why it chose (its reasons), the
 pipeline that overlaps capture, head, transfer and tail, each frame's result, the run's events (split
-changes and summaries) and the trace writer."""
+changes and summaries), the trace writer, and a recorded board's pace for a replay to run at."""
 
 from device_runtime.stream.camera import Frame, FrameSource, open_source
 from device_runtime.stream.frame_queue import FrameQueue
+from device_runtime.stream.pace import BoardPace, read_pace
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig, PipelineStats
 from device_runtime.stream.policy import AutoPolicy, BanditPolicy, HeadTimes, SplitPolicy, StaticPolicy
 from device_runtime.stream.reason import Choice, Reason
@@ -20,6 +21,7 @@ __all__ = [
     "AutoPolicy",
     "DROP_QUEUE_FULL",
     "BanditPolicy",
+    "BoardPace",
     "Choice",
     "Frame",
     "FrameQueue",
@@ -43,5 +45,6 @@ __all__ = [
     "open_source",
     "pi_camera_absent",
     "read_head_times",
+    "read_pace",
     "top1",
 ]

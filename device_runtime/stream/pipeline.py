@@ -43,7 +43,8 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Collection, Mapping
+from functools import partial
+from typing import AsyncIterator, Callable, Collection, Mapping, TypeVar
 
 import numpy as np
 
@@ -56,6 +57,7 @@ from device_runtime.wire import ClientPool
 from device_runtime.stream.camera import Frame, FrameSource
 from device_runtime.stream.fragments import gather
 from device_runtime.stream.frame_queue import FrameQueue
+from device_runtime.stream.pace import PREPROCESS, BoardPace
 from device_runtime.stream.policy import SplitPolicy
 from device_runtime.stream.reason import DEADLINE, FALLBACK, NO_HOST, Reason
 from device_runtime.stream.results import DROP_QUEUE_FULL, FrameResult, top1
@@ -63,6 +65,8 @@ from device_runtime.wire import ErrorCode, Hop
 from splitedge import HostUnavailableError, RemoteError
 
 __all__ = ["Pipeline", "PipelineConfig", "PipelineStats"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("splitedge.device")
 
@@ -93,6 +97,9 @@ class PipelineConfig:
     # every fragment on the connected host. A semantic split runs only with an entry here. A
     # fragment whose host goes away is placed again on the others (calibration.place_fragments).
     fragments: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # A trial's stage times to hold the board to (``--pace``: a replay run at the trial's board's
+    # speed, :mod:`device_runtime.stream.pace`); None: the board runs at its own.
+    pace: BoardPace | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch", "queue", "in_flight"):
@@ -276,12 +283,24 @@ class Pipeline:
             queue.close()
 
     def _preprocess(self, frames: list[Frame]) -> list[_Captured]:
-        captured = []
-        for frame in frames:
-            start = time.perf_counter()
-            x = self.runner.preprocess(frame.image)
-            captured.append(_Captured(frame, x, (time.perf_counter() - start) * 1000.0))
-        return captured
+        return [_Captured(frame, *self._engine(frame.index, 1, PREPROCESS, partial(self._timed_preprocess, frame)))
+                for frame in frames]
+
+    def _timed_preprocess(self, frame: Frame) -> tuple[np.ndarray, float]:
+        start = time.perf_counter()
+        x = self.runner.preprocess(frame.image)
+        return x, (time.perf_counter() - start) * 1000.0
+
+    async def _on_engine(self, batch: list[_Captured], stage: str, run: Callable[[], tuple[T, float]]) -> tuple[T, float]:
+        """:meth:`_engine` for a batch, on the board's engine thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._compute, self._engine, batch[0].frame.index,
+                                                                len(batch), stage, run)
+
+    def _engine(self, index: int, batch: int, stage: str, run: Callable[[], tuple[T, float]]) -> tuple[T, float]:
+        """``run`` a stage of the batch of ``batch`` frames from frame ``index`` on the board's engine
+        (this thread): with a pace, held to the time the trial's board took for it."""
+        pace = self.config.pace
+        return run() if pace is None else pace.hold(pace.target_ms(index, stage, batch), run)
 
     async def _process(self, queue: FrameQueue[Frame], jobs: asyncio.Queue) -> None:
         """Batch, preprocess, choose the split, run the head; remote batches go on while the next head runs.
@@ -346,7 +365,7 @@ class Pipeline:
         if split == LOCAL or client is None:
             if split != LOCAL:  # the host went in the meantime
                 reason = Reason(NO_HOST, batch=len(batch), wanted=split)
-            logits, ms = await loop.run_in_executor(self._compute, self.runner.run_full, x)
+            logits, ms = await self._on_engine(batch, LOCAL, partial(self.runner.run_full, x))
             self.policy.observe_head(LOCAL, len(batch), ms)
             done: asyncio.Future[list[FrameResult]] = loop.create_future()
             done.set_result(self._results(batch, logits, _Answer(LOCAL, rate, reason, ms,
@@ -355,7 +374,7 @@ class Pipeline:
         if split == OFFLOAD:
             cut, head_ms = x, 0.0
         else:
-            cut, head_ms = await loop.run_in_executor(self._compute, self.runner.run_head, split, x)
+            cut, head_ms = await self._on_engine(batch, split, partial(self.runner.run_head, split, x))
             self.policy.observe_head(split, len(batch), head_ms)
         started = time.monotonic() - head_ms / 1e3  # the head's start: the frames' queueing ends there
         tensor, fields = self.runner.payload(split, cut)
@@ -405,7 +424,7 @@ class Pipeline:
         """A remote batch that failed, answered here with the full model: no frame is lost. Its
         reason says so: ``deadline`` where the host refused it for the frame's deadline, else
         ``fallback``, with the reason ``split`` was ``chosen`` for."""
-        logits, ms = await asyncio.get_running_loop().run_in_executor(self._compute, self.runner.run_full, x)
+        logits, ms = await self._on_engine(batch, LOCAL, partial(self.runner.run_full, x))
         refused = isinstance(exc, RemoteError) and exc.code == ErrorCode.DEADLINE_EXCEEDED
         reason = Reason(DEADLINE if refused else FALLBACK, batch=len(batch), rate_bps=rate, wanted=split,
                         error=str(exc), deadline_ms=deadline if refused else None, chosen=chosen)

@@ -55,6 +55,7 @@ from splitedge import SplitEdgeError
 
 __all__ = [
     "HEAD_TIMES", "LINK_RATE", "TRACE_SCHEMA", "TraceWriter", "append_link_rate", "frame_record", "read_head_times",
+    "read_records",
 ]
 
 TRACE_SCHEMA = "splitedge.trace/5"
@@ -136,11 +137,9 @@ def append_link_rate(path: str | Path, rate_bps: float, set_by: str) -> None:
         raise SplitEdgeError(f"cannot add the link's rate to the trace {path}: {exc}") from exc
 
 
-def read_head_times(path: str | Path) -> tuple[dict[str, Any], list[HeadTimes]]:
-    """The run record of a trace and the head times its policy decided with, in the order written.
-
-    A line cut short at the end (a run that lost power) is left out; a trace without such records
-    (written before schema 5, or by a run with a fixed split) is an error that says so."""
+def read_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """A trace's records with their line numbers, the run record first. A line cut short at the
+    end (a run that lost power) is left out; a file that is not a trace is an error that says so."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -157,9 +156,16 @@ def read_head_times(path: str | Path) -> tuple[dict[str, Any], list[HeadTimes]]:
                 raise SplitEdgeError(f"{path}:{number}: not JSON: {exc}") from exc
     if not records or not isinstance(records[0][1], dict) or records[0][1].get("type") != "run":
         raise SplitEdgeError(f"{path}: not a splitedge trace (the first line must be the run record)")
+    return [(number, record) for number, record in records if isinstance(record, dict)]
+
+
+def read_head_times(path: str | Path) -> tuple[dict[str, Any], list[HeadTimes]]:
+    """The run record of a trace and the head times its policy decided with, in the order written;
+    a trace without such records (written before schema 5, or by a run with a fixed split) is an
+    error that says so."""
+    records = read_records(path)
     run = records[0][1]
-    times = [HeadTimes.from_dict(r, f"{path}:{number}") for number, r in records[1:]
-             if isinstance(r, dict) and r.get("type") == HEAD_TIMES]
+    times = [HeadTimes.from_dict(r, f"{path}:{number}") for number, r in records[1:] if r.get("type") == HEAD_TIMES]
     if not times:
         raise SplitEdgeError(f"{path}: no {HEAD_TIMES} records (trace schema {run.get('schema')!r}, --split "
                              f"{run.get('policy')}): only a run with --split auto written by trace schema 5 on "

@@ -16,13 +16,15 @@ from pathlib import Path
 import pytest
 
 from device_runtime import cli as device_cli
+from device_runtime.bundle import Bundle
 from device_runtime.stream import LINK_RATE, FrameResult, TraceWriter
 from fieldtrial.compare import write_comparison
 from splitedge.errors import SplitEdgeError
 from testbed import RateSchedule, unavailable_reason
 from testbed import __main__ as testbed_main
 from testbed.replay import (
-    ESTIMATES, LINK_RATES, MEASURED, RECORD_FILE, RECORDED, TRACE_FILE, board_argv, board_times, read_trace,
+    ESTIMATES, LINK_RATES, MEASURED, OWN, RECORD_FILE, RECORDED, TRACE_FILE, board_argv, board_speed, board_times,
+    read_trace,
     recorded_link, remaining, replay, replay_source,
 )
 from testbed.schedule import SET_BY
@@ -41,24 +43,28 @@ def run_record(source: str = "synthetic:10", **extra: object) -> dict:
     return {"bundle_id": "b", "policy": "auto", "batch": 1, "calibration": None, "source": source, **extra}
 
 
-def frame(i: int, captured: float, rate_bps: float | None = 8e6, dropped: bool = False) -> FrameResult:
-    return FrameResult(index=i, name=f"f{i}.png", label=None if dropped else "tram", probability=None, split="cut",
-                       captured=captured, total_ms=30.0, rate_bps=None if dropped else rate_bps, dropped=dropped)
+def frame(i: int, captured: float, rate_bps: float | None = 8e6, dropped: bool = False, split: str = "cut",
+          head_ms: float = 0.0) -> FrameResult:
+    return FrameResult(index=i, name=f"f{i}.png", label=None if dropped else "tram", probability=None, split=split,
+                       captured=captured, total_ms=30.0, rate_bps=None if dropped else rate_bps, dropped=dropped,
+                       head_ms=head_ms, preprocess_ms=head_ms / 10)
 
 
-def shaped_run(path: Path, source: str = "synthetic:10") -> RateSchedule:
-    """A run on a link :data:`PRODUCER` shaped, written by the real writer: the schedule's
-    ``link_rate`` records at the instants it applied each step, frames at :data:`FPS` (their
-    capture times a quarter frame off every step boundary). Returns the producer."""
+def shaped_run(path: Path, source: str = "synthetic:10", bundle_id: str = "b", split: str = "cut",
+               head_ms: float = 0.0) -> RateSchedule:
+    """A run of ``bundle_id`` on a link :data:`PRODUCER` shaped, written by the real writer: the
+    schedule's ``link_rate`` records at the instants it applied each step, frames of ``split`` at
+    :data:`FPS` (their capture times a quarter frame off every step boundary), each head taking
+    ``head_ms`` and its preprocessing a tenth of that. Returns the producer."""
     producer = RateSchedule.parse(PRODUCER)
-    with TraceWriter(path, run_record(source)) as writer:
+    with TraceWriter(path, run_record(source, bundle_id=bundle_id)) as writer:
         start = time.monotonic()
         boundary = OFFSET_S
         for step in producer.steps:
             writer.link_rate(step.rate_mbit * 1e6, SET_BY, applied=start + boundary)
             boundary += step.duration_s
         for i in range(int((boundary + LINGER_S) * FPS)):
-            writer.frame(frame(i, start + (i + 0.25) / FPS))
+            writer.frame(frame(i, start + (i + 0.25) / FPS, split=split, head_ms=head_ms))
     return producer
 
 
@@ -177,6 +183,23 @@ def test_the_trials_bundle_decides_with_the_trials_head_times_another_with_its_o
     assert device_cli.build_parser().parse_args(argv[:-2]).head_times is None
 
 
+def test_the_trials_bundle_runs_at_the_trials_boards_speed_another_at_its_own(tmp_path: Path) -> None:
+    """Held to the trial's stage times by default where the bundle is the trial's, whatever the
+    policy; at its own speed when asked and for another bundle (saying so)."""
+    trial = run_record()
+    assert board_speed(trial, "b") == (RECORDED, board_speed(trial, "b", RECORDED)[1])
+    assert "held to the time it took on the trial's board" in board_speed(trial, "b")[1]
+    assert board_speed(trial, "b", OWN)[0] == OWN
+    speed, why = board_speed(trial, "other-123")
+    assert speed == OWN and "another bundle (b, not other-123)" in why
+    with pytest.raises(SplitEdgeError, match="--board-speed recorded: the trial ran another bundle"):
+        board_speed(trial, "other-123", RECORDED)
+    argv = board_argv(trial, 9, "bundle", "cut", "clip.mp4", "h:1", tmp_path / "r.jsonl", None, tmp_path / "t.jsonl")
+    args = device_cli.build_parser().parse_args(argv)
+    assert (args.pace, args.head_times) == (str(tmp_path / "t.jsonl"), None)
+    assert device_cli.build_parser().parse_args(argv[:-2]).pace is None
+
+
 def test_replay_needs_a_trace() -> None:
     assert testbed_main.main(["replay", "/nonexistent/run.jsonl", "--bundle", "b"]) == 2
 
@@ -187,11 +210,14 @@ def test_a_replay_applies_every_step_and_runs_every_frame_on_the_same_input(
 ) -> None:
     """The real board and host over the kernel link: every step of the original's link applied and
     recorded in the new trace, in order; every frame of the original run again on the same
-    images; and the two traces compared by ``report``."""
+    images, each stage held to the original's time for it (its board took 40 ms a head); and the
+    two traces compared by ``report``."""
     original = tmp_path / "original.jsonl"
-    producer = shaped_run(original, source=str(photos_dir))
+    producer = shaped_run(original, source=str(photos_dir), bundle_id=Bundle.load(mobilenet_bundle, roles=()).id,
+                          split=TEST_SPLITS[-1], head_ms=40.0)
     record = replay(original, mobilenet_bundle, tmp_path / "replay", policy=TEST_SPLITS[-1])
     assert record["rate_from"] == LINK_RATES and "not in the trace" in record["rtt"]
+    assert record["board_speed"] == RECORDED and "--pace" in record["board_argv"]
     assert record["source"] == str(photos_dir)  # the original's folder, found again
     _, frames, rates = read_trace(tmp_path / "replay" / TRACE_FILE)
     # From the step in force when the new run started (the first, unless its start took seconds)
@@ -205,6 +231,7 @@ def test_a_replay_applies_every_step_and_runs_every_frame_on_the_same_input(
     names = [Path(f["name"]).name for f in frames]
     assert set(names) == set(images) and all(names[i] == names[i % len(images)] for i in range(len(names)))
     assert all(f["split"] == TEST_SPLITS[-1] and not f["dropped"] for f in frames)
+    assert all(f["head_ms"] >= 40.0 and f["preprocess_ms"] >= 4.0 for f in frames)  # the original board's times
     assert json.loads((tmp_path / "replay" / RECORD_FILE).read_text()) == record
     compared = write_comparison([original, tmp_path / "replay" / TRACE_FILE], tmp_path / "compare")
     assert compared["against_first"][0]["answered_in_both"] == len(frames)
