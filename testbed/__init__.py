@@ -14,6 +14,7 @@ The pieces, standard library only:
 * :class:`RateSchedule` — "1:10,50:10,5:10": rates and durations, driven onto either of them;
   :func:`trace_steps` writes each rate it applies into the trace of the run beside it.
 * :func:`serve_in` — ``split-host`` started inside a link's namespace, behind the shaped veth.
+* :func:`own_peer` — the arguments that let such a host pass a chain's later stages on to itself.
 * :func:`free_port` — a port for a server that must be told its port before it starts.
 * :mod:`testbed.board_box` — the board in a box: an arm64 Debian Bookworm root file system
   (64-bit Raspberry Pi OS's base) under qemu-user-static, where the board's wheel installs from
@@ -30,7 +31,7 @@ from testbed.kernel_link import (
     tbf_parameters,
     unavailable_reason,
 )
-from testbed.namespace_host import serve_in
+from testbed.namespace_host import own_peer, serve_in
 from testbed.ports import free_port
 from testbed.relay import DelayRelay
 from testbed.schedule import RateSchedule, RateStep, trace_steps
@@ -44,6 +45,7 @@ __all__ = [
     "RateStep",
     "free_port",
     "remove_stale_links",
+    "own_peer",
     "serve_in",
     "tbf_parameters",
     "trace_steps",

@@ -52,6 +52,13 @@ def serve_in(
         yield address
 
 
+def own_peer(link: EmulatedLink, port: int = DEFAULT_PORT) -> list[str]:
+    """``split-host serve`` arguments that let the host in ``link``'s namespace pass a chain's later
+    stages on to itself: a calibration without routes puts every stage of a chain on the connected
+    host, and a host without a key passes stages on only to its ``--peer`` s."""
+    return ["--peer", f"{link.namespace_address}:{port}"]
+
+
 @contextlib.contextmanager
 def running_host(process: subprocess.Popen, address: str, port: int) -> Iterator[str]:
     """Yields ``ADDRESS:PORT`` once ``process`` (a ``split-host serve``) listens there; stops it with

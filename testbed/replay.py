@@ -59,7 +59,7 @@ from typing import Any
 
 from splitedge import SplitEdgeError
 from testbed.kernel_link import EmulatedLink, unavailable_reason
-from testbed.namespace_host import DEFAULT_PORT, serve_in
+from testbed.namespace_host import DEFAULT_PORT, own_peer, serve_in
 from testbed.schedule import RateSchedule, RateStep, trace_steps
 
 __all__ = [
@@ -334,7 +334,9 @@ def replay(
         "board_speed_why": paced_why,
         "schedule": [[s.rate_mbit, s.duration_s] for s in schedule.steps],
     }
-    with EmulatedLink(rate_mbit=schedule.rate_at(0.0)) as link, serve_in(link, [bundle], port) as host, \
+    # The host passes a chain's later stages on to itself, as the trial's did where it ran chains.
+    with EmulatedLink(rate_mbit=schedule.rate_at(0.0)) as link, \
+            serve_in(link, [bundle], port, own_peer(link, port)) as host, \
             (folder / BOARD_LOG).open("w", encoding="utf-8") as log:
         record["board_argv"] = argv = board_argv(run, count, bundle, policy, input_source, host, new_trace,
                                                  trace if decided_with == RECORDED else None,

@@ -80,7 +80,7 @@ FACES = {
     ],
     "testbed": [
         "DelayRelay", "EmulatedLink", "LinkEmulationError", "LinkEmulationUnavailable", "RateSchedule",
-        "RateStep", "free_port", "remove_stale_links", "serve_in", "tbf_parameters", "trace_steps", "unavailable_reason",
+        "RateStep", "free_port", "own_peer", "remove_stale_links", "serve_in", "tbf_parameters", "trace_steps", "unavailable_reason",
     ],
     "exporter.deploy": [
         "BoardFacts", "BoardResult", "Fleet", "FleetResult", "Release", "Remote", "UploadStats",
