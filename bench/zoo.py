@@ -10,9 +10,12 @@ is killed there and becomes its row, instead of the kernel's OOM killer picking 
 the build wrote a bundle, the largest difference of any float32 artifact against torch (absolute,
 and relative to the spread of torch's outputs, as the bundle records them), the time, and with
 ``--tflite`` which TFLite artifacts the bundle holds. The ratio the table is judged by is the share
-of models that build, against the same run's count of models that trace.
+of models that build, against the same run's count of models that trace. ``--against OLD.json``
+sets another run's rows beside these (another version of splitedge, run with ``PYTHONPATH`` at its
+checkout): which models built there, and the count of each.
 
     python bench/zoo.py --out build/bench/zoo.json --doc docs/models.md [--tflite] [--models a,b] [--resume]
+    python bench/zoo.py --out build/bench/zoo.json --resume --doc docs/models.md --against old.json --against-label v1
 """
 
 from __future__ import annotations
@@ -146,9 +149,11 @@ def _relative(row: dict) -> str:
     return shown + (" (some outputs constant: not validated)" if row["constant_outputs"] else "")
 
 
-def markdown(rows: list[dict], tflite: bool, command: str, total: int) -> str:
+def markdown(rows: list[dict], tflite: bool, command: str, total: int,
+             against: tuple[str, list[dict]] | None = None) -> str:
     traced = [r for r in rows if "cut_points" in r]
     built = [r for r in rows if "splits" in r]
+    old = {r["model"]: "splits" in r for r in against[1]} if against is not None else {}
     lines = [
         "# Models: what `split-export` makes of torchvision's classification models",
         "",
@@ -157,10 +162,12 @@ def markdown(rows: list[dict], tflite: bool, command: str, total: int) -> str:
         f"{len(built) / max(len(traced), 1):.2f} of those that trace build."
         + (f" **Rows for {len(rows)} of the {total} models so far**: the run was stopped part way; "
            "`--resume` runs the rest." if len(rows) < total else ""),
+        *(_against_lines(rows, against[0], old) if against is not None else []),
         "",
         "| model | cut points | compressive | builds | splits | max abs diff | of spread | time s |"
-        + (" TFLite |" if tflite else ""),
-        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |" + (" --- |" if tflite else ""),
+        + (" TFLite |" if tflite else "") + (f" {against[0]} |" if against is not None else ""),
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |" + (" --- |" if tflite else "")
+        + (" --- |" if against is not None else ""),
     ]
     for r in rows:
         why = r.get("points_error") or r.get("build_error") or ""
@@ -172,8 +179,22 @@ def markdown(rows: list[dict], tflite: bool, command: str, total: int) -> str:
         if tflite:
             cells.append("" if "splits" not in r else
                          "all" if not r["tflite_left_out"] else f"{r['tflite_left_out']} part(s) left out")
+        if against is not None:
+            cells.append({True: "builds", False: "no"}.get(old.get(r["model"]), "not run"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _against_lines(rows: list[dict], label: str, old: dict[str, bool]) -> list[str]:
+    """The comparison with another run (``--against``), over the models both ran."""
+    both = [r for r in rows if r["model"] in old]
+    here = {r["model"] for r in both if "splits" in r}
+    there = {model for model in old if old[model] and model in {r["model"] for r in both}}
+    gained, lost = sorted(here - there), sorted(there - here)
+    return ["", f"**Against {label}: of the {len(both)} models both runs measured, {len(there)} built there and "
+            f"{len(here)} build here.**"
+            + (f" Build here and not there: {', '.join(gained)}." if gained else "")
+            + (f" Built there and not here: {', '.join(lost)}." if lost else "")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tflite", action="store_true", help="build TFLite artifacts too")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for each command of each model")
     parser.add_argument("--memory", type=float, default=8.0, help="GB each command may hold (default 8)")
+    parser.add_argument("--against", type=Path, metavar="OLD.json",
+                        help="another run's rows (its --out) to set beside these: which models built there")
+    parser.add_argument("--against-label", default="before", help="that run's name in the table (default: before)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the rows already in --out and run only the models they lack (a run stopped part way)")
     args = parser.parse_args(argv)
@@ -203,10 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stopped after {len(rows)} of {total} models", file=sys.stderr)
     finally:
         cage.close()
+    against = (args.against_label, json.loads(args.against.read_text())) if args.against is not None else None
     if args.doc:
         command = "python bench/zoo.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
-        args.doc.write_text(markdown(rows, args.tflite, command, total))
-    print(markdown(rows, args.tflite, "bench/zoo.py", total))
+        args.doc.write_text(markdown(rows, args.tflite, command, total, against))
+    print(markdown(rows, args.tflite, "bench/zoo.py", total, against))
     return 0
 
 

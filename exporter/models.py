@@ -170,6 +170,11 @@ def _torchvision_model(name: str, weights: str | Path | None, flags: PreprocessF
         entries = []
     entry = _matching_entry(entries, weights) if entries else None
     preprocess = _preprocess_from(entry.transforms()) if entry is not None else IMAGENET_PREPROCESS
+    if getattr(module, "image_size", None) not in (None, preprocess.crop):
+        # torchvision builds a ViT for the image size of the weights it loads (ViT-H/14's default, SWAG,
+        # 518; ViT-B/16's SWAG 384), and for 224 with none: built again for the weights' own crop, their
+        # position embeddings (and the board's input) fit.
+        module = builder(weights=None, **FACTORY_KWARGS.get(name, {}), image_size=preprocess.crop)
     categories = entry.meta.get("categories") if entry is not None else None
     return _loaded(name, module, preprocess, preprocess is not IMAGENET_PREPROCESS, None, flags, input_shape,
                    tuple(categories) if categories else None, f"torchvision:{name}", strict)

@@ -63,6 +63,19 @@ def test_torchvision_weights_bring_their_preprocessing_and_categories(mobilenet_
     assert loaded.categories is not None and loaded.categories[0] == "tench" and len(loaded.categories) == 1000
 
 
+
+def test_a_vit_is_built_for_the_crop_of_the_weights_it_takes(monkeypatch, tmp_path: Path) -> None:
+    """torchvision builds ViT-B/16 for 224 without weights; its SWAG weights are for 384 (577 position
+    embeddings): a file of those is loaded into a model built for 384, its input 384 square."""
+    shapes = []
+    monkeypatch.setattr("exporter.models.load_state_dict",
+                        lambda module, path: shapes.append(tuple(module.encoder.pos_embedding.shape)))
+    loaded = load_model("torchvision:vit_b_16", tmp_path / "vit_b_16_swag-9ac1b537.pth")  # the file's name picks the entry
+    assert shapes == [(1, 577, 768)]
+    assert (loaded.module.image_size, loaded.preprocess.crop, loaded.input_shape) == (384, 384, (3, 384, 384))
+    assert load_model("torchvision:vit_b_16").input_shape == (3, 224, 224)  # the default weights' crop: as built
+
+
 FACTORY = '''
 import torch
 
