@@ -25,6 +25,7 @@ import errno
 import json
 import os
 import platform
+import shlex
 import signal
 import subprocess
 import sys
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         cage.close()
     against = (args.against_label, json.loads(args.against.read_text())) if args.against is not None else None
     if args.doc:
-        command = "python bench/zoo.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
+        command = "python bench/zoo.py " + shlex.join(argv if argv is not None else sys.argv[1:])
         args.doc.write_text(markdown(rows, args.tflite, command, total, against))
     print(markdown(rows, args.tflite, "bench/zoo.py", total, against))
     return 0
