@@ -154,7 +154,7 @@ def markdown(rows: list[dict], tflite: bool, command: str, total: int,
              against: tuple[str, list[dict]] | None = None) -> str:
     traced = [r for r in rows if "cut_points" in r]
     built = [r for r in rows if "splits" in r]
-    old = {r["model"]: "splits" in r for r in against[1]} if against is not None else {}
+    old = {r["model"]: r for r in against[1]} if against is not None else {}
     lines = [
         "# Models: what `split-export` makes of torchvision's classification models",
         "",
@@ -171,8 +171,7 @@ def markdown(rows: list[dict], tflite: bool, command: str, total: int,
         + (" --- |" if against is not None else ""),
     ]
     for r in rows:
-        why = r.get("points_error") or r.get("build_error") or ""
-        builds = "yes" if "splits" in r else f"no: {why.replace('|', '/')}"
+        builds = _builds(r)
         seconds = r.get("points_s", 0) + r.get("build_s", 0)
         cells = [r["model"], str(r.get("cut_points", "")), str(r.get("compressive", "")), builds,
                  str(r.get("splits", "")), _absolute(r),
@@ -181,16 +180,22 @@ def markdown(rows: list[dict], tflite: bool, command: str, total: int,
             cells.append("" if "splits" not in r else
                          "all" if not r["tflite_left_out"] else f"{r['tflite_left_out']} part(s) left out")
         if against is not None:
-            cells.append({True: "builds", False: "no"}.get(old.get(r["model"]), "not run"))
+            cells.append(_builds(old[r["model"]]) if r["model"] in old else "not run")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def _against_lines(rows: list[dict], label: str, old: dict[str, bool]) -> list[str]:
+def _builds(row: dict) -> str:
+    """A row's "builds" cell: yes, or no with the command's one-line error."""
+    why = row.get("points_error") or row.get("build_error") or ""
+    return "yes" if "splits" in row else f"no: {why.replace('|', '/')}"
+
+
+def _against_lines(rows: list[dict], label: str, old: dict[str, dict]) -> list[str]:
     """The comparison with another run (``--against``), over the models both ran."""
     both = [r for r in rows if r["model"] in old]
     here = {r["model"] for r in both if "splits" in r}
-    there = {model for model in old if old[model] and model in {r["model"] for r in both}}
+    there = {r["model"] for r in both if "splits" in old[r["model"]]}
     gained, lost = sorted(here - there), sorted(there - here)
     return ["", f"**Against {label}: of the {len(both)} models both runs measured, {len(there)} built there and "
             f"{len(here)} build here.**"
