@@ -67,6 +67,13 @@ def test_a_trace_to_pace_to_needs_answered_frames(tmp_path: Path) -> None:
     (tmp_path / "not.jsonl").write_text('{"type": "frame"}\n')
     with pytest.raises(SplitEdgeError, match="not a splitedge trace"):
         read_pace(tmp_path / "not.jsonl")
+    with pytest.raises(SplitEdgeError, match="cannot read the trace"):
+        read_pace(tmp_path / "gone.jsonl")
+    garbage = [record(0, LOCAL, "fast"), record(1, LOCAL, -5.0), record(2, LOCAL, float("nan")),
+               {**record(3, LOCAL, 9.0), "index": "3"}, {**record(4, LOCAL, 9.0), "batch": 0}, "not a record"]
+    with pytest.raises(SplitEdgeError, match="no frame with its stage times"):  # none of them is anyone's time
+        read_pace(write(tmp_path / "garbage.jsonl", [{**r, "preprocess_ms": None} if isinstance(r, dict) else r
+                                                     for r in garbage]))
     cut_short = write(tmp_path / "cut.jsonl", [record(0, LOCAL, 50.0)])
     cut_short.write_text(cut_short.read_text() + '{"type": "fra')  # a run that lost power mid-line
     assert read_pace(cut_short).target_ms(0, LOCAL, 1) == 50.0
