@@ -22,7 +22,7 @@ trip rather than a timeout:
   is admitted.
 
 A request whose deadline passes while still queued is answered ``deadline_exceeded`` at
-that moment and never runs. One whose deadline passes while its batch runs is answered
+that moment (one timer per tail, for the soonest deadline queued) and never runs. One whose deadline passes while its batch runs is answered
 normally: the work is done, and the device can still use the answer or drop it.
 """
 
