@@ -8,7 +8,11 @@
   from each point to the next; the bench says where it falls by more than 5 %), each an asyncio task with its own TCP
   connection (the device's own ``HostClient``), in ``--generators`` processes apart from the
   host, on uvloop where installed (the generators share this machine's cores with the host,
-  where real boards would not: the lighter they are, the fairer the figure). Each keeps one request in flight (closed loop): a MobileNetV2 cut tensor (the head's
+  where real boards would not: the lighter they are, the fairer the figure). So the boards
+  leave the kernel's link timing off (``kernel_timing=False``): a real board's stamps and
+  ``TCP_INFO`` looks cost its own CPU, but here they cost a third of the generator's, and on
+  loopback the stamping of each ACK runs in the host's process, where it counted as front end.
+  Each keeps one request in flight (closed loop): a MobileNetV2 cut tensor (the head's
   output for a seeded random image, real ImageNet weights) for the tail of ``--split``; the
   next goes when the answer is back. ``--warmup`` seconds, then ``--duration`` seconds
   measured: requests answered in that window, their round trip (send → answer) as the
@@ -284,7 +288,8 @@ def check_answer(port: int, bundle_id: str, split: str, cut: np.ndarray, expecte
 async def _run_boards(port: int, bundle_id: str, split: str, cut: np.ndarray, boards: int,
                       ready: mp.Queue, start: mp.Queue, warmup: float, duration: float) -> dict[str, Any]:
     connected = await asyncio.gather(
-        *(HostClient.connect("127.0.0.1", port, timeout=30.0) for _ in range(boards)), return_exceptions=True
+        *(HostClient.connect("127.0.0.1", port, timeout=30.0, kernel_timing=False) for _ in range(boards)),
+        return_exceptions=True,
     )  # each connect is bounded by its timeout
     clients = [c for c in connected if isinstance(c, HostClient)]
     if len(clients) < boards:

@@ -126,10 +126,12 @@ def looks_like_tls(first: memoryview) -> bool:
 
 
 class _ClientProtocol(FramedProtocol):
-    def __init__(self, max_frame_bytes: int, address: str, auth: DeviceAuth | None = None, tls: bool = False) -> None:
+    def __init__(self, max_frame_bytes: int, address: str, auth: DeviceAuth | None = None, tls: bool = False,
+                 kernel_timing: bool = True) -> None:
         super().__init__(max_frame_bytes, auth)
         self.address = address
         self.tls = tls
+        self.kernel_timing = kernel_timing
         self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.lost: Exception | None = None
         # Resolved when the host's challenge has been answered: only then may requests be sealed.
@@ -147,7 +149,7 @@ class _ClientProtocol(FramedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        if self.kernel_timing and sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # Receive stamps are peeked off the socket: under TLS the TLS layer reads ahead of us.
             self.kernel = KernelTiming(sock, stamps=not self.tls)
             if not self.tls:  # under TLS the kernel counts records, not the frames' bytes
@@ -297,10 +299,15 @@ class HostClient:
     @classmethod
     async def connect(
         cls, host: str, port: int, timeout: float = 5.0, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-        credentials: Credentials = Credentials(),
+        credentials: Credentials = Credentials(), kernel_timing: bool = True,
     ) -> "HostClient":
         """Open the connection (TLS, then the key's handshake, when ``credentials`` have them) and
-        exchange ``hello``; the host's answer is kept in :attr:`hello`."""
+        exchange ``hello``; the host's answer is kept in :attr:`hello`.
+
+        ``kernel_timing=False`` leaves the kernel's stamps and ``TCP_INFO`` off
+        (:mod:`~device_runtime.wire.kernel_timing`): a client that estimates no link (a load
+        generator standing in for boards) saves the third of its CPU per request they cost,
+        and each request's timing is then its own clock's."""
         loop = asyncio.get_running_loop()
         address = f"{host}:{port}"
         auth = DeviceAuth(credentials.key) if credentials.key is not None else None
@@ -308,7 +315,8 @@ class HostClient:
         try:
             _, protocol = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: _ClientProtocol(max_frame_bytes, address, auth, tls=tls is not None), host, port,
+                    lambda: _ClientProtocol(max_frame_bytes, address, auth, tls=tls is not None,
+                                           kernel_timing=kernel_timing), host, port,
                     ssl=tls, server_hostname=host if tls is not None else None,
                 ),
                 timeout,

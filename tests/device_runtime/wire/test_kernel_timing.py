@@ -295,6 +295,29 @@ def test_a_reply_that_waited_for_the_board_is_timed_at_its_arrival(host) -> None
     assert probe.upload is not None and probe.upload.done_s == 0.0 and probe.upload.min_rtt_s == pytest.approx(1e-4)
 
 
+def test_a_client_without_kernel_timing_looks_at_nothing_and_times_by_its_own_clock(host) -> None:
+    """``kernel_timing=False`` (a load generator's boards): no duplicate socket for the stamps, no
+    ``TCP_INFO`` looks, no upload timing; the probe still answers, timed by the client's clock.
+    The default, on this Linux, has all three."""
+    import asyncio
+
+    from device_runtime.wire.client import HostClient
+
+    async def go(kernel_timing: bool):
+        client = await HostClient.connect(host.host, host.port, kernel_timing=kernel_timing)
+        try:
+            protocol = client._protocol
+            return protocol.kernel, protocol.watch, await client.probe(65_536)
+        finally:
+            await client.close()
+
+    kernel, watch, probe = asyncio.run(go(False))
+    assert kernel is None and watch is None
+    assert probe.upload is None and probe.reply_wait_ms == 0.0 and probe.round_trip_ms > 0.0
+    kernel, watch, probe = asyncio.run(go(True))
+    assert kernel is not None and kernel.stamps and watch is not None and probe.upload is not None
+
+
 def test_an_upload_crossing_slowly_shows_its_rate_before_it_is_done() -> None:
     """602 KB after the link dropped to 5 Mbit/s: a second to cross; looks no more than 50 ms
     apart, and the last 200 ms of them give the rate it crosses at now."""
