@@ -6,7 +6,8 @@ arrive close together run as one batch: concatenated along the batch axis, run o
 each request gets its own slice of the output back. The oldest waiting request waits at
 most ``max_wait_ms`` for company; a batch of ``max_batch`` samples goes at once; while every
 worker is busy, requests gather anyway and the next free worker takes up to ``max_batch``
-of them. ``max_batch = 1`` turns batching off. With ``buckets`` (a GPU's), a batch is padded
+of them, from the tail whose oldest request has waited longest (first come, first run, across
+tails as within one). ``max_batch = 1`` turns batching off. With ``buckets`` (a GPU's), a batch is padded
 with zeros up to the next bucket size (:func:`~host_runtime.tails.run_batch`) and each request
 still gets only its own rows back.
 
@@ -37,7 +38,6 @@ from collections.abc import Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, Callable, Union
 
 import numpy as np
@@ -113,8 +113,6 @@ class _Tail:
     queued: int = 0  # samples in ``queue``
     ms_per_sample: float | None = None
     buckets: tuple[int, ...] = ()  # the batcher's, or none for a tail whose shape cannot be padded
-    arrived: asyncio.Event = field(default_factory=asyncio.Event)
-    dispatcher: asyncio.Task[None] | None = None
     # One timer per tail, for the soonest deadline queued (not one per request: arming one cost
     # a host 6 µs a request, issue 32); ``expires_at`` is when it fires, inf while none is armed.
     expiry: asyncio.TimerHandle | None = None
@@ -168,7 +166,12 @@ class Batcher:
         self.running = 0  # samples in batches on a worker
         self.pending = 0  # requests admitted and not yet answered
         self.other = 0  # samples of the host's own work running beside the tails (a profile's batch)
-        self._slots = asyncio.Semaphore(workers)
+        self.free = workers  # workers not running a batch
+        # Batches are formed by callbacks, not a task per tail: a batch cost the loop a task's turn,
+        # an event's and a semaphore's futures and run_in_executor's two chained futures (issue 32).
+        self._forming = False  # a call of _form is scheduled for the loop's next turn
+        self._company: asyncio.TimerHandle | None = None  # when a waiting batch's max_wait_ms is up
+        self._closed = False
         self._idle = asyncio.Event()
         self._idle.set()
         self._load = LoadMeter()
@@ -199,7 +202,7 @@ class Batcher:
         if deadline < tail.expires_at:  # the requests of one board come with deadlines later than those queued
             self._arm(tail, deadline, now)
         self._count(tail, queued=samples, pending=1)
-        tail.arrived.set()
+        self._form_soon()
 
     def _check_room(self, samples: int) -> None:
         """Refuse (``overloaded``) work of ``samples`` that the queue could not take now, or ever."""
@@ -243,9 +246,10 @@ class Batcher:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except asyncio.TimeoutError:
             log.warning("%d requests still pending after %g s; cancelling them", self.pending, timeout)
+        self._closed = True
+        if self._company is not None:
+            self._company.cancel()
         for tail in self.tails.values():
-            if tail.dispatcher is not None:
-                tail.dispatcher.cancel()
             if tail.expiry is not None:
                 tail.expiry.cancel()
             for request in tail.queue:
@@ -255,7 +259,6 @@ class Batcher:
         tail = self.tails.get(key)
         if tail is None:
             tail = self.tails[key] = _Tail(key, backend, buckets=self.config.buckets if self.config.buckets and can_pad(backend) else ())
-            tail.dispatcher = asyncio.ensure_future(self._dispatch(tail))
         return tail
 
     def _count(self, tail: _Tail, queued: int = 0, running: int = 0, pending: int = 0) -> None:
@@ -270,31 +273,41 @@ class Batcher:
         else:
             self._idle.set()
 
-    async def _dispatch(self, tail: _Tail) -> None:
-        """Form and launch this tail's batches; runs until :meth:`close` cancels it."""
-        while True:
-            while not tail.queue:
-                tail.arrived.clear()
-                await tail.arrived.wait()
-            await self._gather(tail)
-            await self._slots.acquire()  # requests keep arriving while every worker is busy
-            batch = self._take(tail)
-            if batch:
-                self._launch(tail, batch)
-            else:  # everything waiting expired meanwhile
-                self._slots.release()
+    def _form_soon(self) -> None:
+        """Form batches on the loop's next turn (once): requests read in this one join them."""
+        if self.free and not self._forming:
+            self._forming = True
+            asyncio.get_running_loop().call_soon(self._form)
 
-    async def _gather(self, tail: _Tail) -> None:
-        """Let the oldest request wait up to ``max_wait_ms`` for company, unless the batch is full."""
-        while tail.queue and tail.queued < self.config.max_batch:
-            remaining = tail.queue[0].received + self.config.max_wait_ms / 1000.0 - time.perf_counter()
-            if remaining <= 0:
-                return
-            tail.arrived.clear()
-            try:
-                await asyncio.wait_for(tail.arrived.wait(), remaining)
-            except asyncio.TimeoutError:
-                return
+    def _form(self) -> None:
+        """Give each free worker a batch: of the tails whose batch may go (``max_batch`` samples
+        waiting, or the oldest request has waited ``max_wait_ms`` for company), the one whose oldest
+        request has waited longest first. Called on the turn after a request comes and whenever a
+        batch ends; while every worker is busy, requests gather anyway."""
+        self._forming = False
+        if self._company is not None:
+            self._company.cancel()
+            self._company = None
+        wait_s = self.config.max_wait_ms / 1000.0
+        now = time.perf_counter()
+        until = math.inf  # the soonest a batch not yet ready may go
+        while self.free and not self._closed:
+            chosen: _Tail | None = None
+            for tail in self.tails.values():
+                if not tail.queue:
+                    continue
+                oldest = tail.queue[0].received
+                if tail.queued < self.config.max_batch and oldest + wait_s > now:
+                    until = min(until, oldest + wait_s)
+                elif chosen is None or oldest < chosen.queue[0].received:
+                    chosen = tail
+            if chosen is None:
+                break
+            batch = self._take(chosen)
+            if batch:  # else everything it held had expired meanwhile
+                self._launch(chosen, batch)
+        if self.free and until != math.inf and not self._closed:
+            self._company = asyncio.get_running_loop().call_later(max(until - now, 0.0), self._form)
 
     def _take(self, tail: _Tail) -> list[_Request]:
         """Pop the next batch: whole requests, oldest first, up to ``max_batch`` samples (at
@@ -349,27 +362,42 @@ class Batcher:
                                      code=ErrorCode.DEADLINE_EXCEEDED))
 
     def _launch(self, tail: _Tail, batch: list[_Request]) -> None:
-        loop = asyncio.get_running_loop()
+        self.free -= 1
         bucket = bucket_for(sum(r.samples for r in batch), tail.buckets)
-        run = loop.run_in_executor(self.executor, run_batch, tail.backend, [r.tensor for r in batch], bucket)
-        run.add_done_callback(partial(self._finished, tail, batch))
+        self.executor.submit(self._run, asyncio.get_running_loop(), tail, batch, bucket)
 
-    def _finished(self, tail: _Tail, batch: list[_Request], run: asyncio.Future[tuple[np.ndarray, float, float]]) -> None:
-        """Give each request its slice of the batch output (or the batch's failure)."""
-        self._slots.release()
+    def _run(self, loop: asyncio.AbstractEventLoop, tail: _Tail, batch: list[_Request], bucket: int) -> None:
+        """On a worker: run the batch and hand what came of it back to the loop."""
+        try:
+            outcome: tuple[np.ndarray, float, float] | BaseException = run_batch(
+                tail.backend, [r.tensor for r in batch], bucket)
+        except BaseException as exc:  # told to the batch's requests, on the loop
+            outcome = exc
+        try:
+            loop.call_soon_threadsafe(self._finished, tail, batch, outcome)
+        except RuntimeError:  # the loop has closed: the host stopped without waiting for this batch
+            pass
+
+    def _finished(self, tail: _Tail, batch: list[_Request], outcome: tuple[np.ndarray, float, float] | BaseException) -> None:
+        """Give the worker its next batch, then each request its slice of this one's output (or
+        the batch's failure)."""
+        self.free += 1
         samples = sum(r.samples for r in batch)
         self._count(tail, running=-samples, pending=-len(batch))
-        if run.cancelled():  # the host is shutting down
-            for request in batch:
-                _tell(request, None)
-            return
-        error = run.exception()
-        if error is not None:
+        try:
+            self._answer(tail, batch, samples, outcome)
+        finally:
+            self._form_soon()
+
+    def _answer(self, tail: _Tail, batch: list[_Request], samples: int,
+                outcome: tuple[np.ndarray, float, float] | BaseException) -> None:
+        if isinstance(outcome, BaseException):
+            error = outcome
             log.error("tail %s failed on a batch of %d samples", "/".join(tail.key), samples, exc_info=error)
             for request in batch:
                 _tell(request, ProtocolError(f"tail {'/'.join(tail.key)} failed: {error}", code=ErrorCode.INTERNAL))
             return
-        output, started, compute_ms = run.result()
+        output, started, compute_ms = outcome
         self.on_batch(samples)
         padded = bucket_for(samples, tail.buckets) - samples
         if padded:

@@ -144,6 +144,25 @@ def test_each_deadline_in_a_queue_is_kept_whatever_order_they_come_in(mobilenet_
         assert host.server.stats.as_dict()["errors"]["deadline_exceeded"] == 2
 
 
+def test_a_free_worker_takes_the_tail_whose_oldest_request_has_waited_longest(mobilenet_bundle, bundle) -> None:
+    """Batches go oldest request first across tails, not a turn per tail: behind a held worker,
+    requests 2 and 3 for one tail, 4 for the other and 5 for the first run in the order they came."""
+    from tests.host_runtime.test_walls import eventually
+
+    for host in start_host([mobilenet_bundle], workers=1, batching=BatchConfig(max_batch=1)):
+        registry = host.server.registry
+        held = registry.tails[bundle.id, LATE] = Held(registry.tails[bundle.id, LATE])
+        with raw_connection(host) as sock:
+            sock.sendall(infer_frame(bundle, 1, LATE, cut(bundle, LATE, 1)))
+            assert held.started.wait(30)  # the only worker is taken until the test lets it go
+            for request_id, split in ((2, EARLY), (3, EARLY), (4, LATE), (5, EARLY)):
+                sock.sendall(infer_frame(bundle, request_id, split, cut(bundle, split, 1)))
+            assert eventually(host, lambda: host.server.batcher.queued, lambda n: n == 4) == 4
+            held.go.set()
+            replies = [read_reply(sock) for _ in range(5)]  # one worker: replies in the order batches ran
+        assert [reply["id"] for reply in replies] == [1, 2, 3, 4, 5] and all(reply["ok"] for reply in replies)
+
+
 def test_connection_past_max_in_flight_is_not_read(mobilenet_bundle, bundle) -> None:
     """Per-connection backpressure under batching: with 2 requests in flight allowed, six sent
     at once cannot all be read into one batch, however long the batcher waits for company.
