@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -169,6 +170,11 @@ class Batcher:
         self.free = workers  # workers not running a batch
         # Batches are formed by callbacks, not a task per tail: a batch cost the loop a task's turn,
         # an event's and a semaphore's futures and run_in_executor's two chained futures (issue 32).
+        # And a worker that ends a batch takes the next itself, if one may go: through the loop, it
+        # waited 0.5-1 ms a batch (the loop's turn, the replies, the executor's wake-up) with
+        # requests queued, on a host of 2 cores at 32 boards. The queues, and the counts of what
+        # they hold, are shared with the workers under this lock.
+        self._lock = threading.Lock()
         self._forming = False  # a call of _form is scheduled for the loop's next turn
         self._company: asyncio.TimerHandle | None = None  # when a waiting batch's max_wait_ms is up
         self._closed = False
@@ -198,10 +204,11 @@ class Batcher:
                 f"work on tail {'/'.join(key)} ahead of it and in it",
                 code=ErrorCode.DEADLINE_EXCEEDED,
             )
-        tail.queue.append(_Request(tensor, received, deadline, done))
+        with self._lock:
+            tail.queue.append(_Request(tensor, received, deadline, done))
+            self._count(tail, queued=samples, pending=1)
         if deadline < tail.expires_at:  # the requests of one board come with deadlines later than those queued
             self._arm(tail, deadline, now)
-        self._count(tail, queued=samples, pending=1)
         self._form_soon()
 
     def _check_room(self, samples: int) -> None:
@@ -225,20 +232,23 @@ class Batcher:
         would be (refused ``overloaded`` when the queue is full) and counted in the load it announces
         while it runs, so that boards choose another host meanwhile."""
         self._check_room(samples)
-        self.other += samples
-        self._count_load()
+        with self._lock:
+            self.other += samples
+            self._count_load()
         try:
             yield
         finally:
-            self.other -= samples
-            self._count_load()
+            with self._lock:
+                self.other -= samples
+                self._count_load()
 
     def _count_load(self) -> None:
         self._load.set(self.queued + self.running + self.other)
 
     def load(self) -> float:
         """Mean samples queued or running per worker since the previous call (what zeroconf announces)."""
-        return self._load.read() / self.workers
+        with self._lock:
+            return self._load.read() / self.workers
 
     async def close(self, timeout: float) -> None:
         """Let admitted requests finish (at most ``timeout`` s), then stop; what is left is cancelled."""
@@ -246,14 +256,16 @@ class Batcher:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except asyncio.TimeoutError:
             log.warning("%d requests still pending after %g s; cancelling them", self.pending, timeout)
-        self._closed = True
+        with self._lock:
+            self._closed = True
+            left = [request for tail in self.tails.values() for request in tail.queue]
         if self._company is not None:
             self._company.cancel()
         for tail in self.tails.values():
             if tail.expiry is not None:
                 tail.expiry.cancel()
-            for request in tail.queue:
-                _tell(request, None)
+        for request in left:
+            _tell(request, None)
 
     def _tail(self, key: TailKey, backend: Backend) -> _Tail:
         tail = self.tails.get(key)
@@ -262,16 +274,20 @@ class Batcher:
         return tail
 
     def _count(self, tail: _Tail, queued: int = 0, running: int = 0, pending: int = 0) -> None:
-        """Move the counters that the queue bound, the gauges and the load read."""
-        tail.queued += queued
-        self.queued += queued
-        self.running += running
+        """Move the counters that the queue bound, the gauges and the load read (on the loop)."""
+        self._move(tail, queued, running)
         self.pending += pending
-        self._count_load()
         if self.pending:
             self._idle.clear()
         else:
             self._idle.set()
+
+    def _move(self, tail: _Tail, queued: int, running: int) -> None:
+        """Move samples between queued and running (under the lock, on the loop or a worker)."""
+        tail.queued += queued
+        self.queued += queued
+        self.running += running
+        self._count_load()
 
     def _form_soon(self) -> None:
         """Form batches on the loop's next turn (once): requests read in this one join them."""
@@ -280,55 +296,65 @@ class Batcher:
             asyncio.get_running_loop().call_soon(self._form)
 
     def _form(self) -> None:
-        """Give each free worker a batch: of the tails whose batch may go (``max_batch`` samples
-        waiting, or the oldest request has waited ``max_wait_ms`` for company), the one whose oldest
-        request has waited longest first. Called on the turn after a request comes and whenever a
-        batch ends; while every worker is busy, requests gather anyway."""
+        """Give each free worker a batch (:meth:`_pick`); called on the turn after a request comes
+        and whenever a worker stops for want of one. While every worker is busy, requests gather."""
         self._forming = False
         if self._company is not None:
             self._company.cancel()
             self._company = None
-        wait_s = self.config.max_wait_ms / 1000.0
-        now = time.perf_counter()
-        until = math.inf  # the soonest a batch not yet ready may go
-        while self.free and not self._closed:
-            chosen: _Tail | None = None
-            for tail in self.tails.values():
-                if not tail.queue:
-                    continue
-                oldest = tail.queue[0].received
-                if tail.queued < self.config.max_batch and oldest + wait_s > now:
-                    until = min(until, oldest + wait_s)
-                elif chosen is None or oldest < chosen.queue[0].received:
-                    chosen = tail
-            if chosen is None:
+        until = math.inf
+        while self.free:
+            with self._lock:
+                tail, batch, late, until = self._pick(time.perf_counter())
+            for request in late:
+                self._refuse_late(tail, request)  # type: ignore[arg-type]  # late requests come with their tail
+            if batch:
+                self._launch(tail, batch)  # type: ignore[arg-type]  # a batch comes with its tail
+            elif tail is None:
                 break
-            batch = self._take(chosen)
-            if batch:  # else everything it held had expired meanwhile
-                self._launch(chosen, batch)
-        if self.free and until != math.inf and not self._closed:
-            self._company = asyncio.get_running_loop().call_later(max(until - now, 0.0), self._form)
+        if self.free and until != math.inf:
+            self._company = asyncio.get_running_loop().call_later(max(until - time.perf_counter(), 0.0), self._form)
 
-    def _take(self, tail: _Tail) -> list[_Request]:
-        """Pop the next batch: whole requests, oldest first, up to ``max_batch`` samples (at
-        least one request however large), all with the same sample shape."""
+    def _pick(self, now: float) -> tuple[_Tail | None, list[_Request], list[_Request], float]:
+        """Take the next batch out of the queues (under the lock): of the tails whose batch may go
+        (``max_batch`` samples waiting, or the oldest request has waited ``max_wait_ms`` for
+        company), the one whose oldest request has waited longest; whole requests, oldest first, up
+        to ``max_batch`` samples (at least one request however large), all of one sample shape.
+        Returns the tail, the batch, the requests found past their deadline (taken out, to be
+        refused on the loop), and the soonest a batch not yet ready may go (inf: none waits)."""
+        wait_s = self.config.max_wait_ms / 1000.0
+        until, chosen = math.inf, None
+        if self._closed:
+            return None, [], [], until
+        for tail in self.tails.values():
+            if not tail.queue:
+                continue
+            oldest = tail.queue[0].received
+            if tail.queued < self.config.max_batch and oldest + wait_s > now:
+                until = min(until, oldest + wait_s)
+            elif chosen is None or oldest < chosen.queue[0].received:
+                chosen = tail
+        if chosen is None:
+            return None, [], [], until
         batch: list[_Request] = []
-        samples = 0
-        now = time.perf_counter()
-        while tail.queue:
-            request = tail.queue[0]
+        late: list[_Request] = []
+        samples = taken = 0
+        queue = chosen.queue
+        while queue:
+            request = queue[0]
             if batch and (
                 samples + request.samples > self.config.max_batch or request.tensor.shape[1:] != batch[0].tensor.shape[1:]
             ):
                 break
-            tail.queue.popleft()
+            queue.popleft()
+            taken += request.samples
             if request.deadline <= now:  # due, and the tail's timer has not had its turn yet
-                self._refuse_late(tail, request)
+                late.append(request)
                 continue
             batch.append(request)
             samples += request.samples
-        self._count(tail, queued=-samples, running=samples)
-        return batch
+        self._move(chosen, -taken, samples)
+        return chosen, batch, late, until
 
     def _arm(self, tail: _Tail, deadline: float, now: float) -> None:
         """Have the tail's timer fire at ``deadline`` (perf_counter time), replacing a later one."""
@@ -345,19 +371,21 @@ class Batcher:
         tail.expiry, tail.expires_at = None, math.inf
         now = time.perf_counter()
         due = now + TIMER_SLACK_S
-        late = [request for request in tail.queue if request.deadline <= due]
-        if late:
-            tail.queue = deque(request for request in tail.queue if request.deadline > due)
-            for request in late:
-                self._refuse_late(tail, request)
-        soonest = min((request.deadline for request in tail.queue), default=math.inf)
+        with self._lock:
+            late = [request for request in tail.queue if request.deadline <= due]
+            if late:
+                tail.queue = deque(request for request in tail.queue if request.deadline > due)
+                self._move(tail, -sum(request.samples for request in late), 0)
+            soonest = min((request.deadline for request in tail.queue), default=math.inf)
+        for request in late:
+            self._refuse_late(tail, request)
         if soonest != math.inf:
             self._arm(tail, soonest, now)
 
     def _refuse_late(self, tail: _Tail, request: _Request) -> None:
-        """Answer a request whose deadline passed in the queue, without running it."""
+        """Answer a request whose deadline passed in the queue (and was taken out of it), without running it."""
         waited_ms = (time.perf_counter() - request.received) * 1000.0
-        self._count(tail, queued=-request.samples, pending=-1)
+        self._count(tail, pending=-1)
         _tell(request, ProtocolError(f"deadline passed after {waited_ms:.1f} ms in the queue of tail {'/'.join(tail.key)}",
                                      code=ErrorCode.DEADLINE_EXCEEDED))
 
@@ -367,27 +395,40 @@ class Batcher:
         self.executor.submit(self._run, asyncio.get_running_loop(), tail, batch, bucket)
 
     def _run(self, loop: asyncio.AbstractEventLoop, tail: _Tail, batch: list[_Request], bucket: int) -> None:
-        """On a worker: run the batch and hand what came of it back to the loop."""
-        try:
-            outcome: tuple[np.ndarray, float, float] | BaseException = run_batch(
-                tail.backend, [r.tensor for r in batch], bucket)
-        except BaseException as exc:  # told to the batch's requests, on the loop
-            outcome = exc
-        try:
-            loop.call_soon_threadsafe(self._finished, tail, batch, outcome)
-        except RuntimeError:  # the loop has closed: the host stopped without waiting for this batch
-            pass
+        """On a worker: run the batch, hand what came of it back to the loop, and go on with the
+        next batch that may go, if any (the loop forms one when a request comes while none does)."""
+        while True:
+            try:
+                outcome: tuple[np.ndarray, float, float] | BaseException = run_batch(
+                    tail.backend, [r.tensor for r in batch], bucket)
+            except BaseException as exc:  # told to the batch's requests, on the loop
+                outcome = exc
+            with self._lock:
+                following, nxt, late, _ = self._pick(time.perf_counter())
+            try:
+                loop.call_soon_threadsafe(self._finished, tail, batch, outcome, following, nxt, late)
+            except RuntimeError:  # the loop has closed: the host stopped without waiting for this batch
+                return
+            if not nxt:
+                return
+            tail, batch = following, nxt  # type: ignore[assignment]  # a batch comes with its tail
+            bucket = bucket_for(sum(r.samples for r in batch), tail.buckets)
 
-    def _finished(self, tail: _Tail, batch: list[_Request], outcome: tuple[np.ndarray, float, float] | BaseException) -> None:
-        """Give the worker its next batch, then each request its slice of this one's output (or
-        the batch's failure)."""
-        self.free += 1
+    def _finished(self, tail: _Tail, batch: list[_Request], outcome: tuple[np.ndarray, float, float] | BaseException,
+                  following: _Tail | None, nxt: list[_Request], late: list[_Request]) -> None:
+        """Answer each request its slice of the batch output (or the batch's failure), and those
+        the worker found past their deadline; a worker that took no next batch is free again."""
         samples = sum(r.samples for r in batch)
         self._count(tail, running=-samples, pending=-len(batch))
+        for request in late:
+            self._refuse_late(following, request)  # type: ignore[arg-type]  # late requests come with their tail
+        if not nxt:
+            self.free += 1
         try:
             self._answer(tail, batch, samples, outcome)
         finally:
-            self._form_soon()
+            if not nxt:
+                self._form_soon()
 
     def _answer(self, tail: _Tail, batch: list[_Request], samples: int,
                 outcome: tuple[np.ndarray, float, float] | BaseException) -> None:

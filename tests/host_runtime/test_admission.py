@@ -163,6 +163,47 @@ def test_a_free_worker_takes_the_tail_whose_oldest_request_has_waited_longest(mo
         assert [reply["id"] for reply in replies] == [1, 2, 3, 4, 5] and all(reply["ok"] for reply in replies)
 
 
+def test_a_worker_that_ends_a_batch_takes_the_next_without_waiting_for_the_loop(mobilenet_bundle, bundle) -> None:
+    """With requests queued, the worker goes on to the next batch itself: requests 2 and 3 run
+    while the host's loop is held busy, before it could have handed the worker anything."""
+    import threading
+
+    from tests.host_runtime.test_walls import eventually
+
+    class Timed(Held):
+        def __init__(self, tail) -> None:
+            super().__init__(tail)
+            self.starts: list[float] = []
+
+        def run(self, x: np.ndarray) -> np.ndarray:
+            self.starts.append(time.perf_counter())
+            return super().run(x)
+
+    for host in start_host([mobilenet_bundle], workers=1, batching=BatchConfig(max_batch=1)):
+        registry = host.server.registry
+        timed = registry.tails[bundle.id, LATE] = Timed(registry.tails[bundle.id, LATE])
+        busy, freed = threading.Event(), []
+
+        async def hold_the_loop() -> None:
+            busy.set()
+            time.sleep(1.0)  # on the loop itself: nothing else of the host's runs meanwhile
+            freed.append(time.perf_counter())
+
+        with raw_connection(host) as sock:
+            for request_id in (1, 2, 3):
+                sock.sendall(infer_frame(bundle, request_id, LATE, cut(bundle, LATE, 1, seed=request_id)))
+            assert timed.started.wait(30)
+            assert eventually(host, lambda: host.server.batcher.queued, lambda n: n == 2) == 2
+            holder = threading.Thread(target=host.call, args=(hold_the_loop,))
+            holder.start()
+            assert busy.wait(10)
+            timed.go.set()
+            holder.join(30)
+            replies = [read_reply(sock) for _ in range(3)]
+        assert len(timed.starts) == 3 and timed.starts[2] < freed[0]  # 2 and 3 ran while the loop was held
+        assert [reply["id"] for reply in replies] == [1, 2, 3] and all(reply["ok"] for reply in replies)
+
+
 def test_connection_past_max_in_flight_is_not_read(mobilenet_bundle, bundle) -> None:
     """Per-connection backpressure under batching: with 2 requests in flight allowed, six sent
     at once cannot all be read into one batch, however long the batcher waits for company.
