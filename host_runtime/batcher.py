@@ -206,7 +206,8 @@ class Batcher:
             )
         with self._lock:
             tail.queue.append(_Request(tensor, received, deadline, done))
-            self._count(tail, queued=samples, pending=1)
+            self._move(tail, samples, 0)
+        self._settle(1)
         if deadline < tail.expires_at:  # the requests of one board come with deadlines later than those queued
             self._arm(tail, deadline, now)
         self._form_soon()
@@ -270,12 +271,13 @@ class Batcher:
     def _tail(self, key: TailKey, backend: Backend) -> _Tail:
         tail = self.tails.get(key)
         if tail is None:
-            tail = self.tails[key] = _Tail(key, backend, buckets=self.config.buckets if self.config.buckets and can_pad(backend) else ())
+            tail = _Tail(key, backend, buckets=self.config.buckets if self.config.buckets and can_pad(backend) else ())
+            with self._lock:  # a worker may be looking over the tails for its next batch
+                self.tails[key] = tail
         return tail
 
-    def _count(self, tail: _Tail, queued: int = 0, running: int = 0, pending: int = 0) -> None:
-        """Move the counters that the queue bound, the gauges and the load read (on the loop)."""
-        self._move(tail, queued, running)
+    def _settle(self, pending: int) -> None:
+        """Count requests admitted (+) or answered (-), on the loop: what :meth:`close` waits for."""
         self.pending += pending
         if self.pending:
             self._idle.clear()
@@ -283,7 +285,8 @@ class Batcher:
             self._idle.set()
 
     def _move(self, tail: _Tail, queued: int, running: int) -> None:
-        """Move samples between queued and running (under the lock, on the loop or a worker)."""
+        """Move the counts of samples queued and running that the queue bound, the gauges and the
+        load read (the caller holds the lock: on the loop or a worker)."""
         tail.queued += queued
         self.queued += queued
         self.running += running
@@ -385,7 +388,7 @@ class Batcher:
     def _refuse_late(self, tail: _Tail, request: _Request) -> None:
         """Answer a request whose deadline passed in the queue (and was taken out of it), without running it."""
         waited_ms = (time.perf_counter() - request.received) * 1000.0
-        self._count(tail, pending=-1)
+        self._settle(-1)
         _tell(request, ProtocolError(f"deadline passed after {waited_ms:.1f} ms in the queue of tail {'/'.join(tail.key)}",
                                      code=ErrorCode.DEADLINE_EXCEEDED))
 
@@ -419,7 +422,9 @@ class Batcher:
         """Answer each request its slice of the batch output (or the batch's failure), and those
         the worker found past their deadline; a worker that took no next batch is free again."""
         samples = sum(r.samples for r in batch)
-        self._count(tail, running=-samples, pending=-len(batch))
+        with self._lock:
+            self._move(tail, 0, -samples)
+        self._settle(-len(batch))
         for request in late:
             self._refuse_late(following, request)  # type: ignore[arg-type]  # late requests come with their tail
         if not nxt:
