@@ -394,14 +394,14 @@ class Batcher:
 
     def _launch(self, tail: _Tail, batch: list[_Request]) -> None:
         self.free -= 1
-        bucket = bucket_for(sum(r.samples for r in batch), tail.buckets)
-        self.executor.submit(self._run, asyncio.get_running_loop(), tail, batch, bucket)
+        self.executor.submit(self._run, asyncio.get_running_loop(), tail, batch)
 
-    def _run(self, loop: asyncio.AbstractEventLoop, tail: _Tail, batch: list[_Request], bucket: int) -> None:
+    def _run(self, loop: asyncio.AbstractEventLoop, tail: _Tail, batch: list[_Request]) -> None:
         """On a worker: run the batch, hand what came of it back to the loop, and go on with the
         next batch that may go, if any (the loop forms one when a request comes while none does)."""
         while True:
             try:
+                bucket = bucket_for(sum(r.samples for r in batch), tail.buckets)
                 outcome: tuple[np.ndarray, float, float] | BaseException = run_batch(
                     tail.backend, [r.tensor for r in batch], bucket)
             except BaseException as exc:  # told to the batch's requests, on the loop
@@ -415,7 +415,6 @@ class Batcher:
             if not nxt:
                 return
             tail, batch = following, nxt  # type: ignore[assignment]  # a batch comes with its tail
-            bucket = bucket_for(sum(r.samples for r in batch), tail.buckets)
 
     def _finished(self, tail: _Tail, batch: list[_Request], outcome: tuple[np.ndarray, float, float] | BaseException,
                   following: _Tail | None, nxt: list[_Request], late: list[_Request]) -> None:
