@@ -7,7 +7,10 @@ each request gets its own slice of the output back. The oldest waiting request w
 most ``max_wait_ms`` for company; a batch of ``max_batch`` samples goes at once; while every
 worker is busy, requests gather anyway and the next free worker takes up to ``max_batch``
 of them, from the tail whose oldest request has waited longest (first come, first run, across
-tails as within one). ``max_batch = 1`` turns batching off. With ``buckets`` (a GPU's), a batch is padded
+tails as within one). With ``share`` (the CPU's) and no wait for company, a worker takes at most its share of that
+tail's queue, ``ceil(queued / workers)``: the next worker to come free finds work waiting
+rather than idling while the boards the last batch answered send again, and two free workers
+split a queue rather than one running it all beside an idle core. ``max_batch = 1`` turns batching off. With ``buckets`` (a GPU's), a batch is padded
 with zeros up to the next bucket size (:func:`~host_runtime.tails.run_batch`) and each request
 still gets only its own rows back.
 
@@ -70,6 +73,13 @@ class BatchConfig:
     max_queue: int = 256  # samples waiting across the host before requests are refused
     # Batch sizes a batch is padded up to (host_runtime.tails.bucket_sizes); () runs every batch at its own size.
     buckets: tuple[int, ...] = ()
+    # A batch takes at most its worker's share of its tail's queue, ceil(queued / workers). For
+    # the CPU, where a sample costs about as much at batch 8 as at 16: a host of 2 workers on 2
+    # cores served 3-5 % more at 8 and 32 closed-loop boards, its p99 a quarter lower
+    # (docs/benchmarks.md, issue 32). Not for CUDA (the CLI turns it off there), where a launch
+    # costs about as much whatever its batch. Only with max_wait_ms 0: a host told to wait for
+    # company wants its batches whole.
+    share: bool = True
 
     def __post_init__(self) -> None:
         assert self.max_batch >= 1, f"max_batch must be at least 1, got {self.max_batch}"
@@ -322,7 +332,8 @@ class Batcher:
         """Take the next batch out of the queues (under the lock): of the tails whose batch may go
         (``max_batch`` samples waiting, or the oldest request has waited ``max_wait_ms`` for
         company), the one whose oldest request has waited longest; whole requests, oldest first, up
-        to ``max_batch`` samples (at least one request however large), all of one sample shape.
+        to ``max_batch`` samples, or to this worker's share of the queue (``share``), at least
+        one request however large, all of one sample shape.
         Returns the tail, the batch, the requests found past their deadline (taken out, to be
         refused on the loop), and the soonest a batch not yet ready may go (inf: none waits)."""
         wait_s = self.config.max_wait_ms / 1000.0
@@ -342,11 +353,14 @@ class Batcher:
         batch: list[_Request] = []
         late: list[_Request] = []
         samples = taken = 0
+        limit = self.config.max_batch
+        if self.config.share and not wait_s:
+            limit = min(limit, -(-chosen.queued // self.workers))
         queue = chosen.queue
         while queue:
             request = queue[0]
             if batch and (
-                samples + request.samples > self.config.max_batch or request.tensor.shape[1:] != batch[0].tensor.shape[1:]
+                samples + request.samples > limit or request.tensor.shape[1:] != batch[0].tensor.shape[1:]
             ):
                 break
             queue.popleft()

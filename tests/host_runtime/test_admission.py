@@ -204,6 +204,35 @@ def test_a_worker_that_ends_a_batch_takes_the_next_without_waiting_for_the_loop(
         assert [reply["id"] for reply in replies] == [1, 2, 3] and all(reply["ok"] for reply in replies)
 
 
+@pytest.mark.parametrize("share, sizes", [(True, [1, 2, 2, 3, 3, 3]), (False, [6] * 6)])
+def test_a_worker_takes_its_share_of_the_queue_and_leaves_the_rest_to_the_next(
+    mobilenet_bundle, bundle, share: bool, sizes: list[int]
+) -> None:
+    """Behind two workers held by a batch each, six requests queue. With ``share`` the first
+    worker to come free takes 3 of them (ceil(6 / 2)), the next 2 of the 3 left, the next the
+    last: whichever comes free next finds work. Without it the first takes all six and the
+    other worker idles. Either way each request gets its own answer."""
+    from tests.host_runtime.test_walls import eventually
+
+    tensors = [cut(bundle, LATE, 1, seed=i) for i in range(8)]
+    for host in start_host([mobilenet_bundle], workers=2, batching=BatchConfig(max_batch=8, share=share)):
+        registry = host.server.registry
+        held = registry.tails[bundle.id, LATE] = Held(registry.tails[bundle.id, LATE])
+        with raw_connection(host) as sock:
+            for request_id in (1, 2):  # one at a time: a worker each
+                sock.sendall(infer_frame(bundle, request_id, LATE, tensors[request_id - 1]))
+                assert eventually(host, lambda: host.server.batcher.running, lambda n: n == request_id) == request_id
+            for request_id in range(3, 9):
+                sock.sendall(infer_frame(bundle, request_id, LATE, tensors[request_id - 1]))
+            assert eventually(host, lambda: host.server.batcher.queued, lambda n: n == 6) == 6
+            held.go.set()
+            replies = sorted((read_reply(sock) for _ in range(8)), key=lambda reply: reply["id"])
+    assert [reply["batch"] for reply in replies[:2]] == [1, 1]
+    assert sorted(reply["batch"] for reply in replies[2:]) == sizes
+    for reply, alone in zip(replies, unbatched(bundle, LATE, tensors)):
+        np.testing.assert_allclose(reply["tensor"], alone, atol=1e-5, rtol=0)
+
+
 def test_connection_past_max_in_flight_is_not_read(mobilenet_bundle, bundle) -> None:
     """Per-connection backpressure under batching: with 2 requests in flight allowed, six sent
     at once cannot all be read into one batch, however long the batcher waits for company.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from device_runtime.bundle import Bundle, write_manifest
 from host_runtime.batcher import BatchConfig
 from tests.conftest import TEST_SPLITS, start_host
-from tests.host_runtime.helpers import cut, infer, run_with_client, unbatched
+from tests.host_runtime.helpers import cut, infer, port_from_log, run_with_client, serve_process, unbatched
 
 EXACT = 1e-5  # a batched run against the same tail run alone
 EARLY, LATE = TEST_SPLITS
@@ -103,3 +104,19 @@ def test_two_bundles_are_served_side_by_side_and_never_batched_together(mobilene
     for reply, alone in zip(replies, unbatched(bundle, LATE, tensors)):
         np.testing.assert_allclose(reply["tensor"], alone, atol=EXACT, rtol=0)
     assert {k: h["count"] for k, h in stats["compute_seconds"].items()} == {f"{bundle.id}/{LATE}": 2, f"{other}/{LATE}": 2}
+
+
+@pytest.mark.parametrize("wait, shares", [("0", True), ("2", False)])
+def test_the_host_says_whether_a_worker_takes_its_share_of_the_queue(mobilenet_bundle, tmp_path, wait, shares) -> None:
+    """On the CPU, with no wait for company, a worker takes its share of the queue, and the host
+    says so at start; told to wait, it keeps its batches whole and says nothing of shares."""
+    log = tmp_path / "host.log"
+    process = serve_process(mobilenet_bundle, log, "--device", "cpu", "--max-wait-ms", wait)
+    try:
+        port_from_log(process, log)
+        said = next(line for line in log.read_text().splitlines() if line.startswith("tails run on cpu"))
+        assert ("batches of up to 8 samples (a worker takes its share of the queue), not padded" in said) is shares
+        assert f"waiting at most {wait} ms" in said
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(30)
