@@ -301,7 +301,7 @@ async def serve(args: argparse.Namespace, child: Child | None = None, caught: li
         host=args.interface, port=args.port if child is None else child.port, workers=workers,
         max_frame_bytes=max_frame_bytes,
         batching=BatchConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
-                             buckets=buckets, share=not cuda),
+                             buckets=buckets),
         metrics_port=args.metrics_port if child is None or args.metrics_port is None else 0,
         metrics_host=None if child is None else "127.0.0.1",
         key=key, tls=tls, max_connections=max_connections,
@@ -322,7 +322,7 @@ async def serve(args: argparse.Namespace, child: Child | None = None, caught: li
     listening = f"listening on {host}:{port}; {frames}, {'TLS' if tls is not None else 'no TLS'}"
     event_loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # "uvloop" or "asyncio"
     padding = f"padded to {','.join(map(str, buckets))} (warmed up)" if buckets else "not padded"
-    share = " (a worker takes its share of the queue)" if config.batching.share and not args.max_wait_ms else ""
+    share = " (a worker takes its share of the queue)" if server.batcher.config.share and not args.max_wait_ms else ""
     after = [(sys.stdout, f"tails run on {registry.device} ({workers} workers{', TF32' if cuda and args.tf32 else ''}); "
                               f"batches of up to {args.max_batch} samples{share}, "
                               f"{padding}, waiting at most "

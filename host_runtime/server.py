@@ -34,7 +34,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Callable, Iterator
 
@@ -447,7 +447,10 @@ class HostServer:
             in_flight=lambda: self.batcher.pending,
             queue_depth=lambda: self.batcher.queued,
         )
-        self.batcher = Batcher(config.batching, self.executor, config.workers, on_batch=self.stats.batch_size.observe,
+        batching = config.batching
+        if batching.share is None:  # a worker's share of the queue: on the CPU, not on CUDA (BatchConfig.share)
+            batching = replace(batching, share=registry.device != "cuda")
+        self.batcher = Batcher(batching, self.executor, config.workers, on_batch=self.stats.batch_size.observe,
                                on_padding=self.stats.padded_samples.inc)
         self.frames_refused = PromCounter(
             PREFIX + "frames_refused", "Frames refused by authentication (each closes its connection), by reason.",

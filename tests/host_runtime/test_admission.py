@@ -233,6 +233,19 @@ def test_a_worker_takes_its_share_of_the_queue_and_leaves_the_rest_to_the_next(
         np.testing.assert_allclose(reply["tensor"], alone, atol=1e-5, rtol=0)
 
 
+def test_a_host_shares_its_queue_among_workers_on_the_cpu_and_not_on_cuda(mobilenet_bundle) -> None:
+    """Unless told, the host decides by its tails' device: on CUDA a launch costs about as much
+    whatever its batch, so a worker takes all it may there."""
+    from host_runtime.server import HostServer, ServerConfig
+    from host_runtime.tails import TailRegistry
+
+    registry = TailRegistry.from_paths([mobilenet_bundle], threads=1, device="cpu")
+    assert HostServer(registry, ServerConfig()).batcher.config.share is True
+    registry.device = "cuda"  # as a registry whose tails all run on CUDA says
+    assert HostServer(registry, ServerConfig()).batcher.config.share is False
+    assert HostServer(registry, ServerConfig(batching=BatchConfig(share=True))).batcher.config.share is True
+
+
 def test_connection_past_max_in_flight_is_not_read(mobilenet_bundle, bundle) -> None:
     """Per-connection backpressure under batching: with 2 requests in flight allowed, six sent
     at once cannot all be read into one batch, however long the batcher waits for company.
