@@ -185,7 +185,8 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--max-wait-ms", type=_at_least(0, float), default=defaults.max_wait_ms,
-        help=f"how long a request waits for others to batch with (default {defaults.max_wait_ms:g})",
+        help=f"how long a request waits for others to batch with (default {defaults.max_wait_ms:g}; with 0, on the "
+        "CPU, a worker takes at most its share of the queue, so that the next one free finds work waiting)",
     )
     serve.add_argument(
         "--max-queue", type=_at_least(1, int), default=defaults.max_queue,
