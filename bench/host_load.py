@@ -194,7 +194,7 @@ class Host:
 
     def __init__(self, bundle_dir: Path, log: Path, max_batch: int, max_wait_ms: float, workers: int,
                  threads: int | None, loop: str, device: str = "cpu", procs: int = 1, tf32: bool = False,
-                 boards: int = 0, buckets: str | None = None) -> None:
+                 boards: int = 0, buckets: str | None = None, share_queue: str | None = None) -> None:
         room = str(max(256, boards))  # the defaults, or every board (all on 127.0.0.1, one request each)
         command = [
             sys.executable, "-m", "host_runtime.cli", "serve", str(bundle_dir), "--interface", "127.0.0.1",
@@ -206,6 +206,8 @@ class Host:
             command.append("--tf32")
         if buckets is not None:
             command += ["--buckets", buckets]
+        if share_queue is not None:
+            command += ["--share-queue", share_queue]
         if threads is not None:
             command += ["--threads", str(threads)]
         self.log = log
@@ -471,6 +473,8 @@ def main() -> None:
     parser.add_argument("--tf32", action="store_true",
                         help=f"the host's --tf32 (CUDA); the answer is checked to {TF32_ERROR:g}, what TF32 was measured to cost")
     parser.add_argument("--buckets", help="the host's --buckets (default: the host's own, auto)")
+    parser.add_argument("--share-queue", choices=("auto", "on", "off"),
+                        help="the host's --share-queue (default: the host's own, auto)")
     parser.add_argument("--procs", type=int, default=1, help="the host's --procs: processes on one port")
     parser.add_argument("--loop", choices=LOOPS, default="auto", help="the host's event loop (default auto)")
     parser.add_argument("--threads", type=int, default=1,
@@ -491,7 +495,8 @@ def main() -> None:
     expected = OnnxBackend(bundle.artifact(args.split, "tail"), threads=1).run(cut)
     print(f"bundle {bundle.id}, split {args.split}: cut {list(cut.shape)} float32, {cut.nbytes:,} bytes; "
           f"host: --device {args.device}{' --tf32' if args.tf32 else ''} --procs {args.procs} --workers {args.workers} "
-          f"--threads {args.threads} --loop {args.loop} --buckets {args.buckets or 'auto'}; answers checked to {atol:g}; {args.generators} generator process(es); "
+          f"--threads {args.threads} --loop {args.loop} --buckets {args.buckets or 'auto'} "
+          f"--share-queue {args.share_queue or 'auto'}; answers checked to {atol:g}; {args.generators} generator process(es); "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
     # The tail as the host builds it: same registry, same session options and threads.
     tail = TailRegistry.from_paths([bundle_dir], threads=args.threads, device=args.device,
@@ -505,7 +510,7 @@ def main() -> None:
     logs.mkdir(parents=True, exist_ok=True)
     for mode, max_batch, max_wait_ms in args.modes:
         host = Host(bundle_dir, logs / "host_load-host.log", max_batch, max_wait_ms, args.workers, args.threads,
-                    args.loop, args.device, args.procs, args.tf32, max(args.boards), args.buckets)
+                    args.loop, args.device, args.procs, args.tf32, max(args.boards), args.buckets, args.share_queue)
         try:
             for line in host.log.read_text(errors="replace").splitlines():
                 if line.startswith(("tails run on", "sessions:")):

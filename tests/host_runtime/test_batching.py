@@ -106,12 +106,16 @@ def test_two_bundles_are_served_side_by_side_and_never_batched_together(mobilene
     assert {k: h["count"] for k, h in stats["compute_seconds"].items()} == {f"{bundle.id}/{LATE}": 2, f"{other}/{LATE}": 2}
 
 
-@pytest.mark.parametrize("wait, shares", [("0", True), ("2", False)])
-def test_the_host_says_whether_a_worker_takes_its_share_of_the_queue(mobilenet_bundle, tmp_path, wait, shares) -> None:
-    """On the CPU, with no wait for company, a worker takes its share of the queue, and the host
-    says so at start; told to wait, it keeps its batches whole and says nothing of shares."""
+@pytest.mark.parametrize("wait, share_queue, shares", [("0", "auto", True), ("2", "auto", False), ("2", "on", False),
+                                                      ("0", "off", False)])
+def test_the_host_says_whether_a_worker_takes_its_share_of_the_queue(
+    mobilenet_bundle, tmp_path, wait, share_queue, shares
+) -> None:
+    """On the CPU, with no wait for company, a worker takes its share of the queue by default, and
+    the host says so at start; told to wait, or told not to share, it keeps its batches whole and
+    says nothing of shares."""
     log = tmp_path / "host.log"
-    process = serve_process(mobilenet_bundle, log, "--device", "cpu", "--max-wait-ms", wait)
+    process = serve_process(mobilenet_bundle, log, "--device", "cpu", "--max-wait-ms", wait, "--share-queue", share_queue)
     try:
         port_from_log(process, log)
         said = next(line for line in log.read_text().splitlines() if line.startswith("tails run on cpu"))
