@@ -182,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
         "report", help="plots, a summary and report.html from --trace files; several runs side by side",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    # The same arguments as split-trial report's (fieldtrial/commands.py), which runs this one: the
+    # board runtime cannot import fieldtrial, nor fieldtrial this module (past the package's face).
     report.add_argument("traces", nargs="+", metavar="TRACE",
                         help="JSONL traces written by split-device run --trace, or folders of them; two or more are "
                              "compared side by side")
@@ -189,11 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="directory for report.html, the PNGs and summary.json (with several runs, a folder per "
                              "run beside them)")
     report.add_argument("--calibration", action="append", metavar="FILE",
-                        help="calibration.json for the gain over static splits (default: the one each run used); once "
-                             "per bundle compared")
+                        help="calibration.json for the gain over static splits and the model (default: the one each "
+                             "run used); once per bundle compared, each run takes its bundle's")
     report.add_argument("--label", action="append", metavar="NAME",
                         help="the run's name on the page, once per run in order (default: the trace's file name, or "
-                             "what tells the runs apart)")
+                             "what tells the runs apart: bundle, policy)")
 
     info_parser = commands.add_parser(
         "info", help="show the detected board, the installed backends and the profile in force",

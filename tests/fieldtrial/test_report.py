@@ -339,3 +339,17 @@ def test_importing_the_report_does_not_import_matplotlib() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "False"
+
+
+def test_split_device_report_and_split_trial_report_take_the_same_arguments() -> None:
+    """Defined twice (the board runtime cannot import fieldtrial): the same names, help and kinds."""
+    from device_runtime.cli import build_parser as device_parser
+    from fieldtrial.commands import build_parser as trial_parser
+
+    def report_arguments(parser) -> list[tuple[Any, ...]]:
+        (commands,) = [a for a in parser._actions if a.dest == "command"]
+        report = commands.choices["report"]
+        return [(a.dest, tuple(a.option_strings), a.help, a.metavar, a.nargs, a.required, type(a).__name__)
+                for a in report._actions if a.dest != "help"]
+
+    assert report_arguments(device_parser()) == report_arguments(trial_parser())
