@@ -3,7 +3,7 @@
 - **host**: ``split-host serve`` in a process of its own (its own interpreter and event loop,
   ``--loop`` as given here: uvloop by default where installed, as the host itself does),
   on 127.0.0.1, tails on ``--device`` (cpu by default; ``--procs`` processes on one port), started once per batching mode (``--max-batch 1``: off; larger:
-  on), with ``--workers`` and ``--threads`` as given here.
+  on), with ``--workers``, ``--threads`` and ``--share-queue`` as given here.
 - **boards**: 1, 8, 32, 128 and 512 simulated boards (the curve: throughput should rise or hold
   from each point to the next; the bench says where it falls by more than 5 %), each an asyncio task with its own TCP
   connection (the device's own ``HostClient``), in ``--generators`` processes apart from the
