@@ -75,7 +75,7 @@ class BatchConfig:
     buckets: tuple[int, ...] = ()
     # A batch takes at most its worker's share of its tail's queue, ceil(queued / workers). For
     # the CPU, where a sample costs about as much at batch 8 as at 16: a host of 2 workers on 2
-    # cores served 3-5 % more at 8 and 32 closed-loop boards, its p99 a quarter lower
+    # cores served 2-7 % more at 32 closed-loop boards, its p99 a quarter lower
     # (docs/benchmarks.md, issue 32). Not for CUDA, where a launch costs about as much whatever
     # its batch. None: the host decides by its tails' device (HostServer). Only with max_wait_ms
     # 0: a host told to wait for company wants its batches whole.

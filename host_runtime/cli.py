@@ -191,8 +191,8 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--share-queue", choices=tuple(SHARE_QUEUE), default="auto",
         help="on: a worker takes at most its share of its tail's queue, ceil(queued / workers), so that the next "
-        "worker free finds work waiting rather than idling while the boards answered last send again (3-5 %% more "
-        "throughput at 8 and 32 boards on 2 cores); off: a free worker takes all it may, up to --max-batch; auto: "
+        "worker free finds work waiting rather than idling while the boards answered last send again (2-7 %% more "
+        "throughput at 32 boards on 2 cores, p99 a quarter lower); off: a free worker takes all it may, up to --max-batch; auto: "
         "on the CPU, off on CUDA, where a launch costs about as much whatever its batch; never while requests wait "
         "for company (--max-wait-ms); default: auto",
     )
