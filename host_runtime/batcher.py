@@ -7,10 +7,11 @@ each request gets its own slice of the output back. The oldest waiting request w
 most ``max_wait_ms`` for company; a batch of ``max_batch`` samples goes at once; while every
 worker is busy, requests gather anyway and the next free worker takes up to ``max_batch``
 of them, from the tail whose oldest request has waited longest (first come, first run, across
-tails as within one). With ``share`` (the CPU's) and no wait for company, a worker takes at most its share of that
-tail's queue, ``ceil(queued / workers)``: the next worker to come free finds work waiting
-rather than idling while the boards the last batch answered send again, and two free workers
-split a queue rather than one running it all beside an idle core. ``max_batch = 1`` turns batching off. With ``buckets`` (a GPU's), a batch is padded
+tails as within one). With ``share`` (the CPU's) and no wait for company, a worker takes at
+most its share of that tail's queue, ``ceil(queued / workers)``: the next worker to come free
+finds work waiting rather than idling while the boards the last batch answered send again, and
+two free workers split a queue rather than one running it all beside an idle core.
+``max_batch = 1`` turns batching off. With ``buckets`` (a GPU's), a batch is padded
 with zeros up to the next bucket size (:func:`~host_runtime.tails.run_batch`) and each request
 still gets only its own rows back.
 
@@ -87,6 +88,11 @@ class BatchConfig:
             f"buckets must be distinct positive sizes in ascending order, got {self.buckets}")
         assert self.max_wait_ms >= 0, f"max_wait_ms must not be negative, got {self.max_wait_ms}"
         assert self.max_queue >= 1, f"max_queue must be at least 1, got {self.max_queue}"
+
+    @property
+    def shares(self) -> bool:
+        """Whether a worker takes only its share of the queue: told or decided so, and not waiting for company."""
+        return bool(self.share) and not self.max_wait_ms
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs a microsecond per request
@@ -354,7 +360,7 @@ class Batcher:
         late: list[_Request] = []
         samples = taken = 0
         limit = self.config.max_batch
-        if self.config.share and not wait_s:
+        if self.config.shares:
             limit = min(limit, -(-chosen.queued // self.workers))
         queue = chosen.queue
         while queue:

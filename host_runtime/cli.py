@@ -191,10 +191,10 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--share-queue", choices=tuple(SHARE_QUEUE), default="auto",
         help="on: a worker takes at most its share of its tail's queue, ceil(queued / workers), so that the next "
-        "worker free finds work waiting rather than idling while the boards answered last send again (2-7 %% more "
-        "throughput at 32 boards on 2 cores, p99 a quarter lower); off: a free worker takes all it may, up to --max-batch; auto: "
-        "on the CPU, off on CUDA, where a launch costs about as much whatever its batch; never while requests wait "
-        "for company (--max-wait-ms); default: auto",
+        "worker free finds work waiting rather than idling while the boards answered last send again (2-7 %% "
+        "more throughput at 32 boards on 2 cores, p99 a quarter lower); off: a free worker takes all it may, up to "
+        "--max-batch; auto: on the CPU, off on CUDA, where a launch costs about as much whatever its batch; never "
+        "while requests wait for company (--max-wait-ms); default: auto",
     )
     serve.add_argument(
         "--max-queue", type=_at_least(1, int), default=defaults.max_queue,
@@ -336,7 +336,7 @@ async def serve(args: argparse.Namespace, child: Child | None = None, caught: li
     listening = f"listening on {host}:{port}; {frames}, {'TLS' if tls is not None else 'no TLS'}"
     event_loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # "uvloop" or "asyncio"
     padding = f"padded to {','.join(map(str, buckets))} (warmed up)" if buckets else "not padded"
-    share = " (a worker takes its share of the queue)" if server.batcher.config.share and not args.max_wait_ms else ""
+    share = " (a worker takes its share of the queue)" if server.batcher.config.shares else ""
     after = [(sys.stdout, f"tails run on {registry.device} ({workers} workers{', TF32' if cuda and args.tf32 else ''}); "
                               f"batches of up to {args.max_batch} samples{share}, "
                               f"{padding}, waiting at most "
