@@ -124,3 +124,15 @@ def test_the_host_says_whether_a_worker_takes_its_share_of_the_queue(
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(30)
+
+
+@pytest.mark.parametrize("wrong", ["maybe", "ON", "1", ""])
+def test_a_share_queue_that_is_not_auto_on_or_off_is_refused_in_one_line(wrong: str, capsys) -> None:
+    from host_runtime.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit:
+        build_parser().parse_args(["serve", "b/", "--share-queue", wrong])
+    assert exit.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"argument --share-queue: invalid choice: '{wrong}'" in line  # argparse's own line, with the choices:
+    assert all(choice in line.partition("choose from")[2] for choice in ("auto", "on", "off"))
