@@ -44,7 +44,7 @@ from typing import Any, Iterable, Sequence, Union
 import numpy as np
 
 from device_runtime import FULL, LOCAL, OFFLOAD, TAIL, Bundle, stage_id
-from device_runtime.engine import Backend, OnnxBackend, check_input
+from device_runtime.engine import Backend, OnnxBackend, check_input, session_options
 from device_runtime.wire import ErrorCode
 from splitedge import BackendError, BundleError, ProtocolError
 
@@ -162,7 +162,10 @@ class TailSession(OnnxBackend):
     def __init__(self, path: str | Path, threads: int | None, providers: Sequence[Provider], io_binding: bool,
                  buckets: Sequence[int] = (), bucket_providers: Sequence[Provider] | None = None,
                  per_bucket: bool | None = None) -> None:
-        super().__init__(path, threads, providers)  # type: ignore[arg-type]  # onnxruntime takes (name, options) too
+        # A host's workers run a tail back to back: its pools may spin between batches, as onnxruntime's do
+        # by default; sized and kept to the host's own CPUs like the board's (issue 43: a host's default
+        # pool put a worker on the board's CPU).
+        super().__init__(path, threads, providers, spinning=True)  # type: ignore[arg-type]
         self.io_binding = io_binding
         cuda = CUDA in self.session.get_providers()
         self._output_device = "cuda" if cuda else "cpu"
@@ -176,9 +179,7 @@ class TailSession(OnnxBackend):
     def _session_of_size(self, path: str | Path, threads: int | None, providers: Sequence[Provider], size: int) -> Any:
         import onnxruntime as ort
 
-        options = ort.SessionOptions()
-        if threads:
-            options.intra_op_num_threads = threads
+        options = session_options(ort, threads, spinning=True)  # as the general session's
         options.log_severity_level = 3  # as OnnxBackend's
         options.add_free_dimension_override_by_name(str(self.input_shape[0]), size)
         try:

@@ -48,7 +48,7 @@ FACES = {
     "device_runtime.engine": [
         "AUTO", "Backend", "DeviceRunner", "EXACT", "FAST", "FAST_AGREEMENT", "INT8_MARGIN", "LiteRTBackend",
         "OnnxBackend", "PRECISIONS", "PREPROCESS_PATHS", "check_input", "default_split", "fast_preprocess",
-        "load_backend", "prefers_int8", "preprocess", "preprocess_path",
+        "load_backend", "prefers_int8", "preprocess", "preprocess_path", "session_options", "usable_cpus",
     ],
     "device_runtime.live": [
         "LiveBoard", "LiveServer", "LiveSource", "live_flag", "live_token", "page", "parse_live_address",
@@ -57,7 +57,7 @@ FACES = {
         "HostAdvert", "HostLink", "LinkMeter", "connect_host", "discover", "host_address", "probe_bytes",
     ],
     "device_runtime.stream": [
-        "AutoPolicy", "BanditPolicy", "BoardPace", "Choice", "DROP_QUEUE_FULL", "Frame", "FrameQueue", "FrameResult", "FrameSource",
+        "AutoPolicy", "BanditPolicy", "BoardPace", "Choice", "DROP_QUEUE_FULL", "DropForecast", "Frame", "FrameQueue", "FrameResult", "FrameSource",
         "HEAD_TIMES", "HeadTimes", "IMAGE_SUFFIXES", "LINK_RATE", "Pipeline", "PipelineConfig", "PipelineStats", "Reason",
         "RunEvents", "SplitPolicy", "StaticPolicy", "TRACE_SCHEMA", "TraceWriter", "append_link_rate", "frame_record",
         "open_source", "pi_camera_absent", "read_head_times", "read_pace", "top1",

@@ -7,6 +7,7 @@ answer alike (:func:`preprocess_path`).
 """
 
 from device_runtime.engine.backend import Backend, OnnxBackend, check_input, load_backend
+from device_runtime.engine.cpus import session_options, usable_cpus
 from device_runtime.engine.litert_backend import LiteRTBackend
 from device_runtime.engine.fast_preprocess import fast_preprocess
 from device_runtime.engine.preprocess import preprocess
@@ -32,4 +33,6 @@ __all__ = [
     "prefers_int8",
     "preprocess",
     "preprocess_path",
+    "session_options",
+    "usable_cpus",
 ]

@@ -14,6 +14,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from device_runtime.bundle import FORMATS, ONNX, TFLITE
+from device_runtime.engine.cpus import session_options
 from splitedge import BackendError
 
 
@@ -52,15 +53,17 @@ _ORT_DTYPES = {"tensor(float)": "float32", "tensor(uint8)": "uint8", "tensor(int
 class OnnxBackend:
     """One onnxruntime session for one ONNX artifact with a single input and a single output."""
 
-    def __init__(self, path: str | Path, threads: int | None = None, providers: Sequence[str] | None = None) -> None:
+    def __init__(self, path: str | Path, threads: int | None = None, providers: Sequence[str] | None = None,
+                 spinning: bool = False) -> None:
         try:
             import onnxruntime as ort
         except ImportError as exc:
             raise BackendError("onnxruntime is not installed: pip install 'splitedge[device]'") from exc
         self.name = Path(path).name
-        options = ort.SessionOptions()
-        if threads:
-            options.intra_op_num_threads = threads
+        # Sized to this process's CPUs and kept on them; no spinning unless asked: a board's sessions
+        # take turns (heads, the full model; calibration's round robin), and calibration times what
+        # the run runs (engine/cpus.py).
+        options = session_options(ort, threads, spinning)
         # Quiet by default: ORT's warnings about unused initializers are noise on a board's console.
         options.log_severity_level = 3
         try:

@@ -30,6 +30,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from device_runtime.engine.backend import check_input
+from device_runtime.engine.cpus import usable_cpus
 from device_runtime.wire import dequantize, quantize
 from splitedge import BackendError
 
@@ -117,7 +118,8 @@ class LiteRTBackend:
         interpreter_class = load_interpreter_class()
         try:
             with _without_delegate_notice():
-                self._interpreter = interpreter_class(model_path=str(path), num_threads=threads or None)
+                # As many threads as the process may use (engine/cpus.py), not the machine's cores.
+                self._interpreter = interpreter_class(model_path=str(path), num_threads=threads or usable_cpus())
                 self._interpreter.allocate_tensors()
         except Exception as exc:  # the interpreter raises ValueError/RuntimeError for missing and corrupt files
             raise BackendError(f"{path}: the TFLite interpreter cannot load it: {exc}") from exc
