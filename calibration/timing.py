@@ -34,6 +34,13 @@ WIDE_MIN_MS = 1.0
 WINDOW = 64
 #: Running samples needed before they replace the calibrated time: fewer are mostly noise.
 MIN_SAMPLES = 8
+#: The board's last head runs (of any split) whose ratios to their calibrated times give its speed now.
+RECENT = 16
+#: A (split, batch)'s own running median stands while it ran within the board's last this many head
+#: runs; older, the board may have sped up or slowed down since, and the board's factor stands instead.
+FRESH = 64
+#: (split, batch) keys kept at most: a board's splits times its batch sizes are far fewer.
+MAX_KEYS = 256
 
 
 def measure_ms(
@@ -169,39 +176,80 @@ def widest(spreads: Mapping[K, Spread], ratio: float = WIDE_RATIO, min_ms: float
 
 
 class RunningTimes:
-    """The board's head times as measured frame by frame, to keep the latency model current.
+    """The board's head times as measured frame by frame, to keep every option's time current.
 
-    Calibration runs once, on a cool, idle board; at run time the board may be throttled or
-    busy, and DSC Eq. 6 picks the wrong split if fed the calibrated times.
+    Calibration runs once; at run time the board may be throttled or shared, and DSC Eq. 6
+    picks the wrong split if fed the calibrated times. Only the option in use is timed, though,
+    and refining it alone misleads as much as not refining at all: a field trial (issue 43) kept a
+    cut at 77 ms while local, never tried since calibration, would have taken 34, and another
+    fled a re-measured local (439 ms) to a cut whose calibrated time (kept, 543 ms in truth) said
+    it was faster. What slows one network on a board slows the others alike (a neighbour's share
+    of the CPU, the clock's governor), so the board's recent head runs, whichever split ran them,
+    give its speed against calibration (:meth:`factor`), and every option not timed lately is
+    predicted at its calibrated time times that factor; an option timed lately keeps its own
+    median (:meth:`apply`).
     """
 
     def __init__(self) -> None:
         self._samples: dict[tuple[str, int], deque[float]] = {}
+        self._recent: deque[tuple[str, int, float]] = deque(maxlen=RECENT)  # the board's last head runs
+        self._last_seen: dict[tuple[str, int], int] = {}  # key -> the count of head runs at its latest
+        self._count = 0
 
     def observe(self, split: str, batch: int, ms: float) -> None:
         """Record one head run of ``batch`` samples through ``split`` that took ``ms``."""
         key = (split, _fields.integer(batch, "batch", minimum=1))
+        ms = _fields.number(ms, "ms")
         window = self._samples.get(key)
         if window is None:
+            if len(self._samples) >= MAX_KEYS:
+                return  # a board has a handful of splits and batch sizes: past that, nothing new
             window = self._samples[key] = deque(maxlen=WINDOW)
-        window.append(_fields.number(ms, "ms"))
+        window.append(ms)
+        self._recent.append((split, key[1], ms))
+        self._count += 1
+        self._last_seen[key] = self._count
 
     def median(self, split: str, batch: int) -> float | None:
         """Median of the last WINDOW samples of (split, batch); None if there are none."""
         window = self._samples.get((split, batch))
         return statistics.median(window) if window else None
 
+    def factor(self, model: LatencyModel) -> float | None:
+        """The board's speed now against ``model``'s (calibrated) head times: the median ratio of
+        the last RECENT head runs to their calibrated times, whichever splits ran them; None with
+        fewer than MIN_SAMPLES of them (or none of a split ``model`` times)."""
+        names = set(model.names)
+        ratios = []
+        for split, batch, ms in self._recent:
+            if split in names and model.timings(split).head_ms:
+                calibrated = model.timings(split).head_at(batch)
+                if calibrated > 0:
+                    ratios.append(ms / calibrated)
+        return statistics.median(ratios) if len(ratios) >= MIN_SAMPLES else None
+
     def apply(self, model: LatencyModel) -> LatencyModel:
-        """``model`` with each head time that has MIN_SAMPLES running samples replaced by their median.
+        """``model`` with every option's head times current: a (split, batch) with MIN_SAMPLES running
+        samples, the latest of them within the board's last FRESH head runs, takes their median;
+        every other head time is the calibrated one times the board's :meth:`factor` (as it was,
+        without one).
 
         Batch sizes seen at run time but not calibrated are added, which sharpens the
         interpolation between calibrated sizes. Splits the model lacks are ignored.
         """
+        factor = self.factor(model)
         splits = []
         for timings in model.splits:
-            head_ms = dict(timings.head_ms)
+            head_ms = {b: ms * factor for b, ms in timings.head_ms.items()} if factor is not None \
+                else dict(timings.head_ms)
             for (split, batch), window in self._samples.items():
-                if split == timings.split and len(window) >= MIN_SAMPLES:
+                if split == timings.split and len(window) >= MIN_SAMPLES and self.fresh(split, batch):
                     head_ms[batch] = statistics.median(window)
             splits.append(dataclasses.replace(timings, head_ms=head_ms))
         return dataclasses.replace(model, splits=tuple(splits))
+
+    def fresh(self, split: str, batch: int) -> bool:
+        """Whether (split, batch) ran within the board's last FRESH head runs: its own median still
+        says how this board runs it now."""
+        seen = self._last_seen.get((split, batch))
+        return seen is not None and self._count - seen < FRESH

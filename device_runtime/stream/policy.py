@@ -18,6 +18,7 @@ where the link or the host made it differ).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Collection, Mapping, Protocol, Sequence
@@ -40,6 +41,10 @@ __all__ = ["AutoPolicy", "BanditPolicy", "CALIBRATED", "HeadTimes", "RECORDED", 
 CALIBRATED, REFINED_TIMES, RECORDED = "calibrated", "refined", "recorded"
 _SOURCES = (CALIBRATED, REFINED_TIMES, RECORDED)
 _fields = Fields(SplitEdgeError)
+#: The board's speed against calibration moving by this factor rebuilds the table at once, ...
+SPEED_STEP = 1.15
+#: ... looked at every this many head runs (a rebuild costs a few ms: not every frame).
+SPEED_EVERY = 4
 
 
 @dataclass(frozen=True)
@@ -194,6 +199,8 @@ class AutoPolicy:
         self.selector = SplitSelector(calibration.table, calibration.model, margin=margin, min_hold=min_hold)
         self.refine_every = refine_every
         self._observed = 0
+        self._refined_at = 0  # the head runs observed when the table was last rebuilt ...
+        self._refined_factor: float | None = None  # ... and the board's speed factor then (None: calibrated)
         self._last: int | None = None  # the last frame of the batch being chosen for (observe_batch)
         self._table = calibration.table  # the one the selector decides with: rebuilt by refining
         self._listeners: list[Callable[[HeadTimes], object]] = []
@@ -269,9 +276,22 @@ class AutoPolicy:
             return
         self.running.observe(split, batch, head_ms)
         self._observed += 1
-        if self._observed % self.refine_every == 0:
+        since = self._observed - self._refined_at
+        if since >= self.refine_every or (since >= SPEED_EVERY and self._speed_moved()):
             model = self.running.apply(self.base_model)
+            self._refined_at, self._refined_factor = self._observed, self.running.factor(self.base_model)
             self._retune(model, lambda table: HeadTimes.of(REFINED_TIMES, self._last, self._observed, model, table))
+
+    def _speed_moved(self) -> bool:
+        """Whether the board's speed against calibration (:meth:`calibration.RunningTimes.factor`) moved
+        by more than SPEED_STEP since the table was last rebuilt: a neighbour took or left the board's
+        CPU, and waiting ``refine_every`` head runs (ten seconds on a quarter of a core) would keep
+        choosing with the board's old speed meanwhile."""
+        factor = self.running.factor(self.base_model)
+        if factor is None or factor <= 0:
+            return False
+        before = self._refined_factor or 1.0
+        return abs(math.log(factor / before)) > math.log(SPEED_STEP)
 
     def _take_up(self, recorded: HeadTimes) -> None:
         model = recorded.applied_to(self.base_model)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from calibration import CalibrationError, RunningTimes, Spread, measure_ms, measure_round_robin
-from calibration.timing import MIN_SAMPLES, WIDE_MIN_MS, WIDE_RATIO, WINDOW, widest
-from splitedge.words import LOCAL
+from calibration.timing import FRESH, MIN_SAMPLES, WIDE_MIN_MS, WIDE_RATIO, WINDOW, widest
+from splitedge.words import LOCAL, OFFLOAD
 from tests.calibration.models import corners
 
 
@@ -178,16 +178,52 @@ def test_apply_replaces_head_times_only_with_enough_samples() -> None:
         times.observe("unknown-split", 1, 1.0)
     refined = times.apply(model)
     assert refined.timings(LOCAL).head_ms == {1: 80.0}
-    assert refined.timings("mid").head_ms == {1: 10.0, 4: 30.0}
+    # mid at B=4 is calibrated at 40 (B=1's 10, linear); its 8 runs at 30 are the board's last
+    # runs of a split the model has (unknown-split's are not), so the board runs at 0.75 of its
+    # calibrated time and mid's B=1, not run, is 10 * 0.75
+    assert refined.timings("mid").head_ms == {1: 7.5, 4: 30.0}
     assert model.timings(LOCAL).head_ms == {1: 50.0}  # the original is untouched
 
 
+def test_an_option_not_in_use_follows_the_board_it_runs_on() -> None:
+    """The board runs mid at twice its calibrated time (a neighbour took half its CPU): LOCAL, not
+    run since calibration, is predicted at twice its calibrated 50 ms too, and offload (no head)
+    is as it was. At 2e7 mid then takes 20 + 8 + 3 + 5 = 36 against LOCAL's 100: mid stays best,
+    where refining mid alone (LOCAL kept at 50) would have fled to a LOCAL twice as slow."""
+    model = corners()
+    times = RunningTimes()
+    for _ in range(MIN_SAMPLES):
+        times.observe("mid", 1, 20.0)
+    refined = times.apply(model)
+    assert times.factor(model) == 2.0
+    assert refined.timings(LOCAL).head_ms == {1: 100.0}
+    assert refined.timings(OFFLOAD).head_ms == {}
+    assert refined.best(1, 2e7) == "mid"
+
+
+def test_a_head_time_measured_long_ago_gives_way_to_the_board_s_speed_now() -> None:
+    """LOCAL ran at 34 ms early on; then the board slowed to 3x and ran mid FRESH times: LOCAL's
+    old median no longer says how it runs, and is predicted at 50 * 3 instead."""
+    model = corners()
+    times = RunningTimes()
+    for _ in range(MIN_SAMPLES):
+        times.observe(LOCAL, 1, 34.0)
+    assert times.apply(model).timings(LOCAL).head_ms == {1: 34.0}
+    for _ in range(FRESH):
+        times.observe("mid", 1, 30.0)
+    assert not times.fresh(LOCAL, 1)
+    assert times.apply(model).timings(LOCAL).head_ms == {1: 150.0}
+    assert times.apply(model).timings("mid").head_ms == {1: 30.0}
+
+
 def test_a_slower_head_at_run_time_moves_the_eq6_optimum() -> None:
-    # At 2e7 mid takes 10 + 8 + 3 + 5 = 26 < LOCAL's 50; with its head at 40 ms it takes 56 > 50.
+    # At 2e7 mid takes 10 + 8 + 3 + 5 = 26 < LOCAL's 50. LOCAL measured as calibrated while mid's
+    # head takes 40 ms (something slows mid alone): mid takes 56 > 50.
     model = corners()
     times = RunningTimes()
     for _ in range(MIN_SAMPLES):
         times.observe("mid", 1, 40.0)
+        times.observe(LOCAL, 1, 50.0)
     assert (model.best(1, 2e7), times.apply(model).best(1, 2e7)) == ("mid", LOCAL)
 
 

@@ -73,11 +73,12 @@ def test_the_policy_says_what_it_starts_with_and_each_refinement_with_its_frame(
     assert len(heard) == 2
     refined = heard[1]
     assert (refined.source, refined.index, refined.observed) == (REFINED_TIMES, 7, 8)
-    assert refined.head_ms == {LOCAL: {1: 8.0}, CUT: {1: 5.0}}  # CUT not run: as calibrated
+    # CUT not run: its calibrated 5 ms at the board's speed now, local's 8 / 200 of calibrated
+    assert refined.head_ms == {LOCAL: {1: 8.0}, CUT: {1: pytest.approx(0.2)}}
     model = refined.applied_to(calibration.model)
     assert refined.edges == {1: tuple(calibration.table.for_model(model).boundaries(1))}
     assert refined.edges != heard[0].edges and policy.head_times == refined
-    assert policy.choose(1, 1e8, BOTH).split == LOCAL  # 8 ms beats CUT's 10.8 ms at 100 Mbit/s
+    assert policy.choose(1, 1e8, BOTH).split == CUT  # 0.2 + 0.8 + 5 = 6 ms beats local's 8 at 100 Mbit/s
 
 
 def test_recorded_head_times_are_taken_up_at_the_same_frames_and_decide_alike(tmp_path: Path) -> None:

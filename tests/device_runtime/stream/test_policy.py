@@ -49,10 +49,11 @@ def test_static_policy_runs_local_while_no_host_has_its_split() -> None:
 
 
 def test_auto_policy_refines_the_table_with_the_times_it_measures() -> None:
-    """Calibrated local at 200 ms, CUT wins at 100 Mbit/s (10.8 ms); the board then measures
-    local at 8 ms: after refine_every observations the table says local, and the reason says the
-    refined table chose it against the calibrated one's CUT."""
-    policy = AutoPolicy(_calibration(200.0), min_hold=1, refine_every=16)
+    """Calibrated local at 200 ms, CUT wins at 100 Mbit/s (5 + 0.8 + 10 = 15.8 ms); the board then
+    measures local at 8 ms: the table is rebuilt and says local (CUT's head at the board's speed
+    now, 5 * 8 / 200 = 0.2 ms, still leaves it 11 ms), and the reason says the refined table chose
+    it against the calibrated one's CUT."""
+    policy = AutoPolicy(_calibration(200.0, tail_ms=10.0), min_hold=1, refine_every=16)
     everything = {LOCAL, CUT}
     assert policy.choose(1, 1e8, everything).reason.kind == TABLE
     for _ in range(16):
@@ -60,6 +61,22 @@ def test_auto_policy_refines_the_table_with_the_times_it_measures() -> None:
     choice = policy.choose(1, 1e8, everything)
     assert (choice.split, choice.reason.kind, choice.reason.calibrated) == (LOCAL, REFINED, CUT)
     assert policy.switches == 1
+
+
+def test_auto_policy_retimes_the_option_it_is_not_using_within_a_few_frames() -> None:
+    """Calibrated local at 30 ms, CUT at 5 + 8 + 5 = 18 ms at 10 Mbit/s: CUT. The run's heads take a
+    quarter of their calibrated time (calibration timed them under contention, issue 43): CUT's
+    head at 1.25 ms says the board runs at 0.25, so local, never run, is predicted at 7.5 ms and
+    wins against CUT's 14.25; the table is rebuilt once the board's speed has MIN_SAMPLES head runs
+    behind it, not after refine_every (32) of them."""
+    policy = AutoPolicy(_calibration(30.0), min_hold=1, refine_every=32)
+    everything = {LOCAL, CUT}
+    assert policy.choose(1, 1e7, everything).split == CUT
+    for _ in range(8):
+        policy.observe_head(CUT, 1, 1.25)
+    choice = policy.choose(1, 1e7, everything)
+    assert (choice.split, choice.reason.kind, choice.reason.calibrated) == (LOCAL, REFINED, CUT)
+    assert policy.head_times.head_ms[LOCAL] == {1: 7.5}
 
 
 def test_auto_policy_without_a_host_runs_local_at_once() -> None:
