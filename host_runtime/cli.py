@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 from splitedge import run_command
 from device_runtime.live import live_flag
-from device_runtime.wire import DEFAULT_MAX_FRAME_BYTES, load_key, server_context, split_address
+from device_runtime.wire import DEFAULT_MAX_FRAME_BYTES, HelloReply, load_key, server_context, split_address
 from host_runtime.advertise import Advertiser, local_address_for
 from host_runtime.batcher import BatchConfig
 from host_runtime.event_loop import LOOPS, loop_runner
@@ -67,6 +67,19 @@ def _at_least(minimum: float, kind: type[int] | type[float]) -> Callable[[str], 
             raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from exc
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, got {text}")
+        return value
+
+    return parse
+
+
+def _between(minimum: float, maximum: float, kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    """An argparse type: :func:`_at_least`'s, and no larger than ``maximum`` (NaN is no number here either)."""
+    at_least = _at_least(minimum, kind)
+
+    def parse(text: str) -> int | float:
+        value = at_least(text)
+        if not value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:g}, got {text}")
         return value
 
     return parse
@@ -155,9 +168,11 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         f"batches, chain hops, links, profiles), s (default {config.shutdown_timeout:g})",
     )
     serve.add_argument(
-        "--profile-budget-ms", type=_at_least(1, float), default=config.profile_budget_s * 1000,
+        "--profile-budget-ms", type=_between(HelloReply.MIN_PROFILE_BUDGET_MS, HelloReply.MAX_PROFILE_BUDGET_MS, float),
+        default=config.profile_budget_s * 1000,
         help="tail-run time one profile request may spend here, ms: repeats are trimmed to fit, a request that "
-        f"cannot fit is refused (default {config.profile_budget_s * 1000:g}; a board's calibration asks per tail)",
+        f"cannot fit is refused (default {config.profile_budget_s * 1000:g}; hello announces it, and a board's "
+        "calibration fits its requests to it and leaves out what one run cannot time within it)",
     )
     serve.add_argument(
         "--device", choices=DEVICES, default="auto",

@@ -128,6 +128,11 @@ class ServerConfig:
             f"max_partial_bytes ({self.max_partial_bytes}) must hold one frame of max_frame_bytes ({self.max_frame_bytes})"
         )
         assert min(self.idle_timeout, self.frame_timeout, self.first_frame_timeout) > 0, "timeouts must be positive"
+        # hello announces it, and a board refuses a hello whose budget is out of this range
+        low, high = HelloReply.MIN_PROFILE_BUDGET_MS / 1000, HelloReply.MAX_PROFILE_BUDGET_MS / 1000
+        assert low <= self.profile_budget_s <= high, (
+            f"profile_budget_s must be {low:g}..{high:g} s, got {self.profile_budget_s!r}"
+        )
 
 
 class _HostProtocol(FramedProtocol):
@@ -304,7 +309,10 @@ class _HostProtocol(FramedProtocol):
             tensor = dequantize(tensor, q.scale, q.zero_point)
         split = request.split if request.stage is None else stage_id(request.split, request.stage)
         key: TailKey = (request.bundle, split)
-        deadline = math.inf if request.deadline_ms is None else received + request.deadline_ms / 1000.0
+        # The deadline, or the board's own answer's time where that is later: answering a frame a little
+        # late still beats a board that would take ten times longer itself (InferRequest.give_up_ms).
+        give_up_ms = request.give_up_ms
+        deadline = math.inf if give_up_ms is None else received + give_up_ms / 1000.0
         try:
             if request.route:
                 self.server.peers.check(request.route[0].address)
@@ -516,6 +524,7 @@ class HostServer:
             "max_frame_bytes": self.config.max_frame_bytes,
             "device": self.registry.device,
             "links": dict(self.links),
+            "profile_budget_ms": self.config.profile_budget_s * 1000,
         }
 
     def load(self) -> float:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import statistics
 import time
 from dataclasses import replace
@@ -74,6 +75,9 @@ PROBE_REPEATS = 3
 #: A host times one board's tails at a time: how long to wait for another board's calibration.
 BUSY_WAIT_S = 300.0
 BUSY_RETRY_S = 5.0
+#: What of a host's announced profile budget a request is planned to fill: less than the host plans
+#: with itself (its runs vary), so that the host runs what was asked rather than trimming it unseen.
+BUDGET_SHARE = 0.7
 
 Progress = Callable[[str], None]
 
@@ -237,24 +241,39 @@ async def profile_host(
     busy_wait_s: float = BUSY_WAIT_S, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     splits: Sequence[str] | None = None, label: str = "host",
 ) -> dict[str, dict[int, float]]:
-    """The host's tail times (of ``splits``, or of every tail it serves), one ``profile`` request per
-    tail; ``label`` begins each line of progress.
+    """The host's tail times (of ``splits``, or of every tail it serves), fitted to what one
+    ``profile`` request may cost the host; ``label`` begins each line of progress.
 
-    A host bounds the work of one request and runs one profile at a time (docs/protocol.md,
-    "Host limits"), so a bundle with many cuts is timed tail by tail; a tail whose batch sizes
-    together are more than one request may cost (``bad_request``: the full model at batches 1
-    and 2 took 105-109 ms of a 2-core host's default 100) is timed one batch size a request;
-    and a host busy with another board's calibration (``overloaded``) is asked again every few
-    seconds, for at most ``busy_wait_s`` in all.
+    A host bounds the work of one request (``--profile-budget-ms``, which its ``hello`` announces)
+    and runs one profile at a time (docs/protocol.md, "Host limits"), and the board's user may not
+    be the host's operator: on a one-core host even the full model at batch 1 took 109 ms of the
+    default 100, and calibration died. So each tail is timed in requests of its own, sized by
+    :class:`_TailProfile` from what the tail's earlier replies measured; the host's refusal
+    (``bad_request``) stays the final word, since it may be slower than its replies said. A host
+    busy with another board's calibration, or whose rate for profiles is spent (``overloaded``), is
+    asked again every few seconds, for at most ``busy_wait_s`` without an answer: a slow host's
+    calibration is many small requests, and each answer shows it is still being served.
+
+    What one run cannot time within the budget is left out, with one line naming it, and the
+    calibration goes on with the rest. A tail with no time at all is no option of the table
+    (:func:`latency_model`). A tail timed at some batch sizes only stays an option: the host
+    predicts a run from its cost per sample, so the sizes it cannot time are always above the
+    ones it did, and the latency model extrapolates them from the largest timed ones
+    (:meth:`calibration.SplitTimings.tail_at`), as it does for any batch beyond the calibrated ones:
+    never cheaper than the largest timed size, and in proportion to the batch from a single one
+    (more than a batched run takes). Leaving the whole tail out would drop an option the table
+    prices from measurements at every size it was timed at.
     """
-    tails: dict[str, dict[int, float]] = {}
+    budget_ms = client.hello.profile_budget_ms
     waited = 0.0
 
-    async def ask(split_id: str, sizes: Sequence[int]) -> dict[str, dict[int, float]]:
+    async def ask(split_id: str, sizes: Sequence[int], runs: int) -> dict[int, float]:
         nonlocal waited
         while True:
             try:
-                return await client.profile(bundle_id, sizes, repeats, splits=[split_id])
+                times = (await client.profile(bundle_id, sizes, runs, splits=[split_id])).get(split_id, {})
+                waited = 0.0
+                return times
             except RemoteError as exc:
                 if exc.code != "overloaded" or waited >= busy_wait_s:
                     raise
@@ -262,22 +281,136 @@ async def profile_host(
                 await sleep(BUSY_RETRY_S)
                 waited += BUSY_RETRY_S
 
+    tails: dict[str, dict[int, float]] = {}
     for split_id in client.hello.bundles.get(bundle_id, ()) if splits is None else splits:
-        try:
-            times = await ask(split_id, batches)
-        except RemoteError as exc:
-            if exc.code != "bad_request" or len(batches) == 1:
-                raise
-            progress(f"{label:6s} {split_id}: over its budget for one request at B={','.join(map(str, batches))}; "
-                     "one batch size at a time")
-            times = {}
-            for batch in batches:  # one that still does not fit is the host's error, which names its budget
-                for split, by_batch in (await ask(split_id, [batch])).items():
-                    times.setdefault(split, {}).update(by_batch)
-        tails.update(times)
-        for split, by_batch in times.items():
-            progress(f"{label:6s} {split:24s} " + "  ".join(f"B={b}: {ms:8.2f} ms" for b, ms in by_batch.items()))
+        tail = _TailProfile(sorted(set(batches)), repeats, budget_ms)
+        while (request := tail.next_request()) is not None:
+            sizes, runs = request
+            try:
+                times = await ask(split_id, sizes, runs)
+            except RemoteError as exc:
+                if exc.code != "bad_request":
+                    raise
+                if len(sizes) > 1:
+                    progress(f"{label:6s} {split_id}: over its budget for one request at B={_sizes(sizes)}; "
+                             "one batch size at a time")
+                tail.refused(sizes, exc.message)
+                continue
+            tail.measured(sizes, runs, times)
+        timed = tail.medians()
+        if timed:
+            tails[split_id] = timed
+            progress(f"{label:6s} {split_id:24s} " + "  ".join(f"B={b}: {ms:8.2f} ms" for b, ms in timed.items()))
+        if tail.untimed:
+            progress(tail.untimed_line(f"{label:6s} {split_id}"))
     return tails
+
+
+def _sizes(batches: Sequence[int]) -> str:
+    return ",".join(map(str, batches))
+
+
+class _TailProfile:
+    """One tail's profile requests, each sized to the host's budget from what earlier replies measured.
+
+    The first request asks for every batch size and every repeat, as nothing is known of the tail:
+    a host with room times it all at once, and refuses what one run of each size cannot fit. Later
+    requests hold the smallest sizes left whose every wanted run, after a warm-up run, fits
+    :data:`BUDGET_SHARE` of the budget (small sizes share a request, and a size that needs several
+    does not pay the others' warm-up in each), else the smallest alone with the runs that fit; the
+    rest follow in more requests, and a size's median is the median of its replies' medians, each
+    counted for its runs (a reply is a median, not its samples). A host that announces no budget
+    (older ones) is asked as the first request asks.
+    """
+
+    def __init__(self, batches: Sequence[int], repeats: int, budget_ms: float | None) -> None:
+        self.budget_ms = budget_ms
+        self.wanted = {b: repeats for b in batches}  # runs still to time at each size
+        self.replies: dict[int, list[tuple[float, int]]] = {b: [] for b in batches}  # (median ms, runs)
+        self.width = len(batches)  # sizes one request may hold: one after a refusal of several
+        self.untimed: list[int] = []  # sizes the host refused to run even alone
+        self.refusal = ""  # the host's words when it did
+
+    def _estimate(self, batch: int) -> float | None:
+        """ms of one run at ``batch``: measured, else from the costliest sample measured (a run
+        costs about its samples, as the host predicts it), else None."""
+        timed = self.medians()
+        if batch in timed:
+            return timed[batch]
+        if not timed:
+            return None
+        return max(ms / b for b, ms in timed.items()) * batch
+
+    def next_request(self) -> tuple[list[int], int] | None:
+        """The sizes and repeats of the next request; None when every size is timed or left out."""
+        left = [b for b, runs in self.wanted.items() if runs > 0 and b not in self.untimed][: self.width]
+        if not left:
+            return None
+        estimates = [ms for ms in map(self._estimate, left) if ms is not None]
+        if self.budget_ms is None or len(estimates) < len(left):
+            return left, max(self.wanted[b] for b in left)
+        sizes, round_ms, runs = left[:1], estimates[0], self.wanted[left[0]]
+        for b, ms in zip(left[1:], estimates[1:]):
+            more = max(runs, self.wanted[b])
+            if (more + 1) * (round_ms + ms) > BUDGET_SHARE * self.budget_ms:  # every run, after a warm-up one
+                break
+            sizes.append(b)
+            round_ms, runs = round_ms + ms, more
+        return sizes, min(runs, _fit(self.budget_ms, round_ms))
+
+    def measured(self, sizes: Sequence[int], runs: int, times: Mapping[int, float]) -> None:
+        """Count a reply for the runs that fit by its own times, at most those asked: a host slower
+        than the estimate trimmed the repeats, and the missing runs are asked for again."""
+        counted = runs
+        if self.budget_ms is not None:
+            counted = min(runs, _fit(self.budget_ms, sum(times.get(b, 0.0) for b in sizes)))
+        for b in sizes:
+            if b in times:
+                self.replies[b].append((times[b], counted))
+            self.wanted[b] = max(0, self.wanted[b] - counted)
+
+    def refused(self, sizes: Sequence[int], why: str) -> None:
+        """Several sizes: ask one at a time. One size: it is not timed, nor any larger one, which the
+        host, predicting a run from its cost per sample, would refuse too."""
+        if len(sizes) > 1:
+            self.width = 1
+            return
+        self.untimed = [b for b in self.wanted if b >= sizes[0] and not self.replies[b]]
+        self.wanted = {b: 0 if b >= sizes[0] else runs for b, runs in self.wanted.items()}
+        self.refusal = " ".join(why.split())  # the host's words, on the one line that reports them
+
+    def medians(self) -> dict[int, float]:
+        """Each timed size's median over its replies, each reply weighing its runs."""
+        return {b: _weighted_median(replies) for b, replies in self.replies.items() if replies}
+
+    def untimed_line(self, prefix: str) -> str:
+        """The one line saying what was not timed, why, how the table copes, and what would time it."""
+        budget = "its budget" if self.budget_ms is None else f"its budget of {self.budget_ms:g} ms"
+        sizes = _sizes(self.untimed)
+        timed = sorted(self.medians())
+        if not timed:
+            return (f"{prefix}: not timed at B={sizes}: one run is over what one profile request may cost the host "
+                    f"({budget}); left out of the table: to offer it, ask the host's operator for a larger "
+                    f"--profile-budget-ms (the host said: {self.refusal})")
+        largest = max(ms / b for b, ms in self.medians().items()) * self.untimed[-1]
+        # a budget whose planned share holds a warm-up run and one timed run of the largest
+        wanted_ms = math.ceil(2 * largest / BUDGET_SHARE / 10) * 10
+        return (f"{prefix}: not timed at B={sizes}: one run is over what one profile request may cost the host "
+                f"({budget}; about {largest:.0f} ms at B={self.untimed[-1]}); the table extrapolates them from "
+                f"B={_sizes(timed)}: to time them, ask the host's operator for --profile-budget-ms {wanted_ms}")
+
+
+def _fit(budget_ms: float, round_ms: float) -> int:
+    """Timed runs of a round of ``round_ms`` that fit the planned share of the budget after a warm-up
+    run: at least one (the host drops its warm-up when that is all that fits, and refuses what does not)."""
+    if round_ms <= 0:  # faster than the host's clock can tell
+        return MAX_PROFILE_REPEATS
+    return max(1, int(BUDGET_SHARE * budget_ms / round_ms) - 1)
+
+
+def _weighted_median(replies: Sequence[tuple[float, int]]) -> float:
+    """The median of the replies' medians, each repeated as many times as the runs it stands for."""
+    return float(statistics.median([ms for ms, runs in replies for _ in range(runs)]))
 
 
 async def calibrate(

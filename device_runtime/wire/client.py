@@ -432,7 +432,8 @@ class HostClient:
 
     async def infer(
         self, bundle_id: str, split_id: str, tensor: np.ndarray, timeout: float = 10.0,
-        deadline_ms: float | None = None, stage: int | None = None, route: Sequence[Hop] = (), **tensor_fields: Any,
+        deadline_ms: float | None = None, stage: int | None = None, route: Sequence[Hop] = (),
+        alternative: tuple[str, float] | None = None, **tensor_fields: Any,
     ) -> InferResult:
         """Run the tail of ``split_id`` on the host for a cut tensor (B, ...); ``tensor_fields``
         (``scale``, ``zero_point``) for an affine uint8 one.
@@ -441,11 +442,14 @@ class HostClient:
         ``timeout`` how long this device waits for the reply: apart, because a frame's budget is far
         shorter than the time after which a silent host is taken for gone, and a frame the host says
         it cannot answer in time must not cost the connection. For a chain, ``stage`` is the stage
-        this host runs and ``route`` the hosts of the stages after it.
+        this host runs and ``route`` the hosts of the stages after it. ``alternative`` is what this
+        device would do instead and its ms (``("local", 300.0)``): the host then refuses for the
+        deadline only where it would answer after that too (:attr:`InferRequest.give_up_ms`).
         """
         quantization = Quantization(**tensor_fields) if tensor_fields else None
+        name, ms = alternative if alternative is not None else (None, None)
         request = InferRequest(self._next_id(), bundle_id, split_id, tensor, deadline_ms, quantization, stage,
-                               tuple(route))
+                               tuple(route), name, ms)
         reply, timing = await self._call_timed(request, timeout)
         assert isinstance(reply, InferReply)
         return InferResult(

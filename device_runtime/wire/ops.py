@@ -56,6 +56,9 @@ ERROR_CODES = tuple(code.value for code in ErrorCode)
 MAX_ROUTE_HOPS = 8
 MAX_STAGE = MAX_ROUTE_HOPS + 1
 MAX_ADDRESS_CHARS = 255
+#: ``infer.alternative_ms``: a board's own answer claimed to take longer than a minute keeps no host
+#: working on a frame past its deadline for it.
+MAX_ALTERNATIVE_MS = 60_000.0
 #: ``links``: the payload that measures a host-to-host rate (a few ms at a LAN's speed).
 DEFAULT_LINK_BYTES = 256 * 1024
 MAX_LINK_BYTES = 4 * 1024 * 1024
@@ -113,6 +116,20 @@ def _budget_ms(value: Any) -> float | None:
     if type(value) is not int:
         raise ProtocolError(f"infer.deadline_ms must be a number of milliseconds, got {shown(value)}")
     return float(value)
+
+
+def _alternative(message: Mapping[str, Any]) -> tuple[str | None, float | None]:
+    """``alternative`` and ``alternative_ms``: the board's own option for a frame and its time, a
+    finite number of ms no larger than MAX_ALTERNATIVE_MS (one claiming hours would hold the host's
+    queue for it), or neither."""
+    ms = message.get("alternative_ms")
+    if ms is None:
+        return None, None
+    ms = _FIELDS.number(ms, "infer.alternative_ms")
+    if ms > MAX_ALTERNATIVE_MS:
+        raise ProtocolError(f"infer.alternative_ms: at most {MAX_ALTERNATIVE_MS:g} ms, got {ms:g}")
+    name = message.get("alternative", "local")
+    return _FIELDS.text(name, "infer.alternative"), ms
 
 
 # -- requests ----------------------------------------------------------------------------------
@@ -219,12 +236,29 @@ class InferRequest:
     quantization: Quantization | None = None  # the tensor is affine uint8
     stage: int | None = None  # a chain's stage (1..n); None: the split's tail
     route: tuple[Hop, ...] = ()
+    # What the board would do instead (``local``: its full model) and how long that would take (ms):
+    # the host refuses for the deadline only what it would answer after both the deadline and the
+    # board's own answer (issue 43: a board refused for 1.5 ms of a 42 ms deadline ran its full model
+    # itself for 300-600 ms). None: the board has no estimate, and the deadline alone decides.
+    alternative: str | None = None
+    alternative_ms: float | None = None
     op: ClassVar[str] = "infer"
+
+    @property
+    def give_up_ms(self) -> float | None:
+        """How long after arrival the host may still answer to any use (None: no bound): the
+        deadline, or the board's alternative's time where that is later."""
+        if self.deadline_ms is None:
+            return None
+        return self.deadline_ms if self.alternative_ms is None else max(self.deadline_ms, self.alternative_ms)
 
     def parts(self) -> Parts:
         message: dict[str, Any] = {"op": "infer", "bundle": self.bundle, "split": self.split}
         if self.deadline_ms is not None:
             message["deadline_ms"] = self.deadline_ms
+        if self.alternative_ms is not None:
+            message["alternative_ms"] = self.alternative_ms
+            message["alternative"] = self.alternative or "local"
         if self.stage is not None:
             message["stage"] = self.stage
         if self.route:
@@ -258,6 +292,7 @@ class InferRequest:
             quantization,
             stage,
             _route(message.get("route"), stage),
+            *_alternative(message),
         )
 
 
@@ -391,7 +426,11 @@ class HelloReply:
     """What a host serves: its protocol, ``{bundle id: [split ids]}``, whether frames must be
     authenticated, its frame-size limit and where its tails run (``cpu`` or ``cuda``); and the
     links to other hosts it last measured (``links``: address -> (rate bit/s, round trip ms)),
-    which a board placing a chain reads (absent until the host has measured any)."""
+    which a board placing a chain reads (absent until the host has measured any).
+
+    ``profile_budget_ms`` is what one ``profile`` request may spend of the host's time
+    (``--profile-budget-ms``): a board fits its calibration's requests to it rather than learning
+    it from refusals. None: a host from before it was announced, whose refusals are all a board has."""
 
     id: Any
     protocol: int
@@ -400,6 +439,11 @@ class HelloReply:
     max_frame_bytes: int
     device: str
     links: dict[str, tuple[float, float]] = field(default_factory=dict)
+    profile_budget_ms: float | None = None
+    #: The budgets a host may announce (``--profile-budget-ms``'s range), ms: a board plans its requests
+    #: from it, so it is bounded like every count; an hour of tail runs a request is past any calibration.
+    MIN_PROFILE_BUDGET_MS: ClassVar[float] = 1.0
+    MAX_PROFILE_BUDGET_MS: ClassVar[float] = 3_600_000.0
 
     def parts(self) -> Parts:
         message = {
@@ -408,6 +452,8 @@ class HelloReply:
         }
         if self.links:
             message["links"] = _links_map(self.links)
+        if self.profile_budget_ms is not None:
+            message["profile_budget_ms"] = self.profile_budget_ms
         return message, None, _NO_TENSOR_FIELDS
 
     @classmethod
@@ -424,7 +470,20 @@ class HelloReply:
             _FIELDS.integer(message.get("max_frame_bytes"), "hello reply.max_frame_bytes", 1),
             _FIELDS.text(message.get("device"), "hello reply.device"),
             _parse_links(message.get("links", {}), "hello reply.links"),
+            _profile_budget_ms(message.get("profile_budget_ms"), "hello reply.profile_budget_ms"),
         )
+
+
+def _profile_budget_ms(value: Any, path: str) -> float | None:
+    """A host's announced ``profile`` budget: absent (None) from older hosts; else ms within the
+    range a host may announce, since a board sizes its requests from it."""
+    if value is None:
+        return None
+    low, high = HelloReply.MIN_PROFILE_BUDGET_MS, HelloReply.MAX_PROFILE_BUDGET_MS
+    budget = _FIELDS.number(value, path, low)
+    if budget > high:
+        raise ProtocolError(f"{path}: expected a number of ms in {low:g}..{high:g}, got {shown(value)}")
+    return budget
 
 
 def _links_map(links: Mapping[str, tuple[float, float]]) -> dict[str, dict[str, float]]:

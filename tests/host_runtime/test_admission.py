@@ -93,6 +93,46 @@ def test_deadline_that_cannot_be_met_is_refused_at_once(mobilenet_bundle, bundle
             assert reply["error"]["code"] == "bad_request" and "deadline_ms must be a number" in reply["error"]["message"]
 
 
+def test_a_deadline_is_weighed_against_the_board_s_own_alternative(mobilenet_bundle, bundle) -> None:
+    """Twenty requests queued on one worker, then two with 5 ms to live: one whose board would take
+    a minute itself is kept and answered (late, but sooner than the board's own answer: issue 43's
+    board ran its full model for 300-600 ms after a refusal for 1.5 ms); one whose board would
+    answer in 1 ms is refused at once, as a request without an alternative is."""
+    tensor = cut(bundle, LATE, 1)
+    (expected,) = unbatched(bundle, LATE, [tensor])
+    for host in start_host([mobilenet_bundle], workers=1, batching=BatchConfig(max_batch=1)):
+        with raw_connection(host) as sock:
+            sock.sendall(infer_frame(bundle, 0, LATE, tensor))
+            assert read_reply(sock)["ok"]  # the tail has run once: it has a time per sample now
+            backlog = b"".join(infer_frame(bundle, i, LATE, tensor) for i in range(1, 21))
+            sock.sendall(backlog + infer_frame(bundle, 98, LATE, tensor, deadline_ms=5, alternative="local",
+                                               alternative_ms=60_000.0)
+                         + infer_frame(bundle, 99, LATE, tensor, deadline_ms=5, alternative="local", alternative_ms=1.0))
+            replies = {r["id"]: r for r in (read_reply(sock) for _ in range(22))}
+            assert replies[98]["ok"], replies[98]
+            np.testing.assert_allclose(replies[98]["tensor"], expected, atol=1e-5, rtol=0)
+            assert replies[99]["error"]["code"] == "deadline_exceeded"
+            assert "deadline cannot be met" in replies[99]["error"]["message"]
+
+
+@pytest.mark.parametrize("alternative_ms, says", [
+    (float("nan"), "expected a finite number"), (-1.0, "expected a finite number >= 0"),
+    (1e12, "at most 60000 ms"), ("soon", "expected a number"),
+])
+def test_a_forged_alternative_is_refused_in_one_line(mobilenet_bundle, bundle, alternative_ms, says) -> None:
+    """A board's alternative keeps a host working past a deadline: one that is no time, or claims
+    hours (to hold the queue), is a ``bad_request`` naming the field, and the connection serves on."""
+    tensor = cut(bundle, LATE, 1)
+    for host in start_host([mobilenet_bundle], workers=1):
+        with raw_connection(host) as sock:
+            sock.sendall(infer_frame(bundle, 1, LATE, tensor, deadline_ms=50, alternative_ms=alternative_ms))
+            reply = read_reply(sock)
+            assert reply["error"]["code"] == "bad_request", reply
+            assert "infer.alternative_ms" in reply["error"]["message"] and says in reply["error"]["message"]
+            sock.sendall(infer_frame(bundle, 2, LATE, tensor))
+            assert read_reply(sock)["ok"]
+
+
 def test_deadline_passing_in_the_queue_is_answered_then_without_running(mobilenet_bundle, bundle) -> None:
     """A 64-sample batch holds the only worker; a request for another tail (no time estimate
     yet, so admitted) has 40 ms: it is answered ``deadline_exceeded`` while the big batch still

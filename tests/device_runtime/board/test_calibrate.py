@@ -128,11 +128,14 @@ def test_a_tail_over_the_hosts_budget_at_all_its_batch_sizes_is_timed_one_size_a
     assert f"host   {TEST_SPLITS[1]}: over its budget for one request at B=1,2,4; one batch size at a time" in lines
 
 
-def test_a_batch_size_alone_over_the_hosts_budget_is_the_hosts_error(mobilenet_bundle: Path) -> None:
-    """One batch size that does not fit even alone (8 samples, over 120 ms): the host's own refusal,
-    which names its budget."""
-    with pytest.raises(RemoteError, match=r"over its budget of 100 ms a request \(--profile-budget-ms\)"):
-        _profiled(mobilenet_bundle, (1, 8), splits=[TEST_SPLITS[1]])
+def test_a_batch_size_alone_over_the_hosts_budget_is_left_out_in_one_line(mobilenet_bundle: Path) -> None:
+    """One batch size that does not fit even alone (8 samples, over 120 ms): calibration goes on with
+    what fits (batch 1), and one line names the tail, the batch size and the host's budget (issue 43:
+    calibrate stopped against a one-core host, whose flag the board's user may not control)."""
+    lines: list[str] = []
+    tails = _profiled(mobilenet_bundle, (1, 8), splits=[TEST_SPLITS[1]], lines=lines)
+    assert set(tails[TEST_SPLITS[1]]) == {1}
+    assert [line for line in lines if f"{TEST_SPLITS[1]}: not timed at B=8: " in line and "its budget of 100 ms" in line]
 
 
 def test_calibration_has_every_option_at_every_batch(calibrated: Path, capsys) -> None:

@@ -56,6 +56,9 @@ LEGACY: list[tuple[Message, dict[str, Any], np.ndarray | None, dict[str, Any]]] 
     (InferRequest(3, "b1", "features.6", Q, 2500.0, Quantization(0.05, 128)),
      {"op": "infer", "bundle": "b1", "split": "features.6", "deadline_ms": 2500.0, "id": 3}, Q,
      {"scale": 0.05, "zero_point": 128}),
+    (InferRequest(9, "b1", "features.6", CUT, 40.0, alternative="local", alternative_ms=300.0),
+     {"op": "infer", "bundle": "b1", "split": "features.6", "deadline_ms": 40.0, "alternative_ms": 300.0,
+      "alternative": "local", "id": 9}, CUT, {}),
     (PingRequest(4), {"op": "ping", "id": 4}, None, {}),
     (PingRequest(5, PAYLOAD), {"op": "ping", "id": 5}, PAYLOAD, {}),
     (StatsRequest(6), {"op": "stats", "id": 6}, None, {}),
@@ -273,3 +276,13 @@ def test_links_are_asked_for_and_answered_and_a_hosts_hello_carries_what_it_meas
     same(parse_reply("hello", decoded(hello)), hello)
     with pytest.raises(ProtocolError, match=r"hello reply.links.10.0.0.9:7767.rate_bps"):
         parse_reply("hello", {**decoded(hello), "links": {"10.0.0.9:7767": {"rate_bps": "fast", "rtt_ms": 1.0}}})
+
+
+def test_a_request_s_give_up_time_is_its_deadline_or_the_board_s_alternative_if_later() -> None:
+    """The host answers within ``give_up_ms``: a board whose own answer takes 300 ms gives a 40 ms
+    deadline up to 300 ms; one that would answer in 10 ms itself does not extend it; no deadline,
+    no bound, whatever the alternative."""
+    assert InferRequest(1, "b", "s", CUT, 40.0, alternative="local", alternative_ms=300.0).give_up_ms == 300.0
+    assert InferRequest(1, "b", "s", CUT, 40.0, alternative="local", alternative_ms=10.0).give_up_ms == 40.0
+    assert InferRequest(1, "b", "s", CUT, 40.0).give_up_ms == 40.0
+    assert InferRequest(1, "b", "s", CUT, None, alternative="local", alternative_ms=10.0).give_up_ms is None
