@@ -52,6 +52,12 @@ class RateEstimator:
     sample (under one unit) below the estimate is ignored. A stream of short samples leaves
     the estimate stale (:meth:`age_s` counts from the last full-weight sample), and the
     device probes.
+
+    An upload that failed or was refused long after it was due gives no rate, only a ceiling:
+    its payload had not crossed in the time it held the link. :meth:`observe_bound` takes the
+    estimate down to that ceiling at once (the field trial's collapsed link read 49 Mbit/s for
+    10 s under uploads that failed at 0.5 Mbit/s, since only replies were samples); the first
+    sample after it then sets the estimate, since a ceiling is no rate to average with.
     """
 
     def __init__(
@@ -71,6 +77,7 @@ class RateEstimator:
         self._samples = 0
         self._clock = clock
         self._last_sample_at: float | None = None
+        self._bounded = False  # the estimate is a ceiling (observe_bound), not yet a measurement
 
     @property
     def rate_bps(self) -> float | None:
@@ -86,6 +93,11 @@ class RateEstimator:
     def samples(self) -> int:
         """Rate samples taken into the estimate (ignored ones not counted)."""
         return self._samples
+
+    @property
+    def bounded(self) -> bool:
+        """Whether the estimate is a ceiling (:meth:`observe_bound`) no sample has measured since."""
+        return self._bounded
 
     def observe_rtt(self, rtt_s: float) -> None:
         """Record a ping's round trip (no payload). A non-finite or negative time is a clock
@@ -105,17 +117,19 @@ class RateEstimator:
         ``full_weight_s`` on the wire that read slower than the estimate. The sample weighs
         ``1 - (1 - alpha) ** units``, units = wire time / ``full_weight_s`` up to
         :data:`MAX_UNITS` (1 when ``full_weight_s`` is 0), or its wire time's share of
-        :data:`REPLACING_S` when that is more; the first sample sets the estimate.
+        :data:`REPLACING_S` when that is more; the first sample, and the first after a ceiling
+        (:meth:`observe_bound`), sets the estimate.
         """
         wire_s = transfer_s - self._base_rtt_s
         if payload_bytes < MIN_SAMPLE_BYTES or not wire_s > 0.0:  # `not >` also drops NaN
             return None
         log_sample = math.log(8.0 * payload_bytes / wire_s)
         units = min(wire_s / self._full_weight_s, MAX_UNITS) if self._full_weight_s > 0 else 1.0
-        if self._log_rate is None:
-            self._log_rate = log_sample
-        elif units < 1.0 and log_sample < self._log_rate:
+        if self._log_rate is not None and units < 1.0 and log_sample < self._log_rate:
             return None
+        if self._log_rate is None or self._bounded:
+            self._log_rate = log_sample
+            self._bounded = False
         else:
             self._log_rate += self._weight(units, wire_s) * (log_sample - self._log_rate)
         self._samples += 1
@@ -131,19 +145,43 @@ class RateEstimator:
         weigh less than one unit: what makes a short transfer timed by the device read slow (a
         scheduler's delay, the head holding the CPU) is not in it. It weighs
         ``1 - (1 - alpha) ** units``, units = ``span_s`` / ``full_weight_s`` from 1 up to
-        :data:`MAX_UNITS`, or the span's share of :data:`REPLACING_S` when that is more. Not a
+        :data:`MAX_UNITS`, or the span's share of :data:`REPLACING_S` when that is more; the first
+        sample, and the first after a ceiling (:meth:`observe_bound`), sets the estimate. Not a
         positive finite rate: ignored.
         """
         if not (math.isfinite(rate_bps) and rate_bps > 0.0 and math.isfinite(span_s)):
             return None
         log_sample = math.log(rate_bps)
         units = min(max(span_s / self._full_weight_s, 1.0), MAX_UNITS) if self._full_weight_s > 0 else 1.0
-        if self._log_rate is None:
+        if self._log_rate is None or self._bounded:
             self._log_rate = log_sample
+            self._bounded = False
         else:
             self._log_rate += self._weight(units, span_s) * (log_sample - self._log_rate)
         self._samples += 1
         self._last_sample_at = self._clock()
+        return math.exp(self._log_rate)
+
+    def observe_bound(self, rate_bps: float) -> float | None:
+        """The link is no faster than ``rate_bps``: an upload that had not crossed (and come back)
+        in the time it held the link, failed or refused; return the new estimate, or None if ignored.
+
+        A ceiling, not a rate: averaged in as a sample it would say the link runs at exactly that
+        rate, and kept apart as a cap on the estimate it would lift again with the upload (the
+        field trial: 49 Mbit/s underneath a link collapsed to 0.5 while each failed 150 KB upload
+        was out, and the next one sent into it as soon as it was gone). So an estimate above it
+        drops to it at once and one at or below it stays; with none yet, it is the estimate. The
+        estimate is then :attr:`bounded` until the next sample, which sets it outright: a probe
+        that finds the link back is believed whole, not averaged against the ceiling. Not a
+        sample: :attr:`samples` and :meth:`age_s` ignore it, so the device probes soon to measure
+        the link it left. Not a positive finite rate: ignored.
+        """
+        if not (math.isfinite(rate_bps) and rate_bps > 0.0):
+            return None
+        log_bound = math.log(rate_bps)
+        if self._log_rate is None or log_bound < self._log_rate:
+            self._log_rate = log_bound
+            self._bounded = True
         return math.exp(self._log_rate)
 
     def _weight(self, units: float, wire_s: float) -> float:

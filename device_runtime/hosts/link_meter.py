@@ -15,6 +15,15 @@ bytes / time (less the host's usual time and a round trip). :attr:`LinkMeter.rat
 the estimate capped by that bound, and the pipeline does not queue another batch behind an
 overdue one.
 
+An upload that never gets its answer says the same, for good. In the field trial the link
+collapsed to 0.5 Mbit/s under 150 KB frames that then failed or were refused: the estimate
+followed the link only while one was overdue, stayed at 49 Mbit/s underneath for 10 s, and
+each time the cap lifted the board sent another frame into the collapsed link (3.3 s, 2.9 s)
+and took the host for lost. So a request that fails after it was overdue (:meth:`LinkMeter.failed`)
+takes the estimate itself down to its bound (:meth:`calibration.RateEstimator.observe_bound`),
+and the link stays busy to the pipeline (:meth:`LinkMeter.overdue`) until a probe, or a reply
+still on its way, measures it again.
+
 The estimate itself (an EWMA in the log domain, the base round trip) is
 :class:`calibration.RateEstimator`; this module only turns what the device sees into its
 samples.
@@ -28,7 +37,8 @@ import time
 from collections.abc import Callable
 
 from calibration import MIN_SAMPLE_BYTES, RateEstimator
-from device_runtime.wire import InferResult, UploadTiming
+from device_runtime.wire import ErrorCode, InferResult, UploadTiming
+from splitedge import HostUnavailableError, RemoteError
 
 __all__ = ["LinkMeter", "probe_bytes"]
 
@@ -89,8 +99,48 @@ class LinkMeter:
         return ticket
 
     def settled(self, ticket: int) -> None:
-        """The request's reply came, or it failed: it no longer holds the link."""
+        """The request's reply came (its sample follows), or it failed (after :meth:`failed`): it no
+        longer holds the link."""
         self._in_flight.pop(ticket, None)
+
+    def failed(self, ticket: int, error: Exception, deadline_ms: float | None = None) -> float | None:
+        """Request ``ticket`` settled with ``error`` instead of its reply; ``deadline_ms`` the budget
+        it carried. Returns the rate bound (bit/s) it set, or None.
+
+        A failed upload gives no rate, but it can bound one: had its payload crossed, the answer
+        would have come by the time it held the link plus a round trip and the host's time. So
+        where the host's time is known not to exceed something, an upload that was overdue
+        (:meth:`overdue`'s test) when it failed caps the estimate itself at its payload over the
+        rest of that time (:meth:`calibration.RateEstimator.observe_bound`): the field trial's
+        150 KB frames held the link 2.4 s and more and then failed, and the estimate, fed only by
+        replies, stayed at 49 Mbit/s on a 0.5 Mbit/s link. The host's time:
+
+        * no answer at all (:class:`HostUnavailableError`: timed out, connection lost): its usual
+          time, as for an overdue upload;
+        * ``overloaded``: none, the host refuses such a request as it arrives;
+        * ``deadline_exceeded``: at most the request's deadline, counted from its arrival;
+        * any other error (a chain's hop that failed after its own timeout, the tail's own
+          failure): unknown, so no bound.
+
+        Only the oldest request in flight bounds: one behind it shared the link's time with it.
+        Nor does one under :data:`~calibration.MIN_SAMPLE_BYTES` (its time is the path's latency
+        more than its rate), or one that failed on time: the board's delays and the estimate's
+        jitter account for that much, and a host that refuses at once on a fast link must not
+        take the estimate down.
+        """
+        if ticket not in self._in_flight:
+            return None
+        oldest = ticket == min(self._in_flight)
+        sent, payload = self._in_flight.pop(ticket)
+        if not oldest:
+            return None
+        host_s = _host_bound_s(error, deadline_ms, self._host_s)
+        bound = None if host_s is None or payload < MIN_SAMPLE_BYTES else self._overdue_bound(sent, payload, host_s)
+        # The link is done with it, at the latest now: the request behind it is timed from here.
+        self._upload_done = max(self._upload_done, self._clock() - self.estimator.base_rtt_s / 2)
+        if bound is not None:
+            self.estimator.observe_bound(bound)
+        return bound
 
     def overdue(self) -> float | None:
         """The rate bound (bit/s) an overdue upload sets, or None when none is overdue.
@@ -102,13 +152,33 @@ class LinkMeter:
         follow one the link had slowed under) and ``OVERDUE_SLACK_S``; its payload has then
         not crossed in the time since it was sent less the ping and the host's time, and that
         rate bounds the link's.
+
+        An upload that failed overdue (:meth:`failed`) leaves the estimate at its bound, and the
+        link counts as busy at that bound until a sample measures it (the estimate is
+        :attr:`~calibration.RateEstimator.bounded` till then): the policy runs batches here at
+        once, without its hysteresis holding the split that was offloading, and the pipeline
+        probes (:meth:`stale`). Nothing is sent into a link a failed upload saw collapse before
+        a probe shows it back.
         """
         rate = self.estimator.rate_bps
-        if not self._in_flight or rate is None:
+        if rate is None:
             return None
-        sent, payload = self._in_flight[min(self._in_flight)]
+        bound = None
+        if self._in_flight:
+            sent, payload = self._in_flight[min(self._in_flight)]
+            bound = self._overdue_bound(sent, payload, self._host_s)
+        if self.estimator.bounded:
+            bound = rate if bound is None else min(bound, rate)
+        return bound
+
+    def _overdue_bound(self, sent: float, payload: int, host_s: float) -> float | None:
+        """The rate bound (bit/s) of an upload of ``payload`` bytes sent at ``sent`` and not answered
+        yet, the host taking ``host_s``; None while it is not overdue (:meth:`overdue`)."""
+        rate = self.estimator.rate_bps
+        if rate is None:
+            return None
         elapsed = self._clock() - max(sent, self._upload_done)
-        fixed = self.estimator.base_rtt_s + self._host_s
+        fixed = self.estimator.base_rtt_s + host_s
         if elapsed <= fixed + OVERDUE_FACTOR * 8.0 * payload / rate + OVERDUE_SLACK_S:
             return None
         return 8.0 * payload / (elapsed - fixed)
@@ -196,5 +266,19 @@ class LinkMeter:
         return best
 
     def stale(self, max_age_s: float) -> bool:
-        """True when the estimate is older than ``max_age_s``: time to probe."""
-        return self.estimator.age_s() > max_age_s
+        """True when the estimate is older than ``max_age_s``, or is a failed upload's bound that no
+        sample has measured since (:meth:`failed`): time to probe."""
+        return self.estimator.bounded or self.estimator.age_s() > max_age_s
+
+
+def _host_bound_s(error: Exception, deadline_ms: float | None, usual_s: float) -> float | None:
+    """The most the host can have held a request that failed with ``error`` (:meth:`LinkMeter.failed`):
+    ``usual_s`` when no answer came, none for ``overloaded``, the deadline for ``deadline_exceeded``;
+    None where it is unknown."""
+    if isinstance(error, HostUnavailableError):
+        return usual_s
+    if isinstance(error, RemoteError) and error.code == ErrorCode.OVERLOADED:
+        return 0.0
+    if isinstance(error, RemoteError) and error.code == ErrorCode.DEADLINE_EXCEEDED and deadline_ms is not None:
+        return deadline_ms / 1000.0
+    return None

@@ -504,14 +504,24 @@ class Pipeline:
     async def _send(
         self, client: HostClient, split: str, tensor: np.ndarray, fields: dict[str, float], deadline: float | None,
     ) -> InferResult:
-        """One remote request, holding one of the ``in_flight`` slots and known to the meter until it settles."""
+        """One remote request, holding one of the ``in_flight`` slots and known to the meter until it
+        settles. One that fails or is refused tells the meter how (:meth:`LinkMeter.failed`): an
+        overdue upload that never got its reply bounds the link, or the field trial's board sent
+        150 KB frames into a link collapsed to 0.5 Mbit/s on an estimate still at 49."""
         ticket = self.meter.sending(tensor.nbytes)
         route = self._route(split, client.address)
+        # What the board would do instead, and its time: the host holds the request to the later of the
+        # two (InferRequest.give_up_ms), and so may have held a refused one that long.
+        alternative = None if deadline is None else self.policy.alternative(int(tensor.shape[0]))
         try:
             return await client.infer(
                 self.runner.bundle.id, split, tensor, self.config.request_timeout_s, deadline,
-                stage=None if route is None else 1, route=route or (), **fields,
+                stage=None if route is None else 1, route=route or (), alternative=alternative, **fields,
             )
+        except (HostUnavailableError, RemoteError) as exc:
+            held_ms = deadline if deadline is None or alternative is None else max(deadline, alternative[1])
+            self.meter.failed(ticket, exc, held_ms)
+            raise
         finally:
             self.meter.settled(ticket)
             self._remote -= 1
@@ -587,11 +597,15 @@ class Pipeline:
         behind it in the socket, so an overdue probe caps the estimate too. Unseen by the meter,
         a 1 MB probe sized for loopback that went up as the link dropped to 0.5 Mbit/s (17 s to
         cross) let the next frames go remote on the stale estimate, to wait behind it until their
-        10 s timeout (issue 28).
+        10 s timeout (issue 28). One that times out bounds the link as a failed upload does
+        (:meth:`LinkMeter.failed`).
         """
         ticket = self.meter.sending(size)
         try:
             probe = await client.probe(size, timeout=self.config.request_timeout_s)
+        except (HostUnavailableError, RemoteError) as exc:
+            self.meter.failed(ticket, exc)
+            raise
         finally:
             self.meter.settled(ticket)
         return self.meter.observe_probe(size, probe.round_trip_ms, probe.upload)

@@ -139,6 +139,11 @@ class SplitPolicy(Protocol):
 
     def observe_head(self, split: str, batch: int, head_ms: float) -> None: ...
 
+    def alternative(self, batch: int) -> tuple[str, float] | None:
+        """What the board would do with a batch the host refused, and its ms: the host weighs a
+        deadline against it (:attr:`~device_runtime.wire.InferRequest.give_up_ms`). None: unknown."""
+        ...
+
     def observe_result(self, result: FrameResult) -> None:
         """Each answered frame, as it comes out of the stream."""
         ...
@@ -167,6 +172,10 @@ class StaticPolicy:
     def observe_head(self, split: str, batch: int, head_ms: float) -> None:
         """A fixed split learns nothing from its timings."""
 
+    def alternative(self, batch: int) -> tuple[str, float] | None:
+        """Nothing measured the board's full model: the host goes by the deadline alone."""
+        return None
+
     def observe_result(self, result: FrameResult) -> None:
         """Nor from its answers."""
 
@@ -178,10 +187,12 @@ class AutoPolicy:
     it has been out (the rate the pipeline passes is capped so), and the batch runs here.
 
     The head times measured at calibration are refined by the ones measured as the stream
-    runs (a board warms up, throttles, shares its CPU): every ``refine_every`` batches the
-    model takes the running medians and the table is rebuilt (a few ms, off the per-frame
-    path's O(1) lookup). A choice the rebuilt table makes otherwise than the calibrated one
-    says so (``refined``).
+    runs (a board warms up, throttles, shares its CPU): every ``refine_every`` batches, or as
+    soon as the board's speed against calibration moves (:meth:`calibration.RunningTimes.factor`),
+    the model takes the running times of every option (:meth:`calibration.RunningTimes.apply`)
+    and the table is rebuilt (a few ms, off the per-frame path's O(1) lookup); ``refine_every``
+    None decides with the calibration alone. A choice the rebuilt table makes otherwise than the
+    calibrated one says so (``refined``).
 
     Given ``recorded`` (a trace's :class:`HeadTimes`, :func:`~device_runtime.stream.trace.read_head_times`),
     it measures nothing: it starts with the recorded start's head times (where there is one) and
@@ -190,11 +201,12 @@ class AutoPolicy:
     """
 
     def __init__(
-        self, calibration: Calibration, margin: float = 0.1, min_hold: int = 3, refine_every: int = 32,
+        self, calibration: Calibration, margin: float = 0.1, min_hold: int = 3, refine_every: int | None = 32,
         recorded: Sequence[HeadTimes] | None = None,
     ) -> None:
         self.calibration = calibration
         self.base_model = calibration.model
+        self.model = calibration.model  # what it decides with now: refined, or recorded
         self.running = RunningTimes()
         self.selector = SplitSelector(calibration.table, calibration.model, margin=margin, min_hold=min_hold)
         self.refine_every = refine_every
@@ -272,7 +284,7 @@ class AutoPolicy:
     def observe_head(self, split: str, batch: int, head_ms: float) -> None:
         """A head's time, into the running medians; every ``refine_every`` of them the table is
         rebuilt with those (none of it while replaying recorded head times)."""
-        if self.replaying:
+        if self.replaying or self.refine_every is None:  # None: decides with the calibration alone
             return
         self.running.observe(split, batch, head_ms)
         self._observed += 1
@@ -293,12 +305,28 @@ class AutoPolicy:
         before = self._refined_factor or 1.0
         return abs(math.log(factor / before)) > math.log(SPEED_STEP)
 
+    def pace(self, interval_ms: float | None) -> None:
+        """Choose for a live camera with frames ``interval_ms`` apart (None: unpaced): an option whose
+        slowest stage cannot keep up with it is weighed by the frames it would leave unanswered
+        (:meth:`calibration.LatencyModel.cost_ms`), and the table is rebuilt so."""
+        self.base_model = self.base_model.paced(interval_ms)
+        model = self.model.paced(interval_ms)
+        now = self.head_times
+        self._retune(model, lambda table: HeadTimes.of(now.source, now.index, now.observed, model, table))
+
+    def alternative(self, batch: int) -> tuple[str, float] | None:
+        """The board's full model, at the time the model decides with now (refined as it runs)."""
+        if LOCAL not in self.model.names:
+            return None
+        return LOCAL, self.model.timings(LOCAL).head_at(batch)
+
     def _take_up(self, recorded: HeadTimes) -> None:
         model = recorded.applied_to(self.base_model)
         self._retune(model, lambda table: HeadTimes.of(RECORDED, recorded.index, recorded.observed, model, table))
 
     def _retune(self, model: LatencyModel, times: Callable[[SplitTable], HeadTimes]) -> None:
         self._table = self.calibration.table.for_model(model)
+        self.model = model
         self.selector.retune(self._table, model)
         self.head_times = times(self._table)
         for listener in self._listeners:
@@ -368,6 +396,9 @@ class BanditPolicy:
     def observe_head(self, split: str, batch: int, head_ms: float) -> None:
         if split != self.semantic.id:
             self.layer.observe_head(split, batch, head_ms)
+
+    def alternative(self, batch: int) -> tuple[str, float] | None:
+        return self.layer.alternative(batch)
 
     def observe_result(self, result: FrameResult) -> None:
         if result.deadline_ms is None:

@@ -107,16 +107,42 @@ def test_a_host_that_would_answer_late_says_so_and_the_frame_runs_here(
     assert losses == 0
 
 
+class _SlowBoard(StaticPolicy):
+    """The fixed split, on a board whose own full model would take ``local_ms``."""
+
+    def __init__(self, bundle: Bundle, local_ms: float) -> None:
+        super().__init__(SPLIT, bundle)
+        self.local_ms = local_ms
+
+    def alternative(self, batch: int) -> tuple[str, float] | None:
+        return LOCAL, self.local_ms * batch
+
+
+def test_a_host_slower_than_the_deadline_still_answers_a_board_that_would_be_slower_still(
+    mobilenet_bundle: Path, slow_host: RunningHost
+) -> None:
+    """The same 300 ms host and 50 ms budget, from a board whose full model would take 5 s: every
+    request carries that alternative, so the host answers each one late rather than refusing it
+    and sending the board to an answer 16 times later (issue 43); nothing is refused or lost."""
+    bundle = Bundle.load(mobilenet_bundle)
+    results, losses = _stream(bundle, slow_host, PipelineConfig(drop="none"), lambda: Synthetic(fps=20), frames=4,
+                              policy=_SlowBoard(bundle, 5000.0))
+    assert sorted(r.index for r in results) == list(range(4))
+    assert [(r.where, r.error) for r in results] == [("remote", None)] * 4
+    assert losses == 0
+
+
 def _stream(bundle: Bundle, host: RunningHost, config: PipelineConfig, source: Callable[[], FrameSource], frames: int,
-            runner: DeviceRunner | None = None) -> tuple[list[FrameResult], int]:
-    """The results of a pipeline with the fixed split ``SPLIT`` against ``host``, and the host link's losses."""
+            runner: DeviceRunner | None = None, policy: StaticPolicy | None = None) -> tuple[list[FrameResult], int]:
+    """The results of a pipeline with the fixed split ``SPLIT`` (or ``policy``) against ``host``, and the host
+    link's losses."""
     runner = runner or DeviceRunner(bundle, threads=1)
 
     async def go():
         hosts = HostLink(bundle, f"{host.host}:{host.port}", timeout=7.0)
         assert await hosts.connect(), hosts.last_error
         try:
-            pipeline = Pipeline(runner, StaticPolicy(SPLIT, bundle), hosts, config)
+            pipeline = Pipeline(runner, policy or StaticPolicy(SPLIT, bundle), hosts, config)
             with source() as frames_source:
                 return [r async for r in pipeline.run(frames_source, frames=frames)], hosts.losses
         finally:

@@ -235,7 +235,7 @@ async def _follow_rate_step(
     config = PipelineConfig(drop="none", probe_every_s=0.5, request_timeout_s=10.0, deadline_ms=0)
     # The table is made by hand (local 200 ms); refining it with this machine's own times
     # would make local win at every rate (test_policy.py), so it is off here.
-    policy = _TablePolicy(calibration_for(bundle), refine_every=10**9)
+    policy = _TablePolicy(calibration_for(bundle), refine_every=None)
     pipeline = Pipeline(runner, policy, hosts, config)
     results: list[FrameResult] = []
     marks: dict[str, int] = {}
@@ -307,7 +307,7 @@ def test_nothing_waits_behind_an_upload_the_link_slowed_under(
         hosts = HostLink(bundle, address, timeout=10.0)
         assert await hosts.connect(), hosts.last_error
         config = PipelineConfig(request_timeout_s=15.0, deadline_ms=0)  # deadlines: see _follow_rate_step
-        pipeline = Pipeline(runner, AutoPolicy(calibration, refine_every=10**9), hosts, config)
+        pipeline = Pipeline(runner, AutoPolicy(calibration, refine_every=None), hosts, config)
         results, arrival, step = [], [], None
         loop = asyncio.get_running_loop()
         try:
@@ -434,7 +434,7 @@ def test_auto_on_loopback_with_a_busy_board_offloads_as_the_table_says(mobilenet
         hosts = HostLink(bundle, address, timeout=10.0)
         assert await hosts.connect(), hosts.last_error
         config = PipelineConfig(drop="none", request_timeout_s=10.0, deadline_ms=0)
-        pipeline = Pipeline(runner, _TablePolicy(calibration, refine_every=10**9), hosts, config, _Estimate())
+        pipeline = Pipeline(runner, _TablePolicy(calibration, refine_every=None), hosts, config, _Estimate())
         try:
             with Synthetic(fps=0) as source:  # as fast as the board goes: its CPU is never idle
                 return [r async for r in pipeline.run(source, frames=120)]
@@ -464,7 +464,7 @@ def test_a_busy_boards_stalls_do_not_hold_the_estimate_below_the_table(mobilenet
     _, calibration = _loopback_calibration(mobilenet_bundle, tmp_path)
     clock = ManualClock()
     meter = LinkMeter(RateEstimator(clock=clock), clock=clock)
-    policy = _TablePolicy(calibration, refine_every=10**9)
+    policy = _TablePolicy(calibration, refine_every=None)
     meter.observe_probe(0, 0.4)  # the first probe's, as the run read them: a bare ping, then 1 MB stamped
     meter.observe_probe(1_048_576, 0.94, UploadTiming(done_s=0.00054, min_rtt_s=7e-6, stamped=True))
     results = []

@@ -79,6 +79,33 @@ def test_auto_policy_retimes_the_option_it_is_not_using_within_a_few_frames() ->
     assert policy.head_times.head_ms[LOCAL] == {1: 7.5}
 
 
+def test_the_board_s_alternative_is_its_full_model_at_the_time_it_decides_with() -> None:
+    """What a request tells the host the board would do otherwise: local at its calibrated 30 ms,
+    then, with the board measured at a quarter of its calibrated speed, at 7.5 ms; a fixed split
+    has no measured alternative."""
+    policy = AutoPolicy(_calibration(30.0), min_hold=1)
+    assert policy.alternative(1) == (LOCAL, 30.0)
+    for _ in range(8):
+        policy.observe_head(CUT, 1, 1.25)
+    assert policy.alternative(1) == (LOCAL, 7.5)
+    assert StaticPolicy(CUT, _Bundle()).alternative(1) is None
+
+
+def test_auto_policy_paced_by_a_camera_it_cannot_keep_up_with_offloads_more() -> None:
+    """Local at 30 ms against CUT's 5 + 0.8 + 25 = 30.8 at 100 Mbit/s: local by latency. From a camera
+    20 ms apart neither keeps up: local answers 20 of every 30 ms (cost 30 * 30 / 20 = 45), CUT 20 of
+    every 25 (its slowest stage, the tail: cost 30.8 * 25 / 20 = 38.5): CUT answers more frames for
+    0.8 ms more, and wins. Unpaced again, local is back ahead by less than the hysteresis's margin."""
+    policy = AutoPolicy(_calibration(30.0, tail_ms=25.0), min_hold=1)
+    everything = {LOCAL, CUT}
+    assert policy.choose(1, 1e8, everything).split == LOCAL
+    policy.pace(20.0)
+    assert policy.choose(1, 1e8, everything).split == CUT
+    policy.pace(None)
+    choice = policy.choose(1, 1e8, everything)
+    assert (choice.split, choice.reason.kind, choice.reason.wanted) == (CUT, HOLD, LOCAL)
+
+
 def test_auto_policy_without_a_host_runs_local_at_once() -> None:
     policy = AutoPolicy(_calibration(200.0), min_hold=5)
     assert policy.choose(1, 1e8, {LOCAL, CUT}).split == CUT
