@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from splitedge import LOCAL, CalibrationError, Fields, join, shown
@@ -134,6 +134,10 @@ class LatencyModel:
     # was timed at; every option pays it once per frame. None: not timed (a calibration made
     # before it was), counted as 0 and left out of terms_ms, so a report can say it is missing.
     preprocess_ms: float | None = None
+    # The live camera's frame interval (ms) a stream through the model must keep up with; None: no
+    # camera pace (a recording, a calibration), latency alone decides. Not part of the file: it is the
+    # run's camera, not the board's (:meth:`paced`).
+    interval_ms: float | None = None
     _by_name: dict[str, SplitTimings] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -141,6 +145,8 @@ class LatencyModel:
         object.__setattr__(self, "rtt_ms", _fields.number(self.rtt_ms, "rtt_ms"))
         if self.preprocess_ms is not None:
             object.__setattr__(self, "preprocess_ms", _fields.number(self.preprocess_ms, "preprocess_ms"))
+        if self.interval_ms is not None and not _fields.number(self.interval_ms, "interval_ms") > 0:
+            raise CalibrationError(f"interval_ms: expected a frame interval > 0 ms, got {self.interval_ms!r}")
         if not self.splits:
             raise CalibrationError("splits: expected at least one split, got none")
         by_name: dict[str, SplitTimings] = {}
@@ -212,8 +218,31 @@ class LatencyModel:
             raise CalibrationError(f"link rate must be > 0 bit/s, got {rate_bps!r}")
         return _BITS_PER_BYTE * timings.bytes_per_sample * batch * _MS_PER_S / rate_bps
 
+    def paced(self, interval_ms: float | None) -> LatencyModel:
+        """This model for a stream from a live camera with frames ``interval_ms`` apart (None: unpaced)."""
+        return replace(self, interval_ms=interval_ms)
+
+    def cost_ms(self, split: str, batch: int, rate_bps: float) -> float:
+        """What :meth:`best` minimises: the predicted time (:meth:`predict_ms`), and, for a stream
+        from a live camera (``interval_ms``) whose slowest stage cannot keep up with it, that time
+        times the slowest stage over the camera's interval: the frames it leaves unanswered count.
+
+        DSC Eq. 6 weighs latency alone, which on a slow board picks an option that answers one
+        frame in four a few ms sooner than one that answers them all (issue 43: a quarter core's
+        compute was 5-10x the frame interval and 79 % of frames dropped). Scaled so, an option's
+        cost is its latency over the share of frames it answers (:func:`drop_share`): of two options
+        that keep up, the faster wins as in DSC; of two that do not, the one that answers more frames
+        wins unless the other is faster by more than it drops.
+        """
+        ms = self.predict_ms(split, batch, rate_bps)
+        if self.interval_ms is None:
+            return ms
+        slowest = max(self.stages_ms(split, batch, rate_bps).values())
+        return ms * max(1.0, slowest / (self.interval_ms * batch))
+
     def best(self, batch: int, rate_bps: float, allowed: Collection[str] | None = None) -> str:
-        """DSC Eq. 6: the split of least predicted time, among ``allowed`` when given.
+        """DSC Eq. 6: the split of least predicted time (:meth:`cost_ms`: counting the frames a live
+        camera's stream through it leaves unanswered), among ``allowed`` when given.
 
         ``allowed`` drops options (OFFLOAD under a privacy rule, DSC §3; every remote split
         without a host); names it holds that the model lacks are ignored. Ties go to the split
@@ -223,7 +252,7 @@ class LatencyModel:
         for timings in self.splits:
             if allowed is not None and timings.split not in allowed:
                 continue
-            ms = self.predict_ms(timings.split, batch, rate_bps)
+            ms = self.cost_ms(timings.split, batch, rate_bps)
             if ms < best_ms or best_name is None:
                 best_name, best_ms = timings.split, ms
         if best_name is None:

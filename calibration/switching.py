@@ -126,8 +126,8 @@ class SplitSelector:
             return Decision(self._force(candidate), Decision.TABLE, candidate, lo, hi)
         if self._streak < self._min_hold:
             return Decision(current, Decision.HOLD, candidate, lo, hi, streak=self._streak)
-        candidate_ms = self._model.predict_ms(candidate, batch, rate_bps)
-        current_ms = self._model.predict_ms(current, batch, rate_bps)
+        candidate_ms = self._model.cost_ms(candidate, batch, rate_bps)  # what the table weighed them by
+        current_ms = self._model.cost_ms(current, batch, rate_bps)
         if candidate_ms < (1.0 - self._margin) * current_ms:
             self._current = candidate
             self._switches += 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -24,20 +25,19 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from calibration import (
-    BANDIT_FILENAME, FILENAME, Bandit, Calibration, Calibrations, HostView, SplitTable, drop_share, place_fragments,
-    save,
+    BANDIT_FILENAME, FILENAME, Bandit, Calibration, Calibrations, HostView, SplitTable, place_fragments, save,
 )
 from device_runtime.board import (
     CalibrateSettings, Connection, DetectedBoard, LastRun, RunSettings, Runtime, calibrate, calibrations_for,
     detect_board, installed_backends, precision_of, resolve_backend, spread_warning,
 )
 from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle
-from device_runtime.engine import AUTO, DeviceRunner, default_split
+from device_runtime.engine import AUTO, DeviceRunner, default_split, usable_cpus
 from device_runtime.hosts import HostLink, LinkMeter, connect_host, discover
 from device_runtime.live import LiveBoard, LiveServer
 from device_runtime.stream import (
-    AutoPolicy, BanditPolicy, FrameSource, Pipeline, PipelineConfig, PipelineStats, Reason, RunEvents, SplitPolicy,
-    StaticPolicy, TraceWriter, frame_record, open_source, pi_camera_absent, read_head_times, read_pace,
+    AutoPolicy, BanditPolicy, DropForecast, FrameSource, Pipeline, PipelineConfig, PipelineStats, Reason, RunEvents,
+    SplitPolicy, StaticPolicy, TraceWriter, frame_record, open_source, pi_camera_absent, read_head_times, read_pace,
 )
 from device_runtime.wire import Credentials, HostClient, client_context, load_key
 from splitedge import BundleError, CameraError, HostUnavailableError, SplitEdgeError, notify, stop_on_signals
@@ -101,7 +101,9 @@ def _credentials(connection: Connection) -> Credentials:
 
 def _runner(runtime: Runtime, bundle: Bundle, split_id: str, board: DetectedBoard, transmit: str = AUTO) -> DeviceRunner:
     backend = resolve_backend(runtime.backend, bundle, split_id, board)
-    threads = runtime.threads or (board.profile.threads if board.profile else None)
+    # --threads as given; else the board profile's, but never more than the process may use (a Pi 4's
+    # 4 on a board pinned to one CPU would be four threads taking turns on it); else what it may use.
+    threads = runtime.threads or min(board.profile.threads if board.profile else math.inf, usable_cpus())
     return DeviceRunner(bundle, threads=threads, backend=backend, transmit=transmit, precision=runtime.precision,
                         preprocess=runtime.preprocess)
 
@@ -174,9 +176,6 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
     last_run.watch(bundle, pipeline.stats, policy)
     trace = TraceWriter(settings.trace, _run_record(settings, camera, bundle, runner, calibration)) \
         if settings.trace else None
-    if trace is not None and auto is not None:
-        auto.watch(trace.head_times)  # what it decides with, now and at each change
-    events = RunEvents(out.summary_every_s, out.clock)
     live = LiveBoard() if settings.live is not None else None
     page: LiveServer | None = None
     try:
@@ -188,9 +187,17 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
             out.progress(f"camera: {source.description}{chosen}")
             if (negotiation := source.negotiation()) is not None:
                 out.progress(f"camera: {negotiation}")
+            if auto is not None and source.live:  # choose for this camera's pace: frames answered count too
+                auto.pace(source.frame_interval_s * 1000.0 if source.frame_interval_s else None)
+            if trace is not None and auto is not None:
+                auto.watch(trace.head_times)  # what it decides with (for this camera), now and at each change
             forecast = _forecast(settings, calibration or _own_table(bundle, runner), hosts, source)
             if forecast is not None:
                 out.progress(forecast)
+            # The summaries forecast drops again as the stream measures its stages (the page too).
+            events = RunEvents(out.summary_every_s, out.clock, source.frame_interval_s if source.live else None)
+            if live is not None:
+                live.drops(events.drops.state)
             if out.detail != QUIET:
                 out.event(_start_event(settings, bundle, board, runner, source.description, hosts), None)
             ready = False
@@ -256,12 +263,24 @@ def _event_line(event: dict[str, Any]) -> str:
     hosts = ", ".join(event["hosts"]) or "none"
     if event["event"] == "summary":
         return (f"last {event['seconds']:.0f} s: {event['answered']} answered ({fps}), {event['dropped']} dropped, "
-                f"{event['fallbacks']} fell back; {latency}; splits {splits}; host {hosts}")
+                f"{event['fallbacks']} fell back; {latency}; splits {splits}; host {hosts}{_drops_text(event)}")
     frames, dropped = event["frames"], event["dropped"]
     switches = f", {event['policy_switches']} split switches" if "policy_switches" in event else ""
     by_split = ", ".join(f"{k} {v}" for k, v in event["by_split"].items())
     return (f"{frames} frames: {dropped} dropped ({dropped / frames if frames else 0.0:.1%}), {event['fallbacks']} "
-            f"answered locally after a host failure{switches}; by split: {by_split}; {latency}, {fps}")
+            f"answered locally after a host failure{switches}; by split: {by_split}; {latency}, {fps}"
+            f"{_drops_text(event)}")
+
+
+def _drops_text(event: dict[str, Any]) -> str:
+    """A summary's drops against its forecast from the stage times measured, with the stage behind
+    them (every drop reads ``queue_full``: this says why the queue was full). Nothing where there is
+    no forecast (no live camera, nothing answered yet) or nothing dropped nor forecast to be."""
+    forecast = event["forecast"]
+    if forecast is None or not (event["dropped"] or forecast["drop_share"]):
+        return ""
+    return (f"; {event['drop_share']:.0%} dropped, {forecast['drop_share']:.0%} forecast from the last "
+            f"{forecast['measured_frames']} answered: {forecast['cause']}")
 
 
 async def _hosts(settings: RunSettings, bundle: Bundle, credentials: Credentials, out: Output) -> HostLink:
@@ -440,28 +459,24 @@ def _forecast(
     return drop_forecast(calibration, split, settings.batch, source)
 
 
-#: How the forecast names the slowest stage of LatencyModel.stages_ms.
-_STAGE_WORDS = {"board": "preprocessing and head", "link": "the link", "host": "the host's tail"}
-
-
 def drop_forecast(calibration: Calibration, split: str, batch: int, source: FrameSource) -> str | None:
     """One line saying how many of a live camera's frames a stream through ``split`` will answer
     and how many it will drop, when the camera is faster than the board: the calibration's stages
-    (:meth:`calibration.LatencyModel.frames_per_s`, the slowest stage's rate) against the camera's
-    frame rate (:func:`calibration.drop_share`). None when it keeps up, or when it cannot tell (no
-    frame rate, a split the calibration did not time, a remote split calibrated without a link)."""
+    (:meth:`calibration.LatencyModel.stages_ms`) in the model the run's summaries forecast with
+    from measured times (:class:`~device_runtime.stream.DropForecast`), naming the slowest. None
+    when it keeps up, or when it cannot tell (no frame rate, a split the calibration did not time,
+    a remote split calibrated without a link)."""
     interval = source.frame_interval_s if source.live else None
     model = calibration.model
     rate = calibration.link["rate_bps"] if calibration.link is not None else 0.0
     if not interval or split not in model.names or (split != LOCAL and not rate > 0):
         return None
-    camera_fps = 1.0 / interval
-    answered = model.frames_per_s(split, batch, rate)
-    share = drop_share(camera_fps, answered)
-    if share == 0.0:
-        return None
     stages = model.stages_ms(split, batch, rate)
-    slowest = max(stages, key=lambda stage: stages[stage])
+    preprocess = model.preprocess_ms or 0.0  # a frame's; the board's stage holds the batch's
+    forecast = DropForecast(preprocess, stages["board"] / batch - preprocess, stages["link"] / batch,
+                            stages["host"] / batch, interval * 1000.0)
+    if forecast.share == 0.0:
+        return None
     timed, got = calibration.preprocess, source.got
     if timed is None:
         note = ("; preprocessing is not in this calibration (counted as 0, so more will be dropped): calibrate "
@@ -471,9 +486,9 @@ def drop_forecast(calibration: Calibration, split: str, batch: int, source: Fram
         note = f"; preprocessing timed on {timed.frame} frames, this camera gives {frame}: calibrate --frame {frame}"
     else:
         note = ""
-    return (f"this board answers about {answered:.2g} fps of this {camera_fps:.3g} fps camera; "
-            f"{100.0 * share:.0f} % of frames will be dropped ({split}, batch {batch}: "
-            f"{_STAGE_WORDS[slowest]} {stages[slowest]:.0f} ms a batch, as calibrated{note})")
+    return (f"this board answers about {forecast.answered_fps:.2g} fps of this {1.0 / interval:.3g} fps camera; "
+            f"{100.0 * forecast.share:.0f} % of frames will be dropped ({split}, batch {batch}: "
+            f"{forecast.cause()}, as calibrated{note})")
 
 
 def _run_record(

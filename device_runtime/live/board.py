@@ -82,6 +82,7 @@ class LiveBoard:
         self._pending_lock = threading.Lock()
         self._answered: Frame | None = None  # the frame of the latest answered result
         self._plan: dict[str, Any] | None = None
+        self._drops: Callable[[], dict[str, Any]] | None = None
         self._picture_lock = threading.Lock()
         self._picture: tuple[int, bytes] | None = None  # (frame index, JPEG) last encoded
         self._encoded_at = -math.inf
@@ -123,10 +124,16 @@ class LiveBoard:
             "boundaries": [[rate, below, above] for rate, below, above in table.boundaries(batch)],
         }
 
+    def drops(self, state: Callable[[], dict[str, Any]]) -> None:
+        """Where the page reads the run's drops so far and their forecast from the stage times the
+        stream measures (:class:`~device_runtime.stream.summary.DropWatch`'s ``state``: a fixed
+        set of fields, read once per state asked for); the page says what the summaries say."""
+        self._drops = state
+
     def state(self, since: int | None) -> tuple[dict[str, Any], int]:
         """The results after ``since`` as records (each with its number, ``seq``; a new page, None,
-        gets the last :data:`WINDOW_S`), the table, and the clock (``now``: a record's ``t`` is its
-        capture on the same clock)."""
+        gets the last :data:`WINDOW_S`), the table, the drops and their forecast (None until the run
+        gives them), and the clock (``now``: a record's ``t`` is its capture on the same clock)."""
         results, cursor = self._results.since(since)
         first = cursor - len(results)
         if since is None:  # a new page: what it shows, the last minute, not all that is kept
@@ -135,6 +142,7 @@ class LiveBoard:
             first, results = first + len(results) - len(recent), recent
         return {
             "run": self.started, "now": self.clock(), "plan": self._plan,
+            "drops": None if self._drops is None else _plain(self._drops()),
             "frames": [_record(first + n, result) for n, result in enumerate(results)],
         }, cursor
 

@@ -153,6 +153,8 @@ _BOARD_BODY = """
     <dt>fell back</dt><dd id=error>—</dd>
     <dt>answered</dt><dd id=fps>—</dd>
     <dt>dropped</dt><dd id=drops>—</dd>
+    <dt>drop forecast</dt><dd id=forecast>—</dd>
+    <dt>slowest stage</dt><dd id=bottleneck>—</dd>
   </dl>
 </section>
 <section><h2>Rate estimate and the table's boundaries (last minute)</h2><canvas id=rate-chart></canvas></section>
@@ -166,11 +168,11 @@ _BOARD_SCRIPT = r"""
 const KEEP_S = 60, KEEP_MOST = 4096;
 const STAGES = [['preprocess', 'preprocess_ms'], ['head', 'head_ms'], ['transfer', 'transfer_ms'], ['tail', 'tail_ms'],
                 ['waits', 'waits_ms'], ['total', 'total_ms']];
-let frames = [], run = null, plan = null, lastSeq = -1, now = 0, shownIndex = null, loading = false, pictureUrl = null;
+let frames = [], run = null, plan = null, dropState = null, lastSeq = -1, now = 0, shownIndex = null, loading = false, pictureUrl = null;
 
 connect((state) => {
   if (state.run !== run) { frames = []; run = state.run; lastSeq = -1; }
-  plan = state.plan;
+  plan = state.plan; dropState = state.drops;
   for (const f of state.frames) if (f.seq > lastSeq) { frames.push(f); lastSeq = f.seq; }
   now = state.now;
   prune(frames, now, KEEP_S, KEEP_MOST);
@@ -212,6 +214,7 @@ function render() {
   text('fps', answered.length + ' in the last minute; ' + (recent.length / 10).toFixed(1) + ' fps over 10 s');
   const dropped = frames.length - answered.length;
   text('drops', dropped + ' of ' + frames.length + ' in the last minute' + (frames.length ? ' (' + (100 * dropped / frames.length).toFixed(1) + ' %)' : ''));
+  showForecast();
   const marks = plan ? plan.boundaries.map(([rate, below, above]) => ({y: rate, label: below + ' | ' + above + ' ' + mbit(rate)})) : [];
   chart(document.getElementById('rate-chart'), [{name: 'rate estimate', points: answered.map((f) => [f.t, f.rate_bps])}],
         {now, spanS: KEEP_S, log: true, marks, format: mbit});
@@ -226,6 +229,16 @@ function render() {
   if (body.innerHTML !== table) body.innerHTML = table;  // numbers and fixed stage names only
   caption();
   if (latest && latest.index !== shownIndex && !loading) picture();
+}
+
+// The run's drop share so far against the share its recent stage times forecast, and the stage
+// behind them: as text only (the cause is the board's words, never markup).
+function showForecast() {
+  const f = dropState ? dropState.forecast : null;
+  const real = dropState && dropState.drop_share !== null ? (100 * dropState.drop_share).toFixed(1) + ' % dropped in the run so far' : null;
+  text('forecast', f ? (100 * f.drop_share).toFixed(0) + ' % forecast from the last ' + f.measured_frames + ' answered'
+                       + (real ? '; ' + real : '') : real);
+  text('bottleneck', f ? f.cause : null);
 }
 
 // The picture's frame as the page's records have it: a picture can come before the state that

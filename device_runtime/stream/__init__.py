@@ -9,7 +9,7 @@ from device_runtime.stream.pipeline import Pipeline, PipelineConfig, PipelineSta
 from device_runtime.stream.policy import AutoPolicy, BanditPolicy, HeadTimes, SplitPolicy, StaticPolicy
 from device_runtime.stream.reason import Choice, Reason
 from device_runtime.stream.results import DROP_QUEUE_FULL, FrameResult, top1
-from device_runtime.stream.summary import RunEvents
+from device_runtime.stream.summary import DropForecast, RunEvents
 from device_runtime.stream.trace import (
     HEAD_TIMES, LINK_RATE, TRACE_SCHEMA, TraceWriter, append_link_rate, frame_record, read_head_times,
 )
@@ -23,6 +23,7 @@ __all__ = [
     "BanditPolicy",
     "BoardPace",
     "Choice",
+    "DropForecast",
     "Frame",
     "FrameQueue",
     "FrameResult",

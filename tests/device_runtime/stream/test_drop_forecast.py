@@ -87,7 +87,8 @@ def test_the_forecast_is_the_drop_of_a_camera_faster_than_a_held_head(mobilenet_
     camera = LockstepCamera(FRAMES)
     line = drop_forecast(calibration, LOCAL, 1, camera)
     assert line == ("this board answers about 3.3 fps of this 10 fps camera; 67 % of frames will be dropped "
-                    "(local, batch 1: preprocessing and head 300 ms a batch, as calibrated)")
+                    "(local, batch 1: board compute 300 ms a frame (preprocess 120 + head 180) against a 100 ms "
+                    "frame interval, as calibrated)")
 
     bundle = Bundle.load(mobilenet_bundle, roles=("full",))
     runner = DeviceRunner(bundle, threads=1)
@@ -124,7 +125,8 @@ def test_without_a_frame_rate_or_the_splits_times_there_is_no_forecast() -> None
 def test_a_calibration_without_preprocessing_says_so() -> None:
     line = drop_forecast(calibrated(None, 250.0), LOCAL, 1, LockstepCamera(1))
     assert line is not None and line.startswith("this board answers about 4 fps of this 10 fps camera; 60 % of "
-                                                "frames will be dropped (local, batch 1: preprocessing and head 250 ms")
+                                                "frames will be dropped (local, batch 1: board compute 250 ms a frame "
+                                                "(preprocess 0 + head 250)")
     assert "preprocessing is not in this calibration (counted as 0, so more will be dropped)" in line
 
 
@@ -154,4 +156,4 @@ def test_the_run_says_it_at_start(mobilenet_bundle: Path, tmp_path: Path, capsys
                  "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert ("this board answers about 5 fps of this 50 fps camera; 90 % of frames will be dropped (local, batch 1: "
-            "preprocessing and head 200 ms a batch, as calibrated)") in out
+            "board compute 200 ms a frame (preprocess 10 + head 190) against a 20 ms frame interval, as calibrated)") in out
