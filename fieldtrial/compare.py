@@ -200,7 +200,7 @@ def write_comparison(
         "page": page.PAGE,
     }
     try:
-        (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     except OSError as exc:
         raise SplitEdgeError(f"cannot write the report into {out}: {exc}") from exc
     page.write_page(out, runs, summary["against_first"], figures)
@@ -210,7 +210,7 @@ def write_comparison(
 def format_comparison(summary: dict[str, Any]) -> str:
     """The table ``split-device report A B …`` prints: a line per run, then each against the first."""
     lines = [f"{'run':24s} {'frames':>7s} {'answered':>8s} {'fps':>6s} {'p50 ms':>8s} {'p95 ms':>8s} "
-             f"{'dropped':>8s} {'late':>6s} {'switches':>8s}"]
+             f"{'dropped':>8s} {'late':>6s} {'changes':>8s}"]
     for run in summary["runs"]:
         s = run["summary"]
         late = "-" if s["deadline_misses"] is None else f"{100.0 * s['deadline_misses']['share']:.1f}%"
@@ -218,7 +218,7 @@ def format_comparison(summary: dict[str, Any]) -> str:
             f"{run['label'][:24]:24s} {s['frames']:7d} {s['answered']:8d} {_num(s['fps'], '.2f'):>6s} "
             f"{_num(s['latency_ms']['p50'], '.1f'):>8s} {_num(s['latency_ms']['p95'], '.1f'):>8s} "
             f"{100.0 * s['drop_rate']:7.1f}% {late:>6s} "
-            f"{s['switches']:8d}"
+            f"{s['split_changes']:8d}"
         )
     first = summary["runs"][0]["label"]
     for a in summary["against_first"]:

@@ -16,7 +16,8 @@ import numpy as np
 
 from fieldtrial import timeline
 from fieldtrial.plots import (
-    _colours, _plain_rate_axis, _pyplot, _reason_colours, _save, draw_cdf, graph_order, split_label,
+    _colours, _plain_rate_axis, _pyplot, _reason_colours, _save, _series_of, _series_styles, answer_series, draw_cdf,
+    graph_order, series_label, split_label,
 )
 
 if TYPE_CHECKING:
@@ -121,21 +122,25 @@ def plot_rates(runs: Sequence[Run], path: Path) -> bool:
 
 def plot_splits_over_time(runs: Sequence[Run], path: Path) -> bool:
     """The runs on one time axis: each run's split frame by frame (a band per run, a tick per
-    answered frame in its split's colour) above each run's rate estimate and, where a testbed
-    recorded it, the link's real rate: a replay reads against its original at a glance."""
+    answered frame in its split's colour; a frame answered on the board after a deadline refusal or
+    a host failure in the marker of its cause, :func:`fieldtrial.plots.answer_series`) above each
+    run's rate estimate and, where a testbed recorded it, the link's real rate: a replay reads
+    against its original at a glance."""
     plt = _pyplot()
-    order = _all_splits(runs)
-    colours = _colours(plt, order)
+    series = answer_series([f for run in runs for f in _answered(run)])
+    styles = _series_styles(plt, series)
     run_colours = _run_colours(plt, runs)
     fig, (bands, rates) = plt.subplots(2, 1, sharex=True, figsize=(11, 2.6 + 0.5 * len(runs) + 2.4),
                                        gridspec_kw={"height_ratios": [0.6 + 0.5 * len(runs), 2.4]})
     for row, run in enumerate(runs):
         answered = _answered(run)
         y = len(runs) - 1 - row
-        for split in order:
-            times = [f["t"] for f in answered if f["split"] == split]
-            bands.scatter(times, [y] * len(times), marker="|", s=160, color=colours[split],  # every split in
-                          label=split_label(split) if row == 0 else None)  # the legend, taken by the first run or not
+        for key in series:  # every series in the legend, taken by the first run or not
+            times = [f["t"] for f in answered if _series_of(f) == key]
+            colour, marker, _ = styles[key]
+            tick = marker == "o"  # a split's own frames: ticks; a cause's: its marker
+            bands.scatter(times, [y] * len(times), marker="|" if tick else marker, s=160 if tick else 40, color=colour,
+                          label=series_label(key) if row == 0 else None)
     bands.set_yticks(range(len(runs)))
     bands.set_yticklabels([r.label for r in reversed(runs)], fontsize=8)
     bands.set_ylim(-0.6, len(runs) - 0.4)

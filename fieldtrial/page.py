@@ -14,7 +14,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from device_runtime import LOCAL
 from fieldtrial import timeline
+from fieldtrial.bounds import ESTIMATE, REAL
 from fieldtrial.plots import graph_order, split_label
 from fieldtrial.report import MODEL_PLOT, PLOTS
 from splitedge import SplitEdgeError
@@ -66,10 +68,14 @@ def _overview(runs: Sequence[Run]) -> str:
             s["answered"], _f(s["fps"], ".2f"), _f(s["latency_ms"]["p50"]), _f(s["latency_ms"]["p95"]),
             _f(s["latency_ms"]["p99"]), f"{s['dropped']} ({100.0 * s['drop_rate']:.1f} %): {drops}",
             "no deadline" if late is None else f"{late['missed']} of {late['with_deadline']}",
-            s["switches"], s["fallbacks"],
+            s["split_changes"], s["deadline_refusals"], s["fallbacks"],
+            _f(s["floor"]["latency_over_floor"]["median_of_ratios"], ".2f") if s["floor"] else "-",
+            _f(s["oracle"]["latency_over_oracle"]["mean_of_ratios"], ".2f") if s["oracle"] else "-",
         ])
     return _table(["run", "trace", "bundle", "policy", "source", "frames", "answered", "fps", "p50 ms", "p95 ms",
-                   "p99 ms", "dropped", "deadline missed", "switches", "fell back"], rows)
+                   "p99 ms", "dropped", "deadline missed", "split changes", "local after a deadline refusal",
+                   "local after a host failure", "latency ÷ floor (median of ratios)", "latency ÷ oracle (mean)"],
+                  rows)
 
 
 def _by_split(runs: Sequence[Run]) -> str:
@@ -78,10 +84,18 @@ def _by_split(runs: Sequence[Run]) -> str:
     for split in order:
         row: list[Any] = [split_label(split)]
         for run in runs:
-            s = run.summary["per_split"].get(split)
-            row.append("-" if s is None else f"{100.0 * s['share']:.1f} % ({s['frames']}), p50 {_f(s['p50_ms'])} ms")
+            row.append(_share(run.summary["per_split"].get(split)))
         rows.append(row)
+        if split == LOCAL:  # its frames by why they ran here: a refusal or a failure is no choice
+            causes = [c for c in timeline.LOCAL_CAUSES if any(c in run.summary["local_causes"] for run in runs)]
+            rows += [["— " + timeline.local_cause_label(cause), *(_share(run.summary["local_causes"].get(cause))
+                                                                  for run in runs)] for cause in causes]
     return _table(["split", *(r.label for r in runs)], rows)
+
+
+def _share(s: dict[str, Any] | None) -> str:
+    """A split's (or a local cause's) share of the answered frames, and its p50."""
+    return "-" if s is None else f"{100.0 * s['share']:.1f} % ({s['frames']}), p50 {_f(s['p50_ms'])} ms"
 
 
 def _reasons(runs: Sequence[Run]) -> str:
@@ -115,10 +129,39 @@ def _model(run: Run) -> str:
         return '<p class="note">No comparison with the model: the report had no calibration for this run.</p>'
     rows = [
         [split_label(split), c["frames"], _f(c["predicted_ms"]), _f(c["stages_ms"]), _f(c["ratio"], ".2f"),
-         _f(c["waits_ms"]["all"] if c["waits_ms"] else None), _f(c["end_to_end_ms"]), _f(c["end_to_end_ratio"], ".2f")]
+         _f(c["waits_ms"]["all"] if c["waits_ms"] else None), _f(c["end_to_end_ms"]), _f(c["end_to_end_ratio"], ".2f"),
+         ", ".join(f"{stage} {_f(r, '.2f')}" for stage, r in c["calibrated_over_measured"].items())]
         for split, c in comparison.items()
     ]
-    return _table(["split", "frames", "model ms", "stages ms", "ratio", "waits ms", "end-to-end ms", "ratio"], rows)
+    return _table(["split", "frames", "model ms", "stages ms", "ratio", "waits ms", "end-to-end ms", "ratio",
+                   "calibrated ÷ measured, per stage"], rows)
+
+
+def _bounds(run: Run) -> str:
+    """The run's latencies against each frame's floor and oracle (:mod:`fieldtrial.bounds`)."""
+    floor, oracle = run.summary["floor"], run.summary["oracle"]
+    rows = []
+    if floor is not None:
+        ratio = floor["latency_over_floor"]
+        rows.append(["floor: the frame's own compute", floor["frames"], floor["left_out"], _f(floor["p50_ms"]),
+                     f"median of ratios {ratio['median_of_ratios']:.2f}; "
+                     f"ratio of medians {ratio['ratio_of_medians']:.2f}", _rates(floor["rate"])])
+    if oracle is not None:
+        rows.append(["oracle: the calibration's fastest option at the link's rate", oracle["frames"],
+                     oracle["left_out"], _f(oracle["p50_ms"]),
+                     f"mean of ratios {oracle['latency_over_oracle']['mean_of_ratios']:.2f}", _rates(oracle["rate"])])
+    note = ("" if oracle is not None else
+            '<p class="note">No oracle: it needs the run\'s calibration and frames with a link rate.</p>')
+    if not rows:
+        return '<p class="note">No frame has a floor: none recorded its compute, or its bytes had no rate.</p>' + note
+    return _table(["against", "frames", "left out", "p50 ms", "latency ÷ it", "link rate taken"], rows) + note
+
+
+def _rates(rate: dict[str, int]) -> str:
+    """Which rate a bound took, saying where it was the board's estimate for want of the real one."""
+    if not rate[ESTIMATE]:
+        return f"real ({rate[REAL]} frames)" if rate[REAL] else "none needed"
+    return f"real on {rate[REAL]}, the board's estimate on {rate[ESTIMATE]} (no real rate recorded there)"
 
 
 def _against_first(runs: Sequence[Run], against: Sequence[dict[str, Any]]) -> str:
@@ -159,6 +202,7 @@ def write_page(
     for run in runs:
         opened = " open" if len(runs) == 1 else ""
         parts += [f"<h2>{html.escape(run.label)}</h2>", f"<p class='note'>{html.escape(str(run.path))}</p>",
+                  "<h3>Against each frame's floor and oracle</h3>", _bounds(run),
                   "<h3>Measured against the model (medians)</h3>", _model(run),
                   f"<details{opened}><summary>this run's figures</summary>{_run_figures(out_dir, run)}</details>"]
     parts.append("</body></html>\n")

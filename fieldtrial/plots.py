@@ -21,9 +21,12 @@ import numpy as np
 from calibration import Calibration
 from device_runtime import LOCAL, OFFLOAD
 from fieldtrial import timeline
+from fieldtrial.bounds import ESTIMATE, Bound
 from splitedge import SplitEdgeError
 
 __all__ = [
+    "Series",
+    "answer_series",
     "draw_cdf",
     "graph_order",
     "plot_drop_rate",
@@ -31,6 +34,7 @@ __all__ = [
     "plot_latency_over_time",
     "plot_measured_vs_model",
     "plot_table",
+    "series_label",
     "split_label",
 ]
 
@@ -87,6 +91,49 @@ def _colours(plt: ModuleType, splits: Sequence[str]) -> dict[str, Any]:
     """One distinct colour per split, stable for a given list of splits."""
     cmap = plt.get_cmap("tab10" if len(splits) <= 10 else "tab20")
     return {split: cmap(i % cmap.N) for i, split in enumerate(splits)}
+
+
+#: What a frame is drawn as: its split, and for the local split why it ran there (None for any other).
+Series = tuple[str, str | None]
+#: The frames answered on the board after a deadline refusal or a host failure, in a colour,
+#: marker and (in a CDF) line style of their own: a refusal or a failure must never read as the
+#: policy's choice. Frames there by choice keep the local split's colour, a dot and a solid line.
+_CAUSE_STYLES = {
+    timeline.AFTER_DEADLINE: ("goldenrod", "v", "--"),
+    timeline.AFTER_FAILURE: ("darkred", "X", "-."),
+    timeline.NOT_TOLD: ("dimgrey", "s", ":"),
+}
+
+
+def _series_of(frame: dict[str, Any]) -> Series:
+    return frame["split"], timeline.local_cause(frame)
+
+
+def answer_series(answered: Sequence[dict[str, Any]]) -> list[Series]:
+    """The series the answered frames fall in, input to output: one per split, and the local split's
+    frames one per cause (:func:`fieldtrial.timeline.local_cause`: by choice, after a deadline
+    refusal, after a host failure), so every picture tells them apart."""
+    present = {_series_of(f) for f in answered}
+    out: list[Series] = []
+    for split in graph_order(split for split, _ in present):
+        if split == LOCAL:
+            out += [(LOCAL, cause) for cause in timeline.LOCAL_CAUSES if (LOCAL, cause) in present]
+        else:
+            out.append((split, None))
+    return out
+
+
+def series_label(series: Series) -> str:
+    """How a series is named in legends: its split, or for the local split why its frames ran there."""
+    split, cause = series
+    return split_label(split) if cause is None else timeline.local_cause_label(cause)
+
+
+def _series_styles(plt: ModuleType, series: Sequence[Series]) -> dict[Series, tuple[Any, str, str]]:
+    """Colour, marker and line style per series: the split's colour (:func:`_colours`, as in every
+    other plot), a dot and a solid line, but the causes of :data:`_CAUSE_STYLES` their own."""
+    colours = _colours(plt, graph_order(split for split, _ in series))
+    return {key: _CAUSE_STYLES.get(key[1] or "", (colours[key[0]], "o", "-")) for key in series}
 
 
 def _answered(frames: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -151,15 +198,20 @@ def plot_table(calibration: Calibration, path: str | Path) -> None:
 
 def plot_latency_over_time(
     frames: Sequence[dict[str, Any]], path: str | Path, link_rates: Sequence[dict[str, Any]] = (),
+    frame_bounds: Sequence[Bound] = (),
 ) -> None:
     """The run over time, in three panels on one time axis, so a switch reads against its cause:
 
-    * each answered frame's latency at its capture time, coloured by the split that ran;
+    * each answered frame's latency at its capture time, coloured by the split that ran (a frame
+      answered on the board after a deadline refusal or a host failure marked as such), beside
+      each frame's floor and oracle where ``frame_bounds`` has them (:mod:`fieldtrial.bounds`);
     * the link's rate: the board's estimate (what it chose the splits on) and, where a testbed
       recorded it (``link_rates``, the trace's ``link_rate`` records), the real rate;
     * the dropped frames, one row per reason: they have no latency, so they get no place on its axis.
 
-    Dashed vertical lines mark where the split changed, in every panel.
+    Dashed vertical lines mark where the split changed, in every panel: at the capture of each
+    frame answered on another split than the frame answered before it, as the run counts its
+    changes (:func:`fieldtrial.timeline.split_changes`; ``frames`` in the trace's order).
     """
     _require(frames, "latency over time")
     plt = _pyplot()
@@ -169,8 +221,8 @@ def plot_latency_over_time(
         3, 1, sharex=True, figsize=(11, 7.5 + 0.2 * len(drops)),
         gridspec_kw={"height_ratios": [3.0, 1.8, 0.6 + 0.35 * max(len(drops), 1)]},
     )
-    changes = [b["t"] for a, b in zip(answered, answered[1:]) if a["split"] != b["split"]]
-    _draw_latencies(plt, lat, answered)
+    changes = [f["t"] for f in timeline.split_changes(frames)]
+    _draw_latencies(plt, lat, answered, frame_bounds)
     _draw_rates(rate, frames, timeline.real_rate_steps(link_rates))
     _draw_drops(plt, drop, frames, drops)
     for ax in (lat, rate, drop):
@@ -185,22 +237,38 @@ def plot_latency_over_time(
     _save(plt, fig, path)
 
 
-def _draw_latencies(plt: ModuleType, ax: Any, answered: list[dict[str, Any]]) -> None:
-    """The latency panel: answered frames by split, fallbacks ringed."""
-    order = graph_order(f["split"] for f in answered)
-    colours = _colours(plt, order)
-    for split in order:
-        mine = [f for f in answered if f["split"] == split]
-        ax.scatter([f["t"] for f in mine], [f["total_ms"] for f in mine], s=12, color=colours[split],
-                   label=split_label(split), zorder=3)
-    fallbacks = [f for f in answered if f.get("error")]
-    if fallbacks:
-        ax.scatter([f["t"] for f in fallbacks], [f["total_ms"] for f in fallbacks], s=40, facecolors="none",
-                   edgecolors="firebrick", label="host failed: answered here", zorder=4)
+def _draw_latencies(plt: ModuleType, ax: Any, answered: list[dict[str, Any]], frame_bounds: Sequence[Bound]) -> None:
+    """The latency panel: answered frames by series (:func:`answer_series`), and under them each
+    frame's floor (a tick) and the oracle's time (a line), each label saying where a frame took the
+    board's rate estimate for want of the real rate."""
+    series = answer_series(answered)
+    styles = _series_styles(plt, series)
+    for key in series:
+        mine = [f for f in answered if _series_of(f) == key]
+        colour, marker, _ = styles[key]
+        ax.scatter([f["t"] for f in mine], [f["total_ms"] for f in mine], s=12 if marker == "o" else 30,
+                   color=colour, marker=marker, label=series_label(key), zorder=3)
+    floors = [b for b in frame_bounds if b.floor_ms is not None]
+    if floors:
+        ax.scatter([b.t for b in floors], [b.floor_ms for b in floors], marker="_", s=40, color="black", lw=1.0,
+                   label="floor: the frame's own compute" + _estimate_note([b.floor_rate for b in floors]), zorder=2)
+    oracles = [b for b in frame_bounds if b.oracle_ms is not None]
+    if oracles:
+        ax.plot([b.t for b in oracles], [b.oracle_ms for b in oracles], drawstyle="steps-post", color="tab:green",
+                lw=1.2, label="oracle: the calibration's fastest option at the link's rate"
+                + _estimate_note([b.oracle_rate for b in oracles]), zorder=2)
     if not answered:
         ax.text(0.5, 0.5, "no frame answered", transform=ax.transAxes, ha="center", va="center")
     ax.set_ylabel("capture → answer (ms)")
     ax.set_ylim(bottom=0)
+
+
+def _estimate_note(rates: Sequence[str | None]) -> str:
+    """What a bound's label adds where frames took the board's estimate, no real rate being recorded."""
+    estimated = sum(rate == ESTIMATE for rate in rates)
+    if not estimated:
+        return ""
+    return f"\n(the board's rate estimate on {estimated} of {len(rates)} frames: no real rate there)"
 
 
 def _draw_rates(ax: Any, frames: Sequence[dict[str, Any]], steps: list[dict[str, Any]]) -> None:
@@ -285,37 +353,39 @@ def _plain_log_ticks(axis: Any, low: float, high: float) -> None:
 
 
 def plot_latency_cdf(frames: Sequence[dict[str, Any]], path: str | Path) -> None:
-    """Empirical CDF of the answered frames' total latency: one curve per split and one for all.
+    """Empirical CDF of the answered frames' total latency: one curve per series (a split, or the
+    local split's frames by why they ran there: :func:`answer_series`) and one for all.
 
-    A split's curve left of "all" is where the run was fast; the dotted lines mark p50 and p95.
+    A series' curve left of "all" is where the run was fast; the dotted lines mark p50 and p95.
     """
     _require(frames, "latency CDF")
     plt = _pyplot()
     answered = _answered(frames)
-    order = graph_order(f["split"] for f in answered)
-    colours = _colours(plt, order)
+    series = answer_series(answered)
+    styles = _series_styles(plt, series)
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    curves = [(split_label(s), [f["total_ms"] for f in answered if f["split"] == s], colours[s], 1.5) for s in order]
-    if len(order) > 1:
-        curves.append(("all", [f["total_ms"] for f in answered], _ALL_COLOUR, 2.5))
-    for label, values, colour, width in curves:
-        draw_cdf(ax, values, colour, width, f"{label} ({len(values)})")
+    curves = [(series_label(key), [f["total_ms"] for f in answered if _series_of(f) == key], styles[key][0], 1.5,
+               styles[key][2]) for key in series]
+    if len(series) > 1:
+        curves.append(("all", [f["total_ms"] for f in answered], _ALL_COLOUR, 2.5, "-"))
+    for label, values, colour, width, style in curves:
+        draw_cdf(ax, values, colour, width, f"{label} ({len(values)})", style)
     if not answered:
         ax.text(0.5, 0.5, "no answered frames", transform=ax.transAxes, ha="center", va="center")
     else:
         ax.legend(fontsize=8, loc="lower right")
     ax.set_xlabel("total latency (ms)")
     ax.set_ylabel("fraction of frames ≤ latency")
-    ax.set_title("latency distribution by split")
+    ax.set_title("latency distribution by split (local: by why it ran there)")
     _save(plt, fig, path)
 
 
-def draw_cdf(ax: Any, values: Sequence[float], colour: Any, width: float, label: str) -> None:
-    """One empirical CDF of ``values`` (not empty) as steps from 0, with the p50 and p95 levels
-    dotted: also the comparison's, where every run is a curve."""
+def draw_cdf(ax: Any, values: Sequence[float], colour: Any, width: float, label: str, style: str = "-") -> None:
+    """One empirical CDF of ``values`` (not empty) as steps from 0, in line ``style``, with the p50
+    and p95 levels dotted: also the comparison's, where every run is a curve."""
     x = np.sort(np.asarray(values, dtype=float))
     y = np.arange(1, len(x) + 1) / len(x)
-    ax.step(np.concatenate([[x[0]], x]), np.concatenate([[0.0], y]), where="post", color=colour, lw=width,
+    ax.step(np.concatenate([[x[0]], x]), np.concatenate([[0.0], y]), where="post", color=colour, lw=width, ls=style,
             label=label)
     for q in (0.5, 0.95):
         ax.axhline(q, color="grey", ls=":", lw=0.8)

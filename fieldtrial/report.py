@@ -1,9 +1,12 @@
 """``split-device report``: what a ``--trace`` run did, in numbers (summary.json) and pictures.
 
 The summary answers the questions a run is made to answer: how fast (latency percentiles,
-frames per second), how lossy (drop rate), where the frames ran and for how long, how often
-the split moved, and, given the board's calibration, what the switching was worth against
-each split held static (DSC Eq. 7) and how far the latency model is from what was measured.
+frames per second), how lossy (drop rate), where the frames ran and for how long (a frame run
+on the board by choice apart from one run there after a deadline refusal or a host failure),
+how often the split moved (counted as the run counts it), how far each frame was from its own
+compute (the floor) and, given the board's calibration, from the fastest option at the link's
+rate (the oracle: :mod:`fieldtrial.bounds`), what the switching was worth against each split
+held static (DSC Eq. 7) and how far the latency model is from what was measured.
 
 The model (DSC Eq. 4) predicts the stages of one batch on an idle pipeline: head, transfer,
 tail, and preprocessing where the calibration timed it. A frame of a real run also waits (in
@@ -30,18 +33,19 @@ import numpy as np
 import calibration as cal
 from calibration import Calibration, CalibrationError, Calibrations, gains_over_static
 from device_runtime import LOCAL
-from fieldtrial import plots, timeline
+from fieldtrial import bounds, plots, timeline
 from fieldtrial.trace import Trace, load_trace, records_waits
 from splitedge import SplitEdgeError
 
 __all__ = ["PLOTS", "SUMMARY_FILE", "format_summary", "summarize", "write_report"]
 
 SUMMARY_FILE = "summary.json"
-#: The plots of every report, each drawn from the trace.
-PLOTS: dict[str, Callable[[Trace, Path], None]] = {
-    "latency_over_time.png": lambda trace, path: plots.plot_latency_over_time(trace.frames, path, trace.link_rates),
-    "latency_cdf.png": lambda trace, path: plots.plot_latency_cdf(trace.frames, path),
-    "drop_rate.png": lambda trace, path: plots.plot_drop_rate(trace.frames, path),
+#: The plots of every report, each drawn from the trace and its answered frames' bounds (floor, oracle).
+PLOTS: dict[str, Callable[[Trace, list[bounds.Bound], Path], None]] = {
+    "latency_over_time.png": lambda trace, frame_bounds, path: plots.plot_latency_over_time(
+        trace.frames, path, trace.link_rates, frame_bounds),
+    "latency_cdf.png": lambda trace, frame_bounds, path: plots.plot_latency_cdf(trace.frames, path),
+    "drop_rate.png": lambda trace, frame_bounds, path: plots.plot_drop_rate(trace.frames, path),
 }
 _RUN_FIELDS = ("bundle_id", "policy", "batch", "source", "started_unix", "backend", "precision", "calibration_key")
 MODEL_PLOT = "measured_vs_model.png"
@@ -85,6 +89,21 @@ def _per_split(answered: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "p50_ms": latency["p50"],
             "p95_ms": latency["p95"],
         }
+    return out
+
+
+def _local_causes(answered: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The frames answered on the board, by why they ran there (:func:`timeline.local_cause`): each
+    cause's frames, share of the answered frames and latency. A deadline refusal and a host
+    failure cost a frame its offload and the full model's time on top: lumped with the frames the
+    policy chose to run here, they would read as a slow local split."""
+    out: dict[str, dict[str, Any]] = {}
+    for cause in timeline.LOCAL_CAUSES:
+        mine = [f["total_ms"] for f in answered if timeline.local_cause(f) == cause]
+        if mine:
+            latency = _percentiles(mine)
+            out[cause] = {"frames": len(mine), "share": len(mine) / len(answered), "p50_ms": latency["p50"],
+                          "p95_ms": latency["p95"]}
     return out
 
 
@@ -135,7 +154,11 @@ def _predicted_vs_measured(
 
     ``stages`` has every stage of :data:`STAGES`, measured; ``predicted_ms`` is None with a
     ``model`` note for a stage the calibration has no time for (preprocessing, in a calibration
-    that did not time it), and ``unmodelled_stages`` lists them. ``predicted_ms`` and
+    that did not time it), and ``unmodelled_stages`` lists them. ``calibrated_over_measured`` has,
+    per modelled stage, the calibration's time ÷ the run's (median over median; None where the run
+    measured none): the head's is how much faster the board was when calibrated than in this run
+    (a shared or throttled board shows below 1 there), the figure a policy deciding on calibrated
+    head times gets wrong. ``predicted_ms`` and
     ``stages_ms`` sum the modelled stages only, so ``ratio`` (measured / predicted) compares
     like with like: above 1 the board, link or host ran slower than calibrated. It leaves out
     the waits, which the model does not predict (a frame that waits in a queue says the
@@ -172,6 +195,11 @@ def _predicted_vs_measured(
             "end_to_end_ms": end_to_end,
             "end_to_end_ratio": end_to_end / predicted if predicted > 0 else None,
             "stages": stages,
+            "calibrated_over_measured": {
+                stage: (stages[stage]["predicted_ms"] / stages[stage]["measured_ms"]
+                        if stages[stage]["measured_ms"] >= bounds.MIN_MS else None)
+                for stage in covered
+            },
             "unmodelled_stages": [stage for stage in STAGES if stage not in covered],
         }
     return out
@@ -193,8 +221,17 @@ def summarize(
 ) -> dict[str, Any]:
     """The numbers of one traced run (see the module docstring); JSON-ready.
 
-    Latencies are over answered frames only: a dropped frame was never classified; the dropped
-    ones are counted per reason in ``drops_by_reason`` (:func:`timeline.drops_by_reason`).
+    ``frames`` in the order the trace wrote them (the order the run answered them): the split
+    changes are counted in that order. Latencies are over answered frames only: a dropped frame
+    was never classified; the dropped ones are counted per reason in ``drops_by_reason``
+    (:func:`timeline.drops_by_reason`). ``split_changes`` counts the answered frames whose split
+    differs from the frame answered before them, as the run counts them
+    (:func:`timeline.split_changes`). ``local_causes`` has the frames answered on the board by why
+    (:func:`_local_causes`): by choice, after a deadline refusal (``deadline_refusals`` counts
+    them), after a host failure (``fallbacks`` counts them), or fallen back in a trace that does
+    not say which. ``floor`` and ``oracle`` set each answered frame against its own compute and
+    against the calibration's fastest option at the link's rate
+    (:func:`fieldtrial.bounds.summarize_bounds`; ``oracle`` is None without a calibration).
     ``deadline_misses`` counts the answered frames answered after their deadline
     (:func:`timeline.deadline_misses`, None where none had one); ``split_reasons`` the answered
     frames per kind of reason for their split (trace schema 4; empty before it).
@@ -215,8 +252,10 @@ def summarize(
     """
     if not frames:
         raise SplitEdgeError("no frames to summarize")
+    changes = len(timeline.split_changes(frames))
     frames = sorted(frames, key=lambda f: (f["t"], f["index"]))
     answered = [f for f in frames if not f.get("dropped")]
+    local = _local_causes(answered)
     duration = frames[-1]["t"] - frames[0]["t"]
     steps = timeline.real_rate_steps(link_rates)
     summary: dict[str, Any] = {
@@ -230,20 +269,26 @@ def summarize(
         "fps": len(answered) / duration if duration > 0 else None,
         "latency_ms": _percentiles([f["total_ms"] for f in answered]),
         "per_split": _per_split(answered),
-        "switches": sum(a["split"] != b["split"] for a, b in zip(answered, answered[1:])),
-        "fallbacks": sum(1 for f in frames if f.get("error")),
+        "local_causes": local,
+        "split_changes": changes,
+        "fallbacks": local.get(timeline.AFTER_FAILURE, {}).get("frames", 0),
+        "deadline_refusals": local.get(timeline.AFTER_DEADLINE, {}).get("frames", 0),
         "deadline_misses": timeline.deadline_misses(frames),
         "split_reasons": timeline.split_reasons(frames),
         "link_rate": {"real": steps, "estimate_over_real": timeline.estimate_over_real(frames, steps)},
+        "floor": None,
+        "oracle": None,
         "calibration": None,
     }
-    if calibration is not None:
-        summary["calibration"] = {"bundle_id": calibration.bundle_id, "created": calibration.created,
-                                  "backend": calibration.backend, "precision": calibration.precision}
-        try:
+    try:
+        summary.update(bounds.summarize_bounds(
+            bounds.frame_bounds(answered, steps, calibration.model if calibration is not None else None)))
+        if calibration is not None:
+            summary["calibration"] = {"bundle_id": calibration.bundle_id, "created": calibration.created,
+                                      "backend": calibration.backend, "precision": calibration.precision}
             summary.update(_gain(calibration, answered, waits))
-        except CalibrationError as exc:  # a trace value the model refuses (a batch of 0, say)
-            raise SplitEdgeError(f"cannot compare the run with its calibration: {exc}") from exc
+    except CalibrationError as exc:  # a trace value the model refuses (a batch of 0, say)
+        raise SplitEdgeError(f"cannot compare the run with its calibration: {exc}") from exc
     return summary
 
 
@@ -289,16 +334,19 @@ def write_report(
     trace = load_trace(trace_path)
     if not trace.frames:
         raise SplitEdgeError(f"no frames in {trace_path}")
-    summary = summarize(trace.run, trace.frames, _calibration_for(trace.run, trace_path, calibration),
-                        records_waits(trace.run), trace.link_rates)
+    table = _calibration_for(trace.run, trace_path, calibration)
+    summary = summarize(trace.run, trace.frames, table, records_waits(trace.run), trace.link_rates)
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     except OSError as exc:
         raise SplitEdgeError(f"cannot write the report into {out_dir}: {exc}") from exc
+    answered = sorted((f for f in trace.frames if not f.get("dropped")), key=lambda f: (f["t"], f["index"]))
+    frame_bounds = bounds.frame_bounds(answered, timeline.real_rate_steps(trace.link_rates),
+                                       table.model if table is not None else None)
     for name, plot in PLOTS.items():
-        plot(trace, out_dir / name)
+        plot(trace, frame_bounds, out_dir / name)
     if summary.get("predicted_vs_measured"):
         plots.plot_measured_vs_model(summary["predicted_vs_measured"], out_dir / MODEL_PLOT)
     return summary
@@ -315,10 +363,12 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines = [
         f"bundle {run['bundle_id']}  policy {run['policy']}  batch {run['batch']}  source {run['source']}",
         f"frames {summary['frames']}: {summary['answered']} answered, {summary['dropped']} dropped "
-        f"({100.0 * summary['drop_rate']:.1f} %), {summary['fallbacks']} fell back to local",
-        f"duration {summary['duration_s']:.2f} s  {fps} fps  {summary['switches']} split switches",
+        f"({100.0 * summary['drop_rate']:.1f} %)",
+        f"duration {summary['duration_s']:.2f} s  {fps} fps  {summary['split_changes']} split changes",
         f"latency ms  p50 {_ms(latency['p50'])}  p95 {_ms(latency['p95'])}  p99 {_ms(latency['p99'])}  "
         f"mean {_ms(latency['mean'])}",
+        *_local_lines(summary["local_causes"]),
+        *_bound_lines(summary["floor"], summary["oracle"]),
         *_drop_lines(summary["drops_by_reason"]),
         *_deadline_lines(summary["deadline_misses"]),
         *_reason_lines(summary["split_reasons"]),
@@ -331,6 +381,10 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"{plots.split_label(split):28s} {s['frames']:7d} {100.0 * s['share']:6.1f}% {s['seconds']:8.2f} "
             f"{_ms(s['p50_ms']):>8s} {_ms(s['p95_ms']):>8s}"
         )
+        if split == LOCAL:  # each cause of its frames under it, so a refusal is not read as a choice
+            for cause, c in summary["local_causes"].items():
+                lines.append(f"  {timeline.local_cause_label(cause, short=True):26s} {c['frames']:7d} "
+                             f"{100.0 * c['share']:6.1f}% {'':8s} {_ms(c['p50_ms']):>8s} {_ms(c['p95_ms']):>8s}")
     gains, scenario = summary.get("gain_over_static"), summary.get("gain_scenario")
     if scenario is not None:
         lines += ["", f"gain of this run's switching over each static split (DSC Eq. 7, calibrated model, "
@@ -357,11 +411,46 @@ def format_summary(summary: dict[str, Any]) -> str:
                 f"{_ratio(c['ratio']):>6s} {c['stages']['preprocess']['measured_ms']:8.1f} {_ms(waits):>8s} "
                 f"{c['end_to_end_ms']:10.1f} {_ratio(c['end_to_end_ratio']):>6s}"
             )
+        lines.append("  calibrated ÷ measured, per stage (below 1: the stage ran slower than calibrated):")
+        for split, c in comparison.items():
+            ratios = ", ".join(f"{stage} {_ratio(r)}" for stage, r in c["calibrated_over_measured"].items())
+            lines.append(f"    {plots.split_label(split)}: {ratios}")
         if any(c["unmodelled_stages"] for c in comparison.values()):
             lines.append("  (the calibration has no preprocessing time: the model's figures leave it out)")
         if any(c["waits_ms"] is None for c in comparison.values()):
             lines.append("  (a schema 1 trace: no waits recorded; the host's queue is counted in the tail)")
     return "\n".join(lines)
+
+
+def _local_lines(causes: dict[str, dict[str, Any]]) -> list[str]:
+    """The frames answered on the board, by why, on one line where any was."""
+    if not causes:
+        return []
+    return ["answered on the board: " + ", ".join(f"{c['frames']} {timeline.local_cause_label(cause)}"
+                                                  for cause, c in causes.items())]
+
+
+def _bound_lines(floor: dict[str, Any] | None, oracle: dict[str, Any] | None) -> list[str]:
+    """The latencies against each frame's floor and oracle, with the rate each took."""
+    lines = []
+    if floor is not None:
+        ratio = floor["latency_over_floor"]
+        lines.append(f"against each frame's own compute (floor, p50 {floor['p50_ms']:.1f} ms, {floor['frames']} "
+                     f"frames{_rate_note(floor['rate'])}): latency ÷ floor, median of ratios "
+                     f"{ratio['median_of_ratios']:.2f}, ratio of medians {ratio['ratio_of_medians']:.2f}")
+    if oracle is not None:
+        lines.append(f"against the calibration's fastest option at the link's rate (oracle, p50 "
+                     f"{oracle['p50_ms']:.1f} ms, {oracle['frames']} frames{_rate_note(oracle['rate'])}): "
+                     f"latency ÷ oracle, mean over frames {oracle['latency_over_oracle']['mean_of_ratios']:.2f}")
+    return lines
+
+
+def _rate_note(rate: dict[str, int]) -> str:
+    """Which rate a figure took: says so where frames took the board's estimate, as no real rate was recorded."""
+    if not rate[bounds.ESTIMATE]:
+        return ""
+    return (f"; at the board's rate estimate on {rate[bounds.ESTIMATE]} frames (no real rate recorded there), "
+            f"the real rate on {rate[bounds.REAL]}")
 
 
 def _drop_lines(by_reason: dict[str, int]) -> list[str]:

@@ -1,9 +1,14 @@
-"""A run's timeline beside its latencies: why frames were dropped, and what the link really did.
+"""A run's timeline beside its latencies: why frames were dropped, why a frame ran on the board,
+when the split changed, and what the link really did.
 
 A dropped frame has no latency (it was never classified), so the report counts and draws it on
-its own, by the reason the trace gives. The board only estimates the link's rate; where a
-testbed shaped the link, the trace also holds the rate it really had (``link_rate`` records),
-and the estimate is judged against that.
+its own, by the reason the trace gives. A frame answered on the board (split ``local``) was put
+there by the policy, or by a host that refused it for its deadline, or by a host that failed:
+three different stories (a choice, a host too busy to be in time, a host gone), so the report
+never lumps them (:func:`local_cause`). The split changes are counted as the run counts them,
+in the order the frames were answered (:func:`split_changes`). The board only estimates the
+link's rate; where a testbed shaped the link, the trace also holds the rate it really had
+(``link_rate`` records), and the estimate is judged against that.
 """
 
 from __future__ import annotations
@@ -15,11 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from device_runtime import LOCAL
 from device_runtime.stream import DROP_QUEUE_FULL
 
 __all__ = [
-    "NOT_RECORDED", "deadline_misses", "drop_reason", "drops_by_reason", "estimate_over_real", "reason_label",
-    "real_rate_steps", "split_reason_label", "split_reasons",
+    "AFTER_DEADLINE", "AFTER_FAILURE", "BY_CHOICE", "LOCAL_CAUSES", "NOT_RECORDED", "NOT_TOLD", "deadline_misses",
+    "drop_reason", "drops_by_reason", "estimate_over_real", "local_cause", "local_cause_label", "real_rate_at",
+    "real_rate_steps", "reason_label", "split_changes", "split_reason_label", "split_reasons",
 ]
 
 _BITS_PER_MBIT = 1e6
@@ -77,6 +84,53 @@ def split_reasons(frames: Sequence[dict[str, Any]]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
+#: Why an answered frame ran on the board: the policy put it there (``fixed``, ``table``,
+#: ``no_host``, ``upload_cap``, ...); the host refused it for its deadline (reason ``deadline``);
+#: the host failed (reason ``fallback``); or it fell back in a trace that does not say why (an
+#: ``error`` without either reason: traces before schema 4, where a deadline refusal fell back
+#: like a failure). The two causes are named by their reason's kind (``device_runtime.stream.reason``).
+BY_CHOICE, AFTER_DEADLINE, AFTER_FAILURE, NOT_TOLD = "by_choice", "deadline", "fallback", "refused_or_failed"
+LOCAL_CAUSES = (BY_CHOICE, AFTER_DEADLINE, AFTER_FAILURE, NOT_TOLD)
+_LOCAL_CAUSE_LABELS = {  # (in a legend, in a table's row under local)
+    BY_CHOICE: ("local by choice", "by choice"),
+    AFTER_DEADLINE: ("local after a deadline refusal (the host could not answer in time)", "after a deadline refusal"),
+    AFTER_FAILURE: ("local after a host failure", "after a host failure"),
+    NOT_TOLD: ("local after a refused or failed offload (this trace does not say which)", "refused or failed (untold)"),
+}
+
+
+def local_cause(frame: dict[str, Any]) -> str | None:
+    """Why an answered ``frame`` ran on the board (one of :data:`LOCAL_CAUSES`); None where it did not.
+
+    The reason's kind decides (trace schema 4 on); an ``error`` without a ``deadline`` or
+    ``fallback`` reason is :data:`NOT_TOLD`, not a failure: before schema 4 a deadline refusal
+    fell back with an error too, and calling it a failure is what the report must not do.
+    """
+    if frame["split"] != LOCAL:
+        return None
+    reason = frame.get("reason")
+    kind = reason.get("kind") if isinstance(reason, dict) else None
+    if kind in (AFTER_DEADLINE, AFTER_FAILURE):
+        return kind
+    return NOT_TOLD if frame.get("error") else BY_CHOICE
+
+
+def local_cause_label(cause: str, short: bool = False) -> str:
+    """A local cause (:data:`LOCAL_CAUSES`) in words; ``short``: for a row under the local split's."""
+    return _LOCAL_CAUSE_LABELS[cause][short]
+
+
+def split_changes(frames: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The answered frames whose split differs from the answered frame's before them, in the order
+    the trace wrote them: the order the run answered them, which is how the run counts its split
+    changes (``split_change`` events, ``split_changes`` in its final summary: the split answering
+    frames changed, a fallback to local included). Not in capture order: with requests in flight a
+    frame answered here after a failure is answered before frames captured ahead of it, and sorting
+    by capture would hide the changes the run saw. ``frames``: as read, not sorted."""
+    answered = [f for f in frames if not f.get("dropped")]
+    return [b for a, b in zip(answered, answered[1:]) if a["split"] != b["split"]]
+
+
 def deadline_misses(frames: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """Answered frames that had a deadline (``deadline_ms``) and how many were answered after it (a
     violation, in SplitPlace's terms; a dropped frame is counted as a drop, not here). None when
@@ -99,8 +153,9 @@ def real_rate_steps(link_rates: Sequence[dict[str, Any]]) -> list[dict[str, Any]
     return steps
 
 
-def _rate_at(times: Sequence[float], steps: Sequence[dict[str, Any]], t: float) -> float | None:
-    """The real rate in force at ``t`` (Mbit/s; ``times``: the steps' ``t``); None before the first step."""
+def real_rate_at(times: Sequence[float], steps: Sequence[dict[str, Any]], t: float) -> float | None:
+    """The real rate in force at ``t`` (Mbit/s; ``times``: the steps' ``t``, :func:`real_rate_steps`'
+    order); None before the first step."""
     i = bisect_right(times, t)
     return steps[i - 1]["rate_mbit"] if i else None
 
@@ -114,7 +169,7 @@ def estimate_over_real(frames: Sequence[dict[str, Any]], steps: Sequence[dict[st
     times = [s["t"] for s in steps]
     ratios = []
     for f in frames:
-        real = _rate_at(times, steps, f["t"]) if f.get("rate_bps") else None
+        real = real_rate_at(times, steps, f["t"]) if f.get("rate_bps") else None
         if real is not None:
             ratios.append(f["rate_bps"] / _BITS_PER_MBIT / real)
     if not ratios:

@@ -19,6 +19,7 @@ from device_runtime.stream.results import FrameResult
 from device_runtime.stream.trace import TRACE_SCHEMA, TraceWriter
 from fieldtrial import plots
 from fieldtrial.report import MODEL_PLOT, NOT_CALIBRATED, PLOTS, SUMMARY_FILE, format_summary, summarize, write_report
+from fieldtrial.timeline import BY_CHOICE, NOT_TOLD
 from fieldtrial.trace import TRACE_SCHEMA_1
 from splitedge.errors import SplitEdgeError
 
@@ -104,8 +105,10 @@ def test_counts_rates_and_switches_on_a_known_trace() -> None:
     assert s["drop_rate"] == 0.25
     assert s["duration_s"] == 4.0
     assert s["fps"] == 1.5  # 6 answered frames over 4 s of capture
-    assert s["switches"] == 4  # local -> cut -> offload -> local -> offload
-    assert s["fallbacks"] == 1
+    assert s["split_changes"] == 4  # local -> cut -> offload -> local -> offload
+    # The frame that fell back records no reason (as before schema 4): refused or failed, it cannot say.
+    assert (s["fallbacks"], s["deadline_refusals"]) == (0, 0)
+    assert {cause: c["frames"] for cause, c in s["local_causes"].items()} == {BY_CHOICE: 1, NOT_TOLD: 1}
     assert s["run"]["bundle_id"] == BUNDLE and s["calibration"] is None and "gain_over_static" not in s
 
 
@@ -289,7 +292,7 @@ def test_a_trace_written_by_trace_writer(tmp_path: Path) -> None:
     summary = write_report(path, tmp_path / "out")
     assert (summary["frames"], summary["answered"], summary["drop_rate"]) == (10, 8, 0.2)
     assert summary["duration_s"] == pytest.approx(0.9) and summary["fps"] == pytest.approx(8 / 0.9)
-    assert summary["switches"] == 0 and summary["per_split"]["cut"]["share"] == 1.0
+    assert summary["split_changes"] == 0 and summary["per_split"]["cut"]["share"] == 1.0
 
 
 def test_plot_table(tmp_path: Path) -> None:
