@@ -223,22 +223,29 @@ class LatencyModel:
         return replace(self, interval_ms=interval_ms)
 
     def cost_ms(self, split: str, batch: int, rate_bps: float) -> float:
-        """What :meth:`best` minimises: the predicted time (:meth:`predict_ms`), and, for a stream
-        from a live camera (``interval_ms``) whose slowest stage cannot keep up with it, that time
-        times the slowest stage over the camera's interval: the frames it leaves unanswered count.
+        """What :meth:`best` minimises: the predicted time (:meth:`predict_ms`); for a stream from a
+        live camera (``interval_ms``) that the option cannot keep up with, the time its frames wait
+        for the board and the frames it leaves unanswered count too.
 
-        DSC Eq. 6 weighs latency alone, which on a slow board picks an option that answers one
-        frame in four a few ms sooner than one that answers them all (issue 43: a quarter core's
-        compute was 5-10x the frame interval and 79 % of frames dropped). Scaled so, an option's
-        cost is its latency over the share of frames it answers (:func:`drop_share`): of two options
-        that keep up, the faster wins as in DSC; of two that do not, the one that answers more frames
-        wins unless the other is faster by more than it drops.
+        DSC Eq. 6 weighs an idle pipeline's latency alone, which on a slow board picks an option
+        that answers one frame in four a few ms sooner than one that answers them all (issue 43: a
+        quarter core's compute was 5-10x the frame interval and 79 % of frames dropped). Where the
+        board's stage (preprocessing and head) takes the interval or more, the board is never idle
+        when a frame comes: the frame it takes next is the newest, on average half an interval old
+        (a frame waits that long, as the field trial's queue times showed). And where any stage
+        takes longer than the interval, the option answers interval / stage of the frames
+        (:func:`drop_share`): its cost is its latency over that share. Of two options that keep up,
+        the faster wins as in DSC; of two that do not, the one that answers more frames wins unless
+        the other is faster by more than it drops.
         """
         ms = self.predict_ms(split, batch, rate_bps)
         if self.interval_ms is None:
             return ms
-        slowest = max(self.stages_ms(split, batch, rate_bps).values())
-        return ms * max(1.0, slowest / (self.interval_ms * batch))
+        stages = self.stages_ms(split, batch, rate_bps)
+        frames_ms = self.interval_ms * batch  # the camera's time for a batch's frames
+        if stages["board"] >= frames_ms:
+            ms += self.interval_ms / 2
+        return ms * max(1.0, max(stages.values()) / frames_ms)
 
     def best(self, batch: int, rate_bps: float, allowed: Collection[str] | None = None) -> str:
         """DSC Eq. 6: the split of least predicted time (:meth:`cost_ms`: counting the frames a live

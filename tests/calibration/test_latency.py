@@ -179,13 +179,15 @@ def test_a_stream_runs_at_the_pace_of_its_slowest_stage() -> None:
 def test_a_paced_stream_counts_the_frames_an_option_leaves_unanswered() -> None:
     """At 4 Mbit/s LOCAL answers a frame in 4 + 50 = 54 ms and mid in 4 + 10 + 5 + 40 + 3 = 62: DSC
     picks LOCAL. From a camera at 25 frames/s (40 ms apart) LOCAL's board stage (54 ms) cannot keep
-    up, and answers 40 / 54 of the frames: its cost is 54 * 54 / 40 = 72.9, against mid's 62 (its
-    slowest stage, the link, takes exactly the 40 ms): mid. At 60 ms apart both keep up: LOCAL."""
+    up: the board is always busy, a frame waits half an interval for it (20 ms), and 40 / 54 of the
+    frames are answered: its cost is (54 + 20) * 54 / 40 = 99.9, against mid's 62 (its board stage,
+    14 ms, is idle when a frame comes; its slowest stage, the link, takes exactly the 40 ms): mid.
+    At 60 ms apart both keep up: LOCAL."""
     model = preprocessed(corners(), 4.0)
     assert (model.predict_ms(LOCAL, 1, 4e6), model.predict_ms("mid", 1, 4e6)) == pytest.approx((54.0, 62.0))
     assert model.best(1, 4e6) == LOCAL
     paced = model.paced(40.0)
-    assert paced.cost_ms(LOCAL, 1, 4e6) == pytest.approx(54.0 * 54.0 / 40.0)
+    assert paced.cost_ms(LOCAL, 1, 4e6) == pytest.approx((54.0 + 20.0) * 54.0 / 40.0)
     assert paced.cost_ms("mid", 1, 4e6) == pytest.approx(62.0)
     assert paced.best(1, 4e6) == "mid"
     assert model.paced(60.0).best(1, 4e6) == LOCAL
