@@ -34,13 +34,16 @@ WIDE_MIN_MS = 1.0
 WINDOW = 64
 #: Running samples needed before they replace the calibrated time: fewer are mostly noise.
 MIN_SAMPLES = 8
-#: The board's last head runs (of any split) whose ratios to their calibrated times give its speed now.
+#: The board's last runs (heads of any split, frames' preprocessing) whose ratios to their calibrated
+#: times give its speed now.
 RECENT = 16
-#: A (split, batch)'s own running median stands while it ran within the board's last this many head
-#: runs; older, the board may have sped up or slowed down since, and the board's factor stands instead.
+#: A (split, batch)'s own running median stands while it ran within the board's last this many runs;
+#: older, the board may have sped up or slowed down since, and the board's factor stands instead.
 FRESH = 64
 #: (split, batch) keys kept at most: a board's splits times its batch sizes are far fewer.
 MAX_KEYS = 256
+#: What :class:`RunningTimes` calls a frame's preprocessing among the board's runs (no split is named so).
+PREPROCESS = "preprocess"
 
 
 def measure_ms(
@@ -192,7 +195,7 @@ class RunningTimes:
 
     def __init__(self) -> None:
         self._samples: dict[tuple[str, int], deque[float]] = {}
-        self._recent: deque[tuple[str, int, float]] = deque(maxlen=RECENT)  # the board's last head runs
+        self._recent: deque[tuple[str, int, float]] = deque(maxlen=RECENT)  # the board's last runs
         self._last_seen: dict[tuple[str, int], int] = {}  # key -> the count of head runs at its latest
         self._count = 0
 
@@ -210,27 +213,39 @@ class RunningTimes:
         self._count += 1
         self._last_seen[key] = self._count
 
+    def observe_preprocess(self, ms: float) -> None:
+        """Record one frame's preprocessing that took ``ms``: board compute like a head's, and the
+        only compute a board that offloads whole frames does, so its speed against calibration is
+        still known (the field trial's board that fled to offload on a slow start kept its start's
+        speed for good, with no head run to say it had sped up since)."""
+        self._recent.append((PREPROCESS, 1, _fields.number(ms, "ms")))
+        self._count += 1
+
     def median(self, split: str, batch: int) -> float | None:
         """Median of the last WINDOW samples of (split, batch); None if there are none."""
         window = self._samples.get((split, batch))
         return statistics.median(window) if window else None
 
     def factor(self, model: LatencyModel) -> float | None:
-        """The board's speed now against ``model``'s (calibrated) head times: the median ratio of
-        the last RECENT head runs to their calibrated times, whichever splits ran them; None with
-        fewer than MIN_SAMPLES of them (or none of a split ``model`` times)."""
+        """The board's speed now against ``model``'s (calibrated) times: the median ratio of its
+        last RECENT runs (heads, whichever splits ran them, and frames' preprocessing) to their
+        calibrated times; None with fewer than MIN_SAMPLES of them that ``model`` times."""
         names = set(model.names)
         ratios = []
         for split, batch, ms in self._recent:
-            if split in names and model.timings(split).head_ms:
+            if split == PREPROCESS:
+                calibrated = model.preprocess_ms or 0.0
+            elif split in names and model.timings(split).head_ms:
                 calibrated = model.timings(split).head_at(batch)
-                if calibrated > 0:
-                    ratios.append(ms / calibrated)
+            else:
+                continue
+            if calibrated > 0:
+                ratios.append(ms / calibrated)
         return statistics.median(ratios) if len(ratios) >= MIN_SAMPLES else None
 
     def apply(self, model: LatencyModel) -> LatencyModel:
         """``model`` with every option's head times current: a (split, batch) with MIN_SAMPLES running
-        samples, the latest of them within the board's last FRESH head runs, takes their median;
+        samples, the latest of them within the board's last FRESH runs, takes their median;
         every other head time is the calibrated one times the board's :meth:`factor` (as it was,
         without one).
 
@@ -249,7 +264,7 @@ class RunningTimes:
         return dataclasses.replace(model, splits=tuple(splits))
 
     def fresh(self, split: str, batch: int) -> bool:
-        """Whether (split, batch) ran within the board's last FRESH head runs: its own median still
+        """Whether (split, batch) ran within the board's last FRESH runs: its own median still
         says how this board runs it now."""
         seen = self._last_seen.get((split, batch))
         return seen is not None and self._count - seen < FRESH

@@ -358,6 +358,8 @@ class Pipeline:
         self.meter.crossing = client.crossing if client is not None else None
         rate = self.meter.rate_bps  # capped by an overdue upload, or one crossing slowly, if one is
         deadline = self._deadline(batch)
+        for captured in batch:  # board compute whatever the split: the board's speed now
+            self.policy.observe_preprocess(captured.preprocess_ms)
         self.policy.observe_batch(batch[-1].frame.index)
         choice = self.policy.choose(len(batch), rate, self.available(), link_busy=self.meter.overdue() is not None,
                                     deadline_ms=deadline, uncapped_bps=self.meter.estimator.rate_bps)

@@ -139,6 +139,10 @@ class SplitPolicy(Protocol):
 
     def observe_head(self, split: str, batch: int, head_ms: float) -> None: ...
 
+    def observe_preprocess(self, ms: float) -> None:
+        """Each frame's preprocessing, as the batch it is in is chosen for: board compute too."""
+        ...
+
     def alternative(self, batch: int) -> tuple[str, float] | None:
         """What the board would do with a batch the host refused, and its ms: the host weighs a
         deadline against it (:attr:`~device_runtime.wire.InferRequest.give_up_ms`). None: unknown."""
@@ -171,6 +175,9 @@ class StaticPolicy:
 
     def observe_head(self, split: str, batch: int, head_ms: float) -> None:
         """A fixed split learns nothing from its timings."""
+
+    def observe_preprocess(self, ms: float) -> None:
+        """Nor from its preprocessing's."""
 
     def alternative(self, batch: int) -> tuple[str, float] | None:
         """Nothing measured the board's full model: the host goes by the deadline alone."""
@@ -210,8 +217,9 @@ class AutoPolicy:
         self.running = RunningTimes()
         self.selector = SplitSelector(calibration.table, calibration.model, margin=margin, min_hold=min_hold)
         self.refine_every = refine_every
-        self._observed = 0
-        self._refined_at = 0  # the head runs observed when the table was last rebuilt ...
+        self._observed = 0  # head runs
+        self._runs = 0  # the board's runs: heads and frames' preprocessing
+        self._refined_at = 0  # the runs observed when the table was last rebuilt ...
         self._refined_factor: float | None = None  # ... and the board's speed factor then (None: calibrated)
         self._last: int | None = None  # the last frame of the batch being chosen for (observe_batch)
         self._table = calibration.table  # the one the selector decides with: rebuilt by refining
@@ -288,10 +296,26 @@ class AutoPolicy:
             return
         self.running.observe(split, batch, head_ms)
         self._observed += 1
-        since = self._observed - self._refined_at
+        self._runs += 1
+        self._maybe_refine()
+
+    def observe_preprocess(self, ms: float) -> None:
+        """A frame's preprocessing, into the board's speed (:meth:`calibration.RunningTimes.observe_preprocess`):
+        a board that offloads whole frames runs no head, and would otherwise keep the speed it had
+        when it last ran one."""
+        if self.replaying or self.refine_every is None:
+            return
+        self.running.observe_preprocess(ms)
+        self._runs += 1
+        self._maybe_refine()
+
+    def _maybe_refine(self) -> None:
+        """Rebuild the table every ``refine_every`` of the board's runs (heads and preprocessing), or
+        at once when its speed moved (:meth:`_speed_moved`)."""
+        since = self._runs - self._refined_at
         if since >= self.refine_every or (since >= SPEED_EVERY and self._speed_moved()):
             model = self.running.apply(self.base_model)
-            self._refined_at, self._refined_factor = self._observed, self.running.factor(self.base_model)
+            self._refined_at, self._refined_factor = self._runs, self.running.factor(self.base_model)
             self._retune(model, lambda table: HeadTimes.of(REFINED_TIMES, self._last, self._observed, model, table))
 
     def _speed_moved(self) -> bool:
@@ -396,6 +420,9 @@ class BanditPolicy:
     def observe_head(self, split: str, batch: int, head_ms: float) -> None:
         if split != self.semantic.id:
             self.layer.observe_head(split, batch, head_ms)
+
+    def observe_preprocess(self, ms: float) -> None:
+        self.layer.observe_preprocess(ms)
 
     def alternative(self, batch: int) -> tuple[str, float] | None:
         return self.layer.alternative(batch)

@@ -11,7 +11,7 @@ import pytest
 from calibration import CalibrationError, RunningTimes, Spread, measure_ms, measure_round_robin
 from calibration.timing import FRESH, MIN_SAMPLES, WIDE_MIN_MS, WIDE_RATIO, WINDOW, widest
 from splitedge.words import LOCAL, OFFLOAD
-from tests.calibration.models import corners
+from tests.calibration.models import corners, preprocessed
 
 
 class ManualClock:
@@ -214,6 +214,18 @@ def test_a_head_time_measured_long_ago_gives_way_to_the_board_s_speed_now() -> N
     assert not times.fresh(LOCAL, 1)
     assert times.apply(model).timings(LOCAL).head_ms == {1: 150.0}
     assert times.apply(model).timings("mid").head_ms == {1: 30.0}
+
+
+def test_preprocessing_tells_the_board_s_speed_where_no_head_runs() -> None:
+    """A board offloading whole frames runs no head, but preprocesses every frame: calibrated at 4 ms,
+    run at 8, the board runs at twice its calibrated time, and LOCAL is predicted at 100 ms."""
+    model = preprocessed(corners(), 4.0)
+    times = RunningTimes()
+    for _ in range(MIN_SAMPLES):
+        times.observe_preprocess(8.0)
+    assert times.factor(model) == 2.0
+    assert times.apply(model).timings(LOCAL).head_ms == {1: 100.0}
+    assert times.factor(corners()) is None  # a calibration that did not time preprocessing: no ratio
 
 
 def test_a_slower_head_at_run_time_moves_the_eq6_optimum() -> None:

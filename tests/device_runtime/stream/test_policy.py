@@ -3,12 +3,13 @@ every choice says why (its :class:`Reason`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import datetime, timezone
 
 import pytest
 
-from calibration import Calibration, LatencyModel, SplitTable, SplitTimings
+from calibration import Calibration, LatencyModel, Preprocessing, SplitTable, SplitTimings, Spread
 from device_runtime.bundle import LOCAL, OFFLOAD
 from device_runtime.stream.policy import AutoPolicy, StaticPolicy
 from device_runtime.stream.reason import (
@@ -77,6 +78,24 @@ def test_auto_policy_retimes_the_option_it_is_not_using_within_a_few_frames() ->
     choice = policy.choose(1, 1e7, everything)
     assert (choice.split, choice.reason.kind, choice.reason.calibrated) == (LOCAL, REFINED, CUT)
     assert policy.head_times.head_ms[LOCAL] == {1: 7.5}
+
+
+def test_preprocessing_alone_keeps_the_board_s_speed_current() -> None:
+    """With 5 ms of preprocessing, local takes 35 ms and CUT 5 + 5 + 8 + 25 = 43 at 10 Mbit/s: local.
+    No head runs (a board offloading whole frames); its frames' preprocessing takes 20 ms: the board
+    runs at 4x, local at 125 against CUT's 58: CUT. Back at 5 ms, local again."""
+    base = _calibration(30.0, tail_ms=25.0)
+    calibration = dataclasses.replace(base, model=dataclasses.replace(base.model, preprocess_ms=5.0),
+                                      preprocess=Preprocessing("fast", 640, 480, Spread.of([5.0])))
+    policy = AutoPolicy(calibration, min_hold=1)
+    everything = {LOCAL, CUT}
+    assert policy.choose(1, 1e7, everything).split == LOCAL
+    for _ in range(8):
+        policy.observe_preprocess(20.0)
+    assert policy.choose(1, 1e7, everything).split == CUT
+    for _ in range(16):
+        policy.observe_preprocess(5.0)
+    assert policy.choose(1, 1e7, everything).split == LOCAL
 
 
 def test_the_board_s_alternative_is_its_full_model_at_the_time_it_decides_with() -> None:
