@@ -63,6 +63,7 @@ examples:
   split-device calibrate bundle/ --key-file host.key        # a host started with --key-file
   split-device calibrate bundle/ --fps 5 --batch 1          # heads timed as a 5 frames/s camera paces them
   split-device calibrate bundle/ --frame 1280x720           # preprocessing timed on the camera's 1280x720 frames
+  split-device calibrate bundle/ --camera clip.mp4          # timed while the run's camera captures, on its frames and pace
   split-device calibrate bundle/ --backend tflite --precision int8  # a second table; run takes the one it runs
   split-device plan bundle/ --out plan/                     # the table it wrote, as text and a plot
   split-device calibrate bundle/ --json | jq .table         # its summary as one JSON object (progress on stderr)
@@ -169,6 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--frame", type=_checked("frame"), default=DEFAULT_FRAME, metavar="WIDTHxHEIGHT",
                      help="the camera's frame size: preprocessing (by the --preprocess path) is timed on a frame "
                           "this big, its cost grows with the frame (default 640x480)")
+    cal.add_argument("--camera", default=None, type=_checked("camera"), metavar="SPEC",
+                     help="the camera the run will use (as run's --camera; a video file is replayed at its own "
+                          "rate): it captures while the board is timed, as it will in the run, and preprocessing is "
+                          "timed on its frames, at its size and, unless --fps says, at its pace (default: none, a "
+                          "synthetic frame of --frame)")
     _runtime_arguments(cal)
 
     plan = commands.add_parser(

@@ -20,6 +20,7 @@ import json
 import math
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -36,7 +37,8 @@ from device_runtime.engine import AUTO, DeviceRunner, default_split, usable_cpus
 from device_runtime.hosts import HostLink, LinkMeter, connect_host, discover
 from device_runtime.live import LiveBoard, LiveServer
 from device_runtime.stream import (
-    AutoPolicy, BanditPolicy, DropForecast, FrameSource, Pipeline, PipelineConfig, PipelineStats, Reason, RunEvents,
+    AutoPolicy, BanditPolicy, CameraLoad, DropForecast, FrameSource, Pipeline, PipelineConfig, PipelineStats, Reason,
+    RunEvents,
     SplitPolicy, StaticPolicy, TraceWriter, frame_record, open_source, pi_camera_absent, read_head_times, read_pace,
 )
 from device_runtime.wire import Credentials, HostClient, client_context, load_key
@@ -523,8 +525,16 @@ async def calibrate_board(settings: CalibrateSettings, out: Output = Output()) -
     peers, loads = ([], {}) if client is None else await _chain_peers(bundle, connection, credentials,
                                                                       client.address, out)
     try:
-        result = await calibrate(runner, client, settings.batches, settings.repeats, board.to_dict(), out.progress,
-                                 settings.fps, peers, loads, settings.frame)
+        with ExitStack() as stack:
+            camera = None if settings.camera is None else stack.enter_context(
+                _camera_load(_camera(settings.camera, board)[0], bundle, out))
+            fps = settings.fps or (1.0 / camera.source.frame_interval_s if camera is not None else 0.0)
+            result = await calibrate(runner, client, settings.batches, settings.repeats, board.to_dict(), out.progress,
+                                     fps, peers, loads, camera.size if camera is not None else settings.frame,
+                                     camera.latest if camera is not None else None)
+            if camera is not None:
+                out.progress(f"camera {camera.source.description}: {camera.frames} frames captured while the board "
+                             "was timed")
     finally:
         for host in (client, *peers):
             if host is not None:
@@ -540,6 +550,22 @@ async def calibrate_board(settings: CalibrateSettings, out: Output = Output()) -
     if out.json:
         out.say(json.dumps(_calibration_summary(result, path, others)))
     return result
+
+
+def _camera_load(spec: str, bundle: Bundle, out: Output) -> CameraLoad:
+    """``calibrate --camera``: the run's camera, opened as the run opens it (a video file replayed at
+    its own rate), capturing in a thread of its own while the board is timed. A source with no pace
+    (a folder of images) is no camera: it would only spin."""
+    no_pace = CameraError(f"--camera {spec}: calibrate times the board beside a live camera or a video file "
+                          "replayed at its rate, and this source has no frame rate; give --frame WIDTHxHEIGHT instead")
+    if Path(spec).is_dir():
+        raise no_pace
+    source = open_source(spec, loop=True, realtime=True, resize=bundle.manifest.model.preprocess.resize)
+    if not source.live or not source.frame_interval_s:
+        source.close()
+        raise no_pace
+    out.progress(f"camera {source.description}: capturing while the board is timed")
+    return CameraLoad(source)
 
 
 def _calibration_summary(calibration: Calibration, path: Path, kept: list[str]) -> dict[str, Any]:

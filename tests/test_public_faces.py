@@ -57,7 +57,7 @@ FACES = {
         "HostAdvert", "HostLink", "LinkMeter", "connect_host", "discover", "host_address", "probe_bytes",
     ],
     "device_runtime.stream": [
-        "AutoPolicy", "BanditPolicy", "BoardPace", "Choice", "DROP_QUEUE_FULL", "DropForecast", "Frame", "FrameQueue", "FrameResult", "FrameSource",
+        "AutoPolicy", "BanditPolicy", "BoardPace", "CameraLoad", "Choice", "DROP_QUEUE_FULL", "DropForecast", "Frame", "FrameQueue", "FrameResult", "FrameSource",
         "HEAD_TIMES", "HeadTimes", "IMAGE_SUFFIXES", "LINK_RATE", "Pipeline", "PipelineConfig", "PipelineStats", "Reason",
         "RunEvents", "SplitPolicy", "StaticPolicy", "TRACE_SCHEMA", "TraceWriter", "append_link_rate", "frame_record",
         "open_source", "pi_camera_absent", "read_head_times", "read_pace", "top1",

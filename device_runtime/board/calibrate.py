@@ -125,11 +125,14 @@ def measure_board(
     runner: DeviceRunner, batches: Sequence[int], repeats: int, progress: Progress,
     frame: tuple[int, int] = DEFAULT_FRAME, fps: float = 0.0,
     clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], object] = time.sleep,
+    camera: Callable[[], np.ndarray] | None = None,
 ) -> BoardTimes:
     """p10/p50/p90 ms of every split's head and of the full model (``local``) at every batch
     size, here, and of preprocessing one camera frame of ``frame`` (width, height) by the
     runner's path, timed round robin (:func:`calibration.measure_round_robin`: every repeat runs
-    every option once), at most ``fps`` runs a second (0: back to back)."""
+    every option once), at most ``fps`` runs a second (0: back to back). ``camera`` gives the
+    newest frame of a camera capturing meanwhile (:class:`~device_runtime.stream.CameraLoad`), which
+    preprocessing is timed on instead of a synthetic frame of ``frame``."""
     shape = runner.bundle.manifest.model.input_shape
     rng = np.random.default_rng(0)
     inputs = {batch: rng.standard_normal((batch, *shape)).astype(np.float32) for batch in batches}
@@ -138,7 +141,8 @@ def measure_board(
         (split_id, batch): functools.partial(runner.session(split_id, role).run, inputs[batch])
         for split_id, role in targets for batch in batches
     }
-    calls[_PREPROCESS] = functools.partial(runner.preprocess, _camera_frame(*frame))
+    calls[_PREPROCESS] = functools.partial(runner.preprocess, _camera_frame(*frame)) if camera is None \
+        else (lambda: runner.preprocess(camera()))
     quarters = {max(1, round(repeats * q / 4)) for q in (1, 2, 3)}
 
     def cycle_done(cycle: int) -> None:
@@ -424,6 +428,7 @@ async def calibrate(
     peers: Sequence[HostClient] = (),
     loads: Mapping[str, float] | None = None,
     frame: tuple[int, int] = DEFAULT_FRAME,
+    camera: Callable[[], np.ndarray] | None = None,
 ) -> Calibration:
     """Measure everything and build the table. Without a host, only ``local`` is an option. The model
     takes the medians; the spreads are kept beside them (:func:`spread_warning` says when one is wide).
@@ -432,10 +437,12 @@ async def calibrate(
     are timed back to back whatever it is: a host serving a fleet is never idle for long.
     ``peers`` are other hosts a chain's later stages may run on (:func:`place_chains`), ``loads``
     the hosts' advertised loads by address, where zeroconf gave them. ``frame`` (width, height)
-    is the camera's frame size, which preprocessing is timed on (its cost grows with the frame).
+    is the camera's frame size, which preprocessing is timed on (its cost grows with the frame);
+    ``camera``, the newest frame of the run's camera capturing while the board is timed (its
+    capture is the run's load on the board too: ``calibrate --camera``).
     """
     started = time.perf_counter()
-    board_times = measure_board(runner, batches, repeats, progress, frame, fps)  # the caller warns of a wide one
+    board_times = measure_board(runner, batches, repeats, progress, frame, fps, camera=camera)  # the caller warns of a wide one
     head_spread = board_times.heads
     heads = {split: {b: s.p50 for b, s in by_batch.items()} for split, by_batch in head_spread.items()}
     preprocess = Preprocessing(runner.preprocess_path, frame[0], frame[1], board_times.preprocess)

@@ -237,6 +237,7 @@ class CalibrateSettings:
     fps: float = 0.0
     no_host: bool = False
     frame: tuple[int, int] = DEFAULT_FRAME  # (width, height) of the camera's frames: preprocessing is timed on one
+    camera: str | None = None  # the run's camera, capturing while the board is timed (its frames' size and pace)
 
 
 def _connection(args: argparse.Namespace) -> Connection:
@@ -263,5 +264,5 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
 def calibrate_settings(args: argparse.Namespace) -> CalibrateSettings:
     return CalibrateSettings(
         bundle=args.bundle, connection=_connection(args), runtime=_runtime(args), batches=args.batch,
-        repeats=args.repeats, fps=args.fps, no_host=args.no_host, frame=args.frame,
+        repeats=args.repeats, fps=args.fps, no_host=args.no_host, frame=args.frame, camera=args.camera,
     )

@@ -3,6 +3,7 @@ pipeline that overlaps capture, head, transfer and tail, each frame's result, th
 changes and summaries), the trace writer, and a recorded board's pace for a replay to run at."""
 
 from device_runtime.stream.camera import Frame, FrameSource, open_source
+from device_runtime.stream.camera_load import CameraLoad
 from device_runtime.stream.frame_queue import FrameQueue
 from device_runtime.stream.pace import BoardPace, read_pace
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig, PipelineStats
@@ -22,6 +23,7 @@ __all__ = [
     "DROP_QUEUE_FULL",
     "BanditPolicy",
     "BoardPace",
+    "CameraLoad",
     "Choice",
     "DropForecast",
     "Frame",

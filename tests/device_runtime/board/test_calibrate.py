@@ -385,6 +385,28 @@ def test_calibrate_times_preprocessing_at_the_frame_size(mobilenet_bundle: Path,
     assert "frame size '640': expected WIDTHxHEIGHT in pixels, like 640x480" in capsys.readouterr().err
 
 
+def test_calibrate_times_the_board_while_the_run_s_camera_captures(mobilenet_bundle: Path, tmp_path: Path,
+                                                                    capsys) -> None:
+    """``--camera``: the run's camera (a synthetic one at 20 frames/s, 320x240) captures in a thread of
+    its own while the board is timed, as in the run; preprocessing is timed on its frames, at its
+    size, and the runs are paced at its rate. A source with no frame rate is refused in one line."""
+    root = tmp_path / "bundle"
+    shutil.copytree(mobilenet_bundle, root)
+    assert main(["calibrate", str(root), "--no-host", "--batch", "1", "--repeats", "2", "--threads", "1",
+                 "--camera", "synthetic:20"]) == 0
+    out = capsys.readouterr().out
+    calibration = load(root)
+    assert calibration.preprocess.frame == "640x480"  # the synthetic camera's frames, not --frame's default
+    assert calibration.fps == 20.0
+    captured = [line for line in out.splitlines() if "frames captured while the board was timed" in line]
+    assert len(captured) == 1 and int(captured[0].split(": ")[1].split()[0]) > 0, out
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    assert main(["calibrate", str(root), "--no-host", "--batch", "1", "--repeats", "2", "--camera", str(photos)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--camera {photos}: calibrate times the board beside a live camera" in err[0], err
+
+
 def test_spread_warning_names_the_worst_option() -> None:
     heads = {"a": {1: Spread(10.0, 10.5, 11.0), 4: Spread(30.0, 40.0, 75.0)}, LOCAL: {1: Spread(20.0, 25.0, 40.0)}}
     assert spread_warning(heads) == (
