@@ -198,6 +198,7 @@ class RunningTimes:
         self._recent: deque[tuple[str, int, float]] = deque(maxlen=RECENT)  # the board's last runs
         self._last_seen: dict[tuple[str, int], int] = {}  # key -> the count of head runs at its latest
         self._count = 0
+        self._tails: deque[tuple[str, int, float]] = deque(maxlen=RECENT)  # the host's last tail runs
 
     def observe(self, split: str, batch: int, ms: float) -> None:
         """Record one head run of ``batch`` samples through ``split`` that took ``ms``."""
@@ -221,6 +222,11 @@ class RunningTimes:
         self._recent.append((PREPROCESS, 1, _fields.number(ms, "ms")))
         self._count += 1
 
+    def observe_tail(self, split: str, batch: int, ms: float) -> None:
+        """Record the host's compute for one request of ``batch`` samples through ``split``'s tail
+        (its reply says it): the host's speed against calibration (:meth:`host_factor`)."""
+        self._tails.append((split, _fields.integer(batch, "batch", minimum=1), _fields.number(ms, "ms")))
+
     def median(self, split: str, batch: int) -> float | None:
         """Median of the last WINDOW samples of (split, batch); None if there are none."""
         window = self._samples.get((split, batch))
@@ -243,20 +249,32 @@ class RunningTimes:
                 ratios.append(ms / calibrated)
         return statistics.median(ratios) if len(ratios) >= MIN_SAMPLES else None
 
+    def host_factor(self, model: LatencyModel) -> float | None:
+        """The host's speed now against ``model``'s calibrated tail times, as :meth:`factor` is the
+        board's: a host shared with other boards or programs runs every tail alike slower (a field
+        trial's host ran its tails at 3x the calibrated times beside two busy processes), and a
+        board that chose with the calibrated tails offloaded to it as if it were idle."""
+        names = set(model.names)
+        ratios = [ms / calibrated for split, batch, ms in self._tails
+                  if split in names and (calibrated := model.timings(split).tail_at(batch)) > 0]
+        return statistics.median(ratios) if len(ratios) >= MIN_SAMPLES else None
+
     def apply(self, model: LatencyModel) -> LatencyModel:
         """``model`` with every option's head times current: a (split, batch) with MIN_SAMPLES running
         samples, the latest of them within the board's last FRESH runs, takes their median;
         every other head time is the calibrated one times the board's :meth:`factor` (as it was,
-        without one).
+        without one); every tail time the calibrated one times the host's :meth:`host_factor`.
 
         Batch sizes seen at run time but not calibrated are added, which sharpens the
         interpolation between calibrated sizes. Splits the model lacks are ignored.
         """
-        factor = self.factor(model)
+        factor, host = self.factor(model), self.host_factor(model)
         splits = []
         for timings in model.splits:
             head_ms = {b: ms * factor for b, ms in timings.head_ms.items()} if factor is not None \
                 else dict(timings.head_ms)
+            if host is not None:
+                timings = dataclasses.replace(timings, tail_ms={b: ms * host for b, ms in timings.tail_ms.items()})
             for (split, batch), window in self._samples.items():
                 if split == timings.split and len(window) >= MIN_SAMPLES and self.fresh(split, batch):
                     head_ms[batch] = statistics.median(window)

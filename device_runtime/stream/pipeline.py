@@ -411,6 +411,7 @@ class Pipeline:
             return await self._locally(batch, x, split, head_ms, rate, reason, exc, waits, deadline)
         self.meter.observe_reply(tensor.nbytes, result)
         hops = result.hops  # a chain's later hosts: their stages, queues and links are the tail's too
+        self.policy.observe_tail(split, len(batch), result.compute_ms + sum(h.compute_ms for h in hops))
         return self._results(batch, result.output, _Answer(
             split, rate, reason, head_ms,
             transfer_ms=result.transfer_ms + sum(h.link_ms for h in hops),

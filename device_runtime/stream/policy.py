@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Collection, Mapping, Protocol, Sequence
@@ -43,8 +44,11 @@ _SOURCES = (CALIBRATED, REFINED_TIMES, RECORDED)
 _fields = Fields(SplitEdgeError)
 #: The board's speed against calibration moving by this factor rebuilds the table at once, ...
 SPEED_STEP = 1.15
-#: ... looked at every this many head runs (a rebuild costs a few ms: not every frame).
+#: ... looked at every this many of the board's runs ...
 SPEED_EVERY = 4
+#: ... and rebuilt at most once this many seconds: a rebuild costs a few ms here and about 30 on a quarter
+#: of a core beside busy neighbours, and rebuilt every few frames it took a sixth of the board's CPU.
+REFINE_MIN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,9 @@ class HeadTimes:
     ``edges``: batch -> the rates where the table they give changes split, ``(rate_bps, below,
     above)`` (:meth:`calibration.SplitTable.boundaries`), for a person or a page to read;
     ``index``: the last frame of the batch after whose head they were taken up, so they chose for
-    the batches after it (None: from the start); ``observed``: the head runs timed by then.
+    the batches after it (None: from the start); ``observed``: the head runs timed by then;
+    ``tail_ms``: split -> batch -> ms, the host's tail times it decided with (the host's speed kept
+    current too: :meth:`calibration.RunningTimes.host_factor`; empty in a trace written before).
     """
 
     source: str
@@ -63,17 +69,20 @@ class HeadTimes:
     observed: int
     head_ms: Mapping[str, Mapping[int, float]]
     edges: Mapping[int, tuple[tuple[float, str, str], ...]]
+    tail_ms: Mapping[str, Mapping[int, float]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, source: str, index: int | None, observed: int, model: LatencyModel, table: SplitTable) -> HeadTimes:
         return cls(source, index, observed, {t.split: dict(t.head_ms) for t in model.splits},
-                   {batch: tuple(table.boundaries(batch)) for batch in table.batches})
+                   {batch: tuple(table.boundaries(batch)) for batch in table.batches},
+                   {t.split: dict(t.tail_ms) for t in model.splits})
 
     def applied_to(self, model: LatencyModel) -> LatencyModel:
-        """``model`` with these head times in place of its own; a split they lack keeps its own (a
-        slice of the bundle they were recorded with has fewer), one the model lacks is left out."""
+        """``model`` with these head (and tail) times in place of its own; a split they lack keeps its
+        own (a slice of the bundle they were recorded with has fewer), one the model lacks is left out."""
         return dataclasses.replace(model, splits=tuple(
-            dataclasses.replace(t, head_ms=dict(self.head_ms[t.split])) if t.split in self.head_ms else t
+            dataclasses.replace(t, head_ms=dict(self.head_ms.get(t.split, t.head_ms)),
+                                tail_ms=dict(self.tail_ms.get(t.split, t.tail_ms)))
             for t in model.splits))
 
     def as_dict(self) -> dict[str, Any]:
@@ -82,6 +91,7 @@ class HeadTimes:
             "source": self.source, "index": self.index, "observed": self.observed,
             "head_ms": {split: {str(b): ms for b, ms in times.items()} for split, times in self.head_ms.items()},
             "edges": {str(b): [list(edge) for edge in edges] for b, edges in self.edges.items()},
+            "tail_ms": {split: {str(b): ms for b, ms in times.items()} for split, times in self.tail_ms.items()},
         }
 
     @classmethod
@@ -95,13 +105,19 @@ class HeadTimes:
             source=_fields.choice(_fields.member(d, "source", where), f"{where} source", _SOURCES),
             index=None if index is None else _fields.integer(index, f"{where} index", minimum=0),
             observed=_fields.integer(d.get("observed", 0), f"{where} observed", minimum=0),
-            head_ms={split: {_batch(b, f"{where} head_ms.{split}"): _fields.number(ms, f"{where} head_ms.{split}.{b}")
-                             for b, ms in _fields.obj(times, f"{where} head_ms.{split}").items()}
-                     for split, times in head_ms.items()},
+            head_ms=_times(head_ms, f"{where} head_ms"),
             edges={_batch(b, f"{where} edges"): tuple(_edge(e, f"{where} edges.{b}")
                                                       for e in _fields.array(row, f"{where} edges.{b}"))
                    for b, row in edges.items()},
+            tail_ms=_times(_fields.obj(d.get("tail_ms", {}), f"{where} tail_ms"), f"{where} tail_ms"),
         )
+
+
+def _times(times: Mapping[str, Any], where: str) -> dict[str, dict[int, float]]:
+    """split -> batch -> ms, as :meth:`HeadTimes.as_dict` writes head and tail times."""
+    return {split: {_batch(b, f"{where}.{split}"): _fields.number(ms, f"{where}.{split}.{b}")
+                    for b, ms in _fields.obj(by_batch, f"{where}.{split}").items()}
+            for split, by_batch in times.items()}
 
 
 def _edge(value: Any, where: str) -> tuple[float, str, str]:
@@ -143,6 +159,10 @@ class SplitPolicy(Protocol):
         """Each frame's preprocessing, as the batch it is in is chosen for: board compute too."""
         ...
 
+    def observe_tail(self, split: str, batch: int, ms: float) -> None:
+        """The host's compute for a batch it answered (its reply says it)."""
+        ...
+
     def alternative(self, batch: int) -> tuple[str, float] | None:
         """What the board would do with a batch the host refused, and its ms: the host weighs a
         deadline against it (:attr:`~device_runtime.wire.InferRequest.give_up_ms`). None: unknown."""
@@ -179,6 +199,9 @@ class StaticPolicy:
     def observe_preprocess(self, ms: float) -> None:
         """Nor from its preprocessing's."""
 
+    def observe_tail(self, split: str, batch: int, ms: float) -> None:
+        """Nor from the host's."""
+
     def alternative(self, batch: int) -> tuple[str, float] | None:
         """Nothing measured the board's full model: the host goes by the deadline alone."""
         return None
@@ -209,7 +232,8 @@ class AutoPolicy:
 
     def __init__(
         self, calibration: Calibration, margin: float = 0.1, min_hold: int = 3, refine_every: int | None = 32,
-        recorded: Sequence[HeadTimes] | None = None,
+        recorded: Sequence[HeadTimes] | None = None, refine_min_s: float = REFINE_MIN_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.calibration = calibration
         self.base_model = calibration.model
@@ -219,8 +243,11 @@ class AutoPolicy:
         self.refine_every = refine_every
         self._observed = 0  # head runs
         self._runs = 0  # the board's runs: heads and frames' preprocessing
+        self.refine_min_s, self._clock = refine_min_s, clock
+        self._refined_s = -math.inf  # clock time of the last rebuild
         self._refined_at = 0  # the runs observed when the table was last rebuilt ...
-        self._refined_factor: float | None = None  # ... and the board's speed factor then (None: calibrated)
+        # ... and the board's and the host's speed factors then (None: calibrated)
+        self._refined_factor: tuple[float | None, float | None] | None = None
         self._last: int | None = None  # the last frame of the batch being chosen for (observe_batch)
         self._table = calibration.table  # the one the selector decides with: rebuilt by refining
         self._listeners: list[Callable[[HeadTimes], object]] = []
@@ -309,25 +336,41 @@ class AutoPolicy:
         self._runs += 1
         self._maybe_refine()
 
+    def observe_tail(self, split: str, batch: int, ms: float) -> None:
+        """The host's compute for a batch, into the host's speed (:meth:`calibration.RunningTimes.host_factor`):
+        every remote option's tail follows it."""
+        if self.replaying or self.refine_every is None:
+            return
+        self.running.observe_tail(split, batch, ms)
+        self._runs += 1
+        self._maybe_refine()
+
     def _maybe_refine(self) -> None:
         """Rebuild the table every ``refine_every`` of the board's runs (heads and preprocessing), or
         at once when its speed moved (:meth:`_speed_moved`)."""
         since = self._runs - self._refined_at
-        if since >= self.refine_every or (since >= SPEED_EVERY and self._speed_moved()):
-            model = self.running.apply(self.base_model)
-            self._refined_at, self._refined_factor = self._runs, self.running.factor(self.base_model)
-            self._retune(model, lambda table: HeadTimes.of(REFINED_TIMES, self._last, self._observed, model, table))
+        if not (since >= self.refine_every or (since >= SPEED_EVERY and self._speed_moved())):
+            return
+        now = self._clock()
+        if now - self._refined_s < self.refine_min_s:
+            return  # a rebuild costs a quarter core about 30 ms: not more than one a refine_min_s
+        self._refined_s = now
+        model = self.running.apply(self.base_model)
+        self._refined_at, self._refined_factor = self._runs, self._factors()
+        self._retune(model, lambda table: HeadTimes.of(REFINED_TIMES, self._last, self._observed, model, table))
 
     def _speed_moved(self) -> bool:
         """Whether the board's speed against calibration (:meth:`calibration.RunningTimes.factor`) moved
         by more than SPEED_STEP since the table was last rebuilt: a neighbour took or left the board's
         CPU, and waiting ``refine_every`` head runs (ten seconds on a quarter of a core) would keep
         choosing with the board's old speed meanwhile."""
-        factor = self.running.factor(self.base_model)
-        if factor is None or factor <= 0:
-            return False
-        before = self._refined_factor or 1.0
-        return abs(math.log(factor / before)) > math.log(SPEED_STEP)
+        before = self._refined_factor or (None, None)
+        return any(now is not None and now > 0 and abs(math.log(now / (then or 1.0))) > math.log(SPEED_STEP)
+                   for now, then in zip(self._factors(), before))
+
+    def _factors(self) -> tuple[float | None, float | None]:
+        """The board's and the host's speeds against calibration, now."""
+        return self.running.factor(self.base_model), self.running.host_factor(self.base_model)
 
     def pace(self, interval_ms: float | None) -> None:
         """Choose for a live camera with frames ``interval_ms`` apart (None: unpaced): an option whose
@@ -423,6 +466,10 @@ class BanditPolicy:
 
     def observe_preprocess(self, ms: float) -> None:
         self.layer.observe_preprocess(ms)
+
+    def observe_tail(self, split: str, batch: int, ms: float) -> None:
+        if split != self.semantic.id:
+            self.layer.observe_tail(split, batch, ms)
 
     def alternative(self, batch: int) -> tuple[str, float] | None:
         return self.layer.alternative(batch)

@@ -228,6 +228,20 @@ def test_preprocessing_tells_the_board_s_speed_where_no_head_runs() -> None:
     assert times.factor(corners()) is None  # a calibration that did not time preprocessing: no ratio
 
 
+def test_the_host_s_replies_keep_every_tail_current() -> None:
+    """The host answers mid's tail in 30 ms, calibrated at 3: it runs at 10x, offload's tail too
+    (2 -> 20). At 2e7 mid then takes 10 + 8 + 30 + 5 = 53 against LOCAL's 50: LOCAL."""
+    model = corners()
+    times = RunningTimes()
+    for _ in range(MIN_SAMPLES):
+        times.observe_tail("mid", 1, 30.0)
+    assert times.host_factor(model) == 10.0
+    refined = times.apply(model)
+    assert (refined.timings("mid").tail_ms, refined.timings(OFFLOAD).tail_ms) == ({1: 30.0}, {1: 20.0})
+    assert refined.timings(LOCAL).head_ms == {1: 50.0}  # the board's own speed is another matter
+    assert (model.best(1, 2e7), refined.best(1, 2e7)) == ("mid", LOCAL)
+
+
 def test_a_slower_head_at_run_time_moves_the_eq6_optimum() -> None:
     # At 2e7 mid takes 10 + 8 + 3 + 5 = 26 < LOCAL's 50. LOCAL measured as calibrated while mid's
     # head takes 40 ms (something slows mid alone): mid takes 56 > 50.

@@ -67,8 +67,9 @@ def test_the_policy_says_what_it_starts_with_and_each_refinement_with_its_frame(
     policy = AutoPolicy(calibration, min_hold=1, refine_every=8)
     heard: list[HeadTimes] = []
     policy.watch(heard.append)
+    tails = {t.split: dict(t.tail_ms) for t in calibration.model.splits}
     assert heard == [HeadTimes(CALIBRATED, None, 0, {LOCAL: {1: 200.0}, CUT: {1: 5.0}},
-                               {1: tuple(calibration.table.boundaries(1))})]
+                               {1: tuple(calibration.table.boundaries(1))}, tails)]
     _stream(policy, local_ms=lambda _: 8.0, cut_ms=6.0, rates=[1e5] * 8)  # slow: local, timed at 8 ms
     assert len(heard) == 2
     refined = heard[1]
@@ -86,7 +87,7 @@ def test_recorded_head_times_are_taken_up_at_the_same_frames_and_decide_alike(tm
     then throttles (back to CUT there), is traced; a board ten times slower (80 ms: it would
     offload on the fast link throughout) given the trace's head times takes up each at the frame
     the trial did and chooses every frame as the trial did, while one that measures its own does not."""
-    trial = AutoPolicy(_calibration(), min_hold=1, refine_every=8)
+    trial = AutoPolicy(_calibration(), min_hold=1, refine_every=8, refine_min_s=0.0)
     trace = tmp_path / "trial.jsonl"
     with TraceWriter(trace, {"bundle_id": "b", "policy": "auto"}) as writer:
         trial.watch(writer.head_times)
@@ -97,7 +98,7 @@ def test_recorded_head_times_are_taken_up_at_the_same_frames_and_decide_alike(tm
     assert run["policy"] == "auto" and len(recorded) > 2
     assert [r.source for r in recorded] == [CALIBRATED] + [REFINED_TIMES] * (len(recorded) - 1)
 
-    replay = AutoPolicy(_calibration(), min_hold=1, refine_every=8, recorded=recorded)
+    replay = AutoPolicy(_calibration(), min_hold=1, refine_every=8, recorded=recorded, refine_min_s=0.0)
     heard: list[HeadTimes] = []
     replay.watch(heard.append)
     assert replay.replaying and _stream(replay, local_ms=lambda _: 80.0, cut_ms=60.0) == trial_splits
@@ -106,7 +107,7 @@ def test_recorded_head_times_are_taken_up_at_the_same_frames_and_decide_alike(tm
         (RECORDED, r.index, r.observed, r.head_ms, r.edges) for r in recorded if r.index is None or r.index < last]
     assert replay.running.median(LOCAL, 1) is None  # it timed nothing of its own
 
-    own = AutoPolicy(_calibration(), min_hold=1, refine_every=8)
+    own = AutoPolicy(_calibration(), min_hold=1, refine_every=8, refine_min_s=0.0)
     assert _stream(own, local_ms=lambda _: 80.0, cut_ms=60.0) != trial_splits
 
 

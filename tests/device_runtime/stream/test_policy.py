@@ -11,7 +11,7 @@ import pytest
 
 from calibration import Calibration, LatencyModel, Preprocessing, SplitTable, SplitTimings, Spread
 from device_runtime.bundle import LOCAL, OFFLOAD
-from device_runtime.stream.policy import AutoPolicy, StaticPolicy
+from device_runtime.stream.policy import REFINE_MIN_S, AutoPolicy, HeadTimes, StaticPolicy
 from device_runtime.stream.reason import (
     FALLBACK, FIXED, HOLD, NO_HOST, NO_RATE, REFINED, TABLE, UPLOAD_CAP, Choice, Reason,
 )
@@ -83,11 +83,13 @@ def test_auto_policy_retimes_the_option_it_is_not_using_within_a_few_frames() ->
 def test_preprocessing_alone_keeps_the_board_s_speed_current() -> None:
     """With 5 ms of preprocessing, local takes 35 ms and CUT 5 + 5 + 8 + 25 = 43 at 10 Mbit/s: local.
     No head runs (a board offloading whole frames); its frames' preprocessing takes 20 ms: the board
-    runs at 4x, local at 125 against CUT's 58: CUT. Back at 5 ms, local again."""
+    runs at 4x, local at 125 against CUT's 58: CUT. Back at 5 ms, local again, once REFINE_MIN_S
+    has passed since the last rebuild (a rebuild costs a slow board's CPU: one a second at most)."""
     base = _calibration(30.0, tail_ms=25.0)
     calibration = dataclasses.replace(base, model=dataclasses.replace(base.model, preprocess_ms=5.0),
                                       preprocess=Preprocessing("fast", 640, 480, Spread.of([5.0])))
-    policy = AutoPolicy(calibration, min_hold=1)
+    now = [0.0]
+    policy = AutoPolicy(calibration, min_hold=1, clock=lambda: now[0])
     everything = {LOCAL, CUT}
     assert policy.choose(1, 1e7, everything).split == LOCAL
     for _ in range(8):
@@ -95,7 +97,25 @@ def test_preprocessing_alone_keeps_the_board_s_speed_current() -> None:
     assert policy.choose(1, 1e7, everything).split == CUT
     for _ in range(16):
         policy.observe_preprocess(5.0)
+    assert policy.choose(1, 1e7, everything).split == CUT  # rebuilt less than REFINE_MIN_S ago: not yet
+    now[0] += REFINE_MIN_S
+    policy.observe_preprocess(5.0)
     assert policy.choose(1, 1e7, everything).split == LOCAL
+
+
+def test_a_host_slower_than_calibrated_moves_the_choice_back_to_the_board() -> None:
+    """CUT at 5 + 0.8 + 5 = 10.8 ms at 100 Mbit/s against local's 30: CUT. The host's replies say its
+    tail takes 50 ms (a host shared with others): CUT at 55.8, and local wins (refined); the head
+    times it decided with are the calibrated ones, the tail's the host's now."""
+    policy = AutoPolicy(_calibration(30.0), min_hold=1)
+    everything = {LOCAL, CUT}
+    assert policy.choose(1, 1e8, everything).split == CUT
+    for _ in range(8):
+        policy.observe_tail(CUT, 1, 50.0)
+    choice = policy.choose(1, 1e8, everything)
+    assert (choice.split, choice.reason.kind) == (LOCAL, REFINED)
+    assert policy.head_times.tail_ms[CUT] == {1: 50.0} and policy.head_times.head_ms[CUT] == {1: 5.0}
+    assert HeadTimes.from_dict(json.loads(json.dumps(policy.head_times.as_dict())), "record") == policy.head_times
 
 
 def test_the_board_s_alternative_is_its_full_model_at_the_time_it_decides_with() -> None:
