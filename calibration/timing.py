@@ -200,8 +200,9 @@ class RunningTimes:
         self._count = 0
         self._tails: deque[tuple[str, int, float]] = deque(maxlen=RECENT)  # the host's last tail runs
 
-    def observe(self, split: str, batch: int, ms: float) -> None:
-        """Record one head run of ``batch`` samples through ``split`` that took ``ms``."""
+    def observe(self, split: str, batch: int, ms: float, sending: bool = False) -> None:
+        """Record one head run of ``batch`` samples through ``split`` that took ``ms``; ``sending``:
+        the board's own uploads were in flight meanwhile (see :meth:`factor`)."""
         key = (split, _fields.integer(batch, "batch", minimum=1))
         ms = _fields.number(ms, "ms")
         window = self._samples.get(key)
@@ -210,16 +211,18 @@ class RunningTimes:
                 return  # a board has a handful of splits and batch sizes: past that, nothing new
             window = self._samples[key] = deque(maxlen=WINDOW)
         window.append(ms)
-        self._recent.append((split, key[1], ms))
+        if not sending:
+            self._recent.append((split, key[1], ms))
         self._count += 1
         self._last_seen[key] = self._count
 
-    def observe_preprocess(self, ms: float) -> None:
-        """Record one frame's preprocessing that took ``ms``: board compute like a head's, and the
-        only compute a board that offloads whole frames does, so its speed against calibration is
-        still known (the field trial's board that fled to offload on a slow start kept its start's
-        speed for good, with no head run to say it had sped up since)."""
-        self._recent.append((PREPROCESS, 1, _fields.number(ms, "ms")))
+    def observe_preprocess(self, ms: float, sending: bool = False) -> None:
+        """Record one frame's preprocessing that took ``ms``: board compute like a head's, and the only
+        compute a board running locally between uploads may do for a while, so its speed against
+        calibration is kept current through it too."""
+        ms = _fields.number(ms, "ms")
+        if not sending:
+            self._recent.append((PREPROCESS, 1, ms))
         self._count += 1
 
     def observe_tail(self, split: str, batch: int, ms: float) -> None:
@@ -235,7 +238,14 @@ class RunningTimes:
     def factor(self, model: LatencyModel) -> float | None:
         """The board's speed now against ``model``'s (calibrated) times: the median ratio of its
         last RECENT runs (heads, whichever splits ran them, and frames' preprocessing) to their
-        calibrated times; None with fewer than MIN_SAMPLES of them that ``model`` times."""
+        calibrated times; None with fewer than MIN_SAMPLES of them that ``model`` times.
+
+        Runs made while the board's own uploads were in flight (``sending``) are left out: the
+        kernel's work of sending them runs on the board's CPU too, so they measure the option that
+        sends as much as the board. On a quarter core offloading 150 KB frames, preprocessing took
+        2x its calibrated time and the heads 1.5x, the factor took it for the board's speed, priced
+        local at twice its time and kept offloading; local, once run, ran as calibrated. That cost is
+        the sending option's own, and its own running medians (:meth:`apply`) hold it."""
         names = set(model.names)
         ratios = []
         for split, batch, ms in self._recent:

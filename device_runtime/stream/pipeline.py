@@ -359,7 +359,7 @@ class Pipeline:
         rate = self.meter.rate_bps  # capped by an overdue upload, or one crossing slowly, if one is
         deadline = self._deadline(batch)
         for captured in batch:  # board compute whatever the split: the board's speed now
-            self.policy.observe_preprocess(captured.preprocess_ms)
+            self.policy.observe_preprocess(captured.preprocess_ms, sending=self._remote > 0)
         self.policy.observe_batch(batch[-1].frame.index)
         choice = self.policy.choose(len(batch), rate, self.available(), link_busy=self.meter.overdue() is not None,
                                     deadline_ms=deadline, uncapped_bps=self.meter.estimator.rate_bps)
@@ -368,7 +368,7 @@ class Pipeline:
             if split != LOCAL:  # the host went in the meantime
                 reason = Reason(NO_HOST, batch=len(batch), wanted=split)
             logits, ms = await self._on_engine(batch, LOCAL, partial(self.runner.run_full, x))
-            self.policy.observe_head(LOCAL, len(batch), ms)
+            self.policy.observe_head(LOCAL, len(batch), ms, sending=self._remote > 0)
             done: asyncio.Future[list[FrameResult]] = loop.create_future()
             done.set_result(self._results(batch, logits, _Answer(LOCAL, rate, reason, ms,
                                                                  started=time.monotonic() - ms / 1e3)))
@@ -377,7 +377,7 @@ class Pipeline:
             cut, head_ms = x, 0.0
         else:
             cut, head_ms = await self._on_engine(batch, split, partial(self.runner.run_head, split, x))
-            self.policy.observe_head(split, len(batch), head_ms)
+            self.policy.observe_head(split, len(batch), head_ms, sending=self._remote > 0)
         started = time.monotonic() - head_ms / 1e3  # the head's start: the frames' queueing ends there
         tensor, fields = self.runner.payload(split, cut)
         assert self._slots is not None

@@ -153,9 +153,11 @@ class SplitPolicy(Protocol):
         where in the stream the choice is."""
         ...
 
-    def observe_head(self, split: str, batch: int, head_ms: float) -> None: ...
+    def observe_head(self, split: str, batch: int, head_ms: float, sending: bool = False) -> None:
+        """A head's time; ``sending``: the board's own uploads were in flight meanwhile."""
+        ...
 
-    def observe_preprocess(self, ms: float) -> None:
+    def observe_preprocess(self, ms: float, sending: bool = False) -> None:
         """Each frame's preprocessing, as the batch it is in is chosen for: board compute too."""
         ...
 
@@ -193,10 +195,10 @@ class StaticPolicy:
     def observe_batch(self, last: int) -> None:
         """A fixed split is the same wherever the stream is."""
 
-    def observe_head(self, split: str, batch: int, head_ms: float) -> None:
+    def observe_head(self, split: str, batch: int, head_ms: float, sending: bool = False) -> None:
         """A fixed split learns nothing from its timings."""
 
-    def observe_preprocess(self, ms: float) -> None:
+    def observe_preprocess(self, ms: float, sending: bool = False) -> None:
         """Nor from its preprocessing's."""
 
     def observe_tail(self, split: str, batch: int, ms: float) -> None:
@@ -316,23 +318,21 @@ class AutoPolicy:
         while self._recorded and self._recorded[0].index is not None and self._recorded[0].index < last:
             self._take_up(self._recorded.popleft())
 
-    def observe_head(self, split: str, batch: int, head_ms: float) -> None:
+    def observe_head(self, split: str, batch: int, head_ms: float, sending: bool = False) -> None:
         """A head's time, into the running medians; every ``refine_every`` of them the table is
         rebuilt with those (none of it while replaying recorded head times)."""
         if self.replaying or self.refine_every is None:  # None: decides with the calibration alone
             return
-        self.running.observe(split, batch, head_ms)
+        self.running.observe(split, batch, head_ms, sending)
         self._observed += 1
         self._runs += 1
         self._maybe_refine()
 
-    def observe_preprocess(self, ms: float) -> None:
-        """A frame's preprocessing, into the board's speed (:meth:`calibration.RunningTimes.observe_preprocess`):
-        a board that offloads whole frames runs no head, and would otherwise keep the speed it had
-        when it last ran one."""
+    def observe_preprocess(self, ms: float, sending: bool = False) -> None:
+        """A frame's preprocessing, into the board's speed (:meth:`calibration.RunningTimes.observe_preprocess`)."""
         if self.replaying or self.refine_every is None:
             return
-        self.running.observe_preprocess(ms)
+        self.running.observe_preprocess(ms, sending)
         self._runs += 1
         self._maybe_refine()
 
@@ -460,12 +460,12 @@ class BanditPolicy:
     def observe_batch(self, last: int) -> None:
         self.layer.observe_batch(last)
 
-    def observe_head(self, split: str, batch: int, head_ms: float) -> None:
+    def observe_head(self, split: str, batch: int, head_ms: float, sending: bool = False) -> None:
         if split != self.semantic.id:
-            self.layer.observe_head(split, batch, head_ms)
+            self.layer.observe_head(split, batch, head_ms, sending)
 
-    def observe_preprocess(self, ms: float) -> None:
-        self.layer.observe_preprocess(ms)
+    def observe_preprocess(self, ms: float, sending: bool = False) -> None:
+        self.layer.observe_preprocess(ms, sending)
 
     def observe_tail(self, split: str, batch: int, ms: float) -> None:
         if split != self.semantic.id:

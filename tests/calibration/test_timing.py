@@ -228,6 +228,23 @@ def test_preprocessing_tells_the_board_s_speed_where_no_head_runs() -> None:
     assert times.factor(corners()) is None  # a calibration that did not time preprocessing: no ratio
 
 
+def test_runs_beside_the_board_s_own_uploads_time_their_option_not_the_board() -> None:
+    """mid's head and the frames' preprocessing ran at 2x while its uploads were in flight (the
+    kernel sending them on the board's CPU): mid's own median says so, but the board's speed does
+    not move, and LOCAL keeps its 50 ms. Run so without uploads, they would have moved it."""
+    model = preprocessed(corners(), 4.0)
+    times = RunningTimes()
+    for _ in range(MIN_SAMPLES):
+        times.observe("mid", 1, 20.0, sending=True)
+        times.observe_preprocess(8.0, sending=True)
+    assert times.factor(model) is None
+    refined = times.apply(model)
+    assert (refined.timings("mid").head_ms, refined.timings(LOCAL).head_ms) == ({1: 20.0}, {1: 50.0})
+    for _ in range(MIN_SAMPLES):
+        times.observe_preprocess(8.0)
+    assert times.factor(model) == 2.0
+
+
 def test_the_host_s_replies_keep_every_tail_current() -> None:
     """The host answers mid's tail in 30 ms, calibrated at 3: it runs at 10x, offload's tail too
     (2 -> 20). At 2e7 mid then takes 10 + 8 + 30 + 5 = 53 against LOCAL's 50: LOCAL."""
