@@ -88,15 +88,17 @@ def device(args: Sequence[str], **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "device_runtime.cli", *args], preexec_fn=enter, **kwargs)
 
 
-def build_bundles(weights: str, root: Path) -> dict[str, Path]:
-    """MobileNetV2 (real weights) and ResNet-18, each cut at its compressive bottlenecks; cached."""
-    from exporter.build import BuildSpec, build_bundle
-
+def build_bundles(weights: str, root: Path, models: Sequence[str] = ("mobilenet_v2", "resnet18")) -> dict[str, Path]:
+    """MobileNetV2 (real weights) and ResNet-18 (of them, ``models``), each cut at its compressive
+    bottlenecks; cached."""
     bundles = {"mobilenet_v2": ("torchvision:mobilenet_v2", weights), "resnet18": ("torchvision:resnet18", None)}
     out = {}
-    for name, (spec, w) in bundles.items():
+    for name in models:
+        spec, w = bundles[name]
         path = root / name
         if not (path / "manifest.json").is_file():
+            from exporter.build import BuildSpec, build_bundle  # torch: only to build
+
             build_bundle(BuildSpec(spec, weights=w, splits="auto"), path, progress=True)
         out[name] = path
     return out
@@ -104,11 +106,11 @@ def build_bundles(weights: str, root: Path) -> dict[str, Path]:
 
 def run_device(bundle: Path, host: str, split: str, camera: str, trace: Path,
                frames: int | None = None, extra: Sequence[str] = (),
-               during: Callable[[subprocess.Popen, Path], T] | None = None) -> T | None:
-    """One ``split-device run``; ``during(process, trace)`` runs while it does (and may end it)
-    and its value is returned."""
+               during: Callable[[subprocess.Popen, Path], T] | None = None, threads: int | None = 1) -> T | None:
+    """One ``split-device run`` (``threads`` per session; None: the product's default); ``during(process,
+    trace)`` runs while it does (and may end it) and its value is returned."""
     argv = ["run", str(bundle), "--host", host, "--split", split, "--camera", camera, "--trace", str(trace),
-            "--threads", "1", *extra]
+            *(["--threads", str(threads)] if threads is not None else []), *extra]
     if frames is not None:
         argv += ["--frames", str(frames)]
     trace.unlink(missing_ok=True)  # progress is read from the trace: not from a previous run's
