@@ -177,20 +177,23 @@ def test_a_stream_runs_at_the_pace_of_its_slowest_stage() -> None:
 
 
 def test_a_paced_stream_counts_the_frames_an_option_leaves_unanswered() -> None:
-    """At 4 Mbit/s LOCAL answers a frame in 4 + 50 = 54 ms and mid in 4 + 10 + 5 + 40 + 3 = 62: DSC
-    picks LOCAL. From a camera at 25 frames/s (40 ms apart) LOCAL's board stage (54 ms) cannot keep
-    up: the board is always busy, a frame waits half an interval for it (20 ms), and 40 / 54 of the
-    frames are answered: its cost is (54 + 20) * 54 / 40 = 99.9, against mid's 62 (its board stage,
-    14 ms, is idle when a frame comes; its slowest stage, the link, takes exactly the 40 ms): mid.
-    At 60 ms apart both keep up: LOCAL."""
+    """At 5 Mbit/s LOCAL answers a frame in 4 + 50 = 54 ms and so does mid (4 + 10 + 5 + 32 + 3): DSC
+    picks LOCAL, listed first. From a camera at 25 frames/s (40 ms apart) LOCAL's board stage (54 ms)
+    cannot keep up: the board is always busy, a frame waits half an interval for it (20 ms), and
+    40 / 54 of the frames are answered: its cost is (54 + 20) * 54 / 40 = 99.9; mid's board (14 ms)
+    and link (32 ms) keep up: 54, mid. At 4 Mbit/s mid's link takes the whole 40 ms: each frame
+    waits behind the upload before it, 62 + 40 = 102, and LOCAL wins again by 2 %. At 60 ms apart
+    LOCAL keeps up too: LOCAL."""
     model = preprocessed(corners(), 4.0)
-    assert (model.predict_ms(LOCAL, 1, 4e6), model.predict_ms("mid", 1, 4e6)) == pytest.approx((54.0, 62.0))
-    assert model.best(1, 4e6) == LOCAL
+    assert (model.predict_ms(LOCAL, 1, 5e6), model.predict_ms("mid", 1, 5e6)) == pytest.approx((54.0, 54.0))
+    assert model.best(1, 5e6) == LOCAL
     paced = model.paced(40.0)
-    assert paced.cost_ms(LOCAL, 1, 4e6) == pytest.approx((54.0 + 20.0) * 54.0 / 40.0)
-    assert paced.cost_ms("mid", 1, 4e6) == pytest.approx(62.0)
-    assert paced.best(1, 4e6) == "mid"
-    assert model.paced(60.0).best(1, 4e6) == LOCAL
+    assert paced.cost_ms(LOCAL, 1, 5e6) == pytest.approx((54.0 + 20.0) * 54.0 / 40.0)
+    assert paced.cost_ms("mid", 1, 5e6) == pytest.approx(54.0)
+    assert paced.best(1, 5e6) == "mid"
+    assert paced.cost_ms("mid", 1, 4e6) == pytest.approx(62.0 + 40.0)
+    assert paced.best(1, 4e6) == LOCAL
+    assert model.paced(60.0).best(1, 5e6) == LOCAL
     assert paced.to_dict() == model.to_dict()  # the camera's pace is the run's, not the calibration file's
     with pytest.raises(CalibrationError, match="interval_ms: expected a frame interval > 0 ms"):
         model.paced(0.0)

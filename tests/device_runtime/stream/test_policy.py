@@ -132,15 +132,14 @@ def test_the_board_s_alternative_is_its_full_model_at_the_time_it_decides_with()
 
 def test_auto_policy_paced_by_a_camera_it_cannot_keep_up_with_offloads_more() -> None:
     """Local at 30 ms against CUT's 5 + 0.8 + 25 = 30.8 at 100 Mbit/s: local by latency. From a camera
-    20 ms apart neither keeps up: local's board is always busy (a frame waits 10 ms for it) and answers
-    20 of every 30 ms (cost (30 + 10) * 30 / 20 = 60); CUT's board (5 ms) is idle when a frame comes,
-    and it answers 20 of every 25 (its slowest stage, the tail: cost 30.8 * 25 / 20 = 38.5): CUT
-    answers more frames, and sooner, and wins. Unpaced again, local is back ahead by less than the
-    hysteresis's margin."""
+    26 ms apart local's board is always busy (a frame waits 13 ms for it) and answers 26 of every
+    30 ms (cost (30 + 13) * 30 / 26 = 49.6); CUT's board (5 ms) and host (25 ms) keep up (cost 30.8):
+    CUT answers every frame, and sooner, and wins. Unpaced again, local is back ahead by less than
+    the hysteresis's margin."""
     policy = AutoPolicy(_calibration(30.0, tail_ms=25.0), min_hold=1)
     everything = {LOCAL, CUT}
     assert policy.choose(1, 1e8, everything).split == LOCAL
-    policy.pace(20.0)
+    policy.pace(26.0)
     assert policy.choose(1, 1e8, everything).split == CUT
     policy.pace(None)
     choice = policy.choose(1, 1e8, everything)
