@@ -59,7 +59,7 @@ def test_calibrate_takes_what_applies_to_it(dirs) -> None:
     args, _ = settle(["calibrate", "bundle/"], env_for(system, user))
     assert args.host == "10.0.0.1:7767"
     assert args.batch == (1, 2, 4, 8, 16)  # run's frames per head run is not calibrate's list of batch sizes
-    assert not hasattr(args, "camera")
+    assert args.camera is None  # the file's camera is run's; calibrate takes one only as its own --camera
 
 
 @pytest.mark.parametrize("text, message", [
