@@ -346,8 +346,8 @@ class AutoPolicy:
         self._maybe_refine()
 
     def _maybe_refine(self) -> None:
-        """Rebuild the table every ``refine_every`` of the board's runs (heads and preprocessing), or
-        at once when its speed moved (:meth:`_speed_moved`)."""
+        """Rebuild the table every ``refine_every`` runs seen (heads, preprocessing, the host's
+        replies), or as soon as a speed moved (:meth:`_speed_moved`); at most once a ``refine_min_s``."""
         since = self._runs - self._refined_at
         if not (since >= self.refine_every or (since >= SPEED_EVERY and self._speed_moved())):
             return
@@ -360,10 +360,10 @@ class AutoPolicy:
         self._retune(model, lambda table: HeadTimes.of(REFINED_TIMES, self._last, self._observed, model, table))
 
     def _speed_moved(self) -> bool:
-        """Whether the board's speed against calibration (:meth:`calibration.RunningTimes.factor`) moved
-        by more than SPEED_STEP since the table was last rebuilt: a neighbour took or left the board's
-        CPU, and waiting ``refine_every`` head runs (ten seconds on a quarter of a core) would keep
-        choosing with the board's old speed meanwhile."""
+        """Whether the board's or the host's speed against calibration (:meth:`_factors`) moved by
+        more than SPEED_STEP since the table was last rebuilt: a neighbour took or left the board's
+        CPU (or the host's), and waiting ``refine_every`` runs (seconds on a quarter of a core) would
+        keep choosing with the old speed meanwhile."""
         before = self._refined_factor or (None, None)
         return any(now is not None and now > 0 and abs(math.log(now / (then or 1.0))) > math.log(SPEED_STEP)
                    for now, then in zip(self._factors(), before))
