@@ -38,8 +38,8 @@ from device_runtime.hosts import HostLink, LinkMeter, connect_host, discover
 from device_runtime.live import LiveBoard, LiveServer
 from device_runtime.stream import (
     AutoPolicy, BanditPolicy, CameraLoad, DropForecast, FrameSource, Pipeline, PipelineConfig, PipelineStats, Reason,
-    RunEvents,
-    SplitPolicy, StaticPolicy, TraceWriter, frame_record, open_source, pi_camera_absent, read_head_times, read_pace,
+    RunEvents, SplitPolicy, StaticPolicy, TraceWriter, frame_record, open_source, pi_camera_absent, read_head_times,
+    read_pace,
 )
 from device_runtime.wire import Credentials, HostClient, client_context, load_key
 from splitedge import BundleError, CameraError, HostUnavailableError, SplitEdgeError, notify, stop_on_signals

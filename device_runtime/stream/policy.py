@@ -349,11 +349,13 @@ class AutoPolicy:
         """Rebuild the table every ``refine_every`` runs seen (heads, preprocessing, the host's
         replies), or as soon as a speed moved (:meth:`_speed_moved`); at most once a ``refine_min_s``."""
         since = self._runs - self._refined_at
-        if not (since >= self.refine_every or (since >= SPEED_EVERY and self._speed_moved())):
+        if since < min(SPEED_EVERY, self.refine_every):
             return
         now = self._clock()
         if now - self._refined_s < self.refine_min_s:
             return  # a rebuild costs a quarter core about 30 ms: not more than one a refine_min_s
+        if not (since >= self.refine_every or self._speed_moved()):  # the speeds only when a rebuild may follow
+            return
         self._refined_s = now
         model = self.running.apply(self.base_model)
         self._refined_at, self._refined_factor = self._runs, self._factors()
