@@ -19,9 +19,11 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
+from device_runtime import TensorSpec
 from splitedge import BundleError, ValidationError
 
-__all__ = ["RTOL", "Agreement", "Case", "Runner", "OnnxRunner", "TfliteRunner", "Chain", "torch_cases", "compare", "validate"]
+__all__ = ["RTOL", "FLOAT32_EPS_FLOOR", "Agreement", "Case", "Runner", "OnnxRunner", "TfliteRunner", "Chain", "Emitted",
+           "Handing", "check_sizes", "torch_cases", "compare", "validate"]
 
 
 class Runner(Protocol):
@@ -91,6 +93,55 @@ class Chain:
         return outputs
 
 
+@dataclass(frozen=True)
+class Emitted:
+    """What a runner handed on for one input: the input's batch, and the output's shape and size."""
+
+    batch: int
+    shape: tuple[int, ...]
+    nbytes: int
+    itemsize: int
+
+
+class Handing:
+    """A runner that notes what it hands on at every call (its first output: what a head or a chain's
+    middle stage sends over the link), so that the sizes a bundle records are held to what its
+    artifacts really emit, not to what the graph said they would (:func:`check_sizes`)."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.input_names, self.output_names = runner.input_names, runner.output_names
+        self.emitted: list[Emitted] = []
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs = self.runner(feeds)
+        sent = outputs[self.output_names[0]]
+        self.emitted.append(Emitted(feeds[self.input_names[0]].shape[0], sent.shape, sent.nbytes, sent.itemsize))
+        return outputs
+
+
+def check_sizes(what: str, recorded: TensorSpec, source: str, emitted: Sequence[Emitted]) -> None:
+    """One :class:`ValidationError` line where ``recorded`` is not what ``source`` emitted at some batch.
+
+    A board and a host size their buffers, frames and latency plans by the recorded bytes per
+    sample: a record from the graph's arithmetic that the artifact contradicts (a window partition
+    emitting batch x windows rows) would cross the link as four times what every plan assumed.
+    Measured: the output's bytes over its input's batch, counted in the recorded dtype (a uint8
+    output of a float32 record is a quarter of it), and its shape, which must be the batch
+    followed by the recorded shape.
+    """
+    itemsize = np.dtype(recorded.dtype).itemsize
+    for sent in emitted:
+        measured = sent.nbytes * itemsize / (sent.batch * sent.itemsize)
+        expected_shape = (sent.batch, *recorded.shape)
+        if measured != recorded.bytes_per_sample or tuple(sent.shape) != expected_shape:
+            raise ValidationError(
+                f"{what}: the manifest records {recorded.bytes_per_sample:,} bytes per sample "
+                f"({'x'.join(map(str, recorded.shape))}), but {source} emits {measured:,.10g} per sample at batch "
+                f"{sent.batch} (shape {list(sent.shape)}, not {list(expected_shape)}): the cut's size was worked "
+                "out wrong; report it with the model")
+
+
 def torch_cases(
     module: Callable[[torch.Tensor], torch.Tensor],
     names: tuple[str, str],
@@ -119,6 +170,16 @@ def torch_cases(
 #: (MobileNetV2: ONNX 4e-7, TFLite float32 1e-5 of its logits' spread).
 RTOL = 1e-4
 
+#: The least a float32 artifact may differ by, in float32 epsilons of the largest reference output:
+#: beside RTOL, for outputs that hardly vary. An artifact that computes in another order rounds
+#: each output to float32 on its own, a unit or two in the last place of the output's magnitude
+#: (sigmoid(15 + tanh(z)), outputs near 1 varying by 6e-8: onnxruntime differs from torch by
+#: 1.2e-7, one epsilon, where RTOL of the spread allows 6e-12). A variation below that rounding
+#: cannot be told from it by any comparison; 16 epsilons (1.9e-6 of the magnitude) leaves room for
+#: a final sum or an activation rounded differently, and stays far below a wrong tail's error (the
+#: magnitude itself) and below RTOL of the spread wherever the spread is over 2 % of the magnitude.
+FLOAT32_EPS_FLOOR = 16
+
 
 @dataclass(frozen=True)
 class Agreement:
@@ -131,8 +192,9 @@ class Agreement:
 
 def compare(runner: Runner, cases: Sequence[Case], rtol: float) -> tuple[list[str], Agreement | None]:
     """Every way ``runner`` fails to reproduce ``cases`` (names, then per case shapes and values,
-    differences over ``rtol`` times the reference's spread), and the agreement measured (None when
-    nothing could be compared)."""
+    differences over ``rtol`` times the reference's spread or, where more, :data:`FLOAT32_EPS_FLOOR`
+    float32 epsilons of its largest value), and the agreement measured (None when nothing could be
+    compared)."""
     failures: list[str] = []
     want_in, want_out = (tuple(cases[0].inputs), tuple(cases[0].expected)) if cases else ((), ())
     if runner.input_names != want_in:
@@ -141,8 +203,11 @@ def compare(runner: Runner, cases: Sequence[Case], rtol: float) -> tuple[list[st
         failures.append(f"output names {list(runner.output_names)}, expected {list(want_out)}")
     if failures:
         return failures, None  # running with the wrong names would only repeat the same failure
-    spread = float(np.std(np.concatenate([w.astype(np.float64).ravel() for c in cases for w in c.expected.values()])))
+    reference = np.concatenate([w.astype(np.float64).ravel() for c in cases for w in c.expected.values()])
+    spread = float(np.std(reference))
     scale = spread if spread > 0 else 1.0  # outputs that never vary: held to rtol absolutely
+    floor = FLOAT32_EPS_FLOOR * float(np.finfo(np.float32).eps) * float(np.max(np.abs(reference), initial=0.0))
+    tolerance = max(rtol * scale, floor)
     max_abs, compared = 0.0, False
     for case in cases:
         try:
@@ -151,7 +216,7 @@ def compare(runner: Runner, cases: Sequence[Case], rtol: float) -> tuple[list[st
             failures.append(f"{case.label}: the artifact failed to run: {exc}")
             continue
         for name, want in case.expected.items():
-            problems, error = _differences(outputs[name], want, rtol * scale)
+            problems, error = _differences(outputs[name], want, tolerance)
             failures.extend(f"{case.label}: output {name!r} {problem}" for problem in problems)
             if error is not None:
                 max_abs, compared = max(max_abs, error), True
