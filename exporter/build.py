@@ -74,7 +74,9 @@ from exporter.semantic import (
 )
 from exporter.tflite_export import export_tflite
 from exporter.train import accuracy
-from exporter.validate import RTOL, Agreement, Case, Chain, OnnxRunner, Runner, TfliteRunner, torch_cases, validate
+from exporter.validate import (
+    RTOL, Agreement, Case, Chain, Emitted, Handing, OnnxRunner, Runner, TfliteRunner, check_sizes, torch_cases, validate,
+)
 from splitedge import BackendError, BoardFitError, CutPointError, ExportError, ModelSpecError, ValidationError, signals_held
 
 __all__ = ["VALIDATION_BATCHES", "BuildSpec", "build_bundle", "check_board", "select_splits", "staged"]
@@ -372,19 +374,22 @@ class Variants:
 
 def _export_parts(
     head: torch.nn.Module, hosts: Sequence[tuple[torch.nn.Module, str]], name: str, root: Path,
-    inputs: list[np.ndarray], reference: list[Case], variants: Variants,
+    inputs: list[np.ndarray], reference: list[Case], variants: Variants, sent: Sequence[TensorSpec],
     groups: Sequence[Sequence[int]] | None = None,
 ) -> tuple[tuple[Artifact, ...], tuple[Artifact, ...], Quantization | None]:
     """Export and validate a head (in every variant asked for) and what the hosts run after it, in
     a row (``(module, path)``: a tail, or a chain's stages) or, with ``groups``, side by side (a
     semantic split's fragments, one per group of classes, merged into label order); head and hosts
-    together must reproduce ``reference``. Returns the head's artifacts (float32 ONNX first), the
-    hosts' (one each, in order) and the uint8 link's parameters."""
+    together must reproduce ``reference``, and what every head variant and middle stage emits must
+    be what the manifest records as crossing each link (``sent``: the head's output, then each
+    middle stage's). Returns the head's artifacts (float32 ONNX first), the hosts' (one each, in
+    order) and the uint8 link's parameters."""
     head_path = f"head/{name}.onnx"
     head_cases = variants.cases(head, IO_NAMES[HEAD], inputs)
     board_head = variants.board_module(head)
-    head_runner = _export(board_head, HEAD, root, head_path, inputs[0])
+    head_runner = Handing(_export(board_head, HEAD, root, head_path, inputs[0]))
     head_agreement = validate(head_runner, head_cases, RTOL, f"head {head_path}")
+    check_sizes(f"split {name}", sent[0], f"head {head_path}", head_runner.emitted)
     # Each host part is traced on the torch output before it; what they must reproduce is the whole model.
     example = head_cases[0].expected[IO_NAMES[HEAD][1]]
     host_runners = []
@@ -393,7 +398,7 @@ def _export_parts(
         followed_by = f"fragments {', '.join(path for _, path in hosts)}, merged"
     else:
         for module, path in hosts[:-1]:  # a chain's middle stages: from one cut to the next
-            host_runners.append(_export(module, TAIL, root, path, example, MIDDLE_STAGE_IO))
+            host_runners.append(Handing(_export(module, TAIL, root, path, example, MIDDLE_STAGE_IO)))
             with torch.no_grad():
                 example = module(torch.from_numpy(example)).numpy()
         tail, tail_path = hosts[-1]
@@ -401,6 +406,8 @@ def _export_parts(
         host = Chain(*host_runners)
         followed_by = ", then ".join(f"{'tail' if len(hosts) == 1 else 'stage'} {path}" for _, path in hosts)
     together = validate(Chain(head_runner, host), reference, RTOL, f"head {head_path} followed by {followed_by}")
+    for k, (stage, (_, path)) in enumerate(zip(host_runners[:-1], hosts), 2):  # stage k takes stage k-1's output
+        check_sizes(f"split {name}, stage {k}'s input", sent[k - 1], f"stage {path}", stage.emitted)
     artifacts = (make_artifact(root, head_path, HEAD, ONNX, FLOAT32, _errors(head_agreement)),)
     host_artifacts = tuple(make_artifact(root, path, TAIL, ONNX, FLOAT32, _errors(together)) for _, path in hosts)
     if variants.tflite:
@@ -408,8 +415,9 @@ def _export_parts(
 
         def tflite_head() -> Artifact:
             artifact = _export_tflite(board_head, HEAD, root, tflite_path, inputs, head_cases)
-            validate(Chain(TfliteRunner(root / tflite_path), host), reference, RTOL,
-                     f"head {tflite_path} followed by {followed_by}")
+            tflite_runner = Handing(TfliteRunner(root / tflite_path))
+            validate(Chain(tflite_runner, host), reference, RTOL, f"head {tflite_path} followed by {followed_by}")
+            check_sizes(f"split {name}", sent[0], f"head {tflite_path}", tflite_runner.emitted)
             return artifact
         artifacts += _optional_tflite(root, tflite_path, tflite_head)
     if variants.calibration is None:
@@ -418,25 +426,37 @@ def _export_parts(
     samples = variants.calibration
     int8_path = f"head/{name}.int8.onnx"
     quantize_onnx(root / head_path, root / int8_path, samples)
+    check_sizes(f"split {name}", sent[0], f"head {int8_path}", _emitted(OnnxRunner(root / int8_path), inputs))
     artifacts += (make_artifact(root, int8_path, HEAD, ONNX, INT8),)
     if variants.tflite:
         int8_tflite = f"head/{name}.int8.tflite"
 
         def int8_tflite_head() -> Artifact:
             export_tflite(board_head, HEAD, torch.from_numpy(inputs[0]), root / int8_tflite, INT8, calibration=samples)
+            check_sizes(f"split {name}", sent[0], f"head {int8_tflite}",
+                        _emitted(TfliteRunner(root / int8_tflite), inputs))
             return make_artifact(root, int8_tflite, HEAD, TFLITE, INT8)
         artifacts += _optional_tflite(root, int8_tflite, int8_tflite_head)
     return artifacts, host_artifacts, cut_quantization(root / head_path, samples)
 
 
+def _emitted(runner: Runner, inputs: list[np.ndarray]) -> list[Emitted]:
+    """What ``runner`` emits at each of ``inputs``: an int8 head is held to no torch reference, yet
+    what it sends crosses the link as the float32 head's does."""
+    handing = Handing(runner)
+    for x in inputs:
+        handing({runner.input_names[0]: x})
+    return handing.emitted
+
+
 def _export_halves(
     head: torch.nn.Module, tail: torch.nn.Module, name: str, root: Path, inputs: list[np.ndarray], reference: list[Case],
-    variants: Variants,
+    variants: Variants, sent: TensorSpec,
 ) -> tuple[tuple[Artifact, ...], Quantization | None]:
     """A head and its tail (:func:`_export_parts`), as a layer or bottleneck split lists them:
     the float32 ONNX head, the tail, then the head's other variants."""
     heads, (tail_artifact,), quantization = _export_parts(head, [(tail, f"tail/{name}.onnx")], name, root, inputs,
-                                                          reference, variants)
+                                                          reference, variants, [sent])
     return (heads[0], tail_artifact, *heads[1:]), quantization
 
 
@@ -494,8 +514,9 @@ def _export_split(
     """A layer split at the one cut of ``at``."""
     (cut,) = at
     head, tail = split_at(traced, cut.id)
-    artifacts, quantization = _export_halves(head, tail, cut.id, root, inputs, reference, variants)
-    return Split(id=cut.id, kind=LAYER, artifacts=artifacts, quantization=quantization, **_sent_at(cut))
+    sent = _sent_at(cut)
+    artifacts, quantization = _export_halves(head, tail, cut.id, root, inputs, reference, variants, sent["tensor"])
+    return Split(id=cut.id, kind=LAYER, artifacts=artifacts, quantization=quantization, **sent)
 
 
 def _export_chain(
@@ -507,12 +528,13 @@ def _export_chain(
     head, *stages = split_chain(traced, [c.id for c in cuts])
     split_id = CHAIN_JOIN.join(c.id for c in cuts)
     paths = [f"stage/{split_id}.{k}.onnx" for k in range(1, len(stages) + 1)]
+    tensors = [_tensor(cut) for cut in cuts]  # stage k's input; stage 1's is what the head sends
     heads, stage_artifacts, quantization = _export_parts(head, list(zip(stages, paths)), split_id, root, inputs,
-                                                         reference, variants)
+                                                         reference, variants, tensors)
     return Split(
         id=split_id, kind=CHAIN, artifacts=heads, quantization=quantization, **_sent_at(cuts[0]),
-        stages=tuple(Stage(index=k, cut=cut.id, tensor=_tensor(cut), artifacts=(artifact,))
-                     for k, (cut, artifact) in enumerate(zip(cuts, stage_artifacts), 1)),
+        stages=tuple(Stage(index=k, cut=cut.id, tensor=tensor, artifacts=(artifact,))
+                     for k, (cut, tensor, artifact) in enumerate(zip(cuts, tensors, stage_artifacts), 1)),
     )
 
 
@@ -524,13 +546,15 @@ def _export_semantic(parts: SemanticParts, root: Path, inputs: list[np.ndarray],
     split_id = semantic_id(parts.cut.id, len(model.fragments))
     paths = [f"fragment/{split_id}.{k}.onnx" for k in range(1, len(model.fragments) + 1)]
     reference = variants.cases(model, IO_NAMES[FULL], inputs)
+    sent = _sent_at(parts.cut)
     heads, fragment_artifacts, quantization = _export_parts(
-        model.head, list(zip(model.fragments, paths)), split_id, root, inputs, reference, variants, model.groups)
+        model.head, list(zip(model.fragments, paths)), split_id, root, inputs, reference, variants, [sent["tensor"]],
+        model.groups)
     fragments = tuple(
         Fragment(index=k, classes=classes, artifacts=(artifact,), params=parameters(module))
         for k, (classes, artifact, module) in enumerate(zip(model.groups, fragment_artifacts, model.fragments), 1)
     )
-    return Split(id=split_id, kind=SEMANTIC, artifacts=heads, quantization=quantization, **_sent_at(parts.cut),
+    return Split(id=split_id, kind=SEMANTIC, artifacts=heads, quantization=quantization, **sent,
                  fragments=fragments, grouping=parts.grouping)
 
 
@@ -566,14 +590,16 @@ def _export_bottleneck_split(
     train_bottleneck(model, data.train, options.training, progress)
     latent = model.autoencoder.latent_shape
     latent_bytes = math.prod(latent) * 4
+    tensor = TensorSpec(shape=latent, dtype=FLOAT32, bytes_per_sample=latent_bytes)
     split_id = f"{cut.id}{BOTTLENECK_SUFFIX}"
     reference = variants.cases(model, IO_NAMES[FULL], inputs)
-    artifacts, quantization = _export_halves(model.board, model.host, split_id, root, inputs, reference, variants)
+    artifacts, quantization = _export_halves(model.board, model.host, split_id, root, inputs, reference, variants,
+                                             tensor)
     return Split(
         id=split_id,
         position=cut.position,
         kind=BOTTLENECK,
-        tensor=TensorSpec(shape=latent, dtype=FLOAT32, bytes_per_sample=latent_bytes),
+        tensor=tensor,
         compression_ratio=latent_bytes / traced.input_bytes,
         natural=latent_bytes < traced.input_bytes,
         compressive=cut.compressive,
@@ -637,8 +663,11 @@ def _export(
 
 
 def _labels(loaded: LoadedModel, output_shape: tuple[int, ...], labels_file: str | Path | None) -> tuple[str, ...]:
-    """An explicit labels file wins; then the weights' categories when the class count fits; then ``class_i``."""
-    classes = output_shape[-1] if output_shape else 1
+    """An explicit labels file wins; then the weights' categories when the class count fits; then ``class_i``.
+
+    A per-sample output of three dimensions is a dense prediction, (C, H, W) as torch lays it out
+    (a segmentation's ``out``): its classes are its channels, not the last (width) dimension."""
+    classes = (output_shape[0] if len(output_shape) == 3 else output_shape[-1]) if output_shape else 1
     if labels_file is not None:
         labels = read_labels(labels_file)
         if len(labels) != classes:
