@@ -1,9 +1,9 @@
 """``split-export``: a thin command line over :mod:`exporter`'s library functions.
 
-Every :class:`SplitEdgeError` becomes ``split-export: error: <message>`` on stderr and
-exit status 2, as argparse does for usage errors; Ctrl-C and SIGTERM end any command with one
-line and exit status 130 or 143, what it was writing removed (:func:`splitedge.exit_on_signals`);
-no traceback reaches the user.
+Every :class:`SplitEdgeError` becomes ``split-export: error: <message>`` on a line of its own
+on stderr (below any progress bar it interrupted) and exit status 2, as argparse does for usage
+errors; Ctrl-C and SIGTERM end any command with one line and exit status 130 or 143, what it was
+writing removed (:func:`splitedge.exit_on_signals`); no traceback reaches the user.
 """
 
 from __future__ import annotations
@@ -73,7 +73,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if debug:  # a part left out of the bundle is logged whole (its note gives the first line)
         logging.basicConfig(format="%(name)s: %(message)s")  # the root stays at WARNING: other libraries quiet
         logging.getLogger("splitedge").setLevel(logging.DEBUG)
-    return exit_on_signals(PROG, lambda: int(args.run(args)), debug=debug)
+    return exit_on_signals(PROG, lambda: _run(args), debug=debug)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """``args``' command, every progress bar it left open closed however it ends.
+
+    A bar an error unwinds through stays as tqdm last drew it, a carriage return and the bar with no
+    newline, so the error's own line would be glued onto it (and, when the bar is collected, drawn
+    again after the error). Closed here, before the error is printed, each bar ends its line, left
+    where it stopped: how far the command got.
+    """
+    try:
+        return int(args.run(args))
+    finally:
+        bars = sys.modules.get("tqdm")  # not imported: no bar was drawn (slice and deploy never import it)
+        if bars is not None:
+            for bar in sorted(bars.tqdm._instances, key=lambda bar: -abs(bar.pos)):  # inner bars first
+                bar.leave = True
+                bar.close()
 
 
 def build_parser() -> argparse.ArgumentParser:

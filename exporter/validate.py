@@ -135,11 +135,12 @@ def check_sizes(what: str, recorded: TensorSpec, source: str, emitted: Sequence[
         measured = sent.nbytes * itemsize / (sent.batch * sent.itemsize)
         expected_shape = (sent.batch, *recorded.shape)
         if measured != recorded.bytes_per_sample or tuple(sent.shape) != expected_shape:
+            where = "" if tuple(sent.shape) == expected_shape else f", where the record says {list(expected_shape)}"
             raise ValidationError(
                 f"{what}: the manifest records {recorded.bytes_per_sample:,} bytes per sample "
                 f"({'x'.join(map(str, recorded.shape))}), but {source} emits {measured:,.10g} per sample at batch "
-                f"{sent.batch} (shape {list(sent.shape)}, not {list(expected_shape)}): the cut's size was worked "
-                "out wrong; report it with the model")
+                f"{sent.batch} (shape {list(sent.shape)}{where}): the cut's size was worked out wrong; report it "
+                "with the model")
 
 
 def torch_cases(

@@ -41,8 +41,8 @@ def test_a_split_recorded_smaller_than_its_head_emits_fails_in_one_line(
         build_bundle(MODEL, tmp_path / "bundle", progress=False)
     message = str(info.value)
     assert message.startswith("split _4: the manifest records 12,544 bytes per sample (4x28x28), but head "
-                              "head/_4.onnx emits 50,176 per sample at batch 1 (shape [1, 16, 28, 28], not "
-                              "[1, 4, 28, 28])"), message
+                              "head/_4.onnx emits 50,176 per sample at batch 1 (shape [1, 16, 28, 28], where the "
+                              "record says [1, 4, 28, 28])"), message
     assert "\n" not in message
     assert not (tmp_path / "bundle").exists()  # nothing written from a build that failed
 
