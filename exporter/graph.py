@@ -21,14 +21,19 @@ bottlenecks ``c_l < 1`` and compressive bottlenecks (Eq. 3).
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import difflib
+import inspect
+import math
 import operator
 import re
 import traceback
+import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import fx
@@ -76,6 +81,11 @@ class CutPoint:
     block: str = ""  # the model's block holding the node (exporter.blocks), e.g. "features.14"
     block_output: bool = False  # the last cut of its block: a cut DSC counts
     block_compressive: bool = False  # Eq. 3 among block-level cuts only
+    # Rows of the cut tensor per sample: more than 1 after a window or patch partition, whose first
+    # dimension is batch x rows. Such a cut crosses as (batch, rows, ...): the head ends by
+    # reshaping to it and the tail starts by reshaping back, so the wire's first dimension is the
+    # batch as everywhere else and ``shape`` (rows first) and ``bytes_per_sample`` are a sample's.
+    rows: int = 1
 
 
 def trace(model: torch.nn.Module, input_shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> TracedModel:
@@ -85,26 +95,113 @@ def trace(model: torch.nn.Module, input_shape: tuple[int, ...], dtype: torch.dty
     symbolic tracing cannot follow: without a graph there are no cut points to offer.
     """
     model = model.eval()
+    name = type(model).__name__
     try:
         tracer = _ShapeTracer(input_shape, dtype)
-        graph = tracer.trace(model)
-        gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+        with _python_state_kept(model), _one_input(model):
+            graph = tracer.trace(model)
+        gm = fx.GraphModule(tracer.root, graph, name)
     except CutPointError:
         raise
     except Exception as exc:  # fx raises TraceError, TypeError, NotImplementedError... for untraceable code
-        raise CutPointError(f"cannot trace {type(model).__name__} with torch.fx: {exc}") from exc
+        raise CutPointError(f"cannot trace {name} with torch.fx at {_user_line(exc.__traceback__)}: "
+                            f"{_cause(exc)}; a split model's forward is tensor operations on its input, with "
+                            "Python deciding only from shapes: change that line (--debug shows torch.fx's own "
+                            "error)") from exc
     name_calls_by_module(gm)
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != 1:
-        raise CutPointError(f"a splittable model takes exactly one input tensor; {type(model).__name__} takes {len(placeholders)}")
     try:
         with torch.no_grad():
-            fold_shapes(gm, input_shape, dtype)
+            runs = _probe(gm, input_shape, dtype)
+            _fold_shapes(gm, runs)
+            _record_rows(gm, runs)  # folding adds sizes only: every tensor's shapes are as recorded
             ShapeProp(gm).propagate(torch.zeros((1, *input_shape), dtype=dtype))
     except Exception as exc:  # whatever the model raises on a wrong input shape
-        raise CutPointError(f"{type(model).__name__} does not run on an input of shape {(1, *input_shape)}: {exc}") from exc
+        said = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise CutPointError(f"{name} does not run on an input of shape {(1, *input_shape)}: {type(exc).__name__}: "
+                            f"{said} at {_node_line(getattr(exc, 'node', None))}; give the shape it takes with "
+                            "--input-shape C,H,W (--debug shows the whole error)") from exc
     return TracedModel(module=gm, input_shape=tuple(input_shape), input_dtype=dtype,
                        blocks=tuple(block_units(model)))
+
+
+@contextlib.contextmanager
+def _one_input(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` seen by fx as taking its first input alone, the others left to their defaults
+    (``forward(x, mask=None)``, Hugging Face's ``forward(pixel_values=None, labels=None, ...)``):
+    fx would make each a placeholder and guard it, and a split model takes one tensor. A forward
+    that needs a second input is refused in one line."""
+    base = type(model)
+    parameters = list(inspect.signature(base.forward).parameters.values())[1:]  # after self
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p.name for p in parameters if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if not positional or len(required) > 1 or (required and required[0] != positional[0].name):
+        names = ", ".join(required) or "none"
+        raise CutPointError(f"{base.__name__}.forward takes {len(required)} required inputs ({names}); a split model "
+                            "takes one tensor: wrap it in a module whose forward(x) makes the others from x or "
+                            "holds them as constants")
+    if len(parameters) == 1:
+        yield
+        return
+
+    def forward(self: torch.nn.Module, x: Any) -> Any:
+        return base.forward(self, x)
+    forward.__name__ = "forward"
+    model.__class__ = type(base.__name__, (base,), {"forward": forward, "__module__": base.__module__})
+    try:
+        yield
+    finally:
+        model.__class__ = base
+
+
+def _cause(exc: BaseException) -> str:
+    """What a model asked of torch.fx that it cannot give, in a user's words."""
+    text = str(exc)
+    for known, said in _CAUSES:
+        if known in text:
+            return said
+    return f"{type(exc).__name__} while tracing"
+
+
+#: torch.fx's errors, by a phrase of theirs, as a user would say what their code did.
+_CAUSES = (
+    ("cannot be iterated", "it iterates over a tensor's values"),
+    ("cannot be used as inputs to control flow", "it branches on a tensor's values"),
+    ("not supported in symbolic tracing", "it asks Python for a tensor's value"),
+    ("must be real number", "it takes a number from a tensor"),
+    ("argument must be", "it passes a traced value where Python wants a number or a string"),
+    ("Expected `device_type`", "it passes a traced value where torch wants a device name"),
+)
+
+
+#: The most the tracer keeps of the values of the graph traced so far, in bytes, all probe batch
+#: sizes together: enough for the edge models a board runs, not for a ViT-H at batch 3.
+_KEPT_BYTES = 1 << 30
+
+#: What torch keeps in every module's ``__dict__``: its own state, which tracing does not change.
+_TORCH_STATE = frozenset(vars(torch.nn.Module()))
+
+
+@contextlib.contextmanager
+def _python_state_kept(model: torch.nn.Module) -> Iterator[None]:
+    """The modules' own Python attributes as they were before tracing, after it. A model that
+    caches in ``forward`` (timm's EfficientViT keeps its attention biases in a dict per device)
+    would otherwise keep fx's proxies there, and fail when it next runs as itself."""
+    saved = []
+    for module in model.modules():
+        entries = {k: v for k, v in vars(module).items() if k not in _TORCH_STATE}
+        contents = {k: copy.copy(v) for k, v in entries.items() if isinstance(v, (dict, list, set))}
+        saved.append((module, entries, contents))
+    try:
+        yield
+    finally:
+        for module, entries, contents in saved:
+            for k in set(vars(module)) - set(entries) - _TORCH_STATE:
+                if not isinstance(module.__dict__[k], torch.Tensor):  # fx's own constants are kept
+                    del module.__dict__[k]
+            module.__dict__.update(entries)
+            for k, content in contents.items():
+                entries[k].clear()
+                entries[k].update(content) if not isinstance(content, list) else entries[k].extend(content)
 
 
 #: What a tensor says of its shape rather than its values: a condition built from these alone is
@@ -115,6 +212,9 @@ _SHAPE_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "device", "is_cuda", "i
 #: whole), so that each of their layers is a node and the tokens between two layers a cut.
 _STACKS = (torch.nn.TransformerEncoder, torch.nn.TransformerDecoder)
 _SHAPE_METHODS = frozenset({"size", "dim", "numel", "nelement"})
+#: What a tensor says of itself that no batch size changes: read as the value, not traced.
+_CONSTANT_ATTRIBUTES = frozenset({"device", "dtype", "ndim", "is_cuda", "layout", "is_sparse", "is_quantized",
+                                  "is_nested", "requires_grad"})
 
 
 class _ShapeTracer(fx.Tracer):
@@ -131,8 +231,11 @@ class _ShapeTracer(fx.Tracer):
 
     def __init__(self, input_shape: tuple[int, ...], dtype: torch.dtype) -> None:
         super().__init__()
+        self.record_stack_traces = True  # each node's user line, for what a failing node says
         self.input_shape, self.dtype = tuple(input_shape), dtype
         self._evaluating = False  # running the graph so far: modules and attributes are real, not traced
+        self._runners: dict[int, fx.Interpreter] = {}  # per probe batch: the values of the graph so far
+        self._kept_bytes = 0  # the tensors they hold
 
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
         return not isinstance(m, _STACKS) and super().is_leaf_module(m, module_qualified_name)
@@ -148,6 +251,10 @@ class _ShapeTracer(fx.Tracer):
 
     def to_bool(self, obj: fx.Proxy) -> bool:
         return self.decided(obj.node, bool, "branches on")
+
+    def iter(self, obj: fx.Proxy) -> Iterator[Any]:
+        """``*x.shape[1:]``, ``for d in x.size()``: a shape's items, one proxy each."""
+        return iter([obj[i] for i in range(self.decided(obj.node, len, "iterates over"))])
 
     def decided(self, node: fx.Node, how: Any, what: str) -> Any:
         """``how(node's value)``, the same at every probe batch size and from shapes alone, or refused."""
@@ -165,24 +272,87 @@ class _ShapeTracer(fx.Tracer):
         return decided.pop()
 
     def _evaluate(self, node: fx.Node, batch: int) -> Any:
-        """``node``'s value on zeros of the input shape at ``batch``, from the graph traced so far."""
-        graph, copied = fx.Graph(), {}
-        graph.graph_copy(self.graph, copied)
-        graph.output(copied[node])
+        """``node``'s value on zeros of the input shape at ``batch``, from the graph traced so far.
+
+        Each probe batch keeps the values of the nodes it has run, and runs only the nodes traced
+        since: a model that asks ``x.dtype`` in every block (timm's) costs three forward passes
+        in all, not three per question (MobileViT-XXS traced in 161 s, re-running from the input)."""
+        runner = self._runners.get(batch)
+        if runner is None:
+            runner = self._runners[batch] = fx.Interpreter(self.root, garbage_collect_values=False, graph=self.graph)
         self._evaluating = True  # fx patches nn.Module.__call__ and __getattr__ while it traces
         try:
             with torch.no_grad():
-                return fx.GraphModule(self.root, graph)(torch.zeros((batch, *self.input_shape), dtype=self.dtype))
+                for current in self.graph.nodes:
+                    if current not in runner.env:
+                        value = torch.zeros((batch, *self.input_shape), dtype=self.dtype) \
+                            if current.op == "placeholder" else runner.run_node(current)
+                        runner.env[current] = value
+                        self._kept_bytes += value.nbytes if isinstance(value, torch.Tensor) else 0
+                    if current is node:
+                        return runner.env[node]
         finally:
             self._evaluating = False
+            if self._kept_bytes > _KEPT_BYTES:  # a large model: run from the input next time instead
+                self._runners.clear()
+                self._kept_bytes = 0
+        raise AssertionError(f"{node.name} is not in the graph traced so far")
 
 
-class _ShapeProxy(fx.Proxy):
-    """fx's proxy, whose ``len()`` of a shape is the number (``len(x.size())``, as
-    ``nn.TransformerEncoder`` asks it)."""
+class _Decided:
+    """What Python asks of a value as a number, answered where the value is a shape: ``len()``
+    (``len(x.size())``, as ``nn.TransformerEncoder`` asks it), ``int()``, ``float()``,
+    ``math.ceil``/``floor``/``trunc``, ``round()``, ``range()``'s index; and what a tensor says of
+    itself, not of its values (``.device``, ``.dtype``, ``.ndim``: ``torch.autocast(device_type=
+    x.device.type)``). fx's proxies refuse all of these, though a bundle's input shape decides them."""
+
+    tracer: "_ShapeTracer"
+    node: fx.Node
+
+    def _decide(self, how: Any, what: str) -> Any:
+        return self.tracer.decided(self.node, how, what)
 
     def __len__(self) -> int:
-        return self.tracer.decided(self.node, len, "takes len() of")  # type: ignore[attr-defined]
+        return self._decide(len, "takes len() of")
+
+    def __int__(self) -> int:
+        return self._decide(int, "takes int() of")
+
+    def __index__(self) -> int:
+        return self._decide(operator.index, "uses as an index")
+
+    def __float__(self) -> float:
+        return self._decide(float, "takes float() of")
+
+    def __ceil__(self) -> int:
+        return self._decide(math.ceil, "rounds")
+
+    def __floor__(self) -> int:
+        return self._decide(math.floor, "rounds")
+
+    def __trunc__(self) -> int:
+        return self._decide(math.trunc, "rounds")
+
+    def __round__(self, ndigits: int | None = None) -> Any:
+        return self._decide(lambda v: round(v, ndigits), "rounds")
+
+    def __getattr__(self, k: str) -> Any:
+        if k in _CONSTANT_ATTRIBUTES:
+            read = self.tracer.create_proxy("call_function", getattr, (self, k), {})
+            return self.tracer.decided(read.node, _same, f"reads .{k} of")
+        return _ShapeAttribute(self, k)
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+class _ShapeProxy(_Decided, fx.Proxy):
+    """fx's proxy for every node the tracer makes, with :class:`_Decided`'s answers."""
+
+
+class _ShapeAttribute(_Decided, fx.proxy.Attribute):
+    """fx's attribute proxy (``x.shape``, before a call or an index makes it a node), likewise."""
 
 
 def _only_shapes(node: fx.Node) -> bool:
@@ -203,14 +373,23 @@ def _only_shapes(node: fx.Node) -> bool:
     return True
 
 
-def _user_line() -> str:
-    """``FILE:LINE: source`` of the innermost frame outside torch and this module: the line of the
-    user's ``forward`` being traced."""
+def _node_line(node: fx.Node | None) -> str:
+    """The user's line that made ``node``, from the stack fx recorded as it traced it."""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', (node.meta.get("stack_trace") or "") if node else "")
     torch_dir = str(Path(torch.__file__).parent)
-    for frame in reversed(traceback.extract_stack()):
+    theirs = [f for f in frames if f[0] != __file__ and not f[0].startswith(torch_dir)]
+    return f"{theirs[-1][0]}:{theirs[-1][1]}" if theirs else f"node {node.name}" if node else "an unknown line"
+
+
+def _user_line(tb: types.TracebackType | None = None) -> str:
+    """``FILE:LINE (source)`` of the innermost frame outside torch and this module: the line of the
+    user's ``forward`` being traced (of the stack now, or of where ``tb`` was raised)."""
+    torch_dir = str(Path(torch.__file__).parent)
+    frames = traceback.extract_tb(tb) if tb is not None else traceback.extract_stack()
+    for frame in reversed(frames):
         if frame.filename != __file__ and not frame.filename.startswith(torch_dir):
             return f"{frame.filename}:{frame.lineno} ({(frame.line or '').strip()})"
-    return "an unknown line"
+    return "a line of torch's own"
 
 
 def name_calls_by_module(gm: fx.GraphModule) -> None:
@@ -240,17 +419,89 @@ def _call_name(node: fx.Node) -> str:
 
 
 class _Recorder(fx.Interpreter):
-    """Runs the graph and keeps every node's value that is not a tensor (sizes, shapes, ints)."""
+    """Runs the graph and keeps every node's value that is not a tensor (sizes, shapes, ints), and
+    every tensor's shape."""
 
     def __init__(self, gm: fx.GraphModule) -> None:
         super().__init__(gm)
         self.values: dict[fx.Node, Any] = {}
+        self.shapes: dict[fx.Node, tuple[int, ...]] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        try:
+            value = super().run_node(n)
+        except Exception as exc:
+            exc.node = n  # type: ignore[attr-defined]  # whose line the error names (_node_line)
+            raise
+        if isinstance(value, torch.Tensor):
+            self.shapes[n] = tuple(value.shape)
+        else:
+            self.values[n] = tuple(value) if isinstance(value, torch.Size) else value
+        return value
+
+
+def _probe(gm: fx.GraphModule, input_shape: tuple[int, ...], dtype: torch.dtype) -> list[_Recorder]:
+    """The graph run on zeros at each of :data:`_PROBE_BATCHES`, every value recorded."""
+    runs = []
+    for batch in _PROBE_BATCHES:
+        recorder = _Recorder(gm)
+        recorder.run(torch.zeros((batch, *input_shape), dtype=dtype))
+        runs.append(recorder)
+    return runs
+
+
+def _rows(shapes: Sequence[tuple[int, ...]]) -> int | None:
+    """Rows per sample of a tensor seen with ``shapes`` at the probe batch sizes: k where its first
+    dimension is k x the batch and the others do not change (1 for a plain batch-first tensor; more
+    after a window or patch partition), else None (the batch is in another dimension, or nowhere)."""
+    if any(len(s) == 0 or s[1:] != shapes[0][1:] for s in shapes):
+        return None
+    k = shapes[0][0]
+    return k if k > 0 and all(s[0] == k * batch for s, batch in zip(shapes, _PROBE_BATCHES)) else None
+
+
+def _record_rows(gm: fx.GraphModule, runs: Sequence[_Recorder]) -> None:
+    """Each tensor node's rows per sample (:func:`_rows`) in its ``meta["rows"]``: what a cut there
+    sends per sample is measured at several batch sizes, never inferred from batch 1."""
+    for node in gm.graph.nodes:
+        if all(node in r.shapes for r in runs):
+            node.meta["rows"] = _rows([r.shapes[node] for r in runs])
+
+
+class _Keeper(fx.Interpreter):
+    """Runs the graph and keeps the values of ``wanted`` nodes."""
+
+    def __init__(self, gm: fx.GraphModule, wanted: set[fx.Node]) -> None:
+        super().__init__(gm)
+        self.wanted, self.kept = wanted, {}
 
     def run_node(self, n: fx.Node) -> Any:
         value = super().run_node(n)
-        if not isinstance(value, torch.Tensor):
-            self.values[n] = tuple(value) if isinstance(value, torch.Size) else value
+        if n in self.wanted:
+            self.kept[n] = value
         return value
+
+
+def _mark_batch_major(traced: TracedModel, nodes: set[fx.Node]) -> None:
+    """Whether each of ``nodes`` (k rows per sample, k > 1) holds sample i's rows at i*k..(i+1)*k
+    (``meta["batch_major"]``): only then is it sample-major and can cross as (batch, k, ...), and a
+    host that batches requests by concatenation hands the tail what the model computes. Two random
+    samples run together and each alone; their rows must agree."""
+    generator = torch.Generator().manual_seed(0)
+    x = (torch.rand((2, *traced.input_shape), generator=generator) * 255).to(traced.input_dtype)
+    with torch.no_grad():
+        together = _Keeper(traced.module, nodes)
+        together.run(x)
+        apart = []
+        for i in range(2):
+            alone = _Keeper(traced.module, nodes)
+            alone.run(x[i:i + 1])
+            apart.append(alone.kept)
+    for node in nodes:
+        k, both = node.meta["rows"], together.kept[node].double()
+        tolerance = 1e-4 * float(both.abs().max()) + 1e-6  # batch 2 and batch 1 may take other kernels
+        node.meta["batch_major"] = all(
+            torch.allclose(both[i * k:(i + 1) * k], apart[i][node].double(), rtol=0, atol=tolerance) for i in range(2))
 
 
 def _is_shape(value: Any) -> bool:
@@ -265,13 +516,15 @@ def fold_shapes(gm: fx.GraphModule, input_shape: tuple[int, ...], dtype: torch.d
 
     The graph runs at batch 1, 2 and 3: a value equal in all three is a constant of the traced
     shape; an int ``a*B + b`` (``x.size(0)``, ``bs * 4``) is read again from a tensor argument of
-    the node that uses it, whose dimension 0 is the batch. Anything else is left as it is.
+    the node that uses it, whose dimension 0 is the batch or k x the batch (:func:`_carrier`).
+    Anything else is left as it is, and :func:`cut_blockers` names what it keeps from being cut.
     """
-    runs = []
-    for batch in _PROBE_BATCHES:
-        recorder = _Recorder(gm)
-        recorder.run(torch.zeros((batch, *input_shape), dtype=dtype))
-        runs.append(recorder.values)
+    return _fold_shapes(gm, _probe(gm, input_shape, dtype))
+
+
+def _fold_shapes(gm: fx.GraphModule, recorded: Sequence[_Recorder]) -> int:
+    """:func:`fold_shapes` from the graph's values recorded at the probe batch sizes."""
+    runs = [r.values for r in recorded]
     dynamic = _input_dependent(list(gm.graph.nodes))
     shapes = {n for n in runs[0] if n in dynamic and n.op != "output" and all(_is_shape(r.get(n)) for r in runs)}
     replaced = 0
@@ -281,7 +534,7 @@ def fold_shapes(gm: fx.GraphModule, input_shape: tuple[int, ...], dtype: torch.d
         uses = [a for a in user.all_input_nodes if a in shapes]
         if not uses:
             continue
-        carrier = next((a for a in user.all_input_nodes if a in dynamic and a not in shapes), None)
+        carrier = _carrier(user, recorded)
         mapping: dict[fx.Node, Any] = {}
         for node in uses:
             folded = _fold(gm.graph, user, carrier, [r[node] for r in runs])
@@ -297,7 +550,20 @@ def fold_shapes(gm: fx.GraphModule, input_shape: tuple[int, ...], dtype: torch.d
     return replaced
 
 
-def _fold(graph: fx.Graph, user: fx.Node, carrier: fx.Node | None, values: list[Any]) -> Any:
+def _carrier(user: fx.Node, recorded: Sequence[_Recorder]) -> tuple[fx.Node, int] | None:
+    """A tensor ``user`` takes whose first dimension is k x the batch, and k: the batch size is read
+    back from it as ``t.size(0) // k``. After a window or patch partition a tensor's first
+    dimension is the batch times the windows, and reading it as the batch gives sizes k times too
+    large (a reshape that fails, or worse, one that succeeds)."""
+    for node in user.all_input_nodes:
+        if all(node in r.shapes for r in recorded):
+            rows = _rows([r.shapes[node] for r in recorded])
+            if rows is not None:
+                return node, rows
+    return None
+
+
+def _fold(graph: fx.Graph, user: fx.Node, carrier: tuple[fx.Node, int] | None, values: list[Any]) -> Any:
     """What replaces a shape value seen as ``values`` at the probe batch sizes, or None."""
     if all(v == values[0] for v in values):
         return values[0]  # a constant of the traced shape
@@ -309,8 +575,11 @@ def _fold(graph: fx.Graph, user: fx.Node, carrier: fx.Node | None, values: list[
     b = values[0] - a
     if carrier is None or any(v != a * batch + b for v, batch in zip(values, _PROBE_BATCHES)):
         return None
+    tensor, rows = carrier
     with graph.inserting_before(user):
-        value = graph.call_method("size", (carrier, 0))
+        value = graph.call_method("size", (tensor, 0))
+        if rows != 1:
+            value = graph.call_function(operator.floordiv, (value, rows))
         if a != 1:
             value = graph.call_function(operator.mul, (value, a))
         if b != 0:
@@ -368,7 +637,10 @@ def find_cut_points(traced: TracedModel) -> list[CutPoint]:
         meta = node.meta.get("tensor_meta")
         if not isinstance(meta, TensorMetadata):
             continue  # a tuple, a size or a Python scalar cannot be sent as one tensor
-        shape = tuple(meta.shape[1:])
+        rows = _sendable_rows(traced, node)
+        if rows is None:
+            continue
+        shape = tuple(meta.shape) if rows > 1 else tuple(meta.shape[1:])
         nbytes = _numel(shape) * _itemsize(meta.dtype)
         ratio = nbytes / traced.input_bytes
         natural = ratio < 1
@@ -389,9 +661,23 @@ def find_cut_points(traced: TracedModel) -> list[CutPoint]:
                 compressive=compressive,
                 head_parameters=head_parameters,
                 block=block_of(node, traced.blocks),
+                rows=rows,
             )
         )
     return _with_block_level(cuts)
+
+
+def _sendable_rows(traced: TracedModel, node: fx.Node) -> int | None:
+    """The rows per sample a cut after ``node`` sends, or None where it cannot be sent as a batch:
+    the batch in another dimension than the first (a sequence-first transformer's ``(L, B, E)``),
+    or k rows per sample not in sample order. Computed once per node."""
+    rows = node.meta.get("rows")
+    if rows is None or rows == 1:
+        return rows
+    if "batch_major" not in node.meta:
+        _mark_batch_major(traced, {n for n in traced.module.graph.nodes
+                                   if (n.meta.get("rows") or 1) > 1 and "batch_major" not in n.meta})
+    return rows if node.meta["batch_major"] else None
 
 
 def _with_block_level(cuts: list[CutPoint]) -> list[CutPoint]:
@@ -454,19 +740,24 @@ def _cut(traced: TracedModel, cuts: Sequence[CutPoint]) -> list[fx.GraphModule]:
     gm = traced.module
     nodes = list(gm.graph.nodes)
     dynamic = _input_dependent(nodes)
-    positions: list[int | None] = [c.position for c in cuts]
-    bounds = zip([None, *positions], [*positions, None])
+    bounds = zip([None, *cuts], [*cuts, None])
     names = ["Head", *(f"Stage{k}" for k in range(1, len(cuts))), "Tail"]
     return [_module(gm, _stage(nodes, dynamic, start, end), name) for (start, end), name in zip(bounds, names)]
 
 
-def _stage(nodes: list[fx.Node], dynamic: set[fx.Node], start: int | None, end: int | None) -> fx.Graph:
-    """The nodes after ``start`` (the input where None) up to ``end`` (the output where None):
-    a stage that starts at a cut takes it as a placeholder named ``cut`` and returns ``end``."""
+def _stage(nodes: list[fx.Node], dynamic: set[fx.Node], start_cut: CutPoint | None,
+           end_cut: CutPoint | None) -> fx.Graph:
+    """The nodes after ``start_cut`` (the input where None) up to ``end_cut`` (the output where None):
+    a stage that starts at a cut takes it as a placeholder named ``cut`` and returns ``end_cut``'s
+    value, a cut of several rows per sample as (batch, rows, ...) (:attr:`CutPoint.rows`)."""
+    start = None if start_cut is None else start_cut.position
+    end = None if end_cut is None else end_cut.position
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
-    if start is not None:
+    if start_cut is not None:
         env[nodes[start]] = graph.placeholder(CUT)
+        if start_cut.rows > 1:
+            env[nodes[start]] = graph.call_method("reshape", (env[nodes[start]], -1, *start_cut.shape[1:]))
         # Constants may be defined before the cut and used after it: copy them first.
         for node in nodes[:start]:
             if node not in dynamic and node.op != "placeholder":
@@ -474,8 +765,9 @@ def _stage(nodes: list[fx.Node], dynamic: set[fx.Node], start: int | None, end: 
     first = 0 if start is None else start + 1
     for node in nodes[first : len(nodes) if end is None else end + 1]:
         env[node] = graph.node_copy(node, env.__getitem__)
-    if end is not None:
-        graph.output(env[nodes[end]])
+    if end_cut is not None:
+        value = env[nodes[end]]
+        graph.output(graph.call_method("reshape", (value, -1, *end_cut.shape)) if end_cut.rows > 1 else value)
     return graph
 
 
