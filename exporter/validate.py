@@ -179,6 +179,9 @@ RTOL = 1e-4
 #: cannot be told from it by any comparison; 16 epsilons (1.9e-6 of the magnitude) leaves room for
 #: a final sum or an activation rounded differently, and stays far below a wrong tail's error (the
 #: magnitude itself) and below RTOL of the spread wherever the spread is over 2 % of the magnitude.
+#: Below float32's normal range (1.2e-38) its spacing no longer shrinks with the magnitude: it is
+#: 2^-149 = eps x the smallest normal, so the floor is taken there at that magnitude (Hugging
+#: Face's MobileViT with its own random init answers logits of 1e-42, computed in subnormals).
 FLOAT32_EPS_FLOOR = 16
 
 
@@ -207,7 +210,9 @@ def compare(runner: Runner, cases: Sequence[Case], rtol: float) -> tuple[list[st
     reference = np.concatenate([w.astype(np.float64).ravel() for c in cases for w in c.expected.values()])
     spread = float(np.std(reference))
     scale = spread if spread > 0 else 1.0  # outputs that never vary: held to rtol absolutely
-    floor = FLOAT32_EPS_FLOOR * float(np.finfo(np.float32).eps) * float(np.max(np.abs(reference), initial=0.0))
+    float32 = np.finfo(np.float32)
+    magnitude = max(float(np.max(np.abs(reference), initial=0.0)), float(float32.tiny))  # tiny: subnormals' spacing
+    floor = FLOAT32_EPS_FLOOR * float(float32.eps) * magnitude
     tolerance = max(rtol * scale, floor)
     max_abs, compared = 0.0, False
     for case in cases:

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from exporter.build import VALIDATION_BATCHES, BuildSpec, build_bundle  # noqa: E402
-from exporter.validate import FLOAT32_EPS_FLOOR, RTOL, compare, torch_cases  # noqa: E402
+from exporter.validate import FLOAT32_EPS_FLOOR, RTOL, Case, compare, torch_cases  # noqa: E402
 
 SHAPE = (3, 32, 32)
 EPS = float(np.finfo(np.float32).eps)
@@ -97,3 +97,26 @@ def test_a_tail_off_by_the_spread_fails_where_the_spread_is_above_rounding() -> 
     failures, agreement = compare(TorchRunner(wrong), cases, RTOL)
     assert failures and all("differs by up to" in f for f in failures)
     assert agreement.max_abs > agreement.spread / 2
+
+
+def test_subnormal_outputs_are_held_to_float32s_spacing_there() -> None:
+    """Logits of 1e-42 (Hugging Face's MobileViT with its own random init): float32 spaces them by
+    2^-149 whatever their size, so a few of those units is rounding; zeros are still wrong."""
+    tiny = np.float32(2.0**-149)
+    logits = [np.random.default_rng(b).integers(100, 700, (b, 10)).astype(np.float32) * tiny for b in VALIDATION_BATCHES]
+    cases = [Case(f"batch {b}", {"input": x}, {"logits": x}) for b, x in zip(VALIDATION_BATCHES, logits)]
+    assert compare(_Echo(lambda x: x + 10 * tiny), cases, RTOL)[0] == []
+    failures, _ = compare(_Echo(np.zeros_like), cases, RTOL)
+    assert len(failures) == len(VALIDATION_BATCHES) and all("differs by up to" in f for f in failures)
+
+
+class _Echo:
+    """A runner answering ``fn`` of its input, which the cases make torch's own output."""
+
+    input_names, output_names = ("input",), ("logits",)
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __call__(self, feeds):
+        return {"logits": self.fn(feeds["input"])}
