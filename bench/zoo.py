@@ -1,20 +1,26 @@
-"""The model zoo: which of torchvision's classification models split, and how well.
+"""The model zoo: which models of a family split, and how well.
 
-For every model in ``torchvision.models.list_models(module=torchvision.models)`` (random
-weights), ``split-export points`` and then ``split-export build --splits auto``, each in a process
-of its own under a time limit (a model that takes too long, or more memory than the machine has,
-is a row of the table, not the end of the run). Each command runs in a memory cgroup of its own
-(``--memory``, GB; cgroup v2 or v1's memory controller, so root): a model too large for the machine
-is killed there and becomes its row, instead of the kernel's OOM killer picking whatever else runs
-(an address-space limit does not do: torch maps far more than it touches). Each row: cut points, compressive ones, whether
-the build wrote a bundle, the largest difference of any float32 artifact against torch (absolute,
-and relative to the spread of torch's outputs, as the bundle records them), the time, and with
-``--tflite`` which TFLite artifacts the bundle holds. The ratio the table is judged by is the share
-of models that build, against the same run's count of models that trace. ``--against OLD.json``
+Families (``--family``): ``torchvision``, every model in ``torchvision.models.list_models(module=
+torchvision.models)``; ``timm``, a small variant of each edge family timm has (:data:`TIMM_MODELS`,
+as ``timm:NAME``); ``hf``, Hugging Face transformers' models built from their configs by
+``bench/hf_models.py`` (as ``hf_models:NAME``, ``split-export`` run in ``bench/`` to import it).
+All with random weights. For every model, ``split-export points`` and then ``split-export build
+--splits auto``, each in a process of its own under a time limit (a model that takes too long, or
+more memory than the machine has, is a row of the table, not the end of the run). Each command runs
+in a memory cgroup of its own (``--memory``, GB; cgroup v2 or v1's memory controller, so root): a
+model too large for the machine is killed there and becomes its row, instead of the kernel's OOM
+killer picking whatever else runs (an address-space limit does not do: torch maps far more than it
+touches). Each row: cut points, compressive ones, whether the build wrote a bundle, the largest
+difference of any float32 artifact against torch (absolute, and relative to the spread of torch's
+outputs, as the bundle records them), the time, and with ``--tflite`` which TFLite artifacts the
+bundle holds. The ratio the table is judged by is the share of models that build, against the same
+run's count of models that trace. ``--against OLD.json``
 sets another run's rows beside these (another version of splitedge, run with ``PYTHONPATH`` at its
-checkout): which models built there, and the count of each.
+checkout): which models built there, and the count of each. ``--doc`` writes the family's section
+of the document (its heading, its table) and keeps the other families' sections as they are.
 
     python bench/zoo.py --out build/bench/zoo.json --doc docs/models.md [--tflite] [--models a,b] [--resume]
+    python bench/zoo.py --family timm --out build/bench/zoo-timm.json --doc docs/models.md
     python bench/zoo.py --out build/bench/zoo.json --resume --doc docs/models.md --against old.json --against-label v1
 """
 
@@ -31,10 +37,52 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 SPLIT_EXPORT = Path(sys.executable).parent / "split-export"
 CGROUP_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/memory"))  # v2, then v1's memory controller
+BENCH = Path(__file__).resolve().parent
+#: timm's edge families, the smallest variant of each: what a board would run.
+TIMM_MODELS = (
+    "mobilevit_xxs", "tiny_vit_5m_224", "efficientvit_m0", "efficientvit_b0", "mobilenetv4_conv_small", "fastvit_t8",
+    "levit_128s", "ghostnetv2_100", "repvgg_a0", "convnextv2_atto", "edgenext_xx_small", "hgnetv2_b0",
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    """Models ``split-export`` names alike: its spec for a name, where it runs, and which models there are."""
+
+    title: str  # the models, as the document's heading names them
+    spec: str  # a model's spec, {} its name
+    names: Callable[[], list[str]]  # every model of the family, for a run without --models
+    cwd: Path | None = None  # where split-export runs: a factory's module is imported from there
+
+    @property
+    def heading(self) -> str:
+        return f"# Models: what `split-export` makes of {self.title}"
+
+
+def _torchvision_names() -> list[str]:
+    import torchvision
+
+    return sorted(torchvision.models.list_models(module=torchvision.models))
+
+
+def _hf_names() -> list[str]:
+    import hf_models  # beside this script: its directory is on sys.path
+
+    return list(hf_models.__all__)
+
+
+FAMILIES = {
+    "torchvision": Family("torchvision's classification models", "torchvision:{}", _torchvision_names),
+    "timm": Family("timm's edge models, a small variant of each family", "timm:{}", lambda: list(TIMM_MODELS)),
+    "hf": Family("Hugging Face transformers' vision models, built from their configs", "hf_models:{}", _hf_names,
+                 cwd=BENCH),
+}
 
 
 class MemoryCage:
@@ -89,12 +137,12 @@ def _limit_file(root: Path) -> str | None:
     return "memory.limit_in_bytes" if (root / "memory.limit_in_bytes").is_file() else None
 
 
-def _run(argv: list[str], timeout: float, cage: MemoryCage) -> tuple[int | None, str, str, float]:
+def _run(argv: list[str], timeout: float, cage: MemoryCage, cwd: Path | None) -> tuple[int | None, str, str, float]:
     """Exit status (None: out of time), stdout, the last line of stderr, and seconds."""
     started = time.monotonic()
     try:
         out = subprocess.run([str(SPLIT_EXPORT), *argv], capture_output=True, text=True, timeout=timeout,
-                             env={**os.environ, "PYTHONWARNINGS": "ignore"}, preexec_fn=cage.enter)
+                             env={**os.environ, "PYTHONWARNINGS": "ignore"}, preexec_fn=cage.enter, cwd=cwd)
     except subprocess.TimeoutExpired:
         return None, "", f"over the {timeout:g} s limit", time.monotonic() - started
     lines = [line for line in out.stderr.splitlines() if line.strip() and "%|" not in line]
@@ -103,9 +151,10 @@ def _run(argv: list[str], timeout: float, cage: MemoryCage) -> tuple[int | None,
     return out.returncode, out.stdout, lines[-1] if lines else "", time.monotonic() - started
 
 
-def one_model(name: str, tflite: bool, timeout: float, cage: MemoryCage) -> dict:
+def one_model(name: str, family: Family, tflite: bool, timeout: float, cage: MemoryCage) -> dict:
     row: dict = {"model": name}
-    status, stdout, err, seconds = _run(["points", f"torchvision:{name}", "--json"], timeout, cage)
+    spec = family.spec.format(name)
+    status, stdout, err, seconds = _run(["points", spec, "--json"], timeout, cage, family.cwd)
     row["points_s"] = round(seconds, 1)
     if status != 0:
         row["points_error"] = err
@@ -115,8 +164,8 @@ def one_model(name: str, tflite: bool, timeout: float, cage: MemoryCage) -> dict
     with tempfile.TemporaryDirectory(prefix="zoo-") as tmp:
         out = Path(tmp) / "bundle"
         formats = ["--formats", "onnx,tflite"] if tflite else []
-        status, _, err, seconds = _run(["build", f"torchvision:{name}", "--splits", "auto", *formats, "--out", str(out)],
-                                       timeout, cage)
+        status, _, err, seconds = _run(["build", spec, "--splits", "auto", *formats, "--out", str(out)], timeout, cage,
+                                       family.cwd)
         row["build_s"] = round(seconds, 1)
         if status != 0:
             row["build_error"] = err
@@ -150,13 +199,14 @@ def _relative(row: dict) -> str:
     return shown + (" (some outputs constant: not validated)" if row["constant_outputs"] else "")
 
 
-def markdown(rows: list[dict], tflite: bool, command: str, total: int,
+def markdown(rows: list[dict], family: Family, tflite: bool, command: str, total: int,
              against: tuple[str, list[dict]] | None = None) -> str:
+    """The family's section of the document: its heading, what the run measured, its table."""
     traced = [r for r in rows if "cut_points" in r]
     built = [r for r in rows if "splits" in r]
     old = {r["model"]: r for r in against[1]} if against is not None else {}
     lines = [
-        "# Models: what `split-export` makes of torchvision's classification models",
+        family.heading,
         "",
         f"Produced by `{command}` on {platform.machine()}, Python {platform.python_version()}, random weights.",
         f"**{len(built)} of {len(rows)} models build with `--splits auto`**; {len(traced)} trace, so "
@@ -185,6 +235,20 @@ def markdown(rows: list[dict], tflite: bool, command: str, total: int,
     return "\n".join(lines) + "\n"
 
 
+def with_section(doc: str, family: Family, section: str) -> str:
+    """``doc`` with ``family``'s section replaced by ``section`` (added where it has none), every other
+    family's kept as it was, the sections in :data:`FAMILIES`' order: one run measures one family."""
+    headings = {f.heading: f for f in FAMILIES.values()}
+    sections: dict[Family | None, list[str]] = {}
+    current: Family | None = None  # None: what comes before the first family's heading
+    for line in doc.splitlines():
+        current = headings.get(line, current)
+        sections.setdefault(current, []).append(line)
+    sections[family] = section.splitlines()
+    order = [None, *FAMILIES.values()]
+    return "\n\n".join("\n".join(sections[f]).strip("\n") for f in order if f in sections) + "\n"
+
+
 def _builds(row: dict) -> str:
     """A row's "builds" cell: yes, or no with the command's one-line error."""
     why = row.get("points_error") or row.get("build_error") or ""
@@ -206,8 +270,12 @@ def _against_lines(rows: list[dict], label: str, old: dict[str, dict]) -> list[s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="JSON file for the rows")
-    parser.add_argument("--doc", type=Path, help="Markdown table to write (docs/models.md)")
-    parser.add_argument("--models", help="comma-separated torchvision names (default: every classification model)")
+    parser.add_argument("--doc", type=Path, help="Markdown document to write the family's section of, its other "
+                        "families' sections kept (docs/models.md)")
+    parser.add_argument("--family", choices=FAMILIES, default="torchvision",
+                        help="torchvision's classification models (default), timm's edge models, or Hugging Face "
+                        "models built from their configs (bench/hf_models.py)")
+    parser.add_argument("--models", help="comma-separated names of the family's models (default: every one)")
     parser.add_argument("--tflite", action="store_true", help="build TFLite artifacts too")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for each command of each model")
     parser.add_argument("--memory", type=float, default=8.0, help="GB each command may hold (default 8)")
@@ -217,9 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true",
                         help="keep the rows already in --out and run only the models they lack (a run stopped part way)")
     args = parser.parse_args(argv)
-    import torchvision
-
-    names = args.models.split(",") if args.models else sorted(torchvision.models.list_models(module=torchvision.models))
+    family = FAMILIES[args.family]
+    names = args.models.split(",") if args.models else family.names()
     total = len(names)
     rows = json.loads(args.out.read_text()) if args.resume and args.out.is_file() else []
     done = {row["model"] for row in rows}
@@ -228,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):  # both, even when started as a background job (SIGINT ignored)
         signal.signal(sig, _stop)
     try:
-        _zoo(names, args, cage, rows)
+        _zoo(names, family, args, cage, rows)
     except KeyboardInterrupt:  # stopped part way: what was measured is written, --resume goes on
         print(f"stopped after {len(rows)} of {total} models", file=sys.stderr)
     finally:
@@ -236,8 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     against = (args.against_label, json.loads(args.against.read_text())) if args.against is not None else None
     if args.doc:
         command = "python bench/zoo.py " + shlex.join(argv if argv is not None else sys.argv[1:])
-        args.doc.write_text(markdown(rows, args.tflite, command, total, against))
-    print(markdown(rows, args.tflite, "bench/zoo.py", total, against))
+        doc = args.doc.read_text() if args.doc.is_file() else ""
+        args.doc.write_text(with_section(doc, family, markdown(rows, family, args.tflite, command, total, against)))
+    print(markdown(rows, family, args.tflite, "bench/zoo.py", total, against))
     return 0
 
 
@@ -245,9 +313,9 @@ def _stop(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _zoo(names: list[str], args: argparse.Namespace, cage: MemoryCage, rows: list[dict]) -> None:
+def _zoo(names: list[str], family: Family, args: argparse.Namespace, cage: MemoryCage, rows: list[dict]) -> None:
     for i, name in enumerate(names, 1):
-        rows.append(one_model(name, args.tflite, args.timeout, cage))
+        rows.append(one_model(name, family, args.tflite, args.timeout, cage))
         row = rows[-1]
         print(f"[{len(rows)}/{len(rows) - i + len(names)}] {name}: " + (f"{row['splits']} splits, max rel diff {_relative(row)}"
                                                  if "splits" in row else row.get("points_error") or row.get("build_error")),
