@@ -19,6 +19,7 @@ from host_runtime.event_loop import LOOPS, loop_runner
 from host_runtime.limits import fit_fd_limit
 from host_runtime.live import serve_live
 from host_runtime.metrics import MetricsEndpoint
+from host_runtime.metrics_http import endpoint_token, read_token_file
 from host_runtime.procs import (AUTO, CPU_CORES_PER_PROC, MAX_CUDA_PROCS, Child, Supervisor, auto_procs, child_setup,
                                 serve_summed_metrics, supervise, usable_cores)
 from host_runtime.server import HostServer, ServerConfig
@@ -32,7 +33,7 @@ examples:
   split-host serve bundle/                         # all interfaces, port 7767, advertised by zeroconf
   split-host serve bundle/ --interface 127.0.0.1   # this machine only
   split-host serve a/ b/ --port 9000 --no-zeroconf # two bundles, no discovery
-  split-host serve bundle/ --metrics-port 9100     # Prometheus text at http://HOST:9100/metrics
+  split-host serve bundle/ --metrics-port 9100     # Prometheus text at http://127.0.0.1:9100/metrics
   split-host serve bundle/ --live 8080             # a live page of the boards at http://127.0.0.1:8080/
   split-host serve bundle/ --live 0.0.0.0:8080 --key-file host.key   # for the network: the page asks for a token
   split-host serve bundle/ --max-batch 32 --max-wait-ms 5   # bigger batches for a busy fleet
@@ -217,7 +218,18 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--metrics-port", type=int, default=None,
-        help="serve Prometheus text metrics on this port, on the --interface address (default: off)",
+        help="serve Prometheus text metrics on this port, on the --metrics-interface address (default: off)",
+    )
+    serve.add_argument(
+        "--metrics-interface", metavar="ADDRESS", default="127.0.0.1",
+        help="address the metrics listen on (default: 127.0.0.1, this machine only); any other asks scrapers for "
+        "a token (Authorization: Bearer TOKEN or ?token=TOKEN): --metrics-token-file's, else one derived from "
+        "--key-file and printed at start; without either it is refused",
+    )
+    serve.add_argument(
+        "--metrics-token-file", metavar="FILE",
+        help="a token (16 bytes or more, its first line) the metrics ask for wherever they listen; Prometheus "
+        "sends it with authorization: {credentials_file: FILE} (default: none on loopback)",
     )
     serve.add_argument(
         "--live", metavar="[ADDRESS:]PORT", type=live_flag,
@@ -332,7 +344,8 @@ async def serve(args: argparse.Namespace, child: Child | None = None, caught: li
         batching=BatchConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
                              buckets=buckets, share=SHARE_QUEUE[args.share_queue]),
         metrics_port=args.metrics_port if child is None or args.metrics_port is None else 0,
-        metrics_host=None if child is None else "127.0.0.1",
+        metrics_host=args.metrics_interface if child is None else "127.0.0.1",
+        metrics_token=read_token_file(args.metrics_token_file) if args.metrics_token_file and child is None else None,
         key=key, tls=tls, max_connections=max_connections,
         max_connections_per_address=args.max_connections_per_address, idle_timeout=args.idle_timeout,
         frame_timeout=args.frame_timeout, first_frame_timeout=args.first_frame_timeout,
@@ -376,7 +389,7 @@ async def serve(args: argparse.Namespace, child: Child | None = None, caught: li
             print(listening, flush=True)
             _print_notes(after)
             if server.metrics is not None:
-                print(f"metrics on http://{host}:{server.metrics.port}/metrics", flush=True)
+                print(f"metrics on {server.metrics.url}{server.metrics.note}", flush=True)
             if live is not None:
                 print(f"live page on {live.url}", flush=True)
             await _advertise(args, port, registry.served(), server.load, key is not None, stop.wait)
@@ -444,9 +457,11 @@ async def serve_procs(args: argparse.Namespace, caught: list[signal.Signals]) ->
               f"{', '.join(str(r['pid']) for r in ready)}", flush=True)
         metrics: MetricsEndpoint | None = None
         if args.metrics_port is not None:
-            metrics = serve_summed_metrics(args.interface, args.metrics_port, [r["metrics_port"] for r in ready])
-            print(f"metrics on http://{args.interface}:{metrics.port}/metrics (the {args.procs} processes summed)",
-                  flush=True)
+            token, note = endpoint_token(args.metrics_interface, load_key(args.key_file) if args.key_file else None,
+                                         read_token_file(args.metrics_token_file) if args.metrics_token_file else None)
+            metrics = serve_summed_metrics(args.metrics_interface, args.metrics_port, [r["metrics_port"] for r in ready],
+                                           token=token, note=note)
+            print(f"metrics on {metrics.url} (the {args.procs} processes summed){note}", flush=True)
         try:
             await _advertise(args, supervisor.port, first["served"], supervisor.load, bool(args.key_file),
                              lambda: supervisor.watch(stop))

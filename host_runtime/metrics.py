@@ -1,8 +1,8 @@
 """The host's figures, kept once in a Prometheus registry and read two ways.
 
-``--metrics-port`` serves the registry as Prometheus text (prometheus_client's own HTTP
-server); the ``stats`` op returns :func:`stats_from` applied to the same registry. The two
-cannot drift apart: there is no second set of counters, and :func:`stats_from` reads a
+``--metrics-port`` serves the registry as Prometheus text (:mod:`host_runtime.metrics_http`: one
+thread, bounded connections and deadlines, one render a second, a token off loopback); the
+``stats`` op returns :func:`stats_from` applied to the same registry. The two cannot drift apart: there is no second set of counters, and :func:`stats_from` reads a
 scrape parsed by ``prometheus_client.parser`` into exactly the dict ``stats`` returns.
 
 Label values come only from closed sets (the protocol's ops and error codes, the tails this
@@ -11,16 +11,17 @@ host serves), so a peer sending made-up op names cannot grow the registry withou
 
 from __future__ import annotations
 
-import threading
 from bisect import bisect_left
 from typing import Any, Callable, Iterable
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from device_runtime.wire import ERROR_CODES, OPS
+from host_runtime.metrics_http import MetricsEndpoint
+
+__all__ = ["PREFIX", "HostStats", "MetricsEndpoint", "stats_from"]
 
 PREFIX = "splitedge_host_"
 #: The label an op outside :data:`OPS` is counted under.
@@ -72,10 +73,10 @@ class HostStats:
         """What the ``stats`` op returns: :func:`stats_from` over this registry."""
         return stats_from(self.registry.collect())
 
-    def serve_http(self, address: str, port: int) -> "MetricsEndpoint":
-        """Serve the registry as Prometheus text on ``address:port`` (port 0 picks a free one)."""
-        server, thread = start_http_server(port, address, registry=self.registry)
-        return MetricsEndpoint(server, thread)
+    def serve_http(self, address: str, port: int, **options: Any) -> MetricsEndpoint:
+        """Serve the registry as Prometheus text on ``address:port`` (port 0 picks a free one);
+        ``options``: :class:`~host_runtime.metrics_http.MetricsEndpoint`'s (``token``, bounds)."""
+        return MetricsEndpoint(lambda: generate_latest(self.registry), address, port, **options)
 
 
 #: The per-tail latency histograms: name, help (what :class:`_Latencies` keeps, in this order).
@@ -126,23 +127,6 @@ class _Latencies:
                     buckets.append((le, cumulative))
                 family.add_metric(list(key), buckets, counts[-1])
             yield family
-
-
-class MetricsEndpoint:
-    """The running HTTP exposition; :meth:`close` stops its thread (within its 0.5 s poll)."""
-
-    def __init__(self, server: WSGIServer, thread: threading.Thread) -> None:
-        self.server = server
-        self.thread = thread
-
-    @property
-    def port(self) -> int:
-        return int(self.server.server_address[1])
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5.0)
 
 
 def stats_from(families: Iterable[Metric]) -> dict[str, Any]:

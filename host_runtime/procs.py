@@ -13,7 +13,7 @@ sees stays one host:
 - **one zeroconf record**, registered by the parent; its load is the mean of the children's,
   which each writes once a second into shared memory;
 - **one metrics endpoint**: each child serves its registry on a private 127.0.0.1 port and the
-  parent's ``--metrics-port`` sums their scrapes on every scrape (:func:`sum_scrapes`), with
+  parent's ``--metrics-port`` sums their scrapes (:func:`sum_scrapes`, at most once a second), with
   ``splitedge_host_process_requests`` per child beside the sums (is one front end idle?);
 - **one shutdown**: SIGINT or SIGTERM to the parent sends SIGTERM to every child, which drains
   as a lone host does; the children ignore SIGINT (a terminal's Ctrl-C reaches the whole process
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Iterable, Sequence
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -208,11 +208,13 @@ class _SummedCollector:
         return sum_scrapes([scrape(port) for port in self.ports])
 
 
-def serve_summed_metrics(address: str, port: int, child_ports: Sequence[int]) -> MetricsEndpoint:
+def serve_summed_metrics(address: str, port: int, child_ports: Sequence[int], **options: Any) -> MetricsEndpoint:
+    """The parent's ``--metrics-port``: the children's scrapes summed, on ``address:port``;
+    ``options``: :class:`~host_runtime.metrics_http.MetricsEndpoint`'s (``token``, ``note``, bounds).
+    Rendered at most once a second, so scrapers in a loop do not make the children render each time."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_SummedCollector(child_ports))  # type: ignore[arg-type]  # a collector is anything with collect()
-    server, thread = start_http_server(port, address, registry=registry)
-    return MetricsEndpoint(server, thread)
+    return MetricsEndpoint(lambda: generate_latest(registry), address, port, **options)
 
 
 # -- the parent ------------------------------------------------------------------------------------

@@ -87,6 +87,7 @@ from host_runtime.limits import (
     Unproven,
 )
 from host_runtime.metrics import PREFIX, HostStats, MetricsEndpoint
+from host_runtime.metrics_http import endpoint_token
 from host_runtime.peers import Peers
 from host_runtime.profiling import DEFAULT_PROFILE_BUDGET_S, Profiler, ProfilePlan, plan_profile
 from host_runtime.tails import TailRegistry, warm_up
@@ -104,8 +105,11 @@ class ServerConfig:
     workers: int = max(os.cpu_count() or 1, 1)
     shutdown_timeout: float = 5.0  # --drain-timeout: one deadline over everything pending when the host stops
     batching: BatchConfig = field(default_factory=BatchConfig)  # --max-batch, --max-wait-ms, --max-queue
-    metrics_port: int | None = None  # Prometheus text on host:metrics_port (0: a free port); None: off
-    metrics_host: str | None = None  # where the metrics listen, if not on ``host`` (a --procs child: 127.0.0.1)
+    metrics_port: int | None = None  # Prometheus text on metrics_host:metrics_port (0: a free port); None: off
+    # --metrics-interface: where the metrics listen (not ``host``: this machine only unless told);
+    # anywhere else they ask for metrics_token, or metrics_http.metrics_token of ``key`` (issue 45)
+    metrics_host: str = "127.0.0.1"
+    metrics_token: bytes | None = field(default=None, repr=False)  # --metrics-token-file
     key: bytes | None = field(default=None, repr=False)  # --key-file: every frame authenticated (device_runtime.wire.auth)
     tls: ssl.SSLContext | None = None  # --tls-cert/--tls-key (device_runtime.wire.tls.server_context)
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # in all; past it a new connection is refused
@@ -551,9 +555,10 @@ class HostServer:
         host, port = self._server.sockets[0].getsockname()[:2]
         if self.config.metrics_port is not None:
             try:
-                metrics_host = self.config.metrics_host or self.config.host
+                metrics_host = self.config.metrics_host
+                token, note = endpoint_token(metrics_host, self.config.key, self.config.metrics_token)
                 with _port_in_use(metrics_host, self.config.metrics_port, "--metrics-port"):
-                    self.metrics = self.stats.serve_http(metrics_host, self.config.metrics_port)
+                    self.metrics = self.stats.serve_http(metrics_host, self.config.metrics_port, token=token, note=note)
             except SplitEdgeError:
                 self._server.close()
                 raise

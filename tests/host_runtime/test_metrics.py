@@ -44,7 +44,7 @@ def test_scrape_counts_what_was_sent_and_equals_stats(mobilenet_bundle, bundle) 
             return stats, await asyncio.to_thread(scrape, host)  # connection still open
 
         stats, text = run_with_client(host, session)
-        assert host.server.metrics.server.server_address[0] == "127.0.0.1"  # the --interface address
+        assert host.server.metrics.server_address[0] == "127.0.0.1"  # --metrics-interface's default
     scraped = stats_from(text_string_to_metric_families(text))
     assert scraped == stats  # one source: the scrape, parsed, is the stats reply
 
