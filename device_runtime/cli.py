@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import asdict
 from importlib.metadata import entry_points
@@ -17,9 +16,9 @@ from typing import Any, Callable, Sequence
 
 from calibration import BANDIT_FILENAME, Bandit
 from device_runtime.board import (
-    DEFAULT_BATCHES, DEFAULT_FRAME, KEYS, DetectedBoard, InstalledBackend, add_commands, add_service_command, as_flag_type, batches,
-    calibrate_settings, calibration_for, calibrations_for, detect_board, handler, install_service, installed_backends,
-    non_negative_rate, positive_int, run_settings, settings_for,
+    BATCH, DEFAULT_BATCHES, DEFAULT_FRAME, FPS, FRAMES, KEYS, QUEUE, REPEATS, SUMMARY_EVERY, DetectedBoard,
+    InstalledBackend, add_commands, add_service_command, as_flag_type, batches, calibrate_settings, calibration_for,
+    calibrations_for, detect_board, handler, install_service, installed_backends, run_settings, settings_for,
 )
 from device_runtime.bundle import FORMATS, Bundle
 from device_runtime.engine import AUTO, PRECISIONS, PREPROCESS_PATHS
@@ -102,14 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="'auto' (default: from calibration.json, moving with the link), a split id, 'local' (the full "
         "model here) or 'offload' (the full model on the host)",
     )
-    run.add_argument("--batch", type=_checked("batch"), default=1, help="frames per head run (default 1)")
-    run.add_argument("--queue", type=as_flag_type(positive_int), default=None,
+    run.add_argument("--batch", type=_checked("batch"), default=1, help=f"frames per head run, at most {BATCH.high:g} (default 1)")
+    run.add_argument("--queue", type=as_flag_type(QUEUE), default=None,
                      help="frames waiting before the drop policy applies (default: one batch when newest frames "
                      "win, a live camera's default; 4 otherwise)")
     run.add_argument("--drop", choices=("newest", "none"), default=None,
                      help="when the pipeline is full: newest wins (drop the oldest; default for a camera) or none "
                      "(wait; default for files and videos)")
-    run.add_argument("--frames", type=as_flag_type(positive_int), default=None, help="stop after N frames (default: the whole source)")
+    run.add_argument("--frames", type=as_flag_type(FRAMES), default=None,
+                     help=f"stop after N frames, at most {FRAMES.high:,} (default: the whole source)")
     run.add_argument("--loop", action="store_true", help="repeat a folder of images forever")
     run.add_argument("--trace", metavar="FILE.jsonl", help="write one record per frame (see split-device report)")
     run.add_argument("--head-times", metavar="TRACE.jsonl",
@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true",
                      help="print JSON lines on stdout, one object per event (start, split_change, summary, final; "
                      "frame with --verbose), and nothing else there: progress goes to stderr")
-    run.add_argument("--summary-every", type=_seconds, default=10.0, metavar="S",
+    run.add_argument("--summary-every", type=as_flag_type(SUMMARY_EVERY), default=10.0, metavar="S",
                      help="seconds between summary lines (default 10)")
 
     cal = commands.add_parser(
@@ -158,9 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("bundle", help="bundle directory")
     _host_arguments(cal)
     cal.add_argument("--batch", type=as_flag_type(batches), default=DEFAULT_BATCHES, metavar="1,2,4",
-                     help="batch sizes to measure (default 1,2,4,8,16)")
-    cal.add_argument("--repeats", type=as_flag_type(positive_int), default=20, help="timed runs per measurement, after warm-up (default 20)")
-    cal.add_argument("--fps", type=as_flag_type(non_negative_rate), default=0.0,
+                     help=f"batch sizes to measure, each at most {BATCH.high:g} (default 1,2,4,8,16)")
+    cal.add_argument("--repeats", type=as_flag_type(REPEATS), default=20,
+                     help=f"timed runs per measurement, after warm-up, at most {REPEATS.high:,} (default 20)")
+    cal.add_argument("--fps", type=as_flag_type(FPS), default=0.0,
                      metavar="F",
                      help="time the board's runs F a second at most, as the camera will pace them: a board idle "
                           "between frames runs them at another speed than back to back (default 0: back to back)")
@@ -169,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="print the summary as one JSON object on stdout at the end (progress on stderr)")
     cal.add_argument("--frame", type=_checked("frame"), default=DEFAULT_FRAME, metavar="WIDTHxHEIGHT",
                      help="the camera's frame size: preprocessing (by the --preprocess path) is timed on a frame "
-                          "this big, its cost grows with the frame (default 640x480)")
+                          f"this big, its cost grows with the frame (each side at most {KEYS['frame'].check.bounds.high:g} "
+                          "pixels; default 640x480)")
     cal.add_argument("--camera", default=None, type=_checked("camera"), metavar="SPEC",
                      help="the camera the run will use (as run's --camera; a video file is replayed at its own "
                           "rate): it captures while the board is timed, as it will in the run, and preprocessing is "
@@ -243,17 +245,6 @@ def _host_arguments(parser: argparse.ArgumentParser) -> None:
                         "certificate must name the host's address")
 
 
-def _seconds(text: str) -> float:
-    """``--summary-every``: seconds > 0."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, like 10, got {text!r}")
-    return seconds
-
-
 def _checked(key: str) -> Callable[[str], Any]:
     """The flag's argparse type: the same check its key gets in device.toml and SPLITEDGE_*."""
     return as_flag_type(KEYS[key].check)
@@ -261,7 +252,8 @@ def _checked(key: str) -> Callable[[str], Any]:
 
 def _runtime_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=_checked("threads"), default=None,
-                        help="inference threads (default: the board profile's, else the runtime's)")
+                        help=f"inference threads, at most {KEYS['threads'].check.high:g} (default: the board profile's, else "
+                        "the runtime's)")
     parser.add_argument("--backend", choices=(AUTO, *FORMATS), default=AUTO,
                         help="artifact format to run here (default auto: the board profile's, if the bundle has it)")
     parser.add_argument("--precision", choices=PRECISIONS, default="auto",

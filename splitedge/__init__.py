@@ -2,7 +2,8 @@
 
 The one error family (:class:`SplitEdgeError` and its narrow subclasses), the checker of
 decoded JSON fields that names the offending field by its path (:mod:`splitedge.fields`),
-the one way to replace a file atomically (:mod:`splitedge.files`), and the bundle
+the one way to replace a file atomically (:mod:`splitedge.files`), the bounds every numeric flag
+and setting is checked against where it enters (:mod:`splitedge.numbers`), and the bundle
 contract's words that the lower packages need too (:mod:`splitedge.words`:
 the split words ``LOCAL`` and ``OFFLOAD``, the formats and the precisions). ``calibration``
 and ``boards`` may import this and nothing else of the project (DESIGN.md, "Parts and where
@@ -19,6 +20,7 @@ from splitedge.errors import (
 )
 from splitedge.fields import Fields, join, shown
 from splitedge.files import write_atomically
+from splitedge.numbers import Bounds, SettingError, as_flag_type, bounds_of
 from splitedge.lifecycle import (
     SIGNAL_EXIT, Runner, Stopped, exit_on_signals, notify, run_command, signals_held, stop_on_signals,
 )
@@ -29,6 +31,7 @@ __all__ = [
     "AuthenticationError",
     "BackendError",
     "BoardFitError",
+    "Bounds",
     "BundleError",
     "CalibrationError",
     "CameraError",
@@ -54,11 +57,14 @@ __all__ = [
     "Runner",
     "SIGNAL_EXIT",
     "ServiceUnit",
+    "SettingError",
     "SplitEdgeError",
     "Stopped",
     "TFLITE",
     "UNIT_DIR",
     "ValidationError",
+    "as_flag_type",
+    "bounds_of",
     "brief",
     "enable_offline",
     "enable_unit",

@@ -17,12 +17,12 @@ import pytest
 
 FACES = {
     "splitedge": [
-        "AuthenticationError", "BackendError", "BoardFitError", "BundleError", "CalibrationError",
+        "AuthenticationError", "BackendError", "BoardFitError", "Bounds", "BundleError", "CalibrationError",
         "CameraError", "ConfigError", "Credential", "CredentialsError", "CutPointError", "DeployError",
         "ExportError", "FLOAT32", "FORMATS", "Fields", "FrameRefused", "HostUnavailableError", "INT8", "LOCAL",
         "ModelSpecError", "OFFLOAD", "ONNX", "PRECISIONS", "ProtocolError", "RemoteError", "Runner",
-        "SIGNAL_EXIT", "ServiceUnit", "SplitEdgeError", "Stopped", "TFLITE", "UNIT_DIR", "ValidationError",
-        "brief", "enable_offline", "enable_unit", "exit_on_signals", "join", "notify", "run_command", "shown",
+        "SIGNAL_EXIT", "ServiceUnit", "SettingError", "SplitEdgeError", "Stopped", "TFLITE", "UNIT_DIR", "ValidationError",
+        "as_flag_type", "bounds_of", "brief", "enable_offline", "enable_unit", "exit_on_signals", "join", "notify", "run_command", "shown",
         "signals_held", "stop_on_signals", "write_atomically", "write_unit",
     ],
     "device_runtime": [
@@ -63,12 +63,13 @@ FACES = {
         "open_source", "pi_camera_absent", "read_head_times", "read_pace", "top1",
     ],
     "device_runtime.board": [
-        "CAMERA_GROUP", "CalibrateSettings", "Connection", "DEFAULT_BATCHES", "DEFAULT_FRAME", "DetectedBoard",
-        "InstalledBackend", "KEYS", "LastRun", "Layout", "RunSettings", "Runtime", "SERVICE", "START_TIMEOUT_S",
+        "BATCH", "CAMERA_GROUP", "CalibrateSettings", "Connection", "DEFAULT_BATCHES", "DEFAULT_FRAME", "DetectedBoard",
+        "FPS", "FRAMES", "InstalledBackend", "KEYS", "LastRun", "Layout", "QUEUE", "REPEATS", "RunSettings", "Runtime",
+        "SERVICE", "START_TIMEOUT_S", "SUMMARY_EVERY",
         "SettingError", "UpdateDeferred", "add_commands", "add_service_command", "as_flag_type", "batches",
         "calibrate", "calibrate_settings", "calibration_for", "calibrations_for", "default_root",
-        "detect_board", "device_unit", "handler", "install_service", "installed_backends", "non_negative_rate",
-        "positive_int", "precision_of", "resolve_backend", "run_checker", "run_settings", "settings_for",
+        "detect_board", "device_unit", "handler", "install_service", "installed_backends",
+        "precision_of", "resolve_backend", "run_checker", "run_settings", "settings_for",
         "spread_warning", "write_settings",
     ],
     "host_runtime": [

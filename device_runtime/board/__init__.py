@@ -15,8 +15,8 @@ from device_runtime.board.release import Layout, UpdateDeferred, default_root
 from device_runtime.board.calibrate import calibrations_for, precision_of, spread_warning
 from device_runtime.board.commands import add_commands, handler, settings_for
 from device_runtime.board.run_settings import (
-    KEYS, CalibrateSettings, Connection, RunSettings, Runtime, SettingError, as_flag_type, batches, calibrate_settings,
-    non_negative_rate, positive_int, run_settings,
+    BATCH, FPS, FRAMES, KEYS, QUEUE, REPEATS, SUMMARY_EVERY, CalibrateSettings, Connection, RunSettings, Runtime,
+    SettingError, as_flag_type, batches, calibrate_settings, run_settings,
 )
 from device_runtime.board.service import (
     CAMERA_GROUP, START_TIMEOUT_S, add_service_command, device_unit, install_service,
@@ -25,20 +25,26 @@ from device_runtime.board.settings import run_checker, write_settings
 from device_runtime.board.status import LastRun, SERVICE
 
 __all__ = [
+    "BATCH",
     "CAMERA_GROUP",
     "CalibrateSettings",
     "Connection",
     "DEFAULT_BATCHES",
     "DEFAULT_FRAME",
     "DetectedBoard",
+    "FPS",
+    "FRAMES",
     "InstalledBackend",
     "KEYS",
     "LastRun",
     "Layout",
+    "QUEUE",
+    "REPEATS",
     "RunSettings",
     "Runtime",
     "SERVICE",
     "START_TIMEOUT_S",
+    "SUMMARY_EVERY",
     "SettingError",
     "UpdateDeferred",
     "add_commands",
@@ -55,8 +61,6 @@ __all__ = [
     "handler",
     "install_service",
     "installed_backends",
-    "non_negative_rate",
-    "positive_int",
     "precision_of",
     "resolve_backend",
     "run_checker",

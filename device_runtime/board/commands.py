@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from device_runtime.board.release import DEFAULT_KEEP, Layout, UpdateDeferred, default_root
+from device_runtime.board.run_settings import KEEP
 from device_runtime.board.settings import (
     apply_settings,
     run_checker,
@@ -24,7 +25,7 @@ from device_runtime.board.settings import (
     write_settings,
 )
 from device_runtime.board.status import board_status, check_root, format_status, status_exit_code, verify_report
-from splitedge import BundleError, ConfigError
+from splitedge import BundleError, ConfigError, as_flag_type
 
 __all__ = ["ADMIN_EXAMPLES", "add_commands", "handler", "settings_for"]
 
@@ -71,8 +72,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     )
     switch.add_argument("release", metavar="BUNDLE_ID", help="a directory under releases/ (a board slice's bundle_id)")
     _root_argument(switch)
-    switch.add_argument("--keep", type=int, default=DEFAULT_KEEP,
-                        help=f"releases kept, current and previous included (default {DEFAULT_KEEP})")
+    switch.add_argument("--keep", type=as_flag_type(KEEP), default=DEFAULT_KEEP,
+                        help=f"releases kept, current and previous included, at most {KEEP.high:g} (default {DEFAULT_KEEP})")
     rollback = commands.add_parser("rollback", help="point current back at the release before the last switch",
                                    **common)
     _root_argument(rollback)

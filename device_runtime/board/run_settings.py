@@ -2,8 +2,9 @@
 
 A value means the same wherever it comes from: the flag's argparse ``type``, a key of
 ``device.toml``, a ``SPLITEDGE_*`` variable and ``split-device config --set`` all go through the
-check in :data:`KEYS` (a batch of 0, a timeout of ``nan`` or text that is not UTF-8 is refused
-where it enters, not when ``run`` trips over it). :class:`RunSettings` and
+check in :data:`KEYS` (a batch of 0, a timeout of ``nan``, 100,000 threads or text that is not
+UTF-8 is refused where it enters, not when ``run`` trips over it); every number is a
+:class:`splitedge.Bounds` with its maximum stated below. :class:`RunSettings` and
 :class:`CalibrateSettings` are what the library (``device_runtime.run``) takes; the CLI only
 builds them.
 """
@@ -11,7 +12,6 @@ builds them.
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,18 +20,15 @@ from device_runtime.board.calibrate import DEFAULT_BATCHES, DEFAULT_FRAME
 from device_runtime.bundle import FORMATS
 from device_runtime.engine import AUTO, PRECISIONS, PREPROCESS_PATHS
 from device_runtime.hosts import host_address
-from splitedge import HostUnavailableError, LOCAL
+from splitedge import LOCAL, Bounds, HostUnavailableError, SettingError, as_flag_type
 
 __all__ = [
-    "AUTO", "CalibrateSettings", "Connection", "KEYS", "Key", "RunSettings", "Runtime", "SettingError", "as_flag_type",
+    "AUTO", "BATCH", "CalibrateSettings", "Connection", "FPS", "FRAMES", "FRAME_SIDE", "KEEP", "KEYS", "Key", "QUEUE",
+    "REPEATS", "RunSettings", "Runtime", "SUMMARY_EVERY", "SettingError", "START_TIMEOUT", "THREADS", "as_flag_type",
     "calibrate_settings", "run_settings",
 ]
 
 ENV_PREFIX = "SPLITEDGE_"
-
-
-class SettingError(ValueError):
-    """A setting's value refused by its check; the message says what is expected, with an example."""
 
 
 def text(value: str) -> str:
@@ -46,44 +43,52 @@ def text(value: str) -> str:
     return value
 
 
-def positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise SettingError(f"expected a whole number >= 1, like 4, got {value!r}") from None
-    if number < 1:
-        raise SettingError(f"expected a whole number >= 1, like 4, got {value!r}")
-    return number
+# The bounds of every number the board's commands take (splitedge.numbers), each maximum with why.
+# A file may be written on another machine than the board that reads it (a deploy writes
+# /etc/splitedge/device.toml), so no bound is this machine's CPU count or memory.
 
-
-def _number(value: str, ok: Callable[[float], bool], what: str, expected: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = math.nan
-    if not math.isfinite(number) or not ok(number):
-        raise SettingError(f"{what} {value!r}: expected {expected}")
-    return number
-
-
-def positive_seconds(value: str) -> float:
-    return _number(value, lambda n: n > 0, "timeout", "seconds > 0, like 5")
-
-
-def milliseconds(value: str) -> float:
-    return _number(value, lambda n: n >= 0, "deadline", "milliseconds >= 0, like 100 (0: none)")
-
-
-def non_negative_rate(value: str) -> float:
-    return _number(value, lambda n: n >= 0, "frame rate", "frames per second >= 0, like 5 or 0.5")
+#: Inference threads (onnxruntime's or LiteRT's intra-op pool): 64 times a Raspberry Pi's 4 cores,
+#: above any board's CPU count; threads past the cores only contend, and 100,000 ended a run in
+#: SIGSEGV 83 s in, as the pool was made (issue 45).
+THREADS = Bounds(int, 1, 256, example="4")
+#: Frames per head run: 1024 frames of 224x224 are 600 MB of float32 input, more than a board lends one batch.
+BATCH = Bounds(int, 1, 1024, example="4")
+#: Frames waiting before the drop policy applies: 4096 frames of 640x480 are 3.5 GiB.
+QUEUE = Bounds(int, 1, 4096, example="4")
+#: Frames before a run stops: over a year at 30 fps (a run without --frames goes on by itself).
+FRAMES = Bounds(int, 1, 10**9, example="300")
+#: Timed runs per calibration measurement: 10,000 runs of a 100 ms head are 17 minutes for one cell.
+REPEATS = Bounds(int, 1, 10_000, example="20")
+#: Seconds to find and connect to a host, and the silence that takes a host for gone: an hour.
+TIMEOUT = Bounds(float, 0, 3600, "seconds", "5", low_open=True)
+#: A frame's budget: past a minute a deadline is none (say 0).
+DEADLINE_MS = Bounds(float, 0, 60_000, "milliseconds", "100", zero="none")
+#: The pace calibration times the board at: above any camera a board takes (the Pi camera's fastest
+#: modes are 120-200 fps).
+FPS = Bounds(float, 0, 1000, "frames per second", "5 or 0.5", zero="back to back")
+#: A side of the camera's frame: above 8K video's 7680x4320 and any camera a board takes; an
+#: 8192x8192 RGB frame is 192 MiB, where 100000x100000 asked 27.9 GiB and ended in a traceback (issue 45).
+FRAME_SIDE = Bounds(int, 1, 8192, "pixels", "640")
+#: Seconds between summary lines: a day.
+SUMMARY_EVERY = Bounds(float, 0, 86_400, "seconds", "10", low_open=True)
+#: Releases kept by switch, current and previous included: each is a bundle's heads on the board's card.
+KEEP = Bounds(int, 1, 100, example="3")
+#: Seconds systemd lets the board's service take to answer its first frame: an hour (a Pi Zero 2 W takes 3 minutes).
+START_TIMEOUT = Bounds(int, 1, 3600, "seconds", "180")
 
 
 def frame_size(value: str) -> tuple[int, int]:
-    """``WIDTHxHEIGHT``, the camera's frame size in pixels, like 640x480."""
+    """``WIDTHxHEIGHT``, the camera's frame size in pixels, like 640x480, each side within :data:`FRAME_SIDE`."""
     width, sep, height = value.lower().partition("x")
-    if sep and width.isdecimal() and height.isdecimal() and int(width) >= 1 and int(height) >= 1:
+    if sep and width.isdecimal() and height.isdecimal() and FRAME_SIDE.contains(int(width)) and \
+            FRAME_SIDE.contains(int(height)):
         return int(width), int(height)
-    raise SettingError(f"frame size {value!r}: expected WIDTHxHEIGHT in pixels, like 640x480")
+    raise SettingError(f"frame size {value!r}: expected WIDTHxHEIGHT in pixels, each side from {FRAME_SIDE.low:g} to "
+                       f"{FRAME_SIDE.high:g}, like 640x480")
+
+
+frame_size.bounds = FRAME_SIDE  # type: ignore[attr-defined]
+frame_size.template = "{}x480"  # type: ignore[attr-defined]
 
 
 def host(value: str) -> str:
@@ -98,13 +103,19 @@ def host(value: str) -> str:
 
 
 def batches(value: str) -> tuple[int, ...]:
+    """Batch sizes like ``1,2,4``, each within :data:`BATCH`."""
+    parts = [part.strip() for part in value.split(",") if part.strip()]
     try:
-        found = tuple(sorted({int(part) for part in value.split(",") if part.strip()}))
-    except ValueError:
-        raise SettingError(f"batch sizes {value!r}: expected integers like 1,2,4") from None
-    if not found or found[0] < 1:
-        raise SettingError(f"batch sizes {value!r}: at least one, each at least 1")
+        found = tuple(sorted({BATCH(part) for part in parts}))
+    except SettingError:
+        found = ()
+    if not found:
+        raise SettingError(f"batch sizes {value!r}: expected {BATCH.describe().replace('a whole number', 'whole numbers')}"
+                           f" separated by commas, like 1,2,4")
     return found
+
+
+batches.bounds = BATCH  # type: ignore[attr-defined]
 
 
 def one_of(*choices: str) -> Callable[[str], str]:
@@ -115,19 +126,6 @@ def one_of(*choices: str) -> Callable[[str], str]:
 
     check.__name__ = "choice"
     return check
-
-
-def as_flag_type(check: Callable[[str], Any]) -> Callable[[str], Any]:
-    """``check`` as an argparse ``type``: its message becomes the usage error."""
-
-    def parse(value: str) -> Any:
-        try:
-            return check(value)
-        except SettingError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    parse.__name__ = check.__name__
-    return parse
 
 
 @dataclass(frozen=True)
@@ -153,17 +151,17 @@ class Key:
 KEYS: dict[str, Key] = {k.dest: k for k in (
     Key("host", host, str),
     Key("interface", text, str, many=True),
-    Key("timeout", positive_seconds, (int, float)),
+    Key("timeout", TIMEOUT, (int, float)),
     Key("key_file", text, str),
     Key("tls_ca", text, str),
     Key("backend", one_of(AUTO, *FORMATS), str),
     Key("precision", one_of(*PRECISIONS), str),
-    Key("threads", positive_int, int),
+    Key("threads", THREADS, int),
     Key("preprocess", one_of(*PREPROCESS_PATHS), str),
     Key("camera", text, (str, int), commands=("run",)),
     Key("split", text, str, commands=("run",)),
-    Key("batch", positive_int, int, commands=("run",)),
-    Key("deadline_ms", milliseconds, (int, float), commands=("run",)),
+    Key("batch", BATCH, int, commands=("run",)),
+    Key("deadline_ms", DEADLINE_MS, (int, float), commands=("run",)),
     Key("frame", frame_size, str, commands=("calibrate",)),
 )}
 

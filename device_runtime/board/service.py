@@ -19,9 +19,10 @@ import sys
 from pathlib import Path
 
 from device_runtime.board.release import CURRENT
+from device_runtime.board.run_settings import START_TIMEOUT
 from device_runtime.board.settings import load_settings, run_checker
 from device_runtime.board.status import SERVICE
-from splitedge import UNIT_DIR, ServiceUnit, SplitEdgeError, enable_unit, write_unit
+from splitedge import UNIT_DIR, ServiceUnit, SplitEdgeError, as_flag_type, enable_unit, write_unit
 
 __all__ = ["SERVICE_EXAMPLES", "add_service_command", "device_unit", "install_service"]
 
@@ -48,8 +49,9 @@ def add_service_command(commands: argparse._SubParsersAction) -> None:
                         help="the releases directory (default: the user's ~/.local/share/splitedge)")
     parser.add_argument("--unit-dir", type=Path, default=UNIT_DIR, help=f"where to write NAME.service (default {UNIT_DIR})")
     parser.add_argument("--name", default=SERVICE, help=f"the unit's name (default {SERVICE})")
-    parser.add_argument("--start-timeout", type=int, default=START_TIMEOUT_S, metavar="S",
-                        help=f"seconds the first answer may take before systemd gives up (default {START_TIMEOUT_S})")
+    parser.add_argument("--start-timeout", type=as_flag_type(START_TIMEOUT), default=START_TIMEOUT_S, metavar="S",
+                        help=f"seconds the first answer may take before systemd gives up, at most "
+                        f"{START_TIMEOUT.high:g} (default {START_TIMEOUT_S})")
     parser.add_argument("--dry-run", action="store_true", help="print the unit; write and enable nothing")
     parser.add_argument("--no-enable", action="store_true", help="write the unit; do not enable or start it")
 

@@ -237,12 +237,14 @@ def _file_value(key: Key, text: str, check: Check, where: str) -> Any:
         for item in items:
             check(key.dest, item, where)
         return items
-    check(key.dest, text, where)
+    checked = check(key.dest, text, where)
     kinds = key.kind if isinstance(key.kind, tuple) else (key.kind,)
     if int in kinds and text.lstrip("-").isdigit():
         return int(text)
     if float in kinds:
         return float(text)
+    if isinstance(checked, int) and not isinstance(checked, bool) and int in kinds:
+        return checked  # " 4 " or 1_000 as the check read it: the file holds the number, as a reader wants it
     return text
 
 

@@ -117,7 +117,7 @@ def test_the_cli_flags(mobilenet_bundle: Path, photos_dir: Path, capsys: pytest.
     assert exited.value.code == 2
     with pytest.raises(SystemExit):
         main([*run, "--summary-every", "0"])
-    assert "expected seconds > 0, like 10, got '0'" in capsys.readouterr().err
+    assert "expected seconds above 0 up to 86400, like 10, got '0'" in capsys.readouterr().err
 
 
 def test_calibrate_json_is_one_object_on_stdout(mobilenet_bundle: Path, tmp_path: Path,

@@ -171,7 +171,7 @@ def test_calibrate_paces_the_board_as_its_camera_will(mobilenet_bundle: Path, tm
     assert load(root).fps == 8.0
     with pytest.raises(SystemExit):
         main(["calibrate", str(root), "--no-host", "--fps", "-1"])
-    assert "frame rate '-1': expected frames per second >= 0" in capsys.readouterr().err
+    assert "expected frames per second from 0 to 1000 (0: back to back), like 5 or 0.5, got '-1'" in capsys.readouterr().err
 
 
 def test_plan_prints_and_plots_the_table(calibrated: Path, tmp_path: Path, capsys) -> None:
@@ -382,7 +382,7 @@ def test_calibrate_times_preprocessing_at_the_frame_size(mobilenet_bundle: Path,
     assert f"preprocessing a 320x240 frame (exact path): {timed.spread.p50:.1f} ms" in out  # the plan says it
     with pytest.raises(SystemExit):
         main(["calibrate", str(root), "--no-host", "--frame", "640"])
-    assert "frame size '640': expected WIDTHxHEIGHT in pixels, like 640x480" in capsys.readouterr().err
+    assert "frame size '640': expected WIDTHxHEIGHT in pixels, each side from 1 to 8192, like 640x480" in capsys.readouterr().err
 
 
 def test_calibrate_times_the_board_while_the_run_s_camera_captures(mobilenet_bundle: Path, tmp_path: Path,

@@ -66,7 +66,7 @@ def test_an_unknown_user_is_one_line() -> None:
 
 
 @pytest.mark.parametrize("text, message", [
-    ("batch = 0\n", "device.toml: batch: expected a whole number >= 1"),
+    ("batch = 0\n", "device.toml: batch: expected a whole number from 1 to 1024"),
     ("timeout = \n", "not valid TOML"),
 ])
 def test_a_settings_file_the_service_could_not_run_with_is_refused_in_one_line(

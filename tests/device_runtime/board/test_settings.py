@@ -145,12 +145,16 @@ def test_config_set_writes_checked_values_and_keeps_the_other_keys(dirs) -> None
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--set", "threads=many"], "--set threads: threads: expected a whole number >= 1, like 4, got 'many'"),
-    (["--set", "batch=0"], "--set batch: batch: expected a whole number >= 1, like 4, got '0'"),
-    (["--set", "batch=-3"], "--set batch: batch: expected a whole number >= 1"),
-    (["--set", "timeout=nan"], "--set timeout: timeout: timeout 'nan': expected seconds > 0"),
-    (["--set", "timeout=-5"], "--set timeout: timeout: timeout '-5': expected seconds > 0"),
-    (["--set", "timeout=0"], "--set timeout: timeout: timeout '0': expected seconds > 0"),
+    (["--set", "threads=many"], "--set threads: threads: expected a whole number from 1 to 256, like 4, got 'many'"),
+    (["--set", "threads=100000"], "--set threads: threads: expected a whole number from 1 to 256, like 4, got '100000'"),
+    (["--set", "batch=0"], "--set batch: batch: expected a whole number from 1 to 1024, like 4, got '0'"),
+    (["--set", "batch=-3"], "--set batch: batch: expected a whole number from 1 to 1024"),
+    (["--set", "timeout=nan"], "--set timeout: timeout: expected seconds above 0 up to 3600, like 5, got 'nan'"),
+    (["--set", "timeout=inf"], "--set timeout: timeout: expected seconds above 0 up to 3600, like 5, got 'inf'"),
+    (["--set", "frame=100000x100000"], "--set frame: frame: frame size '100000x100000': expected WIDTHxHEIGHT in "
+                                       "pixels, each side from 1 to 8192"),
+    (["--set", "timeout=-5"], "--set timeout: timeout: expected seconds above 0 up to 3600, like 5, got '-5'"),
+    (["--set", "timeout=0"], "--set timeout: timeout: expected seconds above 0 up to 3600, like 5, got '0'"),
     (["--set", "camera=a\udcffb"], "--set camera: camera: 'a\\udcffb' is not valid UTF-8 text"),
     (["--set", "hots=1.2.3.4:1"], "unknown key 'hots' (did you mean host?)"),
     (["--set", "host"], "--set 'host': expected KEY=VALUE"),
@@ -164,8 +168,8 @@ def test_config_set_refuses_what_the_flag_would_and_leaves_the_file(dirs, argv: 
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("SPLITEDGE_BATCH", "0", "environment variable SPLITEDGE_BATCH: batch: expected a whole number >= 1"),
-    ("SPLITEDGE_TIMEOUT", "nan", "environment variable SPLITEDGE_TIMEOUT: timeout: timeout 'nan': expected seconds > 0"),
+    ("SPLITEDGE_BATCH", "0", "environment variable SPLITEDGE_BATCH: batch: expected a whole number from 1 to 1024"),
+    ("SPLITEDGE_TIMEOUT", "nan", "environment variable SPLITEDGE_TIMEOUT: timeout: expected seconds above 0 up to 3600"),
 ])
 def test_the_environment_is_checked_as_the_flags_are(dirs, key: str, value: str, message: str) -> None:
     system, user = dirs
@@ -173,7 +177,7 @@ def test_the_environment_is_checked_as_the_flags_are(dirs, key: str, value: str,
         settle(["run", "bundle/"], env_for(system, user, **{key: value}))
 
 
-@pytest.mark.parametrize("flag, value", [("--batch", "0"), ("--timeout", "nan"), ("--timeout", "-5")])
+@pytest.mark.parametrize("flag, value", [("--batch", "0"), ("--timeout", "nan"), ("--timeout", "-5"), ("--threads", "100000")])
 def test_the_flags_refuse_what_the_files_refuse(flag: str, value: str) -> None:
     out = device("run", "bundle/", flag, value, env={})
     assert out.returncode == 2 and "expected " in out.stderr and "Traceback" not in out.stderr
