@@ -12,14 +12,15 @@ from typing import Any, Callable, Sequence
 
 from splitedge import run_command
 from device_runtime.live import live_flag
-from device_runtime.wire import DEFAULT_MAX_FRAME_BYTES, HelloReply, load_key, server_context, split_address
+from device_runtime.wire import DEFAULT_MAX_FRAME_BYTES, load_key, server_context, split_address
 from host_runtime.advertise import Advertiser, local_address_for
 from host_runtime.batcher import BatchConfig
 from host_runtime.event_loop import LOOPS, loop_runner
+from host_runtime.flags import BOUNDS, flag, procs_flag, sizes_flag
 from host_runtime.limits import fit_fd_limit
 from host_runtime.live import serve_live
 from host_runtime.metrics import MetricsEndpoint
-from host_runtime.metrics_http import endpoint_token, read_token_file
+from host_runtime.metrics_http import check_metrics_flags, endpoint_token, read_token_file
 from host_runtime.procs import (AUTO, CPU_CORES_PER_PROC, MAX_CUDA_PROCS, Child, Supervisor, auto_procs, child_setup,
                                 serve_summed_metrics, supervise, usable_cores)
 from host_runtime.server import HostServer, ServerConfig
@@ -58,45 +59,6 @@ NO_KEY_WARNING = "warning: no --key-file: frames are not authenticated; anyone o
 CUDA_WORKERS = 2
 
 
-def _at_least(minimum: float, kind: type[int] | type[float]) -> Callable[[str], int | float]:
-    """An argparse type: a number of ``kind`` no smaller than ``minimum`` (a usage error otherwise)."""
-
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from exc
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, got {text}")
-        return value
-
-    return parse
-
-
-def _between(minimum: float, maximum: float, kind: type[int] | type[float]) -> Callable[[str], int | float]:
-    """An argparse type: :func:`_at_least`'s, and no larger than ``maximum`` (NaN is no number here either)."""
-    at_least = _at_least(minimum, kind)
-
-    def parse(text: str) -> int | float:
-        value = at_least(text)
-        if not value <= maximum:
-            raise argparse.ArgumentTypeError(f"must be at most {maximum:g}, got {text}")
-        return value
-
-    return parse
-
-
-def _port(text: str) -> int:
-    """An argparse type: a TCP port, 0..65535 (0: a free one); 99999 once listened on 34463 without a word."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{port} is not a TCP port: give 0..65535 (0 picks a free one)")
-    return port
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="split-host", description="Serve split-network tails to boards.", epilog=EXAMPLES,
@@ -120,56 +82,58 @@ def build_parser() -> argparse.ArgumentParser:
 def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     """serve's flags, which install-service takes too (and writes into the unit's ExecStart)."""
     serve.add_argument("bundles", nargs="+", help="bundle directories written by split-export build")
-    serve.add_argument("--port", type=_port, default=7767, help="TCP port (0 picks a free one; default 7767)")
+    serve.add_argument("--port", type=flag("port"), default=7767, help="TCP port (0 picks a free one; default 7767)")
     serve.add_argument("--interface", default="0.0.0.0", help="address to listen and advertise on (default: all)")
     serve.add_argument("--no-zeroconf", action="store_true", help="do not advertise the host")
-    serve.add_argument("--workers", type=_at_least(1, int), default=None,
+    serve.add_argument("--workers", type=flag("workers"), default=None,
                        help=f"tail worker threads: the tail runs at once on this many (default: {CUDA_WORKERS} when the "
                        f"tails run on CUDA, else one per CPU, {ServerConfig.workers}, shared among the --procs processes)")
-    serve.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads per tail")
+    serve.add_argument("--threads", type=flag("threads"), default=None,
+                       help=f"onnxruntime intra-op threads per tail, at most {BOUNDS['threads'].high:g} (default: "
+                       "onnxruntime's)")
     serve.add_argument(
-        "--max-frame-mb", type=_at_least(0.001, float), default=DEFAULT_MAX_FRAME_BYTES / 2**20,
+        "--max-frame-mb", type=flag("max_frame_mb"), default=DEFAULT_MAX_FRAME_BYTES / 2**20,
         help=f"refuse frames larger than this (MiB; default {DEFAULT_MAX_FRAME_BYTES / 2**20:g})",
     )
     serve.add_argument(
-        "--max-partial-mb", type=_at_least(0.001, float), default=None,
+        "--max-partial-mb", type=flag("max_partial_mb"), default=None,
         help="memory all connections together may hold in frames still arriving (MiB); a connection whose "
         "frame does not fit is not read until it does (default: 4 x --max-frame-mb, 256)",
     )
     config = ServerConfig()
     serve.add_argument(
-        "--max-connections", type=_at_least(1, int), default=config.max_connections,
+        "--max-connections", type=flag("max_connections"), default=config.max_connections,
         help="connections kept in all; more are refused with a log line (a fleet is tens of boards, one "
         f"connection each; default {config.max_connections})",
     )
     serve.add_argument(
-        "--max-connections-per-address", type=_at_least(1, int), default=config.max_connections_per_address,
+        "--max-connections-per-address", type=flag("max_connections_per_address"), default=config.max_connections_per_address,
         help="connections kept from one IP address (boards behind one NAT share it; default "
         f"{config.max_connections_per_address})",
     )
     serve.add_argument(
-        "--idle-timeout", type=_at_least(0.001, float), default=config.idle_timeout,
+        "--idle-timeout", type=flag("idle_timeout"), default=config.idle_timeout,
         help="close a connection that sent nothing and waits for nothing this long, s (boards reconnect "
         f"by themselves; default {config.idle_timeout:g})",
     )
     serve.add_argument(
-        "--frame-timeout", type=_at_least(0.001, float), default=config.frame_timeout,
+        "--frame-timeout", type=flag("frame_timeout"), default=config.frame_timeout,
         help="close a connection whose frame stays unfinished this long, s (a 64 MiB frame at 10 Mbit/s "
         f"takes 54; default {config.frame_timeout:g})",
     )
     serve.add_argument(
-        "--first-frame-timeout", type=_at_least(0.001, float), default=config.first_frame_timeout,
+        "--first-frame-timeout", type=flag("first_frame_timeout"), default=config.first_frame_timeout,
         help="close a connection that has sent no complete frame (with --key-file: not authenticated) this long "
         f"after connecting, s; when the connection table is full the oldest such one is closed first (default "
         f"{config.first_frame_timeout:g})",
     )
     serve.add_argument(
-        "--drain-timeout", type=_at_least(0, float), default=config.shutdown_timeout,
+        "--drain-timeout", type=flag("drain_timeout"), default=config.shutdown_timeout,
         help="on SIGTERM or Ctrl-C, how long the host lets what is pending finish, all of it together (queued "
         f"batches, chain hops, links, profiles), s (default {config.shutdown_timeout:g})",
     )
     serve.add_argument(
-        "--profile-budget-ms", type=_between(HelloReply.MIN_PROFILE_BUDGET_MS, HelloReply.MAX_PROFILE_BUDGET_MS, float),
+        "--profile-budget-ms", type=flag("profile_budget_ms"),
         default=config.profile_budget_s * 1000,
         help="tail-run time one profile request may spend here, ms: repeats are trimmed to fit, a request that "
         f"cannot fit is refused (default {config.profile_budget_s * 1000:g}; hello announces it, and a board's "
@@ -187,7 +151,7 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         f"H200; {TF32_ERROR_H100:g} on an H100's tails; 1.2e-5 without); no effect on the CPU",
     )
     serve.add_argument(
-        "--buckets", type=_buckets, default=BUCKETS_AUTO, metavar="auto|off|SIZES",
+        "--buckets", type=sizes_flag((BUCKETS_AUTO, BUCKETS_OFF)), default=BUCKETS_AUTO, metavar="auto|off|SIZES",
         help="pad each batch with zeros up to the next of a few fixed sizes, each warmed up at start, so a GPU "
         "sees few shapes and chooses its algorithms before the first request (the padded rows are computed and "
         "dropped); on CUDA each size has an onnxruntime session of its own, which never sees another shape "
@@ -197,11 +161,11 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     )
     defaults = BatchConfig()
     serve.add_argument(
-        "--max-batch", type=_at_least(1, int), default=defaults.max_batch,
+        "--max-batch", type=flag("max_batch"), default=defaults.max_batch,
         help=f"samples per tail run; requests for the same split are batched up to this (1: off; default {defaults.max_batch})",
     )
     serve.add_argument(
-        "--max-wait-ms", type=_at_least(0, float), default=defaults.max_wait_ms,
+        "--max-wait-ms", type=flag("max_wait_ms"), default=defaults.max_wait_ms,
         help=f"how long a request waits for others to batch with (default {defaults.max_wait_ms:g})",
     )
     serve.add_argument(
@@ -213,11 +177,11 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         "while requests wait for company (--max-wait-ms); default: auto",
     )
     serve.add_argument(
-        "--max-queue", type=_at_least(1, int), default=defaults.max_queue,
+        "--max-queue", type=flag("max_queue"), default=defaults.max_queue,
         help=f"samples waiting across the host before requests are answered 'overloaded' (default {defaults.max_queue})",
     )
     serve.add_argument(
-        "--metrics-port", type=int, default=None,
+        "--metrics-port", type=flag("metrics_port"), default=None,
         help="serve Prometheus text metrics on this port, on the --metrics-interface address (default: off)",
     )
     serve.add_argument(
@@ -254,7 +218,7 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         "passes authenticated requests on to any host, one without only to these",
     )
     serve.add_argument(
-        "--procs", type=_procs, default=1, metavar="N|auto",
+        "--procs", type=procs_flag(AUTO), default=1, metavar="N|auto",
         help="serve from this many processes on one port (SO_REUSEPORT, Linux; the kernel spreads the connections): "
         "each its own event loop, framing, auth, tails and batches; one zeroconf record, one --metrics-port "
         "summing them, one shutdown; a process that dies stops the host, exit status 2. auto: from the cores, "
@@ -265,26 +229,9 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("-v", "--verbose", action="store_true", help="log every error reply")
 
 
-def _procs(text: str) -> int | str:
-    """An argparse type: a number of processes, at least 1, or ``auto``."""
-    return text if text == AUTO else _at_least(1, int)(text)
-
-
 #: --share-queue: a worker's share of the queue, or all it may take; auto: the host decides by its
 #: tails' device (BatchConfig.share None).
 SHARE_QUEUE: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
-
-
-def _buckets(text: str) -> str:
-    if text in (BUCKETS_AUTO, BUCKETS_OFF):
-        return text
-    try:
-        sizes = [int(size) for size in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give auto, off or batch sizes such as 1,2,4,8") from None
-    if min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: batch sizes are at least 1")
-    return ",".join(str(size) for size in sorted(set(sizes)))
 
 
 def _address(text: str) -> str:
@@ -484,6 +431,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
+    if args.metrics_port is not None:
+        try:
+            check_metrics_flags(args.metrics_interface, args.key_file, args.metrics_token_file)
+        except SplitEdgeError as exc:
+            parser.error(str(exc))
     if args.live is not None and args.procs not in (1, AUTO):
         parser.error(_LIVE_ONE_PROCESS)
     if args.max_partial_mb is not None and args.max_partial_mb < args.max_frame_mb:

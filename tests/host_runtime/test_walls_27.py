@@ -343,7 +343,7 @@ def test_one_drain_deadline_over_queued_batches_hops_and_links(mobilenet_bundle,
 @pytest.mark.parametrize(("flag", "value", "says"), [
     ("--interface", "10.9.9.9", "--interface 10.9.9.9 is not an address of this machine"),
     ("--interface", "nonsense", "--interface nonsense is not an address"),
-    ("--port", "99999", "99999 is not a TCP port: give 0..65535"),
+    ("--port", "99999", "argument --port: expected a TCP port from 0 to 65535 (0: a free one), like 7767, got '99999'"),
 ])
 def test_a_bad_interface_or_port_is_one_line(mobilenet_bundle: Path, flag: str, value: str, says: str) -> None:
     command = [sys.executable, "-m", "host_runtime.cli", "serve", str(mobilenet_bundle), "--no-zeroconf",
