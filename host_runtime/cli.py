@@ -20,7 +20,7 @@ from host_runtime.flags import BOUNDS, flag, procs_flag, sizes_flag
 from host_runtime.limits import fit_fd_limit
 from host_runtime.live import serve_live
 from host_runtime.metrics import MetricsEndpoint
-from host_runtime.metrics_http import endpoint_token, read_token_file
+from host_runtime.metrics_http import check_metrics_flags, endpoint_token, read_token_file
 from host_runtime.procs import (AUTO, CPU_CORES_PER_PROC, MAX_CUDA_PROCS, Child, Supervisor, auto_procs, child_setup,
                                 serve_summed_metrics, supervise, usable_cores)
 from host_runtime.server import HostServer, ServerConfig
@@ -431,6 +431,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
+    if args.metrics_port is not None:
+        try:
+            check_metrics_flags(args.metrics_interface, args.key_file, args.metrics_token_file)
+        except SplitEdgeError as exc:
+            parser.error(str(exc))
     if args.live is not None and args.procs not in (1, AUTO):
         parser.error(_LIVE_ONE_PROCESS)
     if args.max_partial_mb is not None and args.max_partial_mb < args.max_frame_mb:

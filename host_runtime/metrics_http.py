@@ -85,6 +85,19 @@ def read_token_file(path: str) -> bytes:
     return lines[0].strip()
 
 
+_NEEDS_TOKEN = ("--metrics-interface {address} is not loopback: the metrics need a token there; pass --key-file or "
+                "--metrics-token-file, or leave --metrics-interface at 127.0.0.1")
+
+
+def check_metrics_flags(address: str, key_file: str | None, token_file: str | None) -> None:
+    """``--metrics-interface`` and ``--metrics-token-file`` refused in one line before anything
+    loads or starts (not once the tails are loaded, or a ``--procs`` parent's children run)."""
+    if token_file is not None:
+        read_token_file(token_file)
+    elif key_file is None and not is_loopback(address):
+        raise SplitEdgeError(_NEEDS_TOKEN.format(address=address))
+
+
 def endpoint_token(address: str, key: bytes | None, token: bytes | None) -> tuple[bytes | None, str]:
     """The token the endpoint on ``address`` asks for, and what the start line says about it.
 
@@ -97,8 +110,7 @@ def endpoint_token(address: str, key: bytes | None, token: bytes | None) -> tupl
     if is_loopback(address):
         return None, ""
     if key is None:
-        raise SplitEdgeError(f"--metrics-interface {address} is not loopback: the metrics need a token there; "
-                             "pass --key-file or --metrics-token-file, or leave --metrics-interface at 127.0.0.1")
+        raise SplitEdgeError(_NEEDS_TOKEN.format(address=address))
     derived = metrics_token(key)
     return derived.encode(), f" (asks for token {derived}, from --key-file: {how})"
 

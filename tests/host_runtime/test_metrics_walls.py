@@ -24,7 +24,7 @@ import urllib.request
 
 import pytest
 
-from host_runtime.cli import build_parser
+from host_runtime.cli import build_parser, main
 from host_runtime.metrics_http import (MetricsEndpoint, endpoint_token, is_loopback, metrics_token,
                                        read_token_file)
 from host_runtime.procs import serve_summed_metrics
@@ -145,6 +145,25 @@ def test_off_loopback_without_a_key_or_a_token_is_refused_in_one_line() -> None:
     assert endpoint_token("0.0.0.0", KEY, None)[0] == metrics_token(KEY).encode()
     assert endpoint_token("0.0.0.0", KEY, TOKEN)[0] == TOKEN
     assert is_loopback("localhost") and is_loopback("127.0.0.2") and not is_loopback("metrics.example")
+
+
+@pytest.mark.parametrize("procs", ["1", "2"])
+def test_the_cli_refuses_an_address_without_a_token_before_anything_loads(tmp_path, capsys, procs: str) -> None:
+    absent = str(tmp_path / "no-bundle")  # nothing is loaded: the flags are refused first
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", absent, "--metrics-port", "0", "--metrics-interface", "0.0.0.0", "--procs", procs])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        "split-host: error: --metrics-interface 0.0.0.0 is not loopback: the metrics need a token there; pass "
+        "--key-file or --metrics-token-file, or leave --metrics-interface at 127.0.0.1")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(SystemExit):
+        main(["serve", absent, "--metrics-port", "0", "--metrics-token-file", str(fifo)])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"split-host: error: --metrics-token-file {fifo}: not a regular file")
 
 
 def test_off_loopback_the_host_asks_for_its_token(mobilenet_bundle, caplog) -> None:
