@@ -31,12 +31,16 @@ from typing import Any
 from calibration.latency import LatencyModel, _batch_key
 from calibration.table import SplitTable
 from calibration.timing import Spread
-from splitedge import FORMATS, PRECISIONS, CalibrationError, Fields, join, shown, write_atomically
+from splitedge import (
+    FORMATS, PRECISIONS, CalibrationError, Fields, join, read_text_bounded, shown, write_atomically,
+)
 
 _fields = Fields(CalibrationError)  # field checks raising this package's error
 
 SCHEMA = "splitedge.calibration/2"
 FILENAME = "calibration.json"
+#: The largest calibration file read: a board's holds a few tables of a few KB each.
+MAX_FILE_BYTES = 64 << 20
 LINK_FIELDS = ("rtt_ms", "probe_bytes", "probe_ms", "rate_bps")
 #: Link timings that may carry a spread (the rate is a slope of medians: it has none of its own).
 LINK_SPREAD_FIELDS = ("rtt_ms", "probe_ms")
@@ -388,7 +392,7 @@ def load_all(path: str | Path, bundle_id: str | None = None, manifest_sha256: st
     if path.is_dir():
         path = path / FILENAME
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text_bounded(path, MAX_FILE_BYTES)  # a path a trace names may be a FIFO or /dev/zero
     except FileNotFoundError:
         raise CalibrationError(
             f"no calibration for this bundle at {path}; run split-device calibrate {path.parent}"

@@ -26,8 +26,8 @@ import numpy as np
 
 from calibration import Calibrations
 from fieldtrial import compare_plots, page
-from fieldtrial.report import SUMMARY_FILE, write_report
-from fieldtrial.trace import Trace, load_trace
+from fieldtrial.report import SUMMARY_FILE, strict_json, write_report
+from fieldtrial.trace import MAX_LINE_BYTES, Trace, load_trace
 from splitedge import SplitEdgeError
 
 __all__ = [
@@ -65,7 +65,7 @@ def trace_paths(paths: Sequence[str | Path]) -> list[Path]:
     found: list[Path] = []
     for path in map(Path, paths):
         if path.is_dir():
-            traces = [p for p in sorted(path.glob("*.jsonl")) if _starts_a_trace(p)]
+            traces = [p for p in sorted(path.glob("*.jsonl")) if p.is_file() and _starts_a_trace(p)]  # no FIFO
             if not traces:
                 raise SplitEdgeError(f"{path}: no trace in this folder (a *.jsonl file written by split-device run --trace)")
             found += traces
@@ -79,8 +79,8 @@ def trace_paths(paths: Sequence[str | Path]) -> list[Path]:
 def _starts_a_trace(path: Path) -> bool:
     try:
         with path.open(encoding="utf-8") as file:
-            first = json.loads(file.readline() or "null")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            first = json.loads(file.readline(MAX_LINE_BYTES) or "null")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return False
     return isinstance(first, dict) and first.get("type") == "run"
 
@@ -200,7 +200,7 @@ def write_comparison(
         "page": page.PAGE,
     }
     try:
-        (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        (out / SUMMARY_FILE).write_text(strict_json(summary, out / SUMMARY_FILE) + "\n", encoding="utf-8")
     except OSError as exc:
         raise SplitEdgeError(f"cannot write the report into {out}: {exc}") from exc
     page.write_page(out, runs, summary["against_first"], figures)

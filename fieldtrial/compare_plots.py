@@ -17,7 +17,7 @@ import numpy as np
 from fieldtrial import timeline
 from fieldtrial.plots import (
     _colours, _plain_rate_axis, _pyplot, _reason_colours, _save, _series_of, _series_styles, answer_series, draw_cdf,
-    graph_order, series_label, split_label,
+    graph_order, plain_text, series_label, split_label,
 )
 
 if TYPE_CHECKING:
@@ -41,6 +41,7 @@ def _all_splits(runs: Sequence[Run]) -> list[str]:
     return graph_order({f["split"] for run in runs for f in _answered(run)})
 
 
+@plain_text
 def plot_latency_cdfs(runs: Sequence[Run], path: Path) -> bool:
     """Every run's latency CDF (answered frames, capture to answer) on one axis; p50 and p95 dotted."""
     plt = _pyplot()
@@ -57,6 +58,7 @@ def plot_latency_cdfs(runs: Sequence[Run], path: Path) -> bool:
     return True
 
 
+@plain_text
 def plot_split_shares(runs: Sequence[Run], path: Path) -> bool:
     """One bar per run: the share of its answered frames each split ran, input side first."""
     plt = _pyplot()
@@ -84,6 +86,7 @@ def plot_split_shares(runs: Sequence[Run], path: Path) -> bool:
     return True
 
 
+@plain_text
 def plot_rates(runs: Sequence[Run], path: Path) -> bool:
     """Three panels, a bar per run: answered frames per second, the share dropped (stacked by
     reason) and the share of frames with a deadline answered after it."""
@@ -120,6 +123,7 @@ def plot_rates(runs: Sequence[Run], path: Path) -> bool:
     return True
 
 
+@plain_text
 def plot_splits_over_time(runs: Sequence[Run], path: Path) -> bool:
     """The runs on one time axis: each run's split frame by frame (a band per run, a tick per
     answered frame in its split's colour; a frame answered on the board after a deadline refusal or
@@ -172,6 +176,7 @@ def plot_splits_over_time(runs: Sequence[Run], path: Path) -> bool:
     return True
 
 
+@plain_text
 def plot_gains(runs: Sequence[Run], path: Path) -> bool:
     """DSC Eq. 7: each run's gain over every split held static, grouped by static split; False
     (nothing drawn) when no run had a calibration and a rate estimate."""

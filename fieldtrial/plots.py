@@ -9,12 +9,13 @@ install matplotlib at all.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -29,6 +30,7 @@ __all__ = [
     "answer_series",
     "draw_cdf",
     "graph_order",
+    "plain_text",
     "plot_drop_rate",
     "plot_latency_cdf",
     "plot_latency_over_time",
@@ -55,6 +57,28 @@ def _pyplot() -> ModuleType:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+_Plot = TypeVar("_Plot", bound=Callable[..., Any])
+
+
+def plain_text(plot: _Plot) -> _Plot:
+    """``plot`` with every string drawn as written, never parsed as mathtext. Split names, drop
+    reasons and run labels come from traces (untrusted input), and matplotlib parses a string
+    with two unescaped ``$`` as mathtext: a split named ``$\\frac{a}{$`` ended the report in a
+    ParseSyntaxException. Off for the whole figure, from its first text to its last tick label
+    (drawn when saved), so no name needs escaping at each call."""
+
+    @functools.wraps(plot)
+    def drawn(*args: Any, **kwargs: Any) -> Any:
+        try:
+            import matplotlib
+        except ImportError:  # the plot's _pyplot() says what to install
+            return plot(*args, **kwargs)
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return plot(*args, **kwargs)
+
+    return drawn  # type: ignore[return-value]
 
 
 def split_label(split: str) -> str:
@@ -155,6 +179,7 @@ def _save(plt: ModuleType, fig: Any, path: str | Path) -> None:
         plt.close(fig)
 
 
+@plain_text
 def plot_table(calibration: Calibration, path: str | Path) -> None:
     """DSC Fig. 2: the best split (Eq. 6) for each batch size (rows) and link rate (log x axis).
 
@@ -196,6 +221,7 @@ def plot_table(calibration: Calibration, path: str | Path) -> None:
     _save(plt, fig, path)
 
 
+@plain_text
 def plot_latency_over_time(
     frames: Sequence[dict[str, Any]], path: str | Path, link_rates: Sequence[dict[str, Any]] = (),
     frame_bounds: Sequence[Bound] = (),
@@ -352,6 +378,7 @@ def _plain_log_ticks(axis: Any, low: float, high: float) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
+@plain_text
 def plot_latency_cdf(frames: Sequence[dict[str, Any]], path: str | Path) -> None:
     """Empirical CDF of the answered frames' total latency: one curve per series (a split, or the
     local split's frames by why they ran there: :func:`answer_series`) and one for all.
@@ -392,6 +419,7 @@ def draw_cdf(ax: Any, values: Sequence[float], colour: Any, width: float, label:
     ax.set_ylim(0, 1.02)
 
 
+@plain_text
 def plot_drop_rate(frames: Sequence[dict[str, Any]], path: str | Path, window_s: float = 1.0) -> None:
     """Share of the frames captured in each ``window_s`` window that were dropped, stacked by reason
     (the colours of the drop track in ``latency_over_time``).
@@ -441,6 +469,7 @@ _WAIT_COLOURS = {"queue": "lightgrey", "slot": "silver", "host_queue": "darkgrey
 _WAIT_LABELS = {"queue": "wait: board queue", "slot": "wait: in-flight slot", "host_queue": "wait: host queue"}
 
 
+@plain_text
 def plot_measured_vs_model(comparison: dict[str, dict[str, Any]], path: str | Path) -> None:
     """Per split, two stacked bars: the model's prediction (DSC Eq. 4: head, transfer, tail, and
     preprocessing where the calibration timed it) and what was measured, stage by stage, with the

@@ -34,10 +34,10 @@ import calibration as cal
 from calibration import Calibration, CalibrationError, Calibrations, gains_over_static
 from device_runtime import LOCAL
 from fieldtrial import bounds, plots, timeline
-from fieldtrial.trace import Trace, load_trace, records_waits
+from fieldtrial.trace import MAX_SHOWN, OTHER, Trace, load_trace, records_waits
 from splitedge import SplitEdgeError
 
-__all__ = ["PLOTS", "SUMMARY_FILE", "format_summary", "summarize", "write_report"]
+__all__ = ["PLOTS", "SUMMARY_FILE", "format_summary", "strict_json", "summarize", "write_report"]
 
 SUMMARY_FILE = "summary.json"
 #: The plots of every report, each drawn from the trace and its answered frames' bounds (floor, oracle).
@@ -78,9 +78,12 @@ def _per_split(answered: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     the span from the first to the last answered capture.
     """
     spans = [b["t"] - a["t"] for a, b in zip(answered, answered[1:])] + [0.0]
+    frames_of: dict[str, list[int]] = {}  # one pass: a pass per split was quadratic in the splits
+    for i, f in enumerate(answered):
+        frames_of.setdefault(f["split"], []).append(i)
     out: dict[str, dict[str, Any]] = {}
-    for split in plots.graph_order(f["split"] for f in answered):
-        mine = [i for i, f in enumerate(answered) if f["split"] == split]
+    for split in plots.graph_order(frames_of):
+        mine = frames_of[split]
         latency = _percentiles([answered[i]["total_ms"] for i in mine])
         out[split] = {
             "frames": len(mine),
@@ -302,7 +305,7 @@ def _calibration_for(
     """
     tables: Calibration | Calibrations | None = given
     recorded = run.get("calibration")
-    if tables is None and recorded and Path(recorded).exists():
+    if tables is None and isinstance(recorded, str) and recorded and Path(recorded).exists():
         try:
             tables = cal.load_all(recorded)
         except CalibrationError as exc:
@@ -336,10 +339,11 @@ def write_report(
         raise SplitEdgeError(f"no frames in {trace_path}")
     table = _calibration_for(trace.run, trace_path, calibration)
     summary = summarize(trace.run, trace.frames, table, records_waits(trace.run), trace.link_rates)
+    summary["grouped"] = trace.grouped
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        (out_dir / SUMMARY_FILE).write_text(strict_json(summary, trace_path) + "\n", encoding="utf-8")
     except OSError as exc:
         raise SplitEdgeError(f"cannot write the report into {out_dir}: {exc}") from exc
     answered = sorted((f for f in trace.frames if not f.get("dropped")), key=lambda f: (f["t"], f["index"]))
@@ -350,6 +354,15 @@ def write_report(
     if summary.get("predicted_vs_measured"):
         plots.plot_measured_vs_model(summary["predicted_vs_measured"], out_dir / MODEL_PLOT)
     return summary
+
+
+def strict_json(summary: dict[str, Any], source: str | Path) -> str:
+    """``summary`` as strict JSON (RFC 8259: no NaN, no Infinity); a value that is none is an error
+    naming ``source`` in one line, not a traceback or a file other tools refuse."""
+    try:
+        return json.dumps(summary, indent=2, allow_nan=False)
+    except ValueError as exc:
+        raise SplitEdgeError(f"{source}: the summary holds a value JSON has no number for: {exc}") from exc
 
 
 def _ms(value: float | None) -> str:
@@ -373,6 +386,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         *_deadline_lines(summary["deadline_misses"]),
         *_reason_lines(summary["split_reasons"]),
         *_link_rate_lines(summary["link_rate"]),
+        *_grouped_lines(summary.get("grouped") or {}),
         "",
         f"{'split':28s} {'frames':>7s} {'share':>7s} {'seconds':>8s} {'p50 ms':>8s} {'p95 ms':>8s}",
     ]
@@ -486,6 +500,13 @@ def _link_rate_lines(link_rate: dict[str, Any]) -> list[str]:
         line += (f"; the board's estimate ÷ the real rate: p5 {ratio['p5']:.2f}, p50 {ratio['p50']:.2f}, "
                  f"p95 {ratio['p95']:.2f} over {ratio['frames']} frames")
     return [line]
+
+
+def _grouped_lines(grouped: dict[str, dict[str, int]]) -> list[str]:
+    """What the trace had too many distinct values of to show apart (:data:`fieldtrial.trace.MAX_SHOWN`)."""
+    words = {"split": "splits", "drop_reason": "drop reasons", "reason": "kinds of split reason"}
+    return [f"{g['values']} more {words.get(name, name)} than {MAX_SHOWN} on {g['frames']} frames, shown as "
+            f"'{OTHER}'" for name, g in grouped.items()]
 
 
 def _ratio(value: float | None) -> str:

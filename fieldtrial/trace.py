@@ -9,18 +9,21 @@ measurement, and would overflow the sums the report makes of them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from device_runtime.stream import LINK_RATE, TRACE_SCHEMA
-from splitedge import SplitEdgeError, shown
+from splitedge import LOCAL, OFFLOAD, SplitEdgeError, shown
 
 __all__ = [
-    "TRACE_SCHEMA_1", "TRACE_SCHEMA_2", "TRACE_SCHEMA_3", "TRACE_SCHEMA_4", "TRACE_SCHEMA_5", "Trace", "load_trace",
-    "read_trace", "records_waits",
+    "MAX_LINE_BYTES", "MAX_SHOWN", "OTHER", "TRACE_SCHEMA_1", "TRACE_SCHEMA_2", "TRACE_SCHEMA_3", "TRACE_SCHEMA_4",
+    "TRACE_SCHEMA_5", "Trace", "load_trace", "read_trace", "records_waits",
 ]
 
 #: Traces before the waits were recorded: ``tail_ms`` held the host's queue, and nothing else
@@ -44,29 +47,53 @@ _READABLE = tuple(dict.fromkeys(
 class Trace:
     """One run as its trace recorded it: the run record, the frames, and the link's real rate
     where a testbed set it (``link_rates``: ``t``, ``rate_bps``, ``set_by``; sorted by ``t``,
-    empty for a run on a link nobody shaped)."""
+    empty for a run on a link nobody shaped). ``grouped``: per field (``split``, ``drop_reason``,
+    ``reason``), how many distinct values past :data:`MAX_SHOWN` were read as :data:`OTHER` and on
+    how many frames (``{"values": n, "frames": m}``); empty where none was."""
 
     run: dict[str, Any]
     frames: list[dict[str, Any]]
     link_rates: list[dict[str, Any]]
+    grouped: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+#: The longest line a reader takes: the writer's longest (a ``head_times`` record of a big bundle)
+#: is tens of KB; a longer one is no record of it, and reading it whole would cost its size in
+#: memory several times over (a 1 GB line peaked at 3.2 GB).
+MAX_LINE_BYTES = 1 << 20
+#: The most distinct splits (and drop reasons, and kinds of split reason) a report shows apart:
+#: the rest are :data:`OTHER`. A summary, a legend and a colour per value are worth reading up to
+#: a few dozen; 100,000 distinct names cost a report over 900 s of CPU and drew nothing.
+MAX_SHOWN = 24
+#: What the values past :data:`MAX_SHOWN` are grouped as (a space: no split id has one).
+OTHER = "other (grouped)"
+#: The fields of the run record a report copies into its summary or compares (each checked).
+_RUN_SCALARS = ("bundle_id", "policy", "batch", "source", "started_unix", "backend", "precision", "calibration",
+                "schema")
 
 
 def load_trace(path: str | Path) -> Trace:
-    """Every record of a trace a report reads; a malformed line is an error naming its number."""
+    """Every record of a trace a report reads; a malformed line is an error naming its number.
+
+    Read a line at a time, each at most :data:`MAX_LINE_BYTES`, and only the records a report
+    reads are kept (frames, link rates); splits, drop reasons and split reasons past
+    :data:`MAX_SHOWN` distinct values are grouped (:class:`Trace`'s ``grouped``)."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise SplitEdgeError(f"cannot read the trace {path}: {exc}") from exc
-    records = list(_parse(path, lines))
-    if not records or records[0][1].get("type") != "run":
+    run: dict[str, Any] | None = None
+    frames: list[dict[str, Any]] = []
+    rates: list[dict[str, Any]] = []
+    for number, record in _parse(path):
+        if run is None:
+            if record.get("type") != "run":
+                break
+            run = _checked_run(path, number, record)
+        elif record.get("type") == "frame":
+            frames.append(_checked_frame(path, number, record))
+        elif record.get("type") == LINK_RATE:
+            rates.append(_checked_rate(path, number, record))
+    if run is None:
         raise SplitEdgeError(f"{path}: not a splitedge trace (the first line must be the run record)")
-    run = records[0][1]
-    if run.get("schema") not in _READABLE:
-        raise SplitEdgeError(f"{path}: trace schema {run.get('schema')!r}; this version reads {', '.join(_READABLE)}")
-    frames = [_checked_frame(path, number, r) for number, r in records[1:] if r.get("type") == "frame"]
-    rates = [_checked_rate(path, number, r) for number, r in records[1:] if r.get("type") == LINK_RATE]
-    return Trace(run, frames, sorted(rates, key=lambda r: r["t"]))
+    return Trace(run, frames, sorted(rates, key=lambda r: r["t"]), _group(frames))
 
 
 def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -75,19 +102,89 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return trace.run, trace.frames
 
 
-def _parse(path: Path, lines: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    for number, line in enumerate(lines, 1):
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """The file's lines with their numbers, each refused past :data:`MAX_LINE_BYTES` before more of it
+    is read."""
+    try:
+        with path.open("rb") as file:
+            for number in itertools.count(1):
+                line = file.readline(MAX_LINE_BYTES + 1)
+                if not line:
+                    return
+                if len(line) > MAX_LINE_BYTES:
+                    raise SplitEdgeError(f"{path}:{number}: a line longer than {MAX_LINE_BYTES:,} bytes: "
+                                         "no record of a trace is this long")
+                yield number, line
+    except OSError as exc:
+        raise SplitEdgeError(f"cannot read the trace {path}: {exc}") from exc
+
+
+def _parse(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    broken: tuple[int, Exception] | None = None  # a line that is not JSON: an error unless it is the last
+    for number, line in _lines(path):
         if not line.strip():
             continue
+        if broken is not None:
+            raise SplitEdgeError(f"{path}:{broken[0]}: not JSON: {broken[1]}") from broken[1]
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if number == len(lines):  # the last line of a run cut short
-                return
-            raise SplitEdgeError(f"{path}:{number}: not JSON: {exc}") from exc
+            record = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            broken = (number, exc)  # the last line of a run cut short is left out
+            continue
         if not isinstance(record, dict):
             raise SplitEdgeError(f"{path}:{number}: expected a JSON object")
         yield number, record
+
+
+def _checked_run(path: Path, number: int, record: dict[str, Any]) -> dict[str, Any]:
+    """A run record whose fields a report copies into its summary (strict JSON) are null, a word,
+    true or false, or a finite number; ``calibration_key`` null or a list of up to two words."""
+    for name in _RUN_SCALARS:
+        value = record.get(name)
+        if not (value is None or isinstance(value, (str, bool, int)) or (isinstance(value, float) and math.isfinite(value))):
+            raise SplitEdgeError(f"{path}:{number}: the run record's {name} must be null, a word or a finite "
+                                 f"number, got {shown(value)}")
+    key = record.get("calibration_key")
+    if key is not None and not (isinstance(key, list) and len(key) <= 2 and all(isinstance(k, str) for k in key)):
+        raise SplitEdgeError(f"{path}:{number}: the run record's calibration_key must be null or "
+                             f"[backend, precision], got {shown(key)}")
+    if record.get("schema") not in _READABLE:
+        raise SplitEdgeError(f"{path}: trace schema {record.get('schema')!r}; this version reads {', '.join(_READABLE)}")
+    return record
+
+
+#: A field :func:`_group` groups: its name, the frames that have it, its value, and the frame with it
+#: rewritten as :data:`OTHER`.
+_Grouping = tuple[str, list[dict[str, Any]], Callable[[dict[str, Any]], Any], Callable[[dict[str, Any]], None]]
+
+
+def _group(frames: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Past :data:`MAX_SHOWN` distinct splits (the two ends always shown), drop reasons or kinds of
+    split reason, the least frequent are rewritten as :data:`OTHER` in the frames (in place); what
+    was grouped, per field."""
+    answered = [f for f in frames if not f.get("dropped")]
+    fields: tuple[_Grouping, ...] = (
+        ("split", answered, lambda f: f["split"], lambda f: f.__setitem__("split", OTHER)),
+        ("drop_reason", [f for f in frames if f.get("dropped") and isinstance(f.get("drop_reason"), str)],
+         lambda f: f["drop_reason"], lambda f: f.__setitem__("drop_reason", OTHER)),
+        ("reason", [f for f in answered if isinstance(f.get("reason"), dict)],
+         lambda f: f["reason"]["kind"], lambda f: f.__setitem__("reason", {**f["reason"], "kind": OTHER})),
+    )
+    grouped: dict[str, dict[str, int]] = {}
+    for name, mine, value, regroup in fields:
+        counts = Counter(value(f) for f in mine)
+        if len(counts) <= MAX_SHOWN:
+            continue
+        kept = {v for v in (LOCAL, OFFLOAD) if name == "split" and v in counts}
+        for v, _ in counts.most_common():
+            if len(kept) >= MAX_SHOWN - 1:  # and OTHER
+                break
+            kept.add(v)
+        moved = [f for f in mine if value(f) not in kept]
+        for f in moved:
+            regroup(f)
+        grouped[name] = {"values": len(counts) - len(kept), "frames": len(moved)}
+    return grouped
 
 
 #: The bounds of what a trace's fields can hold (module docstring).
@@ -164,6 +261,9 @@ def _checked_rate(path: Path, number: int, record: dict[str, Any]) -> dict[str, 
                              f"±{_MAX_T_S:g}), got {shown(t)}")
     if not _in_range(rate, -math.inf, math.inf):
         raise SplitEdgeError(f"{path}:{number}: a {LINK_RATE} record needs a number rate_bps, got {shown(rate)}")
+    if not isinstance(record.get("set_by"), (str, type(None))):
+        raise SplitEdgeError(f"{path}:{number}: a {LINK_RATE} record's set_by must be null or a word, got "
+                             f"{shown(record.get('set_by'))}")
     if not _MIN_RATE_BPS <= rate <= _MAX_RATE_BPS:
         raise SplitEdgeError(f"{path}:{number}: a {LINK_RATE} record's rate_bps must be > 0 (from {_MIN_RATE_BPS:g} "
                              f"to {_MAX_RATE_BPS:g} bit/s), got {shown(rate)}")

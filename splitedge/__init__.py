@@ -2,7 +2,8 @@
 
 The one error family (:class:`SplitEdgeError` and its narrow subclasses), the checker of
 decoded JSON fields that names the offending field by its path (:mod:`splitedge.fields`),
-the one way to replace a file atomically (:mod:`splitedge.files`), the bounds every numeric flag
+the one way to replace a file atomically (:mod:`splitedge.files`) and to read one a trace or a
+setting names (:mod:`splitedge.reading`: regular files only, a size cap), the bounds every numeric flag
 and setting is checked against where it enters (:mod:`splitedge.numbers`), and the bundle
 contract's words that the lower packages need too (:mod:`splitedge.words`:
 the split words ``LOCAL`` and ``OFFLOAD``, the formats and the precisions). ``calibration``
@@ -20,6 +21,7 @@ from splitedge.errors import (
 )
 from splitedge.fields import Fields, join, shown
 from splitedge.files import write_atomically
+from splitedge.reading import NotReadable, read_bounded, read_text_bounded
 from splitedge.numbers import Bounds, SettingError, as_flag_type, bounds_of
 from splitedge.lifecycle import (
     SIGNAL_EXIT, Runner, Stopped, exit_on_signals, notify, run_command, signals_held, stop_on_signals,
@@ -48,6 +50,7 @@ __all__ = [
     "HostUnavailableError",
     "INT8",
     "LOCAL",
+    "NotReadable",
     "ModelSpecError",
     "OFFLOAD",
     "ONNX",
@@ -71,6 +74,8 @@ __all__ = [
     "exit_on_signals",
     "join",
     "notify",
+    "read_bounded",
+    "read_text_bounded",
     "run_command",
     "shown",
     "signals_held",

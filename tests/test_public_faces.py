@@ -20,10 +20,10 @@ FACES = {
         "AuthenticationError", "BackendError", "BoardFitError", "Bounds", "BundleError", "CalibrationError",
         "CameraError", "ConfigError", "Credential", "CredentialsError", "CutPointError", "DeployError",
         "ExportError", "FLOAT32", "FORMATS", "Fields", "FrameRefused", "HostUnavailableError", "INT8", "LOCAL",
-        "ModelSpecError", "OFFLOAD", "ONNX", "PRECISIONS", "ProtocolError", "RemoteError", "Runner",
+        "ModelSpecError", "NotReadable", "OFFLOAD", "ONNX", "PRECISIONS", "ProtocolError", "RemoteError", "Runner",
         "SIGNAL_EXIT", "ServiceUnit", "SettingError", "SplitEdgeError", "Stopped", "TFLITE", "UNIT_DIR", "ValidationError",
         "as_flag_type", "bounds_of", "brief", "enable_offline", "enable_unit", "exit_on_signals", "join", "notify", "run_command", "shown",
-        "signals_held", "stop_on_signals", "write_atomically", "write_unit",
+        "read_bounded", "read_text_bounded", "signals_held", "stop_on_signals", "write_atomically", "write_unit",
     ],
     "device_runtime": [
         "Artifact", "BOARD_PART", "BOTTLENECK", "Bundle", "CHAIN", "CHAIN_JOIN", "CUT", "FLOAT32", "FORMATS",
