@@ -66,15 +66,19 @@ def is_loopback(address: str) -> bool:
 
 
 def read_token_file(path: str) -> bytes:
-    """``--metrics-token-file``: a regular file of at most 4 KiB, its first line the token
+    """``--metrics-token-file``: a regular file of at most 4 KiB that not every user can read, its first line the token
     (what Prometheus's ``authorization: credentials_file`` sends, surrounding whitespace stripped)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO neither blocks the open nor is read
     except OSError as exc:
         raise SplitEdgeError(f"--metrics-token-file {path}: {exc.strerror}") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
             raise SplitEdgeError(f"--metrics-token-file {path}: not a regular file")
+        if mode & stat.S_IROTH:  # as --key-file: a token every user can read guards nothing
+            raise SplitEdgeError(f"--metrics-token-file {path} is readable by every user (mode "
+                                 f"{stat.S_IMODE(mode):o}); run chmod 600 {path}")
         data = os.read(fd, MAX_TOKEN_FILE_BYTES + 1)
     finally:
         os.close(fd)

@@ -24,7 +24,7 @@ NAME = "splitedge-host"
 #: install-service's own flags: not passed on to serve.
 OWN = {"unit_dir", "name", "user", "dry_run", "no_enable", "command", "bundles"}
 #: Secrets handed over as credentials: (dest, credential name).
-SECRETS = {"key_file": "host.key", "tls_key": "tls-key.pem"}
+SECRETS = {"key_file": "host.key", "tls_key": "tls-key.pem", "metrics_token_file": "metrics.token"}
 PATHS = {"tls_cert"}
 
 SERVICE_EXAMPLES = """\

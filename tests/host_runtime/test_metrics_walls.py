@@ -192,6 +192,10 @@ def test_off_loopback_the_host_asks_for_its_token(mobilenet_bundle, caplog) -> N
 def test_a_token_of_its_own_from_a_file(endpoints, tmp_path) -> None:
     path = tmp_path / "metrics.token"
     path.write_bytes(TOKEN + b"\n")
+    path.chmod(0o644)
+    with pytest.raises(SplitEdgeError, match=f"readable by every user \\(mode 644\\); run chmod 600 {path}"):
+        read_token_file(str(path))
+    path.chmod(0o600)
     token = read_token_file(str(path))
     assert token == TOKEN
     endpoint = endpoints(token=token)
@@ -199,6 +203,7 @@ def test_a_token_of_its_own_from_a_file(endpoints, tmp_path) -> None:
     assert get(endpoint.port, "/metrics?token=" + TOKEN.decode())[0] == 200
     short = tmp_path / "short"
     short.write_bytes(b"abc\n")
+    short.chmod(0o600)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     for bad, why in ((short, "16 to 4096 bytes"), (fifo, "not a regular file"), (tmp_path / "absent", "No such file"),

@@ -60,6 +60,19 @@ def test_dry_run_prints_a_hardened_unit_that_runs_serve_with_the_same_flags(mobi
     assert "--loop" not in argv and "--workers" not in argv  # defaults are left to serve
 
 
+def test_the_metrics_token_file_is_a_credential_too(mobilenet_bundle: Path, key: Path, tmp_path: Path) -> None:
+    token = tmp_path / "metrics.token"
+    token.write_text("t" * 32 + "\n")
+    token.chmod(0o600)
+    flags = ["--metrics-port", "9100", "--metrics-interface", "0.0.0.0", "--metrics-token-file", str(token)]
+    out = host("install-service", str(mobilenet_bundle), "--key-file", str(key), *flags, "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert f"LoadCredential=metrics.token:{token}" in out.stdout.splitlines()
+    argv = exec_start(out.stdout)
+    assert argv[argv.index("--metrics-token-file") + 1] == "%d/metrics.token"
+    assert argv[argv.index("--metrics-interface") + 1] == "0.0.0.0"
+
+
 def test_the_written_unit_passes_systemd_analyze_verify(tmp_path: Path, key: Path) -> None:
     """A bundle path with a space and a % (systemd expands %): quoted and escaped so systemd reads it back."""
     fake_bundle(tmp_path / "my bundles 100%")
