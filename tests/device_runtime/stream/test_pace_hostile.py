@@ -1,0 +1,55 @@
+"""``--pace`` reads an untrusted trace (issue 45): a recorded time of 1e9 ms held the board's engine
+for days, deaf to SIGTERM, and 1e300 overflowed ``time.sleep``. No stage is held past
+:data:`MAX_HOLD_MS`; a time past it, or no time at all, is left out and counted; a stop ends a hold."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from device_runtime.bundle import LOCAL
+from device_runtime.stream import BoardPace, read_pace
+from device_runtime.stream import pace as pace_module
+from device_runtime.stream.pace import MAX_HOLD_MS, PREPROCESS
+from tests.device_runtime.stream.test_pace import record, write
+
+
+@pytest.mark.parametrize("bad", [1e9, 1e300, math.inf, math.nan, -5.0, "10", None])
+def test_a_recorded_time_past_the_bound_is_left_out_and_counted(bad: object) -> None:
+    pace = BoardPace.from_records([record(0, LOCAL, 100.0), record(1, LOCAL, bad, preprocess_ms=bad)])
+    assert pace.target_ms(1, LOCAL, 1) == 100.0  # the split's median, of the times that are times
+    assert pace.target_ms(1, PREPROCESS, 1) == 4.0
+    assert pace.left_out == (0 if bad is None else 2)
+    assert all(0 <= ms <= MAX_HOLD_MS for ms in pace.medians.values())
+    if pace.left_out:
+        assert f"{pace.left_out} recorded stage times left out" in pace.summary()
+
+
+def test_a_trace_of_1e9_ms_heads_is_read_without_holding_to_them(tmp_path: Path) -> None:
+    path = write(tmp_path / "trial.jsonl", [record(0, LOCAL, 1e9), record(1, LOCAL, 80.0)])
+    raw = path.read_text().replace('"head_ms": 80.0', '"head_ms": 1e300')
+    path.write_text(raw + json.dumps(record(2, LOCAL, 60.0, reason="not an object")) + "\n")
+    pace = read_pace(path)
+    assert pace.target_ms(0, LOCAL, 1) == 60.0 and pace.left_out == 2
+
+
+def test_no_hold_outlasts_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pace_module, "MAX_HOLD_MS", 50.0)
+    pace = BoardPace.from_records([record(0, LOCAL, 10.0)])
+    started = time.monotonic()
+    out, ms = pace.hold(1e300, lambda: ("x", 1.0))  # was: OverflowError
+    assert out == "x" and 50.0 <= ms < 2_000.0 and time.monotonic() - started < 2.0
+
+
+def test_a_stop_ends_a_hold_at_once() -> None:
+    pace = BoardPace.from_records([record(0, LOCAL, 10.0)])
+    threading.Timer(0.2, pace.stop).start()
+    started = time.monotonic()
+    pace.hold(MAX_HOLD_MS, lambda: ("x", 0.0))
+    assert time.monotonic() - started < 2.0
+    assert pace.hold(MAX_HOLD_MS, lambda: ("y", 0.0)) == ("y", 0.0)  # stopped: nothing more is held
