@@ -12,6 +12,7 @@ builds them.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,6 +92,36 @@ frame_size.bounds = FRAME_SIDE  # type: ignore[attr-defined]
 frame_size.template = "{}x480"  # type: ignore[attr-defined]
 
 
+#: A camera's own frame rate in its spec (``synthetic:FPS``, ``picam@FPS``): as --fps, above any
+#: camera a board takes (``synthetic:nan`` was taken for a rate); the Pi camera's is above 0.
+CAMERA_FPS = Bounds(float, 0, 1000, "frames per second", "15", zero="as fast as it can")
+PICAM_FPS = Bounds(float, 0, 1000, "frames per second", "15", low_open=True)
+#: ``picam[N][:WIDTHxHEIGHT][@FPS]``, as device_runtime.stream.picamera reads it.
+_PICAM = re.compile(r"picam(?P<num>\d*)(?::(?P<w>\d+)x(?P<h>\d+))?(?:@(?P<fps>\d+(?:\.\d+)?))?")
+
+
+def camera(value: str) -> str:
+    """Any source ``run`` may open (text, as :func:`text`); the numbers of ``synthetic:FPS`` and
+    ``picam[N][:WIDTHxHEIGHT][@FPS]`` checked here, within :data:`CAMERA_FPS`, :data:`PICAM_FPS` and
+    :data:`FRAME_SIDE` (a camera number of at most three digits)."""
+    value = text(value)
+    if value.startswith("synthetic:"):
+        try:
+            CAMERA_FPS(value.partition(":")[2])
+        except SettingError:
+            raise SettingError(f"camera {value!r}: expected synthetic:FPS, the rate {CAMERA_FPS.describe()}, like "
+                               f"synthetic:15") from None
+    match = _PICAM.fullmatch(value)
+    if match is not None:
+        sides = [int(match[side]) for side in ("w", "h") if match[side]]
+        if not all(FRAME_SIDE.contains(side) for side in sides) or (
+                match["fps"] and not PICAM_FPS.contains(float(match["fps"]))) or len(match["num"]) > 3:
+            raise SettingError(f"camera {value!r}: expected picam[N][:WIDTHxHEIGHT][@FPS], each side from "
+                               f"{FRAME_SIDE.low:g} to {FRAME_SIDE.high:g} pixels and the rate "
+                               f"{PICAM_FPS.describe()}, like picam:1280x720@15")
+    return value
+
+
 def host(value: str) -> str:
     """``auto`` or ``IP:PORT``: a host without a port is never found."""
     value = text(value)
@@ -158,7 +189,7 @@ KEYS: dict[str, Key] = {k.dest: k for k in (
     Key("precision", one_of(*PRECISIONS), str),
     Key("threads", THREADS, int),
     Key("preprocess", one_of(*PREPROCESS_PATHS), str),
-    Key("camera", text, (str, int), commands=("run",)),
+    Key("camera", camera, (str, int), commands=("run",)),
     Key("split", text, str, commands=("run",)),
     Key("batch", BATCH, int, commands=("run",)),
     Key("deadline_ms", DEADLINE_MS, (int, float), commands=("run",)),

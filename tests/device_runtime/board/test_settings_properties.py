@@ -81,3 +81,16 @@ def test_a_file_saying_what_no_flag_may_is_one_line(tmp_path: Path, line: str) -
         load_settings(run_checker(), environ={}, files=[path])
     message = str(info.value)
     assert str(path) in message and line.split(" ")[0] in message and "\n" not in message and "expected" in message
+
+
+@pytest.mark.parametrize("spec", ["synthetic:nan", "synthetic:inf", "synthetic:-1", "synthetic:1e12",
+                                  "picam:100000x100000", "picam:0x480", "picam@0", "picam@5000", "picam99999"])
+def test_a_camera_spec_s_numbers_are_checked_where_it_enters(spec: str) -> None:
+    with pytest.raises(SettingError, match=r"^camera .*expected .* to 1000"):
+        KEYS["camera"].check(spec)
+
+
+@pytest.mark.parametrize("spec", ["synthetic", "synthetic:15", "synthetic:0", "picam", "picam1:1280x720@15",
+                                  "picam@7.5", "0", "2", "clip.mp4", "photos/", "picam.mp4"])
+def test_a_camera_spec_in_range_or_not_a_spec_at_all_is_taken(spec: str) -> None:
+    assert KEYS["camera"].check(spec) == spec
