@@ -11,7 +11,9 @@ request, raising the host's infer p99 9.3x (issue 45). Here:
 - **one deadline per request**, :data:`REQUEST_TIMEOUT_S` from accept to the last byte answered,
   whatever arrives meanwhile (a header byte every few seconds does not extend it);
 - a request (line and headers) of at most :data:`MAX_REQUEST_BYTES`, else 431; no body is read;
-- the text is **rendered once per** :data:`CACHE_S` whatever the number of scrapers;
+- the text is **rendered once per** :data:`CACHE_S` whatever the number of scrapers, and the
+  thread takes at most :data:`MAX_DUTY` of a core (it rests after each turn in proportion to the
+  CPU time the turn took), so scrapers in a loop cannot take the GIL from the host's event loop;
 - bound anywhere but loopback it **asks for a token** (``Authorization: Bearer TOKEN`` or
   ``?token=TOKEN``, compared in constant time as bytes, so a token of any bytes is a 401, not an
   error): ``--metrics-token-file``'s, else :func:`metrics_token` of ``--key-file``'s key.
@@ -24,6 +26,7 @@ import hmac
 import ipaddress
 import logging
 import os
+import select
 import selectors
 import socket
 import stat
@@ -41,6 +44,11 @@ MAX_CONNECTIONS = 64  # scrapers are a Prometheus or two; past this the oldest u
 REQUEST_TIMEOUT_S = 5.0  # accept to the answer's last byte, whatever the client sends meanwhile
 MAX_REQUEST_BYTES = 8192  # request line and headers
 CACHE_S = 1.0  # scrapes within this of a render get its text
+#: The share of one core (and of the GIL, which the host's event loop needs) the endpoint may take:
+#: after each turn it rests 1 / MAX_DUTY - 1 times the CPU time the turn took. Scrapers in a loop
+#: wait in the kernel's queue meanwhile; a Prometheus scraping every few seconds never notices.
+MAX_DUTY = 0.05
+_MAX_REST_S = 2.0
 MAX_TOKEN_FILE_BYTES = 4096
 #: Domain separation: the token is this label's HMAC under the pre-shared key, so the key never
 #: appears in a scrape config and the token is good for nothing else (not the live page's, not frames').
@@ -140,9 +148,10 @@ class MetricsEndpoint:
 
     def __init__(self, render: Callable[[], bytes], address: str, port: int, *, token: bytes | None = None,
                  note: str = "", max_connections: int = MAX_CONNECTIONS, request_timeout: float = REQUEST_TIMEOUT_S,
-                 max_request_bytes: int = MAX_REQUEST_BYTES, cache_s: float = CACHE_S,
+                 max_request_bytes: int = MAX_REQUEST_BYTES, cache_s: float = CACHE_S, max_duty: float = MAX_DUTY,
                  clock: Callable[[], float] = time.monotonic) -> None:
         assert max_connections >= 1 and request_timeout > 0 and max_request_bytes > 0 and cache_s >= 0
+        assert 0 < max_duty <= 1
         self._render = render
         self.token = token
         self.note = note  # what the start line adds (the token asked for)
@@ -150,6 +159,8 @@ class MetricsEndpoint:
         self.request_timeout = request_timeout
         self.max_request_bytes = max_request_bytes
         self.cache_s = cache_s
+        self.max_duty = max_duty
+        self.busy_s = 0.0  # CPU time the thread spent serving (its rests are 1 / max_duty - 1 times this)
         self._clock = clock
         # What it did, for tests and logs: renders made, connections shed for a new one, refused
         # (the table full of answers being written), closed at their deadline.
@@ -204,6 +215,7 @@ class MetricsEndpoint:
         try:
             while not self._closing:
                 events = self._selector.select(self._timeout())
+                turn = time.thread_time()
                 now = self._clock()
                 for key, mask in events:
                     if key.fileobj is self._listener:
@@ -222,12 +234,25 @@ class MetricsEndpoint:
                 if self._accept_paused_until is not None and now >= self._accept_paused_until:
                     self._accept_paused_until = None
                     self._selector.register(self._listener, selectors.EVENT_READ)
+                busy = time.thread_time() - turn
+                self.busy_s += busy
+                self._rest(busy * (1 / self.max_duty - 1))
         finally:
             for connection in list(self._connections.values()):
                 self._drop(connection)
             self._selector.close()
             for sock in (self._listener, self._wake_r, self._wake_w):
                 sock.close()
+
+    def _rest(self, seconds: float) -> None:
+        """Sleep ``seconds`` (at most :data:`_MAX_REST_S`), woken early only by :meth:`close`."""
+        if seconds <= 0 or self._closing:
+            return
+        end = time.monotonic() + min(seconds, _MAX_REST_S)
+        while not self._closing and (left := end - time.monotonic()) > 0:
+            select.select([self._wake_r], [], [], left)
+            if self._closing:
+                return
 
     def _timeout(self) -> float | None:
         if not self._connections and self._accept_paused_until is None:
