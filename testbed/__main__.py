@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from splitedge import SplitEdgeError
+from splitedge import exit_on_signals
 from testbed import replay
 
 
@@ -20,13 +20,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """A bad trace or setting is one line and status 2; SIGINT or SIGTERM unwind the replay (its board
+    killed, its link and host taken down) and end it with one line and status 130 or 143."""
     args = build_parser().parse_args(argv)
-    try:
+
+    def command() -> int:
         print(replay.main(args))
-    except SplitEdgeError as exc:
-        print(f"testbed: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return exit_on_signals("testbed", command)
 
 
 if __name__ == "__main__":

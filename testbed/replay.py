@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import subprocess
 import sys
@@ -57,14 +58,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from splitedge import SplitEdgeError
+from splitedge import SplitEdgeError, shown
 from testbed.kernel_link import EmulatedLink, unavailable_reason
 from testbed.namespace_host import DEFAULT_PORT, own_peer, serve_in
 from testbed.schedule import RateSchedule, RateStep, trace_steps
 
 __all__ = [
-    "BOARD_LOG", "ESTIMATES", "LINK_RATES", "MEASURED", "OWN", "RECORDED", "RecordedLink", "board_argv", "board_speed", "board_times",
-    "main",
+    "BOARD_LOG", "ESTIMATES", "LINK_RATES", "MAX_INDEX", "MAX_LINE_BYTES", "MAX_RATE_BPS", "MAX_T_S", "MEASURED",
+    "MIN_RATE_BPS", "OWN", "RECORDED", "RecordedLink", "board_argv", "board_speed", "board_times", "main",
     "read_trace", "recorded_link", "remaining", "replay", "replay_source",
 ]
 
@@ -103,32 +104,93 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]], 
     """The run record, frame records and ``link_rate`` records of a trace: what a replay needs of it.
 
     The testbed sits beside ``fieldtrial`` (which has the full reader) and may not import it; a
-    line cut short at the end (a run that lost power) is left out, any other bad line is an error."""
-    records = _records(path)
-    frames = [r for r in records if isinstance(r, dict) and r.get("type") == "frame"]
-    rates = [r for r in records if isinstance(r, dict) and r.get("type") == "link_rate"]
+    line cut short at the end (a run that lost power) is left out, any other bad line is an error.
+    A trace is untrusted input: each field a replay reads is checked here (:func:`_checked`), and a
+    bad one is an error naming its line and field."""
+    frames, rates = [], []
+    records = _numbered(path)
+    for number, record in records[1:]:
+        if isinstance(record, dict) and record.get("type") in ("frame", "link_rate"):
+            (frames if record["type"] == "frame" else rates).append(_checked(Path(path), number, record))
     if not frames:
         raise SplitEdgeError(f"{path}: no frames to replay")
-    return records[0], frames, rates
+    return records[0][1], frames, rates
+
+
+#: The bounds of what a replay takes from a trace: a frame's or a link_rate's ``t`` within a day of the
+#: run's start (a last frame at t = 1e12 scheduled a link for 31,700 years), a frame's ``index``
+#: under ten million (the replay runs that many frames), a rate from 1 bit/s to 10 Tbit/s (a link's).
+MAX_T_S = 86_400.0
+MAX_INDEX = 10_000_000
+MIN_RATE_BPS, MAX_RATE_BPS = 1.0, 1e13
+#: The longest line read: a trace's longest record is tens of KB (see fieldtrial.trace.MAX_LINE_BYTES).
+MAX_LINE_BYTES = 1 << 20
+
+
+def _number(value: Any, low: float, high: float) -> bool:
+    """A JSON number (not a bool) in [low, high]; NaN and the infinities fail the comparison."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and low <= value <= high
+
+
+def _checked(path: Path, number: int, record: dict[str, Any]) -> dict[str, Any]:
+    """A frame or link_rate record with the fields a replay reads in their bounds; else an error naming
+    the line and the field: ``t`` always; a frame's ``index``, and its ``rate_bps`` (null or a rate)
+    where it was answered; a link_rate's ``rate_bps``."""
+    kind = record["type"]
+
+    def bad(name: str, expected: str) -> SplitEdgeError:
+        return SplitEdgeError(f"{path}:{number}: a {kind} record's {name} must be {expected}, got "
+                              f"{shown(record.get(name))}")
+
+    if not _number(record.get("t"), -MAX_T_S, MAX_T_S):
+        raise bad("t", f"a number of seconds within ±{MAX_T_S:g} of the run's start")
+    rate = record.get("rate_bps")
+    rate_ok = _number(rate, MIN_RATE_BPS, MAX_RATE_BPS)
+    if kind == "link_rate":
+        if not rate_ok:
+            raise bad("rate_bps", f"a rate from {MIN_RATE_BPS:g} to {MAX_RATE_BPS:g} bit/s")
+        return record
+    index = record.get("index")
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_INDEX:
+        raise bad("index", f"an integer from 0 to {MAX_INDEX - 1}")
+    if not isinstance(record.get("dropped", False), bool):
+        raise bad("dropped", "true or false")
+    if not record.get("dropped") and rate is not None and rate != 0 and not rate_ok:
+        raise bad("rate_bps", f"null or a rate from {MIN_RATE_BPS:g} to {MAX_RATE_BPS:g} bit/s")
+    return record
 
 
 def _records(path: str | Path) -> list[Any]:
     """Every record of a trace, the run record first (:func:`read_trace`)."""
+    return [record for _, record in _numbered(path)]
+
+
+def _numbered(path: str | Path) -> list[tuple[int, Any]]:
+    """Every record of a trace with its line number, the run record first; a line is read at most
+    :data:`MAX_LINE_BYTES` at a time (a longer one is refused before the rest of it is read)."""
     path = Path(path)
+    records: list[tuple[int, Any]] = []
+    broken: tuple[int, Exception] | None = None  # a line that is not JSON: an error unless it is the last
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        with path.open("rb") as file:
+            for number in itertools.count(1):
+                line = file.readline(MAX_LINE_BYTES + 1)
+                if not line:
+                    break
+                if len(line) > MAX_LINE_BYTES:
+                    raise SplitEdgeError(f"{path}:{number}: a line longer than {MAX_LINE_BYTES:,} bytes: no record "
+                                         "of a trace is this long")
+                if not line.strip():
+                    continue
+                if broken is not None:
+                    raise SplitEdgeError(f"{path}:{broken[0]}: not JSON: {broken[1]}") from broken[1]
+                try:
+                    records.append((number, json.loads(line.decode("utf-8"))))
+                except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+                    broken = (number, exc)
     except OSError as exc:
         raise SplitEdgeError(f"cannot read the trace {path}: {exc}") from exc
-    records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            if number < len(lines):
-                raise SplitEdgeError(f"{path}:{number}: not JSON: {exc}") from exc
-    if not records or not isinstance(records[0], dict) or records[0].get("type") != "run":
+    if not records or not isinstance(records[0][1], dict) or records[0][1].get("type") != "run":
         raise SplitEdgeError(f"{path}: not a splitedge trace (the first line must be the run record)")
     return records
 
@@ -312,10 +374,10 @@ def replay(
     ``split-device ARGV`` (a benchmark pins the board to a CPU of its own); ``times``: what the
     board decides with (:func:`board_times`' ``asked``: ``--board-times``); ``speed``: how fast it
     runs (:func:`board_speed`'s ``asked``: ``--board-speed``)."""
+    run, frames, link_rates = read_trace(trace)  # a bad trace is refused anywhere, first
     reason = unavailable_reason()
     if reason is not None:
         raise SplitEdgeError(f"cannot emulate a link here: {reason} (a replay needs root, ip and tc)")
-    run, frames, link_rates = read_trace(trace)
     recorded_times = any(isinstance(r, dict) and r.get("type") == _HEAD_TIMES for r in _records(trace))
     decided_with, why = board_times(run, recorded_times, _bundle_id(bundle), policy, times)
     paced, paced_why = board_speed(run, _bundle_id(bundle), speed)
