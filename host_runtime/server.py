@@ -420,18 +420,18 @@ _HANDLERS: dict[type[Request], Callable[[_HostProtocol, Any, float], None]] = {
 
 
 @contextmanager
-def _port_in_use(host: str, port: int, flag: str) -> Iterator[None]:
+def _port_in_use(host: str, port: int, flag: str, address_flag: str = "--interface") -> Iterator[None]:
     """A port another process holds, or an address that is none of this machine's, becomes one
     line that says what to do, not a traceback."""
     try:
         yield
     except socket.gaierror as exc:
-        raise SplitEdgeError(f"--interface {host} is not an address: {exc.strerror}; give one of this machine's "
+        raise SplitEdgeError(f"{address_flag} {host} is not an address: {exc.strerror}; give one of this machine's "
                              "addresses, or 0.0.0.0 for all") from None
     except OSError as exc:
         if exc.errno == errno.EADDRNOTAVAIL:
-            raise SplitEdgeError(f"--interface {host} is not an address of this machine; give one of its addresses, "
-                                 "or 0.0.0.0 for all") from None
+            raise SplitEdgeError(f"{address_flag} {host} is not an address of this machine; give one of its "
+                                 "addresses, or 0.0.0.0 for all") from None
         if exc.errno != errno.EADDRINUSE:
             raise
         raise SplitEdgeError(
@@ -557,7 +557,7 @@ class HostServer:
             try:
                 metrics_host = self.config.metrics_host
                 token, note = endpoint_token(metrics_host, self.config.key, self.config.metrics_token)
-                with _port_in_use(metrics_host, self.config.metrics_port, "--metrics-port"):
+                with _port_in_use(metrics_host, self.config.metrics_port, "--metrics-port", "--metrics-interface"):
                     self.metrics = self.stats.serve_http(metrics_host, self.config.metrics_port, token=token, note=note)
             except SplitEdgeError:
                 self._server.close()

@@ -166,6 +166,18 @@ def test_the_cli_refuses_an_address_without_a_token_before_anything_loads(tmp_pa
         f"split-host: error: --metrics-token-file {fifo}: not a regular file")
 
 
+def test_a_metrics_interface_not_of_this_machine_is_one_line_naming_it(mobilenet_bundle, capsys, tmp_path) -> None:
+    key_file = tmp_path / "host.key"
+    key_file.write_text("ab" * 32 + "\n")
+    key_file.chmod(0o600)
+    status = main(["serve", str(mobilenet_bundle), "--interface", "127.0.0.1", "--port", "0", "--no-zeroconf",
+                   "--metrics-port", "0", "--metrics-interface", "192.0.2.1", "--key-file", str(key_file)])
+    err = capsys.readouterr().err
+    assert status == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == ("split-host: error: --metrics-interface 192.0.2.1 is not an address of "
+                                            "this machine; give one of its addresses, or 0.0.0.0 for all")
+
+
 def test_off_loopback_the_host_asks_for_its_token(mobilenet_bundle, caplog) -> None:
     caplog.set_level(logging.DEBUG)
     token = metrics_token(KEY)
