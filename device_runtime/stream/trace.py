@@ -137,23 +137,36 @@ def append_link_rate(path: str | Path, rate_bps: float, set_by: str) -> None:
         raise SplitEdgeError(f"cannot add the link's rate to the trace {path}: {exc}") from exc
 
 
+#: The longest line :func:`read_records` takes: the writer's longest (a ``head_times`` record of a
+#: big bundle) is tens of KB; a longer one is no record of it, and is refused before it is read whole.
+MAX_LINE_BYTES = 1 << 20
+
+
 def read_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     """A trace's records with their line numbers, the run record first. A line cut short at the
-    end (a run that lost power) is left out; a file that is not a trace is an error that says so."""
+    end (a run that lost power) is left out; a file that is not a trace is an error that says so,
+    as is a line longer than :data:`MAX_LINE_BYTES` (read a line at a time: a trace is untrusted)."""
     path = Path(path)
+    records: list[tuple[int, Any]] = []
+    broken: tuple[int, Exception] | None = None  # a line that is not JSON: an error unless it is the last
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        with path.open("rb") as file:
+            number = 0
+            while line := file.readline(MAX_LINE_BYTES + 1):
+                number += 1
+                if len(line) > MAX_LINE_BYTES:
+                    raise SplitEdgeError(f"{path}:{number}: a line longer than {MAX_LINE_BYTES:,} bytes: no record "
+                                         "of a trace is this long")
+                if not line.strip():
+                    continue
+                if broken is not None:
+                    raise SplitEdgeError(f"{path}:{broken[0]}: not JSON: {broken[1]}") from broken[1]
+                try:
+                    records.append((number, json.loads(line.decode("utf-8"))))
+                except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+                    broken = (number, exc)
     except OSError as exc:
         raise SplitEdgeError(f"cannot read the trace {path}: {exc}") from exc
-    records: list[tuple[int, Any]] = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            records.append((number, json.loads(line)))
-        except json.JSONDecodeError as exc:
-            if number < len(lines):
-                raise SplitEdgeError(f"{path}:{number}: not JSON: {exc}") from exc
     if not records or not isinstance(records[0][1], dict) or records[0][1].get("type") != "run":
         raise SplitEdgeError(f"{path}: not a splitedge trace (the first line must be the run record)")
     return [(number, record) for number, record in records if isinstance(record, dict)]

@@ -16,6 +16,7 @@ from device_runtime.bundle import LOCAL
 from device_runtime.stream import BoardPace, read_pace
 from device_runtime.stream import pace as pace_module
 from device_runtime.stream.pace import MAX_HOLD_MS, PREPROCESS
+from splitedge.errors import SplitEdgeError
 from tests.device_runtime.stream.test_pace import record, write
 
 
@@ -53,3 +54,17 @@ def test_a_stop_ends_a_hold_at_once() -> None:
     pace.hold(MAX_HOLD_MS, lambda: ("x", 0.0))
     assert time.monotonic() - started < 2.0
     assert pace.hold(MAX_HOLD_MS, lambda: ("y", 0.0)) == ("y", 0.0)  # stopped: nothing more is held
+
+
+def test_a_line_past_the_cap_is_one_error_naming_it(tmp_path: Path) -> None:
+    path = write(tmp_path / "trial.jsonl", [record(0, LOCAL, 80.0)])
+    path.write_text(path.read_text() + json.dumps({"type": "note", "x": "y" * (2 << 20)}) + "\n"
+                    + json.dumps(record(1, LOCAL, 60.0)) + "\n")
+    with pytest.raises(SplitEdgeError, match=r"trial.jsonl:3: a line longer than"):
+        read_pace(path)
+
+
+def test_a_cut_short_last_line_is_left_out(tmp_path: Path) -> None:
+    path = write(tmp_path / "trial.jsonl", [record(0, LOCAL, 80.0)])
+    path.write_text(path.read_text() + '{"type": "frame", "index": \n\n')
+    assert read_pace(path).target_ms(0, LOCAL, 1) == 80.0
