@@ -31,12 +31,15 @@ from typing import Any
 import tomli_w
 
 from device_runtime.board.run_settings import KEYS, Key, SettingError
-from splitedge import ConfigError, shown, write_atomically
+from splitedge import ConfigError, read_bounded, read_text_bounded, shown, write_atomically
 
 __all__ = ["FILENAME", "KEYS", "Setting", "Settings", "apply_settings", "config_files", "load_settings",
            "run_checker", "write_settings"]
 
 FILENAME = "device.toml"
+#: A settings file is a dozen keys; one past 1 MiB is not one, and is refused unread rather than read
+#: whole (a link to /dev/zero never ends, a FIFO never answers: neither is read).
+MAX_FILE_BYTES = 2**20
 _TYPE_WORDS = {str: "a string", int: "an integer", float: "a number", (int, float): "a number",
                (str, int): "a string or an integer"}
 
@@ -72,16 +75,18 @@ def _toml_reader():
 def _toml(path: Path) -> dict[str, Any]:
     tomllib = _toml_reader()
     try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
+        return tomllib.loads(read_text_bounded(path, MAX_FILE_BYTES))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}): correct it, or rewrite the file without it "
+                          f"with split-device config --file {path} --set KEY=VALUE") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc}): correct that line, or rewrite the file without it "
                           f"with split-device config --file {path} --set KEY=VALUE") from exc
     except RecursionError:
         raise ConfigError(f"{path}: nested too deep to be a settings file: correct it, or rewrite it with "
                           f"split-device config --file {path} --set KEY=VALUE") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot be read ({exc.strerror})") from exc
+    except OSError as exc:  # splitedge.NotReadable too: not a regular file, or longer than MAX_FILE_BYTES
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
 
 
 def _salvage(path: Path) -> tuple[dict[str, Any], list[int]]:
@@ -90,13 +95,18 @@ def _salvage(path: Path) -> tuple[dict[str, Any], list[int]]:
     tomllib = _toml_reader()
     kept: dict[str, Any] = {}
     dropped = []
-    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
-    for number, line in enumerate(lines, 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
+    try:
+        data = read_bounded(path, MAX_FILE_BYTES)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc}): remove it, then split-device config "
+                          f"--file {path} --set KEY=VALUE writes a new one") from exc
+    for number, raw in enumerate(data.splitlines(), 1):
         try:
+            line = raw.decode("utf-8")  # a line that is not UTF-8 is dropped, not kept with U+FFFD in it
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
             kept.update(tomllib.loads(line))
-        except (tomllib.TOMLDecodeError, RecursionError):
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
             dropped.append(number)
     return {k: v for k, v in kept.items() if k in KEYS}, dropped
 

@@ -184,13 +184,14 @@ def test_the_flags_refuse_what_the_files_refuse(flag: str, value: str) -> None:
 
 
 @pytest.mark.parametrize("text", [
-    "camera = 0\nhost = \nthreads = 3\n",  # a broken line amid good ones
-    "x = " + "[" * 5000 + "]" * 5000 + "\nthreads = 3\n",  # nested too deep for the reader
+    b"camera = 0\nhost = \nthreads = 3\n",  # a broken line amid good ones
+    b"x = " + b"[" * 5000 + b"]" * 5000 + b"\nthreads = 3\n",  # nested too deep for the reader
+    b'camera = "\xff"\nthreads = 3\n',  # not UTF-8: a UnicodeDecodeError traceback once (issue 45)
 ])
-def test_a_broken_file_is_one_line_and_set_repairs_it(dirs, text: str) -> None:
+def test_a_broken_file_is_one_line_and_set_repairs_it(dirs, text: bytes) -> None:
     system, user = dirs
     path = user / "device.toml"
-    path.write_text(text)
+    path.write_bytes(text)
     shown = device("config", env=env_for(system, user))
     assert shown.returncode == 2 and str(path) in shown.stderr and "--set" in shown.stderr
     assert len(shown.stderr.strip().splitlines()) == 1 and "Traceback" not in shown.stderr
@@ -198,6 +199,20 @@ def test_a_broken_file_is_one_line_and_set_repairs_it(dirs, text: str) -> None:
     assert fixed.returncode == 0, fixed.stderr
     data = json.loads(device("config", "--json", env=env_for(system, user)).stdout)["settings"]
     assert data["batch"]["value"] == 2 and data["threads"]["value"] == 3  # the lines that read are kept
+
+
+def test_a_settings_file_past_its_cap_is_one_line_unread_and_a_fifo_is_no_file(dirs) -> None:
+    system, user = dirs
+    path = user / "device.toml"
+    path.write_bytes(b"#" * (2**20 + 1))
+    for argv in (["config"], ["config", "--set", "batch=2"]):
+        shown = device(*argv, env=env_for(system, user))
+        assert shown.returncode == 2 and "longer than 1,048,576 bytes" in shown.stderr, shown.stderr
+        assert len(shown.stderr.strip().splitlines()) == 1 and "Traceback" not in shown.stderr
+    path.unlink()
+    os.mkfifo(path)  # never opened: it would wait for a writer
+    shown = device("config", env=env_for(system, user))
+    assert shown.returncode == 0 and "absent: " in shown.stdout and str(path) in shown.stdout, shown.stderr
 
 
 def test_set_writes_text_a_reader_loads_back(dirs) -> None:
