@@ -49,8 +49,8 @@ def text(value: str) -> str:
 # /etc/splitedge/device.toml), so no bound is this machine's CPU count or memory.
 
 #: Inference threads (onnxruntime's or LiteRT's intra-op pool): 64 times a Raspberry Pi's 4 cores,
-#: above any board's CPU count; threads past the cores only contend, and 100,000 ended a run in
-#: SIGSEGV 83 s in, as the pool was made (issue 45).
+#: above any board's CPU count; threads past the cores only contend, and 100,000 was accepted by
+#: ``config --set`` and the run died in SIGSEGV 83 s later (issue 45).
 THREADS = Bounds(int, 1, 256, example="4")
 #: Frames per head run: 1024 frames of 224x224 are 600 MB of float32 input, more than a board lends one batch.
 BATCH = Bounds(int, 1, 1024, example="4")
@@ -64,8 +64,8 @@ REPEATS = Bounds(int, 1, 10_000, example="20")
 TIMEOUT = Bounds(float, 0, 3600, "seconds", "5", low_open=True)
 #: A frame's budget: past a minute a deadline is none (say 0).
 DEADLINE_MS = Bounds(float, 0, 60_000, "milliseconds", "100", zero="none")
-#: The pace calibration times the board at: above any camera a board takes (the Pi camera's fastest
-#: modes are 120-200 fps).
+#: The pace calibration times the board at: far above the frame rate of any camera a board takes
+#: (tens of frames a second; a fast cropped mode a hundred or two).
 FPS = Bounds(float, 0, 1000, "frames per second", "5 or 0.5", zero="back to back")
 #: A side of the camera's frame: above 8K video's 7680x4320 and any camera a board takes; an
 #: 8192x8192 RGB frame is 192 MiB, where 100000x100000 asked 27.9 GiB and ended in a traceback (issue 45).
