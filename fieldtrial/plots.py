@@ -251,9 +251,10 @@ def plot_latency_over_time(
     _draw_latencies(plt, lat, answered, frame_bounds)
     _draw_rates(rate, frames, timeline.real_rate_steps(link_rates))
     _draw_drops(plt, drop, frames, drops)
-    for ax in (lat, rate, drop):
-        for i, t in enumerate(changes):
-            ax.axvline(t, color="grey", ls="--", lw=0.8, zorder=1, label="split change" if i == 0 and ax is lat else None)
+    for ax in (lat, rate, drop):  # one collection per panel: a line each cost 1 ms, 20,000 changes a minute
+        if changes:
+            ax.vlines(changes, 0.0, 1.0, transform=ax.get_xaxis_transform(), colors="grey", linestyles="--", lw=0.8,
+                      zorder=1, label="split change" if ax is lat else None)
     lat.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     lat.set_title(f"latency of each answered frame ({len(answered)} answered; split changes: {len(changes)})", fontsize=10)
     drop.set_xlabel("time since the run started (s, at capture)")
