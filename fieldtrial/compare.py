@@ -184,7 +184,8 @@ def write_comparison(
     out = Path(out_dir)
     single = len(files) == 1  # one run: its report where it always was, and the page beside it
     runs = [
-        Run(label, path, trace, write_report(path, out / folder, _calibration_for(trace.run, calibrations)), folder)
+        Run(label, path, trace, write_report(path, out / folder, _calibration_for(trace.run, calibrations), trace),
+            folder)
         for label, path, trace, folder in zip(names, files, traces, ["."] if single else _folders(names))
     ]
     if single:

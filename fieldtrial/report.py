@@ -324,6 +324,7 @@ def _calibration_for(
 
 def write_report(
     trace_path: str | Path, out_dir: str | Path, calibration: Calibration | Calibrations | None = None,
+    trace: Trace | None = None,
 ) -> dict[str, Any]:
     """Read a trace, write ``summary.json`` and the plots into ``out_dir``; return the summary.
 
@@ -332,9 +333,12 @@ def write_report(
     comparison with the model). Of a file's tables, the one the run used is taken. A relative
     recorded path is taken from the current directory, as the run took it. With a
     calibration, :data:`MODEL_PLOT` shows the model against the measured stages and waits.
+    ``trace``: the trace at ``trace_path`` already read (a comparison reads each once: twice held a
+    big trace twice in memory).
     """
     trace_path = Path(trace_path)
-    trace = load_trace(trace_path)
+    if trace is None:
+        trace = load_trace(trace_path)
     if not trace.frames:
         raise SplitEdgeError(f"no frames in {trace_path}")
     table = _calibration_for(trace.run, trace_path, calibration)

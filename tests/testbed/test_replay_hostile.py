@@ -124,7 +124,8 @@ def test_sigterm_ends_a_long_replay_within_5_s(tmp_path: Path, mobilenet_bundle:
     records += [{"type": "link_rate", "t": t, "rate_bps": rate, "set_by": "x"} for t, rate in
                 ((0.0, 2e7), (1.0, 1e7), (3_000.0, 2e7))]
     trace = write(tmp_path / "long.jsonl", records)
-    trace.write_text(trace.read_text().replace('"source": "synthetic:10"', json.dumps({"source": str(photos_dir)})[1:-1]))
+    source = json.dumps({"source": str(photos_dir)})[1:-1]
+    trace.write_text(trace.read_text().replace('"source": "synthetic:10"', source))
     out = tmp_path / "out"
     replaying = subprocess.Popen(
         [sys.executable, "-m", "testbed", "replay", str(trace), "--bundle", str(mobilenet_bundle), "--policy",
