@@ -246,10 +246,11 @@ def replay_source(run: dict[str, Any], given: str | None) -> str:
     if given:
         return given
     recorded = run.get("source")
-    if isinstance(recorded, str) and Path(recorded).exists():
+    if isinstance(recorded, str) and (Path(recorded).is_file() or Path(recorded).is_dir()):  # no FIFO, no device
         return recorded
-    why = (f"its source {recorded!r} is a live camera or synthetic frames" if recorded is not None
-           and (recorded.isdigit() or recorded.startswith(_SOURCE_WORDS)) else f"its source {recorded!r} is not here")
+    why = (f"its source {shown(recorded)} is a live camera or synthetic frames" if isinstance(recorded, str)
+           and (recorded.isdigit() or recorded.startswith(_SOURCE_WORDS))
+           else f"its source {shown(recorded)} is not here as a file or folder")
     raise SplitEdgeError(f"the trace cannot be replayed on its own input ({why}): give --source (the same video or "
                          "folder of images, or synthetic:FPS at its frame rate)")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -15,9 +16,10 @@ from typing import Any
 
 import pytest
 
+from splitedge.errors import SplitEdgeError
 from testbed import __main__ as testbed_main
 from testbed import unavailable_reason
-from testbed.replay import MAX_LINE_BYTES, MAX_T_S, read_trace, recorded_link
+from testbed.replay import MAX_LINE_BYTES, MAX_T_S, read_trace, recorded_link, replay_source
 from tests.conftest import TEST_SPLITS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,3 +147,15 @@ def test_sigterm_ends_a_long_replay_within_5_s(tmp_path: Path, mobilenet_bundle:
             replaying.kill()
             replaying.wait()
     assert replaying.returncode == 143 and "stopped by SIGTERM" in one_line(err)
+
+
+@pytest.mark.parametrize("source", ["/dev/zero", 7, {"a": 1}, None])
+def test_a_source_that_is_no_file_or_folder_is_not_replayed_from(source: Any) -> None:
+    with pytest.raises(SplitEdgeError, match="give --source"):  # was: /dev/zero handed to the board's camera
+        replay_source({**RUN, "source": source}, None)
+
+
+def test_a_fifo_source_is_not_replayed_from(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "clip.mp4")
+    with pytest.raises(SplitEdgeError, match="is not here as a file or folder"):
+        replay_source({**RUN, "source": str(tmp_path / "clip.mp4")}, None)
