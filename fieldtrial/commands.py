@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from calibration import Calibration, CalibrationError, load_all
+from calibration import Calibration, load_all
 from fieldtrial.compare import format_comparison, write_comparison
 from fieldtrial.page import PAGE
 from fieldtrial.plots import plot_table
 from fieldtrial.report import format_summary
-from splitedge import SplitEdgeError
+from splitedge import exit_on_signals
 
 __all__ = ["main", "plot_plan", "report"]
 
@@ -82,16 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """A bad trace or file is one line and status 2; SIGINT or SIGTERM end it in one line (130, 143),
+    as ``split-device`` does."""
     args = build_parser().parse_args(argv)
-    try:
+
+    def command() -> int:
         if args.command == "report":
             print(report(args.traces, args.out, args.calibration, args.label))
         else:
             print(plot_plan(load_all(args.calibration).latest(), args.out))
-    except (SplitEdgeError, CalibrationError) as exc:
-        print(f"split-trial: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return exit_on_signals("split-trial", command)
 
 
 if __name__ == "__main__":

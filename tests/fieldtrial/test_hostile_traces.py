@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -182,3 +183,24 @@ def test_a_cut_short_last_line_is_still_left_out(tmp_path: Path) -> None:
     lines = [json.dumps(r) for r in [run_record()] + known_frames()]
     code, err, out = report(tmp_path, raw="\n".join(lines) + '\n{"type": "frame", "t": \n\n')
     assert code == 0, err and strict(out / SUMMARY_FILE)["frames"] == len(known_frames())
+
+
+def test_sigterm_ends_a_long_report_within_5_s(tmp_path: Path) -> None:
+    base = known_frames()[1]
+    frames = [{**base, "t": i * 0.01, "index": i, "split": ("cut", LOCAL)[i % 2]} for i in range(200_000)]
+    path = write_jsonl(tmp_path / "run.jsonl", [run_record()] + frames)
+    code = "import sys; from fieldtrial.commands import main; sys.exit(main(sys.argv[1:]))"
+    reporting = subprocess.Popen([sys.executable, "-c", code, "report", str(path), "--out", str(tmp_path / "out")],
+                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3.0)
+        assert reporting.poll() is None, reporting.communicate()
+        reporting.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        _, err = reporting.communicate(timeout=60)
+        assert time.monotonic() - started < 5.0, err
+    finally:
+        if reporting.poll() is None:
+            reporting.kill()
+            reporting.wait()
+    assert reporting.returncode == 143 and "stopped by SIGTERM" in one_line(err)
