@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -68,3 +71,24 @@ def test_a_cut_short_last_line_is_left_out(tmp_path: Path) -> None:
     path = write(tmp_path / "trial.jsonl", [record(0, LOCAL, 80.0)])
     path.write_text(path.read_text() + '{"type": "frame", "index": \n\n')
     assert read_pace(path).target_ms(0, LOCAL, 1) == 80.0
+
+
+def test_sigterm_ends_a_run_paced_to_1e9_ms_within_5_s(mobilenet_bundle: Path, tmp_path: Path) -> None:
+    """Was: the engine held a frame for 11 days and the run ignored SIGTERM for over 45 s."""
+    trial = write(tmp_path / "trial.jsonl", [record(i, LOCAL, 1e9) for i in range(4)] + [record(4, LOCAL, 20.0)])
+    running = subprocess.Popen(
+        [sys.executable, "-m", "device_runtime.cli", "run", str(mobilenet_bundle), "--camera", "synthetic", "--frames",
+         "100000", "--split", "local", "--threads", "1", "--pace", str(trial)],
+        cwd=Path(__file__).resolve().parents[3], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(6.0)  # started, and into its frames
+        assert running.poll() is None, running.communicate()
+        running.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        out, err = running.communicate(timeout=60)
+        assert time.monotonic() - started < 5.0, err
+    finally:
+        if running.poll() is None:
+            running.kill()
+            running.wait()
+    assert "Traceback" not in err and "4 recorded stage times left out" in out, (out, err)
