@@ -41,6 +41,9 @@ __all__ = [
 ]
 
 _DPI = 120
+#: The most split changes marked by a line over time: more are a grey wall, and cost a hostile trace
+#: (a change every frame) seconds and gigabytes to draw; the title still counts them.
+MAX_CHANGES_MARKED = 1_000
 _BITS_PER_MBIT = 1e6
 _ALL_COLOUR = "black"
 
@@ -251,12 +254,14 @@ def plot_latency_over_time(
     _draw_latencies(plt, lat, answered, frame_bounds)
     _draw_rates(rate, frames, timeline.real_rate_steps(link_rates))
     _draw_drops(plt, drop, frames, drops)
-    for ax in (lat, rate, drop):  # one collection per panel: a line each cost 1 ms, 20,000 changes a minute
-        if changes:
+    marked = len(changes) <= MAX_CHANGES_MARKED
+    for ax in (lat, rate, drop):  # one collection per panel, not a line per change (1 ms each)
+        if changes and marked:
             ax.vlines(changes, 0.0, 1.0, transform=ax.get_xaxis_transform(), colors="grey", linestyles="--", lw=0.8,
                       zorder=1, label="split change" if ax is lat else None)
     lat.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    lat.set_title(f"latency of each answered frame ({len(answered)} answered; split changes: {len(changes)})", fontsize=10)
+    lat.set_title(f"latency of each answered frame ({len(answered)} answered; split changes: {len(changes)}"
+                  f"{'' if marked else ', too many to mark'})", fontsize=10)
     drop.set_xlabel("time since the run started (s, at capture)")
     first, last = min(f["t"] for f in frames), max(f["t"] for f in frames)
     pad = 0.01 * (last - first) or 0.5
