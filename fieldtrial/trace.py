@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from device_runtime.stream import LINK_RATE, TRACE_SCHEMA
+from fieldtrial import timeline
 from splitedge import LOCAL, OFFLOAD, SplitEdgeError, shown
 
 __all__ = [
@@ -153,14 +154,17 @@ def _checked_run(path: Path, number: int, record: dict[str, Any]) -> dict[str, A
     return record
 
 
+#: The values always shown apart: the two ends of the network, and the split reasons that tell a frame
+#: run on the board after a refusal or a failure from one run there by choice (:func:`timeline.local_cause`).
+_ALWAYS_SHOWN = {"split": (LOCAL, OFFLOAD), "reason": (timeline.AFTER_DEADLINE, timeline.AFTER_FAILURE)}
 #: A field :func:`_group` groups: its name, the frames that have it, its value, and the frame with it
 #: rewritten as :data:`OTHER`.
 _Grouping = tuple[str, list[dict[str, Any]], Callable[[dict[str, Any]], Any], Callable[[dict[str, Any]], None]]
 
 
 def _group(frames: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
-    """Past :data:`MAX_SHOWN` distinct splits (the two ends always shown), drop reasons or kinds of
-    split reason, the least frequent are rewritten as :data:`OTHER` in the frames (in place); what
+    """Past :data:`MAX_SHOWN` distinct splits, drop reasons or kinds of split reason (those of
+    :data:`_ALWAYS_SHOWN` always shown), the least frequent are rewritten as :data:`OTHER` in the frames (in place); what
     was grouped, per field."""
     answered = [f for f in frames if not f.get("dropped")]
     fields: tuple[_Grouping, ...] = (
@@ -175,7 +179,7 @@ def _group(frames: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
         counts = Counter(value(f) for f in mine)
         if len(counts) <= MAX_SHOWN:
             continue
-        kept = {v for v in (LOCAL, OFFLOAD) if name == "split" and v in counts}
+        kept = {v for v in _ALWAYS_SHOWN.get(name, ()) if v in counts}
         for v, _ in counts.most_common():
             if len(kept) >= MAX_SHOWN - 1:  # and OTHER
                 break

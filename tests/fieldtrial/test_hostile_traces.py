@@ -204,3 +204,11 @@ def test_sigterm_ends_a_long_report_within_5_s(tmp_path: Path) -> None:
             reporting.kill()
             reporting.wait()
     assert reporting.returncode == 143 and "stopped by SIGTERM" in one_line(err)
+
+
+def test_the_reasons_that_tell_a_fallback_are_never_grouped(tmp_path: Path) -> None:
+    base = {**known_frames()[1], "split": LOCAL}
+    frames = [{**base, "t": i * 0.01, "index": i, "reason": {"kind": f"k{i}"}} for i in range(100)]
+    frames.append({**base, "t": 2.0, "index": 100, "reason": {"kind": "fallback"}, "error": "host went away"})
+    trace = load_trace(write_jsonl(tmp_path / "r.jsonl", [run_record()] + frames))
+    assert trace.frames[-1]["reason"]["kind"] == "fallback" and trace.grouped["reason"]["frames"] > 0
