@@ -214,7 +214,9 @@ def test_auto_runs_from_the_table_and_traces(calibrated: Path, tmp_path: Path, c
     lines = [json.loads(line) for line in trace.read_text().splitlines()]
     assert lines[0]["type"] == "run" and lines[0]["policy"] == "auto" and lines[0]["calibration"]
     frames = [line for line in lines[1:] if line["type"] == "frame"]
-    assert [f["index"] for f in frames] == list(range(20))
+    # A live source's frames are answered as each is known, not in capture order (README: a frame sent
+    # local under an upload cap may be answered before the one captured before it): each once.
+    assert sorted(f["index"] for f in frames) == list(range(20))
     calibration = load(calibrated / FILENAME)
     # What the policy decided with (schema 5): the calibration's head times, written before any frame.
     head_times = [line for line in lines[1:] if line["type"] == "head_times"]
