@@ -142,7 +142,8 @@ def _checked_run(path: Path, number: int, record: dict[str, Any]) -> dict[str, A
     true or false, or a finite number; ``calibration_key`` null or a list of up to two words."""
     for name in _RUN_SCALARS:
         value = record.get(name)
-        if not (value is None or isinstance(value, (str, bool, int)) or (isinstance(value, float) and math.isfinite(value))):
+        finite = isinstance(value, float) and math.isfinite(value)
+        if not (value is None or isinstance(value, (str, bool, int)) or finite):
             raise SplitEdgeError(f"{path}:{number}: the run record's {name} must be null, a word or a finite "
                                  f"number, got {shown(value)}")
     key = record.get("calibration_key")
@@ -150,7 +151,8 @@ def _checked_run(path: Path, number: int, record: dict[str, Any]) -> dict[str, A
         raise SplitEdgeError(f"{path}:{number}: the run record's calibration_key must be null or "
                              f"[backend, precision], got {shown(key)}")
     if record.get("schema") not in _READABLE:
-        raise SplitEdgeError(f"{path}: trace schema {record.get('schema')!r}; this version reads {', '.join(_READABLE)}")
+        raise SplitEdgeError(f"{path}: trace schema {shown(record.get('schema'))}; this version reads "
+                             f"{', '.join(_READABLE)}")
     return record
 
 
@@ -164,8 +166,8 @@ _Grouping = tuple[str, list[dict[str, Any]], Callable[[dict[str, Any]], Any], Ca
 
 def _group(frames: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     """Past :data:`MAX_SHOWN` distinct splits, drop reasons or kinds of split reason (those of
-    :data:`_ALWAYS_SHOWN` always shown), the least frequent are rewritten as :data:`OTHER` in the frames (in place); what
-    was grouped, per field."""
+    :data:`_ALWAYS_SHOWN` always shown), the least frequent are rewritten as :data:`OTHER` in the
+    frames (in place); what was grouped, per field."""
     answered = [f for f in frames if not f.get("dropped")]
     fields: tuple[_Grouping, ...] = (
         ("split", answered, lambda f: f["split"], lambda f: f.__setitem__("split", OTHER)),
