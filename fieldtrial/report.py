@@ -35,7 +35,7 @@ from calibration import Calibration, CalibrationError, Calibrations, gains_over_
 from device_runtime import LOCAL
 from fieldtrial import bounds, plots, timeline
 from fieldtrial.trace import MAX_SHOWN, OTHER, Trace, load_trace, records_waits
-from splitedge import SplitEdgeError
+from splitedge import SplitEdgeError, shown
 
 __all__ = ["PLOTS", "SUMMARY_FILE", "format_summary", "strict_json", "summarize", "write_report"]
 
@@ -309,11 +309,11 @@ def _calibration_for(
         try:
             tables = cal.load_all(recorded)
         except CalibrationError as exc:
-            raise SplitEdgeError(f"{trace_path}: the run's calibration {recorded}: {exc}") from exc
+            raise SplitEdgeError(f"{trace_path}: the run's calibration {shown(recorded)}: {exc}") from exc
     if tables is not None and tables.bundle_id != run.get("bundle_id"):
         raise SplitEdgeError(
             f"{trace_path}: the calibration is for bundle {tables.bundle_id}, "
-            f"the run was of bundle {run.get('bundle_id')}"
+            f"the run was of bundle {shown(run.get('bundle_id'))}"
         )
     if isinstance(tables, Calibrations):
         key = run.get("calibration_key")

@@ -275,7 +275,8 @@ def board_times(
                           "from the frame the trial took it up")
     cannot = (f"the trial ran another bundle ({trial}, not {bundle_id}), whose head times are another model's"
               if trial != bundle_id else
-              f"the trace records no head times (trace schema {run.get('schema')!r}, --split {run.get('policy')})")
+              f"the trace records no head times (trace schema {shown(run.get('schema'))}, --split "
+              f"{shown(run.get('policy'))})")
     if asked == RECORDED:
         raise SplitEdgeError(f"--board-times recorded: {cannot}; leave --board-times out, or give measured")
     why = f"{cannot}: the replaying board times its own heads"
