@@ -70,7 +70,6 @@ from device_runtime.wire import (
     ErrorCode,
     Oversized,
     decode,
-    dequantize,
     encode_message,
 )
 from host_runtime.batcher import BatchConfig, Batcher, BatchResult, Outcome, TailKey
@@ -308,9 +307,7 @@ class _HostProtocol(FramedProtocol):
                     failed[address] = str(exc)
 
     def on_infer(self, request: InferRequest, received: float) -> None:
-        tensor, q = request.tensor, request.quantization
-        if q is not None:  # the tail takes float32: the board sent uint8 to save the link three quarters of the bytes
-            tensor = dequantize(tensor, q.scale, q.zero_point)
+        tensor = request.tensor  # uint8 where the board quantized it: the batcher's worker dequantizes it
         split = request.split if request.stage is None else stage_id(request.split, request.stage)
         key: TailKey = (request.bundle, split)
         # The deadline, or the board's own answer's time where that is later: answering a frame a little
@@ -320,9 +317,11 @@ class _HostProtocol(FramedProtocol):
         try:
             if request.route:
                 self.server.peers.check(request.route[0].address)
-            tail = self.server.registry.lookup_for(request.bundle, split, tensor)
+            tail = self.server.registry.lookup_for(request.bundle, split, tensor,
+                                                   dequantized=request.quantization is not None)
             self.server.batcher.submit(key, tail, tensor, received, deadline,
-                                       partial(self.finish_infer, request, key, received, deadline))
+                                       partial(self.finish_infer, request, key, received, deadline),
+                                       request.quantization)
         except ProtocolError as exc:  # refused at once: bad, overloaded, too late already, or a hop not allowed
             self.reply_error(request.id, exc.code, str(exc))
             return

@@ -297,6 +297,34 @@ def test_uint8_transmission_is_dequantized_before_the_tail(host: RunningHost, bu
     assert cosine.min() > 0.99
 
 
+def test_uint8_is_dequantized_on_a_worker_not_the_event_loop(host: RunningHost, bundle: Bundle, monkeypatch) -> None:
+    """A 9.6 MB uint8 frame dequantized on the loop held every other connection's ping 78-160 ms
+    (issue 45): it is dequantized where the tail runs, and a wrong shape is still refused at once."""
+    import threading
+
+    import host_runtime.batcher as batcher
+    from device_runtime.wire.quantization import affine_params, quantize
+
+    threads = []
+    original = batcher.dequantize
+    monkeypatch.setattr(batcher, "dequantize", lambda *a: (threads.append(threading.current_thread()), original(*a))[1])
+    cut, expected = cut_tensor(bundle, TEST_SPLITS[1], 2)
+    scale, zero_point = affine_params(cut.min(), cut.max())
+
+    async def go(tensor: np.ndarray):
+        client = await HostClient.connect(host.host, host.port)
+        try:
+            return await client.infer(bundle.id, TEST_SPLITS[1], tensor, scale=scale, zero_point=zero_point)
+        finally:
+            await client.close()
+
+    result = asyncio.run(go(quantize(cut, scale, zero_point)))
+    assert (result.output.argmax(1) == expected.argmax(1)).all()
+    assert threads and all(t.name != "test-host" for t in threads)  # start_host's loop runs in "test-host"
+    with pytest.raises(RemoteError, match=r"takes shape .*got \[2, 1\]"):
+        asyncio.run(go(np.zeros((2, 1), np.uint8)))
+
+
 def test_quantized_tensor_must_be_uint8(host: RunningHost, bundle: Bundle) -> None:
     cut, _ = cut_tensor(bundle, TEST_SPLITS[1], 1)
     with raw_connection(host) as sock:
