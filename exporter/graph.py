@@ -199,9 +199,12 @@ def _python_state_kept(model: torch.nn.Module) -> Iterator[None]:
                 if not isinstance(module.__dict__[k], torch.Tensor):  # fx's own constants are kept
                     del module.__dict__[k]
             module.__dict__.update(entries)
-            for k, content in contents.items():
+            for k, content in contents.items():  # the same container, as whoever holds it expects
                 entries[k].clear()
-                entries[k].update(content) if not isinstance(content, list) else entries[k].extend(content)
+                if isinstance(content, list):
+                    entries[k].extend(content)
+                else:
+                    entries[k].update(content)
 
 
 #: What a tensor says of its shape rather than its values: a condition built from these alone is
