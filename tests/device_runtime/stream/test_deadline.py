@@ -31,9 +31,9 @@ def budgets_ms(host: RunningHost) -> list[float]:
     seen: list[float] = []
     submit = host.server.batcher.submit
 
-    def recording(key, backend, tensor, received: float, deadline: float, done):
+    def recording(key, backend, tensor, received: float, deadline: float, done, *rest):
         seen.append((deadline - received) * 1000.0)
-        return submit(key, backend, tensor, received, deadline, done)
+        return submit(key, backend, tensor, received, deadline, done, *rest)
 
     host.server.batcher.submit = recording
     return seen
