@@ -95,6 +95,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--images", type=int, default=None, help="train on this many images, stratified (default: all 60,000)")
     parser.add_argument("--epochs", type=int, default=1, help="default 1")
     args = parser.parse_args(argv)
+    # Its first weights from a fixed seed, as its training's order is: unseeded, one epoch of
+    # fmnist_resnet reached 0.52 top-1 in one fresh clone and 0.76 in another.
+    torch.manual_seed(0)
     model = factories[args.model]()
     shape = (3, 28, 28) if isinstance(model[0], Grey) else (1, 28, 28)
     train = load_images("fashion-mnist:train", shape).subset(args.images)
