@@ -9,7 +9,6 @@ measurement, and would overflow the sums the report makes of them.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from collections import Counter
@@ -20,7 +19,7 @@ from typing import Any, Iterator
 
 from device_runtime.stream import LINK_RATE, TRACE_SCHEMA
 from fieldtrial import timeline
-from splitedge import LOCAL, OFFLOAD, SplitEdgeError, shown
+from splitedge import LOCAL, MAX_LINE_BYTES, OFFLOAD, SplitEdgeError, shown, trace_lines
 
 __all__ = [
     "MAX_LINE_BYTES", "MAX_SHOWN", "OTHER", "TRACE_SCHEMA_1", "TRACE_SCHEMA_2", "TRACE_SCHEMA_3", "TRACE_SCHEMA_4",
@@ -58,10 +57,6 @@ class Trace:
     grouped: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-#: The longest line a reader takes: the writer's longest (a ``head_times`` record of a big bundle)
-#: is tens of KB; a longer one is no record of it, and reading it whole would cost its size in
-#: memory several times over (a 1 GB line peaked at 3.2 GB).
-MAX_LINE_BYTES = 1 << 20
 #: The most distinct splits (and drop reasons, and kinds of split reason) a report shows apart:
 #: the rest are :data:`OTHER`. A summary, a legend and a colour per value are worth reading up to
 #: a few dozen; 100,000 distinct names cost a report over 900 s of CPU and drew nothing.
@@ -103,26 +98,9 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return trace.run, trace.frames
 
 
-def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """The file's lines with their numbers, each refused past :data:`MAX_LINE_BYTES` before more of it
-    is read."""
-    try:
-        with path.open("rb") as file:
-            for number in itertools.count(1):
-                line = file.readline(MAX_LINE_BYTES + 1)
-                if not line:
-                    return
-                if len(line) > MAX_LINE_BYTES:
-                    raise SplitEdgeError(f"{path}:{number}: a line longer than {MAX_LINE_BYTES:,} bytes: "
-                                         "no record of a trace is this long")
-                yield number, line
-    except OSError as exc:
-        raise SplitEdgeError(f"cannot read the trace {path}: {exc}") from exc
-
-
 def _parse(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     broken: tuple[int, Exception] | None = None  # a line that is not JSON: an error unless it is the last
-    for number, line in _lines(path):
+    for number, line in trace_lines(path):
         if not line.strip():
             continue
         if broken is not None:

@@ -9,11 +9,22 @@ check cannot hang it), and reads at most ``max_bytes``, refusing a longer file.
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-__all__ = ["NotReadable", "read_bounded", "read_text_bounded"]
+from splitedge.errors import SplitEdgeError
+
+__all__ = ["MAX_LINE_BYTES", "NotReadable", "read_bounded", "read_text_bounded", "trace_lines", "trace_records"]
+
+#: The longest line a trace reader takes: the writer's longest (a ``head_times`` record of a big
+#: bundle) is tens of KB; a longer one is no record of it, and reading it whole would cost its size
+#: in memory several times over (a 1 GB line peaked at 3.2 GB).
+MAX_LINE_BYTES = 1 << 20
 
 
 class NotReadable(OSError):
@@ -46,3 +57,40 @@ def read_bounded(path: str | Path, max_bytes: int) -> bytes:
 def read_text_bounded(path: str | Path, max_bytes: int) -> str:
     """:func:`read_bounded` as UTF-8 text (``UnicodeDecodeError`` where it is not)."""
     return read_bounded(path, max_bytes).decode("utf-8")
+
+
+def trace_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """A trace's lines with their numbers, each refused past :data:`MAX_LINE_BYTES` before more of
+    it is read (a trace is untrusted: the report, ``--pace`` and ``testbed replay`` read one)."""
+    try:
+        with path.open("rb") as file:
+            for number in itertools.count(1):
+                line = file.readline(MAX_LINE_BYTES + 1)
+                if not line:
+                    return
+                if len(line) > MAX_LINE_BYTES:
+                    raise SplitEdgeError(f"{path}:{number}: a line longer than {MAX_LINE_BYTES:,} bytes: no record "
+                                         "of a trace is this long")
+                yield number, line
+    except OSError as exc:
+        raise SplitEdgeError(f"cannot read the trace {path}: {exc}") from exc
+
+
+def trace_records(path: str | Path) -> list[tuple[int, Any]]:
+    """Every record of a trace with its line number, the run record first. A line cut short at the
+    end (a run that lost power) is left out; a file that is not a trace is an error that says so."""
+    path = Path(path)
+    records: list[tuple[int, Any]] = []
+    broken: tuple[int, Exception] | None = None  # a line that is not JSON: an error unless it is the last
+    for number, line in trace_lines(path):
+        if not line.strip():
+            continue
+        if broken is not None:
+            raise SplitEdgeError(f"{path}:{broken[0]}: not JSON: {broken[1]}") from broken[1]
+        try:
+            records.append((number, json.loads(line.decode("utf-8"))))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            broken = (number, exc)
+    if not records or not isinstance(records[0][1], dict) or records[0][1].get("type") != "run":
+        raise SplitEdgeError(f"{path}: not a splitedge trace (the first line must be the run record)")
+    return records

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import subprocess
 import sys
@@ -58,7 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from splitedge import SplitEdgeError, shown
+from splitedge import MAX_LINE_BYTES, SplitEdgeError, shown, trace_records
 from testbed.kernel_link import EmulatedLink, unavailable_reason
 from testbed.namespace_host import DEFAULT_PORT, own_peer, serve_in
 from testbed.schedule import RateSchedule, RateStep, trace_steps
@@ -108,7 +107,7 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]], 
     A trace is untrusted input: each field a replay reads is checked here (:func:`_checked`), and a
     bad one is an error naming its line and field."""
     frames, rates = [], []
-    records = _numbered(path)
+    records = trace_records(path)
     for number, record in records[1:]:
         if isinstance(record, dict) and record.get("type") in ("frame", "link_rate"):
             (frames if record["type"] == "frame" else rates).append(_checked(Path(path), number, record))
@@ -123,8 +122,6 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]], 
 MAX_T_S = 86_400.0
 MAX_INDEX = 10_000_000
 MIN_RATE_BPS, MAX_RATE_BPS = 1.0, 1e13
-#: The longest line read: a trace's longest record is tens of KB (see fieldtrial.trace.MAX_LINE_BYTES).
-MAX_LINE_BYTES = 1 << 20
 
 
 def _number(value: Any, low: float, high: float) -> bool:
@@ -162,37 +159,7 @@ def _checked(path: Path, number: int, record: dict[str, Any]) -> dict[str, Any]:
 
 def _records(path: str | Path) -> list[Any]:
     """Every record of a trace, the run record first (:func:`read_trace`)."""
-    return [record for _, record in _numbered(path)]
-
-
-def _numbered(path: str | Path) -> list[tuple[int, Any]]:
-    """Every record of a trace with its line number, the run record first; a line is read at most
-    :data:`MAX_LINE_BYTES` at a time (a longer one is refused before the rest of it is read)."""
-    path = Path(path)
-    records: list[tuple[int, Any]] = []
-    broken: tuple[int, Exception] | None = None  # a line that is not JSON: an error unless it is the last
-    try:
-        with path.open("rb") as file:
-            for number in itertools.count(1):
-                line = file.readline(MAX_LINE_BYTES + 1)
-                if not line:
-                    break
-                if len(line) > MAX_LINE_BYTES:
-                    raise SplitEdgeError(f"{path}:{number}: a line longer than {MAX_LINE_BYTES:,} bytes: no record "
-                                         "of a trace is this long")
-                if not line.strip():
-                    continue
-                if broken is not None:
-                    raise SplitEdgeError(f"{path}:{broken[0]}: not JSON: {broken[1]}") from broken[1]
-                try:
-                    records.append((number, json.loads(line.decode("utf-8"))))
-                except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-                    broken = (number, exc)
-    except OSError as exc:
-        raise SplitEdgeError(f"cannot read the trace {path}: {exc}") from exc
-    if not records or not isinstance(records[0][1], dict) or records[0][1].get("type") != "run":
-        raise SplitEdgeError(f"{path}: not a splitedge trace (the first line must be the run record)")
-    return records
+    return [record for _, record in trace_records(path)]
 
 
 def _schedule(points: Sequence[tuple[float, float]], end: float) -> RateSchedule:

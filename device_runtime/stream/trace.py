@@ -51,7 +51,7 @@ from typing import Any, TextIO
 
 from device_runtime.stream.policy import HeadTimes
 from device_runtime.stream.results import FrameResult
-from splitedge import SplitEdgeError
+from splitedge import SplitEdgeError, trace_records
 
 __all__ = [
     "HEAD_TIMES", "LINK_RATE", "TRACE_SCHEMA", "TraceWriter", "append_link_rate", "frame_record", "read_head_times",
@@ -137,39 +137,10 @@ def append_link_rate(path: str | Path, rate_bps: float, set_by: str) -> None:
         raise SplitEdgeError(f"cannot add the link's rate to the trace {path}: {exc}") from exc
 
 
-#: The longest line :func:`read_records` takes: the writer's longest (a ``head_times`` record of a
-#: big bundle) is tens of KB; a longer one is no record of it, and is refused before it is read whole.
-MAX_LINE_BYTES = 1 << 20
-
-
 def read_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
-    """A trace's records with their line numbers, the run record first. A line cut short at the
-    end (a run that lost power) is left out; a file that is not a trace is an error that says so,
-    as is a line longer than :data:`MAX_LINE_BYTES` (read a line at a time: a trace is untrusted)."""
-    path = Path(path)
-    records: list[tuple[int, Any]] = []
-    broken: tuple[int, Exception] | None = None  # a line that is not JSON: an error unless it is the last
-    try:
-        with path.open("rb") as file:
-            number = 0
-            while line := file.readline(MAX_LINE_BYTES + 1):
-                number += 1
-                if len(line) > MAX_LINE_BYTES:
-                    raise SplitEdgeError(f"{path}:{number}: a line longer than {MAX_LINE_BYTES:,} bytes: no record "
-                                         "of a trace is this long")
-                if not line.strip():
-                    continue
-                if broken is not None:
-                    raise SplitEdgeError(f"{path}:{broken[0]}: not JSON: {broken[1]}") from broken[1]
-                try:
-                    records.append((number, json.loads(line.decode("utf-8"))))
-                except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-                    broken = (number, exc)
-    except OSError as exc:
-        raise SplitEdgeError(f"cannot read the trace {path}: {exc}") from exc
-    if not records or not isinstance(records[0][1], dict) or records[0][1].get("type") != "run":
-        raise SplitEdgeError(f"{path}: not a splitedge trace (the first line must be the run record)")
-    return [(number, record) for number, record in records if isinstance(record, dict)]
+    """A trace's records with their line numbers, the run record first (:func:`splitedge.trace_records`:
+    read a line at a time, each at most ``MAX_LINE_BYTES``); records that are no object are left out."""
+    return [(number, record) for number, record in trace_records(path) if isinstance(record, dict)]
 
 
 def read_head_times(path: str | Path) -> tuple[dict[str, Any], list[HeadTimes]]:
