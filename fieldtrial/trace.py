@@ -9,7 +9,6 @@ measurement, and would overflow the sums the report makes of them.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from typing import Any, Iterator
 
 from device_runtime.stream import LINK_RATE, TRACE_SCHEMA
 from fieldtrial import timeline
-from splitedge import LOCAL, MAX_LINE_BYTES, OFFLOAD, SplitEdgeError, shown, trace_lines
+from splitedge import LOCAL, MAX_LINE_BYTES, OFFLOAD, SplitEdgeError, shown, trace_json
 
 __all__ = [
     "MAX_LINE_BYTES", "MAX_SHOWN", "OTHER", "TRACE_SCHEMA_1", "TRACE_SCHEMA_2", "TRACE_SCHEMA_3", "TRACE_SCHEMA_4",
@@ -99,17 +98,7 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 
 def _parse(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    broken: tuple[int, Exception] | None = None  # a line that is not JSON: an error unless it is the last
-    for number, line in trace_lines(path):
-        if not line.strip():
-            continue
-        if broken is not None:
-            raise SplitEdgeError(f"{path}:{broken[0]}: not JSON: {broken[1]}") from broken[1]
-        try:
-            record = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-            broken = (number, exc)  # the last line of a run cut short is left out
-            continue
+    for number, record in trace_json(path):
         if not isinstance(record, dict):
             raise SplitEdgeError(f"{path}:{number}: expected a JSON object")
         yield number, record

@@ -19,7 +19,7 @@ from typing import Any
 
 from splitedge.errors import SplitEdgeError
 
-__all__ = ["MAX_LINE_BYTES", "NotReadable", "read_bounded", "read_text_bounded", "trace_lines", "trace_records"]
+__all__ = ["MAX_LINE_BYTES", "NotReadable", "read_bounded", "read_text_bounded", "trace_json", "trace_lines", "trace_records"]
 
 #: The longest line a trace reader takes: the writer's longest (a ``head_times`` record of a big
 #: bundle) is tens of KB; a longer one is no record of it, and reading it whole would cost its size
@@ -76,11 +76,10 @@ def trace_lines(path: Path) -> Iterator[tuple[int, bytes]]:
         raise SplitEdgeError(f"cannot read the trace {path}: {exc}") from exc
 
 
-def trace_records(path: str | Path) -> list[tuple[int, Any]]:
-    """Every record of a trace with its line number, the run record first. A line cut short at the
-    end (a run that lost power) is left out; a file that is not a trace is an error that says so."""
-    path = Path(path)
-    records: list[tuple[int, Any]] = []
+def trace_json(path: Path) -> Iterator[tuple[int, Any]]:
+    """A trace's records with their line numbers, parsed as they are read (a report streams them).
+    A line cut short at the end (a run that lost power) is left out; one that is not JSON before
+    the end is an error naming it."""
     broken: tuple[int, Exception] | None = None  # a line that is not JSON: an error unless it is the last
     for number, line in trace_lines(path):
         if not line.strip():
@@ -88,9 +87,18 @@ def trace_records(path: str | Path) -> list[tuple[int, Any]]:
         if broken is not None:
             raise SplitEdgeError(f"{path}:{broken[0]}: not JSON: {broken[1]}") from broken[1]
         try:
-            records.append((number, json.loads(line.decode("utf-8"))))
+            record = json.loads(line.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             broken = (number, exc)
+            continue
+        yield number, record
+
+
+def trace_records(path: str | Path) -> list[tuple[int, Any]]:
+    """Every record of a trace with its line number (:func:`trace_json`), the run record first; a
+    file that is not a trace is an error that says so."""
+    path = Path(path)
+    records = list(trace_json(path))
     if not records or not isinstance(records[0][1], dict) or records[0][1].get("type") != "run":
         raise SplitEdgeError(f"{path}: not a splitedge trace (the first line must be the run record)")
     return records
