@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from fieldtrial import commands
 from fieldtrial.report import SUMMARY_FILE
 from fieldtrial.trace import MAX_LINE_BYTES, MAX_SHOWN, OTHER, load_trace
 from tests.fieldtrial.test_report import known_frames, run_record, write_jsonl
+from tests.signals import sigterm_ends_it
 
 ROOT = Path(__file__).resolve().parents[2]
 MATHTEXT = "$\\frac{a}{$"  # matplotlib's mathtext raised ParseSyntaxException on it
@@ -192,17 +192,7 @@ def test_sigterm_ends_a_long_report_within_5_s(tmp_path: Path) -> None:
     code = "import sys; from fieldtrial.commands import main; sys.exit(main(sys.argv[1:]))"
     reporting = subprocess.Popen([sys.executable, "-c", code, "report", str(path), "--out", str(tmp_path / "out")],
                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        time.sleep(3.0)
-        assert reporting.poll() is None, reporting.communicate()
-        reporting.send_signal(signal.SIGTERM)
-        started = time.monotonic()
-        _, err = reporting.communicate(timeout=60)
-        assert time.monotonic() - started < 5.0, err
-    finally:
-        if reporting.poll() is None:
-            reporting.kill()
-            reporting.wait()
+    _, err = sigterm_ends_it(reporting, lambda: time.sleep(3.0))
     assert reporting.returncode == 143 and "stopped by SIGTERM" in one_line(err)
 
 

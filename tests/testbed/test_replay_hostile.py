@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from testbed import __main__ as testbed_main
 from testbed import unavailable_reason
 from testbed.replay import MAX_LINE_BYTES, MAX_T_S, read_trace, recorded_link, replay_source
 from tests.conftest import TEST_SPLITS
+from tests.signals import sigterm_ends_it
 
 ROOT = Path(__file__).resolve().parents[2]
 REASON = unavailable_reason()
@@ -132,20 +132,14 @@ def test_sigterm_ends_a_long_replay_within_5_s(tmp_path: Path, mobilenet_bundle:
     replaying = subprocess.Popen(
         [sys.executable, "-m", "testbed", "replay", str(trace), "--bundle", str(mobilenet_bundle), "--policy",
          TEST_SPLITS[-1], "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+
+    def driving() -> None:
         deadline = time.monotonic() + 120
         while not (out / "replay.jsonl").is_file() and replaying.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(1.0)  # driving the schedule now
-        assert replaying.poll() is None, replaying.communicate()
-        replaying.send_signal(signal.SIGTERM)
-        started = time.monotonic()
-        _, err = replaying.communicate(timeout=30)
-        assert time.monotonic() - started < 5.0, err
-    finally:
-        if replaying.poll() is None:
-            replaying.kill()
-            replaying.wait()
+
+    _, err = sigterm_ends_it(replaying, driving)
     assert replaying.returncode == 143 and "stopped by SIGTERM" in one_line(err)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from device_runtime.stream import pace as pace_module
 from device_runtime.stream.pace import MAX_HOLD_MS, PREPROCESS
 from splitedge.errors import SplitEdgeError
 from tests.device_runtime.stream.test_pace import record, write
+from tests.signals import sigterm_ends_it
 
 
 @pytest.mark.parametrize("bad", [1e9, 1e300, math.inf, math.nan, -5.0, "10", None])
@@ -80,15 +80,5 @@ def test_sigterm_ends_a_run_paced_to_1e9_ms_within_5_s(mobilenet_bundle: Path, t
         [sys.executable, "-m", "device_runtime.cli", "run", str(mobilenet_bundle), "--camera", "synthetic", "--frames",
          "100000", "--split", "local", "--threads", "1", "--pace", str(trial)],
         cwd=Path(__file__).resolve().parents[3], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        time.sleep(6.0)  # started, and into its frames
-        assert running.poll() is None, running.communicate()
-        running.send_signal(signal.SIGTERM)
-        started = time.monotonic()
-        out, err = running.communicate(timeout=60)
-        assert time.monotonic() - started < 5.0, err
-    finally:
-        if running.poll() is None:
-            running.kill()
-            running.wait()
+    out, err = sigterm_ends_it(running, lambda: time.sleep(6.0))  # started, and into its frames
     assert "Traceback" not in err and "4 recorded stage times left out" in out, (out, err)
