@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import sys
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Sequence
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from boards import BOARDS
 from device_runtime import FORMATS, HEAD, INT8, ONNX, PARTS, PRECISIONS, Artifact, Manifest, TensorSpec, slice_bundle
 from exporter.deploy import add_deploy_command
-from splitedge import SplitEdgeError, exit_on_signals
+from splitedge import Bounds, SettingError, SplitEdgeError, as_flag_type, exit_on_signals
 
 if TYPE_CHECKING:
     from exporter.graph import CutPoint
@@ -32,6 +33,49 @@ SEMANTIC_WIDTH = 0.5
 SEMANTIC_IMAGES = 10_000
 
 PROG = "split-export"
+
+# The bounds of every number split-export takes (splitedge.numbers), each maximum with why: NaN,
+# the infinities, a negative and anything past the maximum are a usage error naming the flag and
+# its range, exit status 2, before torch is imported (issue 45). Finer rules that need the model
+# or the data (2 fragments up to the number of labels, 32 calibration images or more, a width of
+# at most 1) stay where the build knows them, each in its own line.
+
+#: Fragments of a semantic split: one group of classes each, so at most the labels; 1000 is
+#: ImageNet's. The build refuses fewer than 2 and more than the model's labels.
+SEMANTIC_FRAGMENTS = Bounds(int, 1, 1000, "a number of fragments", "5")
+#: A fragment's channel widths, a fraction of the tail's: the build takes (0, 1] and says so; past
+#: 16 (256 times a convolution's weights) a width is a typo, not a narrowing.
+WIDTH = Bounds(float, 0, 16, "a width (a fraction of the tail's)", str(SEMANTIC_WIDTH), low_open=True)
+#: Images int8 calibration runs on: they are held as one float32 array and onnxruntime's
+#: quantize_static runs the model on each, so 10,000 at 224x224 are 6 GB before any activation;
+#: the build asks at least 32.
+CALIB_SAMPLES = Bounds(int, 1, 10_000, "a number of images", "64")
+#: The autoencoder's latent, a share of the cut tensor: a bottleneck is smaller than the cut
+#: (exporter.bottleneck takes (0, 1); 1 itself once ended the build in a ValueError).
+LATENT_RATIO = Bounds(float, 0, 0.99, "a share of the cut tensor", "0.1", low_open=True)
+#: Images drawn from a data set: more than the set takes them all, and 100 million is past any
+#: set a workstation trains on or analyses in memory (ImageNet-21k is 14 million).
+IMAGES = Bounds(int, 1, 100_000_000, "a number of images", "10000")
+#: Training epochs (2 by default, the zoo's recipes 1 to 4): past a thousand a count of epochs is
+#: a typo, not a training.
+EPOCHS = Bounds(int, 1, 1000, "a number of epochs", str(AE_EPOCHS))
+#: Images per Grad-CAM batch: 4096 of 224x224 are gigabytes of input and as much of gradients.
+BATCH_SIZE = Bounds(int, 1, 4096, "a number of images", "32")
+#: A seed: numpy's legacy generators and most tools take 32 bits.
+SEED = Bounds(int, 0, 2**32 - 1, "a seed", "0")
+#: A dimension of one sample's input (C, H or W): past 65,536 pixels, channels or positions is no
+#: input a board sends (a camera's side stops at 8192); the whole sample is held to INPUT_ELEMENTS.
+INPUT_DIMENSION = Bounds(int, 1, 65_536, example="224")
+#: The values of one sample's input: 2^28 are 1 GiB of float32 (2.7 frames of 8K video in RGB).
+INPUT_ELEMENTS = 2**28
+#: --resize and --crop: what the board does to a camera frame, so at most a camera's side, as
+#: split-device's --frame takes it (above 8K video's 7680x4320; tests/test_numeric_flags.py holds
+#: them equal).
+SIDE = Bounds(int, 1, 8192, "pixels", "224")
+#: A channel's mean, in 0-1 or pixel units (any value above 1: 0-255).
+MEAN = Bounds(float, 0, 255, "a channel's mean", "0.485 (or 127 in pixel units)")
+#: A channel's std, as --mean and above 0 (it divides).
+STD = Bounds(float, 0, 255, "a channel's std", "0.229 (or 58 in pixel units)", low_open=True)
 
 EPILOG = """\
 examples:
@@ -124,13 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
         "hosts (two cut ids or more, in graph order); repeat for more chains",
     )
     build.add_argument(
-        "--semantic", type=int, metavar="K",
+        "--semantic", type=as_flag_type(SEMANTIC_FRAGMENTS), metavar="K",
         help="a semantic split: the board's head up to --cut, then K narrow fragments of the tail for hosts, each "
         "scoring one group of classes, grouped by the model's confusion on --train-data (2 to the number of labels)",
     )
     build.add_argument("--cut", metavar="ID", help="where --semantic cuts (default: the first compressive "
                        "bottleneck, the first C of `split-export points`)")
-    build.add_argument("--width", type=float, default=SEMANTIC_WIDTH, metavar="W",
+    build.add_argument("--width", type=as_flag_type(WIDTH), default=SEMANTIC_WIDTH, metavar="W",
                        help=f"each --semantic fragment's channel widths, a fraction of the tail's (default {SEMANTIC_WIDTH})")
     build.add_argument("--out", required=True, metavar="DIR", help="bundle directory to write")
     build.add_argument("--json", action="store_true",
@@ -145,18 +189,19 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--quantize", choices=(INT8,),
                        help="add int8 heads and send the cut as uint8 (calibrated on --calib-data)")
     build.add_argument("--calib-data", metavar="SPEC", help="calibration images for --quantize (default: --train-data)")
-    build.add_argument("--calib-samples", type=int, default=64, metavar="N",
+    build.add_argument("--calib-samples", type=as_flag_type(CALIB_SAMPLES), default=64, metavar="N",
                        help="calibration images used (default 64, at least 32)")
     build.add_argument("--bottleneck", choices=("ae",), help="inject and train an I-SPLIT autoencoder at each split")
-    build.add_argument("--latent-ratio", type=float, default=0.1, help="latent size / cut tensor size (default 0.1)")
+    build.add_argument("--latent-ratio", type=as_flag_type(LATENT_RATIO), default=0.1,
+                       help="latent size / cut tensor size (default 0.1)")
     build.add_argument("--train-data", metavar="SPEC",
                        help="data the bottleneck or the semantic fragments are trained on (as --data of analyze)")
     build.add_argument("--test-data", metavar="SPEC", help="measure every variant's accuracy on this data (default "
                        "with --bottleneck: fashion-mnist's test split, else 20%% of --train-data held out; with "
                        "--quantize: 32-500 images of --calib-data held out of calibration)")
-    build.add_argument("--train-images", type=int, metavar="N",
+    build.add_argument("--train-images", type=as_flag_type(IMAGES), metavar="N",
                        help=f"train on at most N images (default: all for --bottleneck, {SEMANTIC_IMAGES:,} for --semantic)")
-    build.add_argument("--epochs", type=int, default=AE_EPOCHS,
+    build.add_argument("--epochs", type=as_flag_type(EPOCHS), default=AE_EPOCHS,
                        help="training epochs: the autoencoder's (I-SPLIT Eq. 3; end-to-end fine-tuning follows) or "
                        f"the semantic fragments' (default {AE_EPOCHS})")
     build.add_argument(
@@ -178,13 +223,14 @@ def build_parser() -> argparse.ArgumentParser:
     analyse.add_argument("--classes", metavar="I,J|NAME,NAME", help="also analyse this class subset")
     analyse.add_argument("--synonyms", metavar="FILE",
                          help="class folders named otherwise than the model's labels: one 'FOLDER = LABEL' a line")
-    analyse.add_argument("--images", type=int, metavar="N", help="use at most N images (stratified, seeded)")
+    analyse.add_argument("--images", type=as_flag_type(IMAGES), metavar="N",
+                         help="use at most N images (stratified, seeded)")
     analyse.add_argument("--target", choices=("label", "predicted"), default="label",
                          help="Grad-CAM class: the ground truth (default) or the model's prediction")
     analyse.add_argument("--score", choices=("logit", "softmax"), default="logit",
                          help="the class score differentiated (default: the logit, as Grad-CAM)")
-    analyse.add_argument("--batch-size", type=int, default=32)
-    analyse.add_argument("--seed", type=int, default=0)
+    analyse.add_argument("--batch-size", type=as_flag_type(BATCH_SIZE), default=32)
+    analyse.add_argument("--seed", type=as_flag_type(SEED), default=0)
     analyse.add_argument("--out", required=True, metavar="DIR", help="report directory (points.json and PNGs)")
     analyse.set_defaults(run=_analyze)
 
@@ -220,11 +266,13 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
     pre = parser.add_argument_group(
         "preprocessing", "what the board does to a camera frame (default: the torchvision weights' own, else the "
         "factory's splitedge_preprocessing, else ImageNet's); recorded in the bundle")
-    pre.add_argument("--resize", type=int, default=None, metavar="PX", help="shorter side after resizing")
-    pre.add_argument("--crop", type=int, default=None, metavar="PX", help="centre crop (the model's input size)")
-    pre.add_argument("--mean", type=_floats, default=None, metavar="R,G,B",
+    pre.add_argument("--resize", type=as_flag_type(SIDE), default=None, metavar="PX",
+                     help="shorter side after resizing")
+    pre.add_argument("--crop", type=as_flag_type(SIDE), default=None, metavar="PX",
+                     help="centre crop (the model's input size)")
+    pre.add_argument("--mean", type=_channels(MEAN), default=None, metavar="R,G,B",
                      help="per-channel mean, 0-1 or pixel units (0-255: any value above 1), e.g. 127,127,127")
-    pre.add_argument("--std", type=_floats, default=None, metavar="R,G,B", help="per-channel std, as --mean")
+    pre.add_argument("--std", type=_channels(STD), default=None, metavar="R,G,B", help="per-channel std, as --mean")
     pre.add_argument("--color", choices=("RGB", "BGR"), default=None, help="channel order the model expects")
 
 
@@ -430,11 +478,18 @@ def format_table(cuts: Sequence[CutPoint]) -> str:
     )
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+def _channels(bounds: Bounds):
+    """``--mean``/``--std``: comma-separated numbers, one per channel, each within ``bounds``."""
+
+    def channels(text: str) -> tuple[float, ...]:
+        try:
+            return tuple(bounds(part.strip()) for part in text.split(",") if part.strip())
+        except SettingError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r} (one number per channel): {exc}") from None
+
+    channels.bounds = bounds  # type: ignore[attr-defined]
+    channels.template = "{},0.5,0.5"  # type: ignore[attr-defined]
+    return channels
 
 
 def _preprocessing(args: argparse.Namespace):
@@ -444,13 +499,19 @@ def _preprocessing(args: argparse.Namespace):
 
 
 def _shape(text: str) -> tuple[int, ...]:
+    """``--input-shape C,H,W``: each dimension within :data:`INPUT_DIMENSION`, at most :data:`INPUT_ELEMENTS` in all."""
     try:
-        shape = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 3,224,224") from None
-    if not shape or any(d <= 0 for d in shape):
-        raise argparse.ArgumentTypeError(f"{text!r}: every dimension must be positive")
+        shape = tuple(INPUT_DIMENSION(part.strip()) for part in text.split(","))
+    except SettingError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} (C,H,W, like 3,224,224): {exc}") from None
+    if math.prod(shape) > INPUT_ELEMENTS:
+        raise argparse.ArgumentTypeError(f"{text!r}: {math.prod(shape):,} values a sample; at most {INPUT_ELEMENTS:,} "
+                                         "(1 GiB of float32)")
     return shape
+
+
+_shape.bounds = INPUT_DIMENSION  # type: ignore[attr-defined]
+_shape.template = "3,{},224"  # type: ignore[attr-defined]
 
 
 def board_formats(board_id: str | None) -> tuple[str, ...]:

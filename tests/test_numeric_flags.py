@@ -1,8 +1,9 @@
 """Every numeric flag of every command refuses NaN, the infinities, negatives, 0 where 0 is out of
 range and 10^12, in one usage line naming the flag and its range, exit status 2, never a traceback.
 
-The cases are generated from the parsers themselves (``split-host`` and ``split-device``, every
-subcommand): a flag added tomorrow is walked too. A flag whose type is a bare ``int`` or
+The cases are generated from the parsers themselves (``split-host``, ``split-device`` and
+``split-export``, every subcommand): a flag added tomorrow is walked too. (``split-export``'s
+parser imports no torch: its commands import it when they run.) A flag whose type is a bare ``int`` or
 ``float``, or whose type takes a number without :class:`splitedge.Bounds` behind it, fails here
 unless it is named in :data:`TEXT` with why (issue 45: ``--idle-timeout nan`` crashed in an
 assertion, ``--threads 100000`` never listened). Parsing only: nothing starts.
@@ -17,15 +18,20 @@ from pathlib import Path
 import pytest
 
 from device_runtime.cli import build_parser as device_parser
+from exporter.cli import build_parser as export_parser
 from host_runtime.cli import build_parser as host_parser
 from splitedge import bounds_of
 
-PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {"split-host": host_parser, "split-device": device_parser}
+PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
+    "split-host": host_parser, "split-device": device_parser, "split-export": export_parser,
+}
 
 #: Flags whose type takes text that may look like a number, and why they are not numbers.
 TEXT = {
     "--camera": "an OpenCV camera index is a number, but so is a video file's name; the camera says what it opened",
     "--split": "a split id, which may be any safe name",
+    "--splits": "split-export's cut ids (torch.fx node names, which may be digits) or auto",
+    "--chain": "split-export's cut ids, as --splits",
     "--interface": "an address or an interface's name",
     "--key-file": "a path",
     "--tls-ca": "a path",
@@ -115,7 +121,9 @@ def test_the_walk_finds_the_flags_the_issue_named() -> None:
     found = {param.id.rsplit("=", 1)[0] for param in CASES}
     for flag in ("split-host serve --idle-timeout", "split-host serve --max-wait-ms", "split-host serve --metrics-port",
                  "split-host serve --threads", "split-host install-service --drain-timeout",
-                 "split-device run --threads", "split-device calibrate --frame", "split-device switch --keep"):
+                 "split-device run --threads", "split-device calibrate --frame", "split-device switch --keep",
+                 "split-export build --epochs", "split-export build --input-shape", "split-export analyze --seed",
+                 "split-export points --mean", "split-export deploy --serial"):
         assert flag in found, sorted(found)
 
 
@@ -134,3 +142,19 @@ def test_a_numeric_flag_out_of_range_is_one_usage_line(cli: str, path: tuple[str
     bounds = bounds_of(action.type)
     if bounds is not None:  # the range is said: its maximum at least
         assert _number_text(bounds.high) in errors[0], errors[0]
+
+
+def _bounds(cli: str, command: str, option: str):
+    (action,) = [action for c, path, action in _typed_options()
+                 if (c, path) == (cli, (command,)) and option in action.option_strings]
+    return bounds_of(action.type)
+
+
+def test_split_export_holds_the_boards_own_bounds() -> None:
+    """What deploy hands a board (``switch --keep``) and what a bundle's preprocessing asks of a
+    camera frame are held to the bounds the board itself holds them to."""
+    assert _bounds("split-export", "deploy", "--keep") == _bounds("split-device", "switch", "--keep")
+    frame_side = _bounds("split-device", "calibrate", "--frame")
+    for option in ("--resize", "--crop"):
+        side = _bounds("split-export", "build", option)
+        assert (side.low, side.high) == (frame_side.low, frame_side.high), option

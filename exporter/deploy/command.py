@@ -13,7 +13,7 @@ from device_runtime import PRECISIONS
 from exporter.deploy.board import ServiceOptions
 from exporter.deploy.card import deploy_card
 from exporter.deploy.fleet import Fleet, FleetResult, parse_max_fail
-from splitedge import SplitEdgeError
+from splitedge import Bounds, SplitEdgeError, as_flag_type
 
 __all__ = ["DEPLOY_EXAMPLES", "add_deploy_command"]
 
@@ -46,6 +46,22 @@ stopped); the lines above go to stderr.
 """
 
 
+# The bounds of deploy's numbers (splitedge.numbers), each maximum with why (issue 45).
+
+#: Releases kept on each board: the board's own bound, as each board runs `split-device switch
+#: --keep` with it (tests/test_numeric_flags.py holds them equal).
+KEEP = Bounds(int, 1, 100, example="3")
+#: Seconds the service must stay up on each board, a batch at a time: an hour.
+HEALTH_SECONDS = Bounds(float, 0, 3600, "seconds", "5")
+#: Boards deployed at once: each is ssh and rsync processes here, with their descriptors; past
+#: 1024 (the default limit of open files) they fail for this machine's sake, not the boards'.
+SERIAL = Bounds(int, 0, 1024, "a number of boards", "4", zero="all at once")
+#: ssh's ConnectTimeout: an hour is past any link a board is reached over.
+CONNECT_TIMEOUT = Bounds(int, 1, 3600, "seconds", "10")
+#: --max-fail as a share of the boards (parse_max_fail also takes a percentage, 0% to 100%).
+MAX_FAIL = Bounds(float, 0, 1, "a share of the boards", "0.25")
+
+
 def add_deploy_command(commands: argparse._SubParsersAction) -> None:
     deploy = commands.add_parser(
         "deploy", help="deploy a bundle to boards over ssh: verified on the board, switched atomically (no torch)",
@@ -71,10 +87,10 @@ def add_deploy_command(commands: argparse._SubParsersAction) -> None:
     deploy.add_argument("--service", action="store_true",
                         help="install the board's systemd unit (split-device install-service, through sudo -n), "
                         "restart it on the new release and wait until it answers a frame")
-    deploy.add_argument("--health-seconds", type=float, default=5.0, metavar="S",
+    deploy.add_argument("--health-seconds", type=as_flag_type(HEALTH_SECONDS), default=5.0, metavar="S",
                         help="with --service: how long the service must stay active afterwards (default 5)")
-    deploy.add_argument("--keep", type=int, default=3, help="releases kept on each board (default 3)")
-    deploy.add_argument("--serial", type=int, default=None, metavar="N",
+    deploy.add_argument("--keep", type=as_flag_type(KEEP), default=3, help="releases kept on each board (default 3)")
+    deploy.add_argument("--serial", type=as_flag_type(SERIAL), default=None, metavar="N",
                         help="boards deployed at a time (default: all at once)")
     deploy.add_argument("--max-fail", type=_max_fail, default="0%", metavar="PERCENT",
                         help="stop before the next batch once more than this share of the boards failed "
@@ -83,7 +99,7 @@ def add_deploy_command(commands: argparse._SubParsersAction) -> None:
                         help="an ssh config file instead of ~/.ssh/config (ssh -F)")
     deploy.add_argument("-o", "--ssh-option", action="append", default=[], dest="ssh_options", metavar="NAME=VALUE",
                         help="an ssh option (ssh -o), e.g. -o Port=2222; repeatable")
-    deploy.add_argument("--connect-timeout", type=int, default=10, metavar="S",
+    deploy.add_argument("--connect-timeout", type=as_flag_type(CONNECT_TIMEOUT), default=10, metavar="S",
                         help="seconds to reach each board (default 10)")
     deploy.add_argument("--dry-run", action="store_true", help="probe the boards (read-only), print the steps")
     deploy.add_argument("--rollback", action="store_true", help="switch each board back to its previous release")
@@ -123,6 +139,9 @@ def _max_fail(text: str) -> float:
         return parse_max_fail(text)
     except SplitEdgeError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_max_fail.bounds = MAX_FAIL  # type: ignore[attr-defined]
 
 
 def _settings(args: argparse.Namespace) -> dict[str, str]:
