@@ -44,6 +44,8 @@ _DPI = 120
 #: The most split changes marked by a line over time: more are a grey wall, and cost a hostile trace
 #: (a change every frame) seconds and gigabytes to draw; the title still counts them.
 MAX_CHANGES_MARKED = 1_000
+#: The most windows the drop rate is drawn in: a longer run gets wider windows (whole seconds).
+MAX_DROP_WINDOWS = 2_000
 _BITS_PER_MBIT = 1e6
 _ALL_COLOUR = "black"
 
@@ -227,7 +229,7 @@ def plot_table(calibration: Calibration, path: str | Path) -> None:
 @plain_text
 def plot_latency_over_time(
     frames: Sequence[dict[str, Any]], path: str | Path, link_rates: Sequence[dict[str, Any]] = (),
-    frame_bounds: Sequence[Bound] = (),
+    frame_bounds: Sequence[Bound] = (), changes: tuple[Sequence[float], int] | None = None, note: str = "",
 ) -> None:
     """The run over time, in three panels on one time axis, so a switch reads against its cause:
 
@@ -250,18 +252,21 @@ def plot_latency_over_time(
         3, 1, sharex=True, figsize=(11, 7.5 + 0.2 * len(drops)),
         gridspec_kw={"height_ratios": [3.0, 1.8, 0.6 + 0.35 * max(len(drops), 1)]},
     )
-    changes = [f["t"] for f in timeline.split_changes(frames)]
+    if changes is None:
+        changes = ([f["t"] for f in timeline.split_changes(frames)], 0)
+        changes = (changes[0], len(changes[0]))
+    times, count = changes
     _draw_latencies(plt, lat, answered, frame_bounds)
     _draw_rates(rate, frames, timeline.real_rate_steps(link_rates))
     _draw_drops(plt, drop, frames, drops)
-    marked = len(changes) <= MAX_CHANGES_MARKED
+    marked = count <= MAX_CHANGES_MARKED
     for ax in (lat, rate, drop):  # one collection per panel, not a line per change (1 ms each)
-        if changes and marked:
-            ax.vlines(changes, 0.0, 1.0, transform=ax.get_xaxis_transform(), colors="grey", linestyles="--", lw=0.8,
+        if count and marked:
+            ax.vlines(times, 0.0, 1.0, transform=ax.get_xaxis_transform(), colors="grey", linestyles="--", lw=0.8,
                       zorder=1, label="split change" if ax is lat else None)
     lat.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    lat.set_title(f"latency of each answered frame ({len(answered)} answered; split changes: {len(changes)}"
-                  f"{'' if marked else ', too many to mark'})", fontsize=10)
+    lat.set_title(f"latency of each answered frame ({len(answered)} answered; split changes: {count}"
+                  f"{'' if marked else ', too many to mark'})" + _noted(note), fontsize=10)
     drop.set_xlabel("time since the run started (s, at capture)")
     first, last = min(f["t"] for f in frames), max(f["t"] for f in frames)
     pad = 0.01 * (last - first) or 0.5
@@ -293,6 +298,11 @@ def _draw_latencies(plt: ModuleType, ax: Any, answered: list[dict[str, Any]], fr
         ax.text(0.5, 0.5, "no frame answered", transform=ax.transAxes, ha="center", va="center")
     ax.set_ylabel("capture → answer (ms)")
     ax.set_ylim(bottom=0)
+
+
+def _noted(note: str) -> str:
+    """A figure's title's second line, where it is drawn from a sample (``note``)."""
+    return f"\n{note}" if note else ""
 
 
 def _estimate_note(rates: Sequence[str | None]) -> str:
@@ -385,7 +395,7 @@ def _plain_log_ticks(axis: Any, low: float, high: float) -> None:
 
 
 @plain_text
-def plot_latency_cdf(frames: Sequence[dict[str, Any]], path: str | Path) -> None:
+def plot_latency_cdf(frames: Sequence[dict[str, Any]], path: str | Path, note: str = "") -> None:
     """Empirical CDF of the answered frames' total latency: one curve per series (a split, or the
     local split's frames by why they ran there: :func:`answer_series`) and one for all.
 
@@ -409,7 +419,7 @@ def plot_latency_cdf(frames: Sequence[dict[str, Any]], path: str | Path) -> None
         ax.legend(fontsize=8, loc="lower right")
     ax.set_xlabel("total latency (ms)")
     ax.set_ylabel("fraction of frames ≤ latency")
-    ax.set_title("latency distribution by split (local: by why it ran there)")
+    ax.set_title("latency distribution by split (local: by why it ran there)" + _noted(note))
     _save(plt, fig, path)
 
 
@@ -426,12 +436,14 @@ def draw_cdf(ax: Any, values: Sequence[float], colour: Any, width: float, label:
 
 
 @plain_text
-def plot_drop_rate(frames: Sequence[dict[str, Any]], path: str | Path, window_s: float = 1.0) -> None:
+def plot_drop_rate(frames: Sequence[dict[str, Any]], path: str | Path, window_s: float = 1.0, note: str = "") -> None:
     """Share of the frames captured in each ``window_s`` window that were dropped, stacked by reason
     (the colours of the drop track in ``latency_over_time``).
 
-    Windows are aligned on the first capture. A window with no frame has no rate: it is shaded
-    grey instead, which tells a stalled source from a window where nothing was dropped.
+    Windows are aligned on the first capture, and widened to whole seconds past
+    :data:`MAX_DROP_WINDOWS` of them. A window with no frame has no rate: it is shaded grey instead,
+    which tells a stalled source from a window where nothing was dropped. ``note``: the title's
+    second line (a sample's, :func:`fieldtrial.report.sample_note`).
     """
     _require(frames, "drop rate")
     if not window_s > 0:
@@ -439,6 +451,8 @@ def plot_drop_rate(frames: Sequence[dict[str, Any]], path: str | Path, window_s:
     plt = _pyplot()
     t = np.array([f["t"] for f in frames], dtype=float)
     start = t.min()
+    if t.max() - start > window_s * MAX_DROP_WINDOWS:  # a day in windows of 1 s: 86,400 bars
+        window_s = float(math.ceil((t.max() - start) / MAX_DROP_WINDOWS))
     windows = np.floor((t - start) / window_s).astype(int)
     count = np.bincount(windows)
     seen = count > 0
@@ -462,7 +476,8 @@ def plot_drop_rate(frames: Sequence[dict[str, Any]], path: str | Path, window_s:
     ax.set_ylabel(f"dropped (% of the frames\ncaptured in each {window_s:g} s)")
     ax.set_ylim(0, 105)
     dropped = sum(drops.values())
-    ax.set_title(f"drop rate: {dropped} of {len(frames)} frames dropped ({100.0 * dropped / len(frames):.1f} %)")
+    ax.set_title(f"drop rate: {dropped} of {len(frames)} frames dropped ({100.0 * dropped / len(frames):.1f} %)"
+                 + _noted(note))
     _save(plt, fig, path)
 
 

@@ -34,6 +34,7 @@ import calibration as cal
 from calibration import Calibration, CalibrationError, Calibrations, gains_over_static
 from device_runtime import LOCAL
 from fieldtrial import bounds, plots, timeline
+from fieldtrial.tally import MAX_KEPT, Tally
 from fieldtrial.trace import MAX_SHOWN, OTHER, Trace, load_trace, records_waits
 from splitedge import SplitEdgeError, shown
 
@@ -43,10 +44,24 @@ SUMMARY_FILE = "summary.json"
 #: The plots of every report, each drawn from the trace and its answered frames' bounds (floor, oracle).
 PLOTS: dict[str, Callable[[Trace, list[bounds.Bound], Path], None]] = {
     "latency_over_time.png": lambda trace, frame_bounds, path: plots.plot_latency_over_time(
-        trace.frames, path, trace.link_rates, frame_bounds),
-    "latency_cdf.png": lambda trace, frame_bounds, path: plots.plot_latency_cdf(trace.frames, path),
-    "drop_rate.png": lambda trace, frame_bounds, path: plots.plot_drop_rate(trace.frames, path),
+        trace.frames, path, trace.link_rates, frame_bounds, _changes(trace), sample_note(trace)),
+    "latency_cdf.png": lambda trace, frame_bounds, path: plots.plot_latency_cdf(trace.frames, path,
+                                                                                 sample_note(trace)),
+    "drop_rate.png": lambda trace, frame_bounds, path: plots.plot_drop_rate(trace.frames, path,
+                                                                             note=sample_note(trace)),
 }
+
+
+def sample_note(trace: Trace) -> str:
+    """What a figure of ``trace`` says where it is drawn from a sample of its frames; "" where not."""
+    if trace.tally is None or not trace.sampled:
+        return ""
+    return f"a sample of {len(trace.frames):,} of {trace.tally.frames:,} frames (at most {MAX_KEPT:,} kept)"
+
+
+def _changes(trace: Trace) -> tuple[list[float], int] | None:
+    """The split changes over every frame (the first times of them, and how many), where counted."""
+    return None if trace.tally is None else (trace.tally.change_times, trace.tally.changes)
 _RUN_FIELDS = ("bundle_id", "policy", "batch", "source", "started_unix", "backend", "precision", "calibration_key")
 MODEL_PLOT = "measured_vs_model.png"
 #: A frame's stages in the order it goes through them, as the trace names them; the model predicts
@@ -67,7 +82,7 @@ def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
     return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "mean": float(x.mean())}
 
 
-def _per_split(answered: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _per_split(answered: list[dict[str, Any]], tally: Tally) -> dict[str, dict[str, Any]]:
     """Frames, share of frames, seconds in effect and latency of each split that ran.
 
     ``seconds`` attributes the time from one answered frame's capture to the next answered
@@ -75,37 +90,38 @@ def _per_split(answered: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     shows another. This follows the real timeline (a split that ran few slow frames still
     held the link for a long time), which a share of frames times the duration would not.
     The last answered frame closes the timeline and adds nothing, so the seconds add up to
-    the span from the first to the last answered capture.
+    the span from the first to the last answered capture. Counted over every frame (``tally``);
+    the latencies are over ``answered`` (a sample past :data:`MAX_KEPT`).
     """
-    spans = [b["t"] - a["t"] for a, b in zip(answered, answered[1:])] + [0.0]
-    frames_of: dict[str, list[int]] = {}  # one pass: a pass per split was quadratic in the splits
-    for i, f in enumerate(answered):
-        frames_of.setdefault(f["split"], []).append(i)
+    latencies: dict[str, list[float]] = {}  # one pass: a pass per split was quadratic in the splits
+    for f in answered:
+        latencies.setdefault(f["split"], []).append(f["total_ms"])
+    counts = tally.splits.all()
     out: dict[str, dict[str, Any]] = {}
-    for split in plots.graph_order(frames_of):
-        mine = frames_of[split]
-        latency = _percentiles([answered[i]["total_ms"] for i in mine])
+    for split in plots.graph_order(counts):
+        latency = _percentiles(latencies.get(split, []))
         out[split] = {
-            "frames": len(mine),
-            "share": len(mine) / len(answered),
-            "seconds": float(sum(spans[i] for i in mine)),
+            "frames": counts[split],
+            "share": counts[split] / tally.answered,
+            "seconds": float(tally.seconds.get(split, 0.0)),
             "p50_ms": latency["p50"],
             "p95_ms": latency["p95"],
         }
     return out
 
 
-def _local_causes(answered: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _local_causes(answered: list[dict[str, Any]], tally: Tally) -> dict[str, dict[str, Any]]:
     """The frames answered on the board, by why they ran there (:func:`timeline.local_cause`): each
     cause's frames, share of the answered frames and latency. A deadline refusal and a host
     failure cost a frame its offload and the full model's time on top: lumped with the frames the
-    policy chose to run here, they would read as a slow local split."""
+    policy chose to run here, they would read as a slow local split. Counted over every frame
+    (``tally``); the latencies are over ``answered``."""
     out: dict[str, dict[str, Any]] = {}
     for cause in timeline.LOCAL_CAUSES:
-        mine = [f["total_ms"] for f in answered if timeline.local_cause(f) == cause]
-        if mine:
-            latency = _percentiles(mine)
-            out[cause] = {"frames": len(mine), "share": len(mine) / len(answered), "p50_ms": latency["p50"],
+        frames = tally.causes.get(cause, 0)
+        if frames:
+            latency = _percentiles([f["total_ms"] for f in answered if timeline.local_cause(f) == cause])
+            out[cause] = {"frames": frames, "share": frames / tally.answered, "p50_ms": latency["p50"],
                           "p95_ms": latency["p95"]}
     return out
 
@@ -143,6 +159,24 @@ def _gain(calibration: Calibration, answered: list[dict[str, Any]], waits: bool)
         },
         "predicted_vs_measured": _predicted_vs_measured(calibration, modelled, waits),
     }
+
+
+#: The figures of a summary taken from the frames kept (:data:`MAX_KEPT`), estimated where they are
+#: a sample; every count (frames, drops, splits' frames and seconds, causes, reasons, changes,
+#: deadline misses, duration, fps) is over every frame.
+ESTIMATED = ("latency_ms", "per_split.p50_ms", "per_split.p95_ms", "local_causes.p50_ms", "local_causes.p95_ms",
+             "link_rate.estimate_over_real", "floor", "oracle", "gain_over_static", "gain_scenario",
+             "predicted_vs_measured", "the plots")
+
+
+def _sample(kept: int, tally: Tally) -> dict[str, Any]:
+    """What the summary's distributions were taken from: ``kept`` frames of ``frames`` (all of them up
+    to ``cap``); ``estimated``: the figures taken from a sample (:data:`ESTIMATED`), empty where every
+    frame was kept. ``seconds_out_of_order``: answered frames written further out of capture order
+    than the report reorders (:data:`fieldtrial.tally.REORDER_WINDOW`), left out of the splits' seconds."""
+    return {"frames_kept": kept, "frames": tally.frames, "cap": MAX_KEPT,
+            "estimated": list(ESTIMATED) if tally.frames > kept else [],
+            "seconds_out_of_order": tally.out_of_order}
 
 
 def _median(values: Sequence[float]) -> float:
@@ -220,7 +254,7 @@ def _stage(
 
 def summarize(
     run: dict[str, Any], frames: list[dict[str, Any]], calibration: Calibration | None, waits: bool = True,
-    link_rates: Sequence[dict[str, Any]] = (),
+    link_rates: Sequence[dict[str, Any]] = (), tally: Tally | None = None,
 ) -> dict[str, Any]:
     """The numbers of one traced run (see the module docstring); JSON-ready.
 
@@ -255,29 +289,32 @@ def summarize(
     """
     if not frames:
         raise SplitEdgeError("no frames to summarize")
-    changes = len(timeline.split_changes(frames))
+    if tally is None:
+        tally = Tally.of(frames)
+    kept = len(frames)
     frames = sorted(frames, key=lambda f: (f["t"], f["index"]))
     answered = [f for f in frames if not f.get("dropped")]
-    local = _local_causes(answered)
-    duration = frames[-1]["t"] - frames[0]["t"]
+    local = _local_causes(answered, tally)
+    duration = tally.last_t - tally.first_t
     steps = timeline.real_rate_steps(link_rates)
     summary: dict[str, Any] = {
         "run": {key: run.get(key) for key in _RUN_FIELDS},
-        "frames": len(frames),
-        "answered": len(answered),
-        "dropped": len(frames) - len(answered),
-        "drop_rate": (len(frames) - len(answered)) / len(frames),
-        "drops_by_reason": timeline.drops_by_reason(frames),
+        "frames": tally.frames,
+        "answered": tally.answered,
+        "dropped": tally.frames - tally.answered,
+        "drop_rate": (tally.frames - tally.answered) / tally.frames,
+        "drops_by_reason": tally.drops_by_reason(),
         "duration_s": duration,
-        "fps": len(answered) / duration if duration > 0 else None,
+        "fps": tally.answered / duration if duration > 0 else None,
         "latency_ms": _percentiles([f["total_ms"] for f in answered]),
-        "per_split": _per_split(answered),
+        "per_split": _per_split(answered, tally),
         "local_causes": local,
-        "split_changes": changes,
+        "split_changes": tally.changes,
         "fallbacks": local.get(timeline.AFTER_FAILURE, {}).get("frames", 0),
         "deadline_refusals": local.get(timeline.AFTER_DEADLINE, {}).get("frames", 0),
-        "deadline_misses": timeline.deadline_misses(frames),
-        "split_reasons": timeline.split_reasons(frames),
+        "deadline_misses": tally.deadline_misses(),
+        "split_reasons": tally.split_reasons(),
+        "sample": _sample(kept, tally),
         "link_rate": {"real": steps, "estimate_over_real": timeline.estimate_over_real(frames, steps)},
         "floor": None,
         "oracle": None,
@@ -342,8 +379,10 @@ def write_report(
     if not trace.frames:
         raise SplitEdgeError(f"no frames in {trace_path}")
     table = _calibration_for(trace.run, trace_path, calibration)
-    summary = summarize(trace.run, trace.frames, table, records_waits(trace.run), trace.link_rates)
+    summary = summarize(trace.run, trace.frames, table, records_waits(trace.run), trace.link_rates, trace.tally)
     summary["grouped"] = trace.grouped
+    if trace.rates_left_out:
+        summary["link_rate"]["records_left_out"] = trace.rates_left_out
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -391,6 +430,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         *_reason_lines(summary["split_reasons"]),
         *_link_rate_lines(summary["link_rate"]),
         *_grouped_lines(summary.get("grouped") or {}),
+        *_sample_lines(summary.get("sample")),
         "",
         f"{'split':28s} {'frames':>7s} {'share':>7s} {'seconds':>8s} {'p50 ms':>8s} {'p95 ms':>8s}",
     ]
@@ -511,6 +551,15 @@ def _grouped_lines(grouped: dict[str, dict[str, int]]) -> list[str]:
     words = {"split": "splits", "drop_reason": "drop reasons", "reason": "kinds of split reason"}
     return [f"{g['values']} more {words.get(name, name)} than {MAX_SHOWN} on {g['frames']} frames, shown as "
             f"'{OTHER}'" for name, g in grouped.items()]
+
+
+def _sample_lines(sample: dict[str, Any] | None) -> list[str]:
+    """Which figures were estimated from a sample of the frames, where they were."""
+    if not sample or not sample["estimated"]:
+        return []
+    return [f"a long trace: percentiles, CDFs, bounds, gains and the model comparison are estimated from a "
+            f"sample of {sample['frames_kept']:,} of its {sample['frames']:,} frames (the report keeps at most "
+            f"{sample['cap']:,}); every count is over every frame"]
 
 
 def _ratio(value: float | None) -> str:

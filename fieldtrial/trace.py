@@ -10,19 +10,17 @@ measurement, and would overflow the sums the report makes of them.
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from device_runtime.stream import LINK_RATE, TRACE_SCHEMA
-from fieldtrial import timeline
-from splitedge import LOCAL, MAX_LINE_BYTES, OFFLOAD, SplitEdgeError, shown, trace_json
+from fieldtrial.tally import MAX_KEPT, MAX_SHOWN, OTHER, Sample, Tally
+from splitedge import MAX_LINE_BYTES, SplitEdgeError, shown, trace_json
 
 __all__ = [
-    "MAX_LINE_BYTES", "MAX_SHOWN", "OTHER", "TRACE_SCHEMA_1", "TRACE_SCHEMA_2", "TRACE_SCHEMA_3", "TRACE_SCHEMA_4",
-    "TRACE_SCHEMA_5", "Trace", "load_trace", "read_trace", "records_waits",
+    "MAX_KEPT", "MAX_LINE_BYTES", "MAX_SHOWN", "OTHER", "TRACE_SCHEMA_1", "TRACE_SCHEMA_2", "TRACE_SCHEMA_3",
+    "TRACE_SCHEMA_4", "TRACE_SCHEMA_5", "Trace", "load_trace", "read_trace", "records_waits",
 ]
 
 #: Traces before the waits were recorded: ``tail_ms`` held the host's queue, and nothing else
@@ -48,47 +46,70 @@ class Trace:
     where a testbed set it (``link_rates``: ``t``, ``rate_bps``, ``set_by``; sorted by ``t``,
     empty for a run on a link nobody shaped). ``grouped``: per field (``split``, ``drop_reason``,
     ``reason``), how many distinct values past :data:`MAX_SHOWN` were read as :data:`OTHER` and on
-    how many frames (``{"values": n, "frames": m}``); empty where none was."""
+    how many frames (``{"values": n, "frames": m}``); empty where none was.
+
+    ``frames``: every frame up to :data:`MAX_KEPT`, else a sample of that many (:mod:`fieldtrial.tally`),
+    in the trace's order, each with the fields a report reads; ``tally``: the exact counts over every
+    frame (None: ``frames`` are all of them, and a report counts them); ``rates_left_out``: the
+    ``link_rate`` records past :data:`MAX_KEPT`, counted and not read."""
 
     run: dict[str, Any]
     frames: list[dict[str, Any]]
     link_rates: list[dict[str, Any]]
     grouped: dict[str, dict[str, int]] = field(default_factory=dict)
+    tally: Tally | None = None
+    rates_left_out: int = 0
+
+    @property
+    def sampled(self) -> bool:
+        """Whether ``frames`` are a sample: the trace had more than :data:`MAX_KEPT`."""
+        return self.tally is not None and self.tally.frames > len(self.frames)
 
 
-#: The most distinct splits (and drop reasons, and kinds of split reason) a report shows apart:
-#: the rest are :data:`OTHER`. A summary, a legend and a colour per value are worth reading up to
-#: a few dozen; 100,000 distinct names cost a report over 900 s of CPU and drew nothing.
-MAX_SHOWN = 24
-#: What the values past :data:`MAX_SHOWN` are grouped as (a space: no split id has one).
-OTHER = "other (grouped)"
 #: The fields of the run record a report copies into its summary or compares (each checked).
 _RUN_SCALARS = ("bundle_id", "policy", "batch", "source", "started_unix", "backend", "precision", "calibration",
                 "schema")
+#: The fields of a frame record a report reads: a kept frame holds these alone, under one copy of
+#: each name (a parsed record holds its own copy of every name: a frame kept whole cost 3 KB).
+_FRAME_FIELDS = ("type", "t", "index", "dropped", "drop_reason", "split", "batch", "bytes", "rate_bps",
+                 "preprocess_ms", "head_ms", "transfer_ms", "tail_ms", "total_ms", "queue_ms", "slot_ms",
+                 "host_queue_ms", "deadline_ms", "error", "reason")
 
 
-def load_trace(path: str | Path) -> Trace:
+def load_trace(path: str | Path, keep: int = MAX_KEPT) -> Trace:
     """Every record of a trace a report reads; a malformed line is an error naming its number.
 
-    Read a line at a time, each at most :data:`MAX_LINE_BYTES`, and only the records a report
-    reads are kept (frames, link rates); splits, drop reasons and split reasons past
-    :data:`MAX_SHOWN` distinct values are grouped (:class:`Trace`'s ``grouped``)."""
+    Read a line at a time, each at most :data:`MAX_LINE_BYTES`, in memory bounded whatever the
+    trace's length: every frame is counted (:class:`fieldtrial.tally.Tally`) and at most
+    :data:`MAX_KEPT` are kept, with the fields a report reads (:class:`fieldtrial.tally.Sample`);
+    splits, drop reasons and split reasons past :data:`MAX_SHOWN` distinct values are grouped
+    (:class:`Trace`'s ``grouped``). ``keep``: the most frames (and link_rate records) kept."""
     path = Path(path)
     run: dict[str, Any] | None = None
-    frames: list[dict[str, Any]] = []
+    tally, sample = Tally(), Sample(keep)
     rates: list[dict[str, Any]] = []
+    rates_left_out = 0
     for number, record in _parse(path):
         if run is None:
             if record.get("type") != "run":
                 break
             run = _checked_run(path, number, record)
         elif record.get("type") == "frame":
-            frames.append(_checked_frame(path, number, record))
+            frame = _checked_frame(path, number, record)
+            frame = {name: frame[name] for name in _FRAME_FIELDS if name in frame}
+            tally.add(frame)
+            sample.add(frame)
         elif record.get("type") == LINK_RATE:
-            rates.append(_checked_rate(path, number, record))
+            if len(rates) < keep:
+                rates.append(_checked_rate(path, number, record))
+            else:
+                rates_left_out += 1
     if run is None:
         raise SplitEdgeError(f"{path}: not a splitedge trace (the first line must be the run record)")
-    return Trace(run, frames, sorted(rates, key=lambda r: r["t"]), _group(frames))
+    tally.finish()
+    frames = sample.frames()
+    grouped = tally.group(frames)
+    return Trace(run, frames, sorted(rates, key=lambda r: r["t"]), grouped, tally, rates_left_out)
 
 
 def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -121,43 +142,6 @@ def _checked_run(path: Path, number: int, record: dict[str, Any]) -> dict[str, A
         raise SplitEdgeError(f"{path}: trace schema {shown(record.get('schema'))}; this version reads "
                              f"{', '.join(_READABLE)}")
     return record
-
-
-#: The values always shown apart: the two ends of the network, and the split reasons that tell a frame
-#: run on the board after a refusal or a failure from one run there by choice (:func:`timeline.local_cause`).
-_ALWAYS_SHOWN = {"split": (LOCAL, OFFLOAD), "reason": (timeline.AFTER_DEADLINE, timeline.AFTER_FAILURE)}
-#: A field :func:`_group` groups: its name, the frames that have it, its value, and the frame with it
-#: rewritten as :data:`OTHER`.
-_Grouping = tuple[str, list[dict[str, Any]], Callable[[dict[str, Any]], Any], Callable[[dict[str, Any]], None]]
-
-
-def _group(frames: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
-    """Past :data:`MAX_SHOWN` distinct splits, drop reasons or kinds of split reason (those of
-    :data:`_ALWAYS_SHOWN` always shown), the least frequent are rewritten as :data:`OTHER` in the
-    frames (in place); what was grouped, per field."""
-    answered = [f for f in frames if not f.get("dropped")]
-    fields: tuple[_Grouping, ...] = (
-        ("split", answered, lambda f: f["split"], lambda f: f.__setitem__("split", OTHER)),
-        ("drop_reason", [f for f in frames if f.get("dropped") and isinstance(f.get("drop_reason"), str)],
-         lambda f: f["drop_reason"], lambda f: f.__setitem__("drop_reason", OTHER)),
-        ("reason", [f for f in answered if isinstance(f.get("reason"), dict)],
-         lambda f: f["reason"]["kind"], lambda f: f.__setitem__("reason", {**f["reason"], "kind": OTHER})),
-    )
-    grouped: dict[str, dict[str, int]] = {}
-    for name, mine, value, regroup in fields:
-        counts = Counter(value(f) for f in mine)
-        if len(counts) <= MAX_SHOWN:
-            continue
-        kept = {v for v in _ALWAYS_SHOWN.get(name, ()) if v in counts}
-        for v, _ in counts.most_common():
-            if len(kept) >= MAX_SHOWN - 1:  # and OTHER
-                break
-            kept.add(v)
-        moved = [f for f in mine if value(f) not in kept]
-        for f in moved:
-            regroup(f)
-        grouped[name] = {"values": len(counts) - len(kept), "frames": len(moved)}
-    return grouped
 
 
 #: The bounds of what a trace's fields can hold (module docstring).

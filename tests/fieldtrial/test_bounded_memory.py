@@ -1,0 +1,172 @@
+"""``split-device report`` holds a bounded amount of a trace, whatever its length (issue 45: 1 M
+records cost 4.1 GB, 10 M ran out of 8 GB): every frame is counted, at most a sample of them is
+kept, and the summary says which figures come from the sample. Checked by structure (what is kept
+after more frames than the caps), never by timing or by measuring memory."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from device_runtime.bundle import LOCAL, OFFLOAD
+from fieldtrial import tally as tallying
+from fieldtrial.report import ESTIMATED, summarize, write_report
+from fieldtrial.tally import OTHER, REORDER_WINDOW, Counted, Sample, Tally
+from fieldtrial.trace import MAX_KEPT, load_trace
+from tests.fieldtrial.make_big_trace import records
+from tests.fieldtrial.test_report import known_frames, run_record, write_jsonl
+
+FRAMES = 3_000
+KEEP = 200
+
+
+def _frames(n: int = FRAMES) -> list[dict]:
+    return [r for r in records(n) if r["type"] == "frame"]
+
+
+def test_the_sample_never_holds_more_than_its_cap() -> None:
+    sample = Sample(KEEP)
+    for i, frame in enumerate(_frames()):
+        sample.add(frame)
+        assert len(sample) == min(i + 1, KEEP)
+    kept = sample.frames()
+    assert len(kept) == KEEP and sample.seen == FRAMES
+    lines = [f["index"] for f in kept]
+    assert lines == sorted(lines)  # in the order added (the trace's)
+
+
+def test_up_to_its_cap_the_sample_is_every_frame_in_order() -> None:
+    frames = _frames(KEEP)
+    sample = Sample(KEEP)
+    for frame in frames:
+        sample.add(frame)
+    assert sample.frames() == frames
+
+
+def test_two_runs_of_one_source_keep_the_same_indices() -> None:
+    """Kept by index, not by position: a replay that dropped other frames keeps the same frames of
+    those both answered, so a comparison still matches frames by index."""
+    frames = _frames()
+    other = [f for f in frames if f["index"] % 7]  # another run: every 7th frame never written
+    a, b = Sample(KEEP), Sample(KEEP)
+    for f in frames:
+        a.add(f)
+    for f in other:
+        b.add(f)
+    kept_a = {f["index"] for f in a.frames()}
+    kept_b = {f["index"] for f in b.frames()}
+    assert {i for i in kept_a if i % 7} <= kept_b
+
+
+def test_counted_values_never_exceed_their_cap() -> None:
+    counted = Counted(always=(LOCAL,), cap=10)
+    for i in range(1_000):
+        counted.add(f"s{i}")
+    counted.add(LOCAL)  # always counted apart
+    assert len(counted.counts) == 11 and counted.uncounted == 990
+    assert sum(counted.all().values()) == 1_001
+    kept = counted.shown()
+    assert kept is not None and LOCAL in kept
+    grouped = counted.group(kept)
+    assert grouped["frames"] + sum(n for v, n in counted.counts.items() if v != OTHER) == 1_001
+    assert grouped["values_past_count"] == 1
+
+
+def test_the_reorder_window_is_bounded_and_the_seconds_exact_within_it() -> None:
+    frames = [{"t": i * 0.1, "index": i, "split": ("cut", LOCAL)[i // 3 % 2], "dropped": False, "total_ms": 1.0}
+              for i in range(REORDER_WINDOW + 500)]
+    shuffled = frames[:]
+    rng = random.Random(45)
+    for i in range(0, len(shuffled) - 8, 8):  # out of capture order by up to 8 frames, as frames in flight are
+        block = shuffled[i:i + 8]
+        rng.shuffle(block)
+        shuffled[i:i + 8] = block
+    tally = Tally()
+    for frame in shuffled:
+        tally.add(frame)
+        assert len(tally._window) <= REORDER_WINDOW
+    tally.finish()
+    exact = Tally.of(sorted(shuffled, key=lambda f: f["index"]))
+    assert tally.out_of_order == 0
+    assert tally.seconds == pytest.approx(exact.seconds)
+    assert sum(tally.seconds.values()) == pytest.approx(frames[-1]["t"])
+
+
+def test_a_frame_further_out_of_order_than_the_window_is_counted_not_lost() -> None:
+    frames = [{"t": 1.0 + i, "index": i + 1, "split": "cut", "dropped": False, "total_ms": 1.0} for i in range(20)]
+    frames.append({"t": 0.0, "index": 0, "split": LOCAL, "dropped": False, "total_ms": 1.0})
+    tally = Tally()
+    window, tallying.REORDER_WINDOW = tallying.REORDER_WINDOW, 4
+    try:
+        for frame in frames:
+            tally.add(frame)
+    finally:
+        tallying.REORDER_WINDOW = window
+    tally.finish()
+    assert tally.out_of_order == 1 and tally.answered == 21 and tally.splits.counts[LOCAL] == 1
+
+
+def test_a_trace_past_the_cap_is_counted_whole_and_estimated_from_its_sample(tmp_path: Path) -> None:
+    path = tmp_path / "long.jsonl"
+    all_records = list(records(FRAMES))
+    write_jsonl(path, all_records)
+    trace = load_trace(path, keep=KEEP)
+    assert len(trace.frames) == KEEP and trace.sampled and trace.tally is not None
+    summary = write_report(path, tmp_path / "out", trace=trace)
+    whole = summarize(all_records[0], [r for r in all_records if r["type"] == "frame"], None, True,
+                      [r for r in all_records if r["type"] == "link_rate"])
+    for count in ("frames", "answered", "dropped", "drops_by_reason", "duration_s", "fps", "split_changes",
+                  "fallbacks", "deadline_refusals", "deadline_misses", "split_reasons"):
+        assert summary[count] == whole[count], count
+    assert {s: p["frames"] for s, p in summary["per_split"].items()} == {
+        s: p["frames"] for s, p in whole["per_split"].items()}
+    assert {s: p["seconds"] for s, p in summary["per_split"].items()} == pytest.approx(
+        {s: p["seconds"] for s, p in whole["per_split"].items()})
+    assert summary["sample"] == {"frames_kept": KEEP, "frames": FRAMES, "cap": MAX_KEPT, "estimated": list(ESTIMATED),
+                                 "seconds_out_of_order": 0}
+    assert whole["sample"]["estimated"] == []
+    assert summary["latency_ms"]["p50"] == pytest.approx(whole["latency_ms"]["p50"], rel=0.1)  # a sample's estimate
+
+
+def test_below_the_cap_the_report_is_the_summary_of_every_frame(tmp_path: Path) -> None:
+    frames = known_frames()
+    path = write_jsonl(tmp_path / "run.jsonl", [run_record()] + frames)
+    summary = write_report(path, tmp_path / "out")
+    assert summary["sample"]["estimated"] == [] and summary["sample"]["frames_kept"] == len(frames)
+    assert {k: v for k, v in summary.items() if k != "grouped"} == summarize(run_record(), known_frames(), None)
+
+
+def test_100_000_distinct_splits_past_the_count_cap_add_up(tmp_path: Path) -> None:
+    """Past MAX_COUNTED distinct values, a value first seen is counted as OTHER at once: the per-split
+    frames still add up to every answered frame, and the seconds to the answered span."""
+    base = known_frames()[1]
+    n = 2 * tallying.MAX_COUNTED
+    frames = [{**base, "t": i * 0.01, "index": i, "split": OFFLOAD if i % 10 == 0 else f"s{i}"} for i in range(n)]
+    trace = load_trace(write_jsonl(tmp_path / "r.jsonl", [run_record()] + frames), keep=KEEP)
+    assert trace.tally is not None and len(trace.tally.splits.counts) <= tallying.MAX_SHOWN
+    summary = write_report(tmp_path / "r.jsonl", tmp_path / "out", trace=trace)
+    assert sum(s["frames"] for s in summary["per_split"].values()) == n
+    assert sum(s["seconds"] for s in summary["per_split"].values()) == pytest.approx((n - 1) * 0.01)
+    assert summary["per_split"][OFFLOAD]["frames"] == n // 10
+    assert summary["grouped"]["split"]["frames"] == summary["per_split"][OTHER]["frames"]
+
+
+def test_link_rate_records_past_the_cap_are_counted_not_kept(tmp_path: Path) -> None:
+    rates = [{"type": "link_rate", "t": i * 0.1, "rate_bps": 1e6 * (1 + i % 2), "set_by": "netem"} for i in range(30)]
+    path = write_jsonl(tmp_path / "r.jsonl", [run_record(), *rates, *known_frames()])
+    trace = load_trace(path, keep=10)
+    assert len(trace.link_rates) == 10 and trace.rates_left_out == 20
+    assert write_report(path, tmp_path / "out", trace=trace)["link_rate"]["records_left_out"] == 20
+
+
+def test_the_sample_keeps_the_shape_of_the_latencies() -> None:
+    """The bottom-k sample by index is uniform: its median is the median of every frame within a few %."""
+    frames = [f for f in _frames() if not f.get("dropped")]
+    sample = Sample(KEEP * 2)
+    for f in frames:
+        sample.add(f)
+    every = np.median([f["total_ms"] for f in frames])
+    assert np.median([f["total_ms"] for f in sample.frames()]) == pytest.approx(every, rel=0.05)
