@@ -12,9 +12,14 @@ what a host can hold. Time is the event loop's clock, so tests configure small t
 A full connection table once locked boards out for the 300 s idle timeout, renewable with one
 byte: so a connection that has not proven itself (no complete frame, or with a key no
 handshake) must do so within ``first_frame_timeout`` seconds of connecting, and when the table
-is full the oldest such connection is shed to make room (:class:`Unproven`). Work that a request
-buys beyond its own frame (``profile``'s tail runs, ``links``' payloads) is metered host-wide
-by a :class:`Rate`.
+is full the oldest such connection is shed to make room. Proving oneself with one ``ping`` was
+enough to lock boards out again (1,100 connections that each pinged once and went idle held
+every slot, issue 45), so a full table with nobody unproven sheds the least recently active
+connection of an address holding more than its fair share of the table
+(:func:`beyond_fair_share`): a board alone on its address is never shed for another, a flood
+from a few addresses makes room for new boards. Both orders are a :class:`ConnectionOrder`.
+Work that a request buys beyond its own frame (``profile``'s tail runs, ``links``' payloads) is
+metered host-wide by a :class:`Rate`.
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ from __future__ import annotations
 import logging
 import resource
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 log = logging.getLogger("splitedge.host")
 
@@ -79,26 +84,53 @@ class ConnectionGate:
             del self.per_address[address]
 
 
-class Unproven:
-    """Connections that have not proven themselves yet, oldest first: what a full host sheds."""
+class ConnectionOrder:
+    """Connections in an order a full table sheds by: the oldest (or least recently :meth:`touch`ed) first."""
 
     def __init__(self) -> None:
-        self._order: dict[Any, None] = {}  # insertion-ordered
+        self._order: OrderedDict[Any, None] = OrderedDict()
 
     def add(self, connection: Any) -> None:
         self._order[connection] = None
 
-    def proven(self, connection: Any) -> None:
+    def touch(self, connection: Any) -> None:
+        """``connection`` did something now: last in the order (added if it was not in it)."""
+        self._order[connection] = None
+        self._order.move_to_end(connection)
+
+    def discard(self, connection: Any) -> None:
         self._order.pop(connection, None)
 
     def oldest(self) -> Any | None:
         return next(iter(self._order), None)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._order)
 
     def __contains__(self, connection: Any) -> bool:
         return connection in self._order
 
     def __len__(self) -> int:
         return len(self._order)
+
+
+#: How many of the least recently active connections a full table looks through for one to shed:
+#: a flood of busy connections costs each new connection this many steps at most, not the table.
+SHED_SCAN = 256
+
+
+def beyond_fair_share(recent: ConnectionOrder, gate: ConnectionGate, address: str,
+                      busy: Callable[[Any], bool]) -> Any | None:
+    """The connection a full table sheds for a new one from ``address``: the least recently active
+    (of the first :data:`SHED_SCAN`) that is not ``busy`` (requests in flight, a frame arriving)
+    and whose address holds more than its fair share, the table split evenly among the addresses
+    connected and the new one. None: nobody holds more than their share, and the new one is refused."""
+    addresses = len(gate.per_address) + (address not in gate.per_address)
+    fair = max(gate.max_connections // addresses, 1)
+    for _, connection in zip(range(SHED_SCAN), recent):
+        if gate.per_address[connection.address] > fair and not busy(connection):
+            return connection
+    return None
 
 
 class Rate:

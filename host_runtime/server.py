@@ -36,11 +36,11 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 from prometheus_client import Counter as PromCounter, Gauge as PromGauge
 
-from device_runtime.wire import REFUSAL_KINDS, FrameBudget, FramedProtocol, HostAuth
+from device_runtime.wire import REFUSAL_KINDS, FrameBudget, FramedProtocol, HostAuth, accept_tls
 from device_runtime import stage_id
 from device_runtime.wire import Credentials
 from device_runtime.wire import (
@@ -82,8 +82,9 @@ from host_runtime.limits import (
     AcceptFailures,
     Activity,
     ConnectionGate,
+    ConnectionOrder,
     Rate,
-    Unproven,
+    beyond_fair_share,
 )
 from host_runtime.metrics import PREFIX, HostStats, MetricsEndpoint
 from host_runtime.metrics_http import endpoint_token
@@ -146,6 +147,9 @@ class _HostProtocol(FramedProtocol):
         self.in_flight = 0
         self.costly: str | None = None  # the profile or links request of this connection in progress
         self.address = ""  # the peer's IP address, once admitted
+        # Under TLS, the TCP transport while its handshake runs (counted against the caps from accept,
+        # shed like any connection that has not proven itself); None once the TLS transport is made.
+        self.handshaking: asyncio.Transport | None = None
         self.splits: Counter[str] = Counter()  # infer requests admitted, by tail (the live page's "its splits")
         now = server.clock()
         self.activity = Activity(now, opened=now)
@@ -161,24 +165,66 @@ class _HostProtocol(FramedProtocol):
             log.warning("refused a connection from %s: %s", peer, reason)
             # Said in the clear, before any handshake, so that a device (with a key or without)
             # reports the limit instead of guessing at a lost connection; no worse than a reset.
+            # Under TLS the refusal comes before the handshake (a handshake is what the caps bound):
+            # the device reads it as a handshake that failed, and its log names the host.
             transport.writelines(encode_message(ErrorReply(None, ErrorCode.OVERLOADED, f"refused the connection: {reason}")))
             transport.close()
             return
-        super().connection_made(transport)
+        tls = self.server.config.tls
+        if tls is None:
+            super().connection_made(transport)
+            return
+        # The handshake is the connection's first frame: counted against the caps from accept and
+        # bounded by --first-frame-timeout (asyncio's own TLS server counted a connection only once
+        # its handshake was done and gave it 60 s: 5,000 that never finished held 4,677 descriptors
+        # outside every cap, issue 45).
+        self.handshaking = cast(asyncio.Transport, transport)
+        self.server.handshake(self.upgrade(self.handshaking, tls))
+
+    async def upgrade(self, transport: asyncio.Transport, tls: ssl.SSLContext) -> None:
+        """Run the TLS handshake on ``transport`` within what is left of the first-frame timeout,
+        then read frames from the TLS transport; a handshake that fails or times out closes the
+        connection and frees its place (one line in the log at debug: a scanner's probe is no news)."""
+        server = self.server
+        left = server.config.first_frame_timeout - (server.clock() - self.activity.opened)
+        try:
+            # made: the framed protocol's connection_made; admission was done at accept
+            await accept_tls(transport, self, tls, max(left, 1e-3), made=partial(FramedProtocol.connection_made, self))
+        except (OSError, ssl.SSLError, asyncio.TimeoutError) as exc:
+            server.connections_closed.labels("tls_handshake").inc()
+            log.debug("closed the connection from %s: TLS handshake failed (%s)", self.address, exc or type(exc).__name__)
+            self.forget()
+        except asyncio.CancelledError:  # the host is stopping
+            transport.abort()
+            self.forget()
+            raise
+        finally:
+            self.handshaking = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
-        self.server.unproven.proven(self)
+        self.forget()
+
+    def forget(self) -> None:
+        """Out of the host's tables and counts (once, however the connection ended)."""
+        self.server.unproven.discard(self)
+        self.server.recent.discard(self)
         if self in self.server.connections:
             self.server.connections.discard(self)
             self.server.gate.leave(self.address)
+
+    @property
+    def busy(self) -> bool:
+        """Requests in flight, a profile or links running, or a frame arriving: not to be shed."""
+        return self.in_flight > 0 or self.costly is not None or not self.decoder.idle
 
     def buffer_updated(self, nbytes: int) -> None:
         frames = self.frames_read
         super().buffer_updated(nbytes)
         self.activity.read(self.server.clock(), not self.decoder.idle, self.frames_read != frames)
+        self.server.recent.touch(self)
         if self.frames_read and (self.auth is None or self.auth.established):
-            self.server.unproven.proven(self)
+            self.server.unproven.discard(self)
 
     def resume(self, reason: str) -> None:
         paused = bool(self.pauses)
@@ -450,7 +496,9 @@ class HostServer:
         self.profiler = Profiler()
         self.budget = FrameBudget(config.max_partial_bytes)
         self.gate = ConnectionGate(config.max_connections, config.max_connections_per_address)
-        self.unproven = Unproven()  # connections with no complete frame (or handshake) yet, oldest first
+        self.unproven = ConnectionOrder()  # connections with no complete frame (or handshake) yet, oldest first
+        self.recent = ConnectionOrder()  # every connection, least recently read from first
+        self.handshakes: set[asyncio.Future[None]] = set()  # TLS handshakes running (cancelled when stopping)
         self.clock = time.monotonic  # the event loop's clock once started
         self.draining = False  # stopping: new infer and profile requests are refused
         self.stats = HostStats(  # the gauges read the batcher when collected
@@ -474,7 +522,7 @@ class HostServer:
             ["reason"], registry=self.stats.registry,
         )
         for kind in ("max_connections", "max_connections_per_address", "idle_timeout", "frame_timeout",
-                     "first_frame_timeout", "shed", "frame_evicted"):
+                     "first_frame_timeout", "shed", "shed_beyond_share", "tls_handshake", "frame_evicted"):
             self.connections_closed.labels(kind)
         PromGauge(PREFIX + "partial_frame_bytes", "Bytes held for frames still arriving, all connections (bounded "
                   "by max_partial_bytes).", registry=self.stats.registry).set_function(lambda: self.budget.held)
@@ -491,27 +539,43 @@ class HostServer:
 
     def admit(self, connection: _HostProtocol) -> tuple[str, str] | None:
         """Count a new connection in (None) or say why it is refused. A full table first sheds its
-        oldest connection that has not proven itself: idle sockets cannot lock boards out."""
+        oldest connection that has not proven itself, else the least recently active one of an
+        address beyond its fair share (:func:`~host_runtime.limits.beyond_fair_share`): neither idle
+        sockets nor connections that pinged once can lock boards out."""
         if self.gate.total >= self.gate.max_connections:
-            self._shed()
+            self._shed(connection.address)
         refusal = self.gate.admit(connection.address)
         if refusal is None:
             self.connections.add(connection)
             self.unproven.add(connection)
+            self.recent.touch(connection)
         return refusal
 
-    def _shed(self) -> None:
+    def _shed(self, address: str) -> None:
         victim = self.unproven.oldest()
-        if victim is None:
-            return
-        self.unproven.proven(victim)
-        self.connections.discard(victim)
-        self.gate.leave(victim.address)
-        self.connections_closed.labels("shed").inc()
-        log.info("shed the connection from %s: the table is full (--max-connections %d) and it sent no complete "
-                 "frame yet", victim.address, self.gate.max_connections)
-        if victim.transport is not None:
+        if victim is not None:
+            kind, why = "shed", "it sent no complete frame yet"
+        else:
+            victim = beyond_fair_share(self.recent, self.gate, address, lambda c: c.busy)
+            if victim is None:
+                return
+            kind, why = "shed_beyond_share", (f"it was the least recently active of the {self.gate.per_address[victim.address]} "
+                                              f"from {victim.address}, more than that address's share")
+        victim.forget()
+        self.connections_closed.labels(kind).inc()
+        reason = f"the table is full (--max-connections {self.gate.max_connections}) and {why}"
+        log.info("shed the connection from %s: %s", victim.address, reason)
+        if victim.transport is not None:  # said first, as to a connection refused: the board reports it and reconnects
+            victim.send_reply(ErrorReply(None, ErrorCode.OVERLOADED, f"closed the connection: {reason}"))
             victim.transport.close()
+        elif victim.handshaking is not None:
+            victim.handshaking.abort()
+
+    def handshake(self, work: Any) -> None:
+        """Run a connection's TLS handshake as a task the shutdown cancels (it is no work in flight)."""
+        task = asyncio.ensure_future(work)
+        self.handshakes.add(task)
+        task.add_done_callback(self.handshakes.discard)
 
     def spawn(self, work: Any) -> None:
         """Run a request's coroutine as a task the shutdown waits for (within its deadline)."""
@@ -549,7 +613,7 @@ class HostServer:
         with _port_in_use(self.config.host, self.config.port, "--port"):
             self._server = await loop.create_server(
                 lambda: _HostProtocol(self), self.config.host, self.config.port, reuse_address=True,
-                reuse_port=self.config.reuse_port or None, ssl=self.config.tls,
+                reuse_port=self.config.reuse_port or None,  # TLS: started per connection (_HostProtocol.upgrade)
             )
         host, port = self._server.sockets[0].getsockname()[:2]
         if self.config.metrics_port is not None:
@@ -587,6 +651,8 @@ class HostServer:
             self._server.close()
         if self._watchdog is not None:
             self._watchdog.cancel()
+        for task in list(self.handshakes):
+            task.cancel()
         loop = asyncio.get_running_loop()
         timeout = self.config.shutdown_timeout
         deadline = loop.time() + timeout

@@ -39,7 +39,7 @@ from device_runtime.wire.ops import (
 from device_runtime.wire.msgpack_view import DecodeLimits
 from device_runtime.wire.protocol import REPLY_LIMITS, REQUEST_LIMITS, decode, decode_tensor, encode, encode_bytes, encode_message
 from device_runtime.wire.quantization import affine_params, dequantize, quantize
-from device_runtime.wire.tls import client_context, server_context
+from device_runtime.wire.tls import accept_tls, client_context, server_context
 from device_runtime.wire.txt import TxtRecord, parse_txt, txt_record
 
 from device_runtime.wire.auth import REFUSAL_KINDS
@@ -98,6 +98,7 @@ __all__ = [
     "TxtRecord",
     "UploadTiming",
     "affine_params",
+    "accept_tls",
     "client_context",
     "decode",
     "decode_tensor",

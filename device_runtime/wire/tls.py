@@ -10,12 +10,14 @@ TLS and the per-frame HMAC are independent and may be used together.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 from splitedge import CredentialsError
 
-__all__ = ["client_context", "server_context"]
+__all__ = ["accept_tls", "client_context", "server_context"]
 
 
 def server_context(cert_file: str | Path, key_file: str | Path) -> ssl.SSLContext:
@@ -40,3 +42,47 @@ def client_context(ca_file: str | Path) -> ssl.SSLContext:
     except (OSError, ssl.SSLError) as exc:
         raise CredentialsError(f"cannot use --tls-ca {ca_file}: {getattr(exc, 'strerror', None) or exc}") from exc
     return context
+
+
+class _Early(asyncio.Protocol):
+    """What the TLS layer hands up between the handshake's end and the caller taking over: asyncio
+    reads the first application bytes in the same turn the handshake completes, before
+    ``start_tls`` returns (a board's ``hello`` sent right behind its handshake was lost)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.lost: tuple[Exception | None] | None = None
+
+    def data_received(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = (exc,)
+
+
+async def accept_tls(transport: asyncio.Transport, protocol: asyncio.BufferedProtocol, context: ssl.SSLContext,
+                     timeout: float, made: Callable[[asyncio.BaseTransport], None] | None = None) -> None:
+    """The server side of a TLS handshake on an accepted TCP ``transport``, within ``timeout`` s,
+    then ``protocol`` reading from the TLS transport as if it had been made with it
+    (``connection_made``, or ``made`` in its place, the bytes already decrypted, a loss meanwhile). Raises what the handshake
+    raised (``ssl.SSLError``, ``OSError``, ``TimeoutError``); the transport is closed then.
+
+    A server that counts its connections from accept (asyncio's ``create_server(ssl=...)`` makes
+    the protocol only once the handshake is done, outside any cap) upgrades each connection here."""
+    early = _Early()
+    secured = await asyncio.get_running_loop().start_tls(transport, early, context, server_side=True,
+                                                         ssl_handshake_timeout=timeout)
+    if secured is None:  # closed while the handshake finished
+        raise ConnectionResetError("the connection closed during the TLS handshake")
+    (made or protocol.connection_made)(secured)
+    secured.set_protocol(protocol)
+    for chunk in early.chunks:
+        view = memoryview(chunk)
+        while view:
+            buffer = protocol.get_buffer(len(view))
+            n = min(len(buffer), len(view))
+            memoryview(buffer)[:n] = view[:n]
+            protocol.buffer_updated(n)
+            view = view[n:]
+    if early.lost is not None:
+        protocol.connection_lost(early.lost[0])

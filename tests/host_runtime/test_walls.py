@@ -267,19 +267,24 @@ def test_a_profile_counts_against_admission_and_load_like_other_work() -> None:
 
 
 def test_connections_past_the_caps_are_refused_with_a_log_line(mobilenet_bundle, caplog) -> None:
-    """Two connections per address, four in all: the third from one address is refused, another
-    address is still served, the fifth connection is refused, and a freed place is taken again."""
-    caplog.set_level(logging.WARNING, logger="splitedge.host")
+    """Two connections per address, four in all: the third from one address is refused; a new
+    address takes the place of the least recently active connection of the address beyond its
+    share (issue 45); once every address holds its share, the next is refused; a freed place is
+    taken again."""
+    caplog.set_level(logging.INFO, logger="splitedge.host")
     for host in start_host([mobilenet_bundle], max_connections=4, max_connections_per_address=2):
         kept = [connect_from(host, "127.0.0.1"), connect_from(host, "127.0.0.1")]
         try:
             assert all(served(sock) for sock in kept)
             with connect_from(host, "127.0.0.1") as third:
                 assert closed_by_host(third)
-            kept += [connect_from(host, "127.0.0.2"), connect_from(host, "127.0.0.2")]
-            assert all(served(sock) for sock in kept[2:])
-            with connect_from(host, "127.0.0.3") as fifth:
-                assert closed_by_host(fifth)
+            kept += [connect_from(host, "127.0.0.2"), connect_from(host, "127.0.0.3")]
+            assert all(served(sock) for sock in kept[1:])  # kept[0] is now the least recently active
+            kept.append(connect_from(host, "127.0.0.4"))
+            assert served(kept[-1])
+            assert closed_by_host(kept.pop(0))  # 127.0.0.1 held two of four places among four addresses
+            with connect_from(host, "127.0.0.5") as sixth:
+                assert closed_by_host(sixth)
             kept.pop(0).close()
             assert eventually(host, lambda: host.server.gate.total, lambda n: n == 3) == 3
             kept.append(connect_from(host, "127.0.0.1"))
@@ -289,9 +294,11 @@ def test_connections_past_the_caps_are_refused_with_a_log_line(mobilenet_bundle,
                 sock.close()
         closed = host.server.stats.as_dict()["connections_closed"]
         assert closed["max_connections_per_address"] == 1 and closed["max_connections"] == 1
+        assert closed["shed_beyond_share"] == 1
     text = caplog.text
     assert "refused a connection from ('127.0.0.1'" in text and "(--max-connections-per-address 2)" in text
-    assert "refused a connection from ('127.0.0.3'" in text and "4 connections open (--max-connections 4)" in text
+    assert "shed the connection from 127.0.0.1: the table is full (--max-connections 4)" in text
+    assert "refused a connection from ('127.0.0.5'" in text and "4 connections open (--max-connections 4)" in text
 
 
 @pytest.mark.parametrize("key", [None, KEY], ids=["plain", "keyed"])
