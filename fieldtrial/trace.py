@@ -131,15 +131,15 @@ def _checked_run(path: Path, number: int, record: dict[str, Any]) -> dict[str, A
     for name in _RUN_SCALARS:
         value = record.get(name)
         finite = isinstance(value, float) and math.isfinite(value)
-        if not (value is None or isinstance(value, (str, bool, int)) or finite):
+        if not (value is None or _is_text(value) or isinstance(value, (bool, int)) or finite):
             raise SplitEdgeError(f"{path}:{number}: the run record's {name} must be null, a word or a finite "
                                  f"number, got {shown(value)}")
     key = record.get("calibration_key")
-    if key is not None and not (isinstance(key, list) and len(key) <= 2 and all(isinstance(k, str) for k in key)):
+    if key is not None and not (isinstance(key, list) and len(key) <= 2 and all(_is_text(k) for k in key)):
         raise SplitEdgeError(f"{path}:{number}: the run record's calibration_key must be null or "
                              f"[backend, precision], got {shown(key)}")
     if record.get("schema") not in _READABLE:
-        raise SplitEdgeError(f"{path}: trace schema {shown(record.get('schema'))}; this version reads "
+        raise SplitEdgeError(f"{path}:{number}: trace schema {shown(record.get('schema'))}; this version reads "
                              f"{', '.join(_READABLE)}")
     return record
 
@@ -153,6 +153,18 @@ _MAX_BATCH = 65_536
 #: A frame's times that the report reads: the stages always, the waits from trace schema 2 on.
 _STAGE_TIMES = ("preprocess_ms", "head_ms", "transfer_ms", "tail_ms", "total_ms")
 _WAIT_TIMES = ("queue_ms", "slot_ms", "host_queue_ms")
+
+
+def _is_text(value: Any) -> bool:
+    """A string a picture or a page can hold: one with a lone surrogate (JSON's ``"\\ud800"``) is no
+    text (matplotlib's font code raised a TypeError on a split named so), and no writer writes one."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _in_range(value: Any, low: float, high: float) -> bool:
@@ -179,10 +191,10 @@ def _checked_frame(path: Path, number: int, record: dict[str, Any]) -> dict[str,
     if not isinstance(record.get("dropped", False), bool):
         raise bad("dropped", "true or false")
     if record.get("dropped"):
-        if not isinstance(record.get("drop_reason"), (str, type(None))):
+        if not (record.get("drop_reason") is None or _is_text(record["drop_reason"])):
             raise bad("drop_reason", "a word or null")
         return record
-    if not isinstance(record.get("split"), str) or not record["split"]:
+    if not _is_text(record.get("split")) or not record["split"]:
         raise bad("split", "a split's name")
     batch = record.get("batch")
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= _MAX_BATCH:
@@ -202,10 +214,10 @@ def _checked_frame(path: Path, number: int, record: dict[str, Any]) -> dict[str,
     deadline = record.get("deadline_ms")
     if deadline is not None and not (_in_range(deadline, 0.0, _MAX_MS) and deadline > 0):
         raise bad("deadline_ms", f"null or a number of ms over 0, up to {_MAX_MS:g}")
-    if not isinstance(record.get("error"), (str, type(None))):
+    if not (record.get("error") is None or _is_text(record["error"])):
         raise bad("error", "null or a message")
     reason = record.get("reason")
-    if reason is not None and not (isinstance(reason, dict) and isinstance(reason.get("kind"), str)):
+    if reason is not None and not (isinstance(reason, dict) and _is_text(reason.get("kind"))):
         raise bad("reason", "null or an object with a kind")
     return record
 
@@ -218,7 +230,7 @@ def _checked_rate(path: Path, number: int, record: dict[str, Any]) -> dict[str, 
                              f"±{_MAX_T_S:g}), got {shown(t)}")
     if not _in_range(rate, -math.inf, math.inf):
         raise SplitEdgeError(f"{path}:{number}: a {LINK_RATE} record needs a number rate_bps, got {shown(rate)}")
-    if not isinstance(record.get("set_by"), (str, type(None))):
+    if not (record.get("set_by") is None or _is_text(record["set_by"])):
         raise SplitEdgeError(f"{path}:{number}: a {LINK_RATE} record's set_by must be null or a word, got "
                              f"{shown(record.get('set_by'))}")
     if not _MIN_RATE_BPS <= rate <= _MAX_RATE_BPS:
