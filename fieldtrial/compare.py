@@ -146,6 +146,14 @@ def agreement(reference: Sequence[dict[str, Any]], other: Sequence[dict[str, Any
     }
 
 
+def _sampled(first: Run, other: Run) -> dict[str, Any]:
+    """Where either run's frames are a sample (a trace past :data:`fieldtrial.trace.MAX_KEPT`), the
+    agreement is over the frames both kept: the same indices, as both keep frames by index."""
+    if not (first.trace.sampled or other.trace.sampled):
+        return {}
+    return {"estimated_from_sample": True}
+
+
 def _p50(values: list[float]) -> float | None:
     return float(np.median(values)) if values else None
 
@@ -197,7 +205,8 @@ def write_comparison(
             figures[name] = out / name
     summary = {
         "runs": [{"label": r.label, "trace": str(r.path), "report": r.folder, "summary": r.summary} for r in runs],
-        "against_first": [{"label": r.label, **agreement(runs[0].trace.frames, r.trace.frames)} for r in runs[1:]],
+        "against_first": [{"label": r.label, **agreement(runs[0].trace.frames, r.trace.frames),
+                           **_sampled(runs[0], r)} for r in runs[1:]],
         "page": page.PAGE,
     }
     try:

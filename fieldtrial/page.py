@@ -174,6 +174,18 @@ def _against_first(runs: Sequence[Run], against: Sequence[dict[str, Any]]) -> st
                      rows))
 
 
+def _sampled(run: Run) -> str:
+    """Which of a run's figures were estimated from a sample of its frames (a trace longer than a
+    report keeps: :data:`fieldtrial.tally.MAX_KEPT`); nothing where every frame was kept."""
+    sample = run.summary.get("sample")
+    if not sample or not sample["estimated"]:
+        return ""
+    return (f"<p class='note'>A long trace: percentiles, CDFs, the bounds, the gains, the model comparison and the "
+            f"figures are estimated from a sample of {sample['frames_kept']:,} of its {sample['frames']:,} frames "
+            f"(a report keeps at most {sample['cap']:,}, chosen by frame index); every count is over every "
+            "frame.</p>")
+
+
 def _run_figures(out_dir: Path, run: Run) -> str:
     folder = out_dir / run.folder
     names = [*PLOTS, MODEL_PLOT]
@@ -202,6 +214,7 @@ def write_page(
     for run in runs:
         opened = " open" if len(runs) == 1 else ""
         parts += [f"<h2>{html.escape(run.label)}</h2>", f"<p class='note'>{html.escape(str(run.path))}</p>",
+                  _sampled(run),
                   "<h3>Against each frame's floor and oracle</h3>", _bounds(run),
                   "<h3>Measured against the model (medians)</h3>", _model(run),
                   f"<details{opened}><summary>this run's figures</summary>{_run_figures(out_dir, run)}</details>"]

@@ -5,6 +5,7 @@ after more frames than the caps), never by timing or by measuring memory."""
 
 from __future__ import annotations
 
+import functools
 import random
 from pathlib import Path
 
@@ -12,8 +13,10 @@ import numpy as np
 import pytest
 
 from device_runtime.bundle import LOCAL, OFFLOAD
+from fieldtrial import compare
 from fieldtrial import tally as tallying
-from fieldtrial.report import ESTIMATED, summarize, write_report
+from fieldtrial.page import PAGE
+from fieldtrial.report import ESTIMATED, format_summary, summarize, write_report
 from fieldtrial.tally import OTHER, REORDER_WINDOW, Counted, Sample, Tally
 from fieldtrial.trace import MAX_KEPT, load_trace
 from tests.fieldtrial.make_big_trace import records
@@ -170,3 +173,16 @@ def test_the_sample_keeps_the_shape_of_the_latencies() -> None:
         sample.add(f)
     every = np.median([f["total_ms"] for f in frames])
     assert np.median([f["total_ms"] for f in sample.frames()]) == pytest.approx(every, rel=0.05)
+
+
+def test_a_comparison_of_sampled_runs_says_so_on_its_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    every = list(records(FRAMES))
+    a = write_jsonl(tmp_path / "a.jsonl", every)
+    b = write_jsonl(tmp_path / "b.jsonl", [r for r in every if r.get("index", 1) % 5])  # a run that lost frames
+    monkeypatch.setattr(compare, "load_trace", functools.partial(load_trace, keep=KEEP))
+    summary = compare.write_comparison([a, b], tmp_path / "out")
+    (against,) = summary["against_first"]
+    assert against["estimated_from_sample"] is True
+    assert against["answered_in_both"] > KEEP // 2  # kept by index: the frames both kept still match
+    assert "estimated from a sample of 200 of its 3,000 frames" in (tmp_path / "out" / PAGE).read_text(encoding="utf-8")
+    assert "sample of 200 of its 3,000 frames" in format_summary(summary["runs"][0]["summary"])
