@@ -5,56 +5,38 @@ a name JSON spells with a surrogate pair (an emoji, as ``json.dumps`` writes it)
 
 from __future__ import annotations
 
-import io
 import json
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
-from fieldtrial import commands
 from fieldtrial.report import SUMMARY_FILE
+from tests.fieldtrial.test_hostile_traces import one_line, report
 from tests.fieldtrial.test_report import known_frames, run_record
 
 LONE = "\ud800"
 
 
-def _report(tmp_path: Path, records: list[dict]) -> tuple[int, str, Path]:
-    path = tmp_path / "run.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")  # ASCII: \ud800 escaped
-    out = tmp_path / "out"
-    err = io.StringIO()
-    with redirect_stderr(err), redirect_stdout(io.StringIO()):
-        code = commands.main(["report", str(path), "--out", str(out)])
-    return code, err.getvalue(), out
-
-
-def _one_line(text: str) -> str:
-    lines = text.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in text, text
-    return lines[0]
-
-
 @pytest.mark.parametrize(("line", "field"), [(3, "split"), (4, "drop_reason"), (2, "error"), (2, "reason")])
-def test_a_lone_surrogate_in_a_frame_is_one_line(tmp_path: Path, line: int, field: str) -> None:
+def test_a_lone_surrogate_in_a_frame_isone_line(tmp_path: Path, line: int, field: str) -> None:
     frames = known_frames()
     frame = frames[line - 2]
     frame[field] = {"kind": LONE} if field == "reason" else LONE
-    code, err, _ = _report(tmp_path, [run_record()] + frames)
-    assert code == 2 and f"run.jsonl:{line}: a frame record's {field} must be" in _one_line(err)
+    code, err, _ = report(tmp_path, [run_record()] + frames)
+    assert code == 2 and f"run.jsonl:{line}: a frame record's {field} must be" in one_line(err)
 
 
-def test_a_lone_surrogate_in_the_run_record_or_a_link_rate_is_one_line(tmp_path: Path) -> None:
-    code, err, _ = _report(tmp_path, [{**run_record(), "bundle_id": LONE}] + known_frames())
-    assert code == 2 and "run.jsonl:1: the run record's bundle_id" in _one_line(err)
+def test_a_lone_surrogate_in_the_run_record_or_a_link_rate_isone_line(tmp_path: Path) -> None:
+    code, err, _ = report(tmp_path, [{**run_record(), "bundle_id": LONE}] + known_frames())
+    assert code == 2 and "run.jsonl:1: the run record's bundle_id" in one_line(err)
     rate = {"type": "link_rate", "t": 0.0, "rate_bps": 1e6, "set_by": LONE}
-    code, err, _ = _report(tmp_path, [run_record(), rate] + known_frames())
-    assert code == 2 and "run.jsonl:2: a link_rate record's set_by" in _one_line(err)
+    code, err, _ = report(tmp_path, [run_record(), rate] + known_frames())
+    assert code == 2 and "run.jsonl:2: a link_rate record's set_by" in one_line(err)
 
 
 def test_a_name_spelled_with_a_surrogate_pair_is_text_and_drawn(tmp_path: Path) -> None:
     frames = known_frames()
     frames[1]["split"] = frames[3]["split"] = "cut \U0001F600"  # json.dumps writes "\ud83d\ude00"
-    code, err, out = _report(tmp_path, [run_record()] + frames)
+    code, err, out = report(tmp_path, [run_record()] + frames)
     assert code == 0, err
     assert "cut \U0001F600" in json.loads((out / SUMMARY_FILE).read_text(encoding="utf-8"))["per_split"]
