@@ -113,7 +113,8 @@ def load_trace(path: str | Path, keep: int = MAX_KEPT) -> Trace:
 
 
 def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The run record and the frame records (:func:`load_trace` without the link's rate)."""
+    """The run record and the frame records (:func:`load_trace` without the link's rate): every frame
+    up to :data:`MAX_KEPT`, else a sample of that many."""
     trace = load_trace(path)
     return trace.run, trace.frames
 
