@@ -26,16 +26,11 @@ import hmac
 import ipaddress
 import logging
 import os
-import select
-import selectors
-import socket
 import stat
-import threading
 import time
-from collections import OrderedDict
 from typing import Callable
-from urllib.parse import unquote_to_bytes
 
+from device_runtime.live import HttpConnection, HttpRequest, WalledServer
 from splitedge import SplitEdgeError
 
 log = logging.getLogger("splitedge.host.metrics")
@@ -48,14 +43,11 @@ CACHE_S = 1.0  # scrapes within this of a render get its text
 #: after each turn it rests 1 / MAX_DUTY - 1 times the CPU time the turn took. Scrapers in a loop
 #: wait in the kernel's queue meanwhile; a Prometheus scraping every few seconds never notices.
 MAX_DUTY = 0.05
-_MAX_REST_S = 2.0
 MAX_TOKEN_FILE_BYTES = 4096
 #: Domain separation: the token is this label's HMAC under the pre-shared key, so the key never
 #: appears in a scrape config and the token is good for nothing else (not the live page's, not frames').
 TOKEN_LABEL = b"splitedge-metrics-v1"
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
-_POLL_S = 0.25  # the longest the thread sleeps with connections open (an injected clock is read this often)
-_ACCEPTS_PER_WAKE = 64
 
 
 def metrics_token(key: bytes) -> str:
@@ -127,250 +119,59 @@ def endpoint_token(address: str, key: bytes | None, token: bytes | None) -> tupl
     return derived.encode(), f" (asks for token {derived}, from --key-file: {how})"
 
 
-class _Connection:
-    __slots__ = ("sock", "deadline", "inbox", "outbox", "answered")
-
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
-        self.sock = sock
-        self.deadline = deadline
-        self.inbox = bytearray()
-        self.outbox = memoryview(b"")
-        self.answered = False
-
-
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-            431: "Request Header Fields Too Large", 500: "Internal Server Error"}
-
-
-class MetricsEndpoint:
+class MetricsEndpoint(WalledServer):
     """Prometheus text from ``render()`` on ``address:port`` (port 0 picks a free one), served by
-    one thread until :meth:`close`. ``clock`` (seconds) times the deadlines and the cache."""
+    one thread (:class:`device_runtime.live.WalledServer`) until :meth:`close`. ``clock``
+    (seconds) times the deadlines and the cache."""
 
     def __init__(self, render: Callable[[], bytes], address: str, port: int, *, token: bytes | None = None,
                  note: str = "", max_connections: int = MAX_CONNECTIONS, request_timeout: float = REQUEST_TIMEOUT_S,
                  max_request_bytes: int = MAX_REQUEST_BYTES, cache_s: float = CACHE_S, max_duty: float = MAX_DUTY,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        assert max_connections >= 1 and request_timeout > 0 and max_request_bytes > 0 and cache_s >= 0
-        assert 0 < max_duty <= 1
+        assert cache_s >= 0
+        super().__init__(address, port, name="splitedge-metrics", log=log, max_connections=max_connections,
+                         request_timeout=request_timeout, max_request_bytes=max_request_bytes, max_duty=max_duty,
+                         clock=clock)
         self._render = render
         self.token = token
         self.note = note  # what the start line adds (the token asked for)
-        self.max_connections = max_connections
-        self.request_timeout = request_timeout
-        self.max_request_bytes = max_request_bytes
         self.cache_s = cache_s
-        self.max_duty = max_duty
-        self.busy_s = 0.0  # CPU time the thread spent serving (its rests are 1 / max_duty - 1 times this)
-        self._clock = clock
-        # What it did, for tests and logs: renders made, connections shed for a new one, refused
-        # (the table full of answers being written), closed at their deadline.
-        self.renders = self.shed = self.refused = self.timed_out = 0
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        self._listener = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._listener.bind((address.strip("[]"), port))
-            self._listener.listen(128)
-        except BaseException:
-            self._listener.close()
-            raise
-        self._listener.setblocking(False)
-        self.server_address: tuple[str, int] = self._listener.getsockname()[:2]
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._listener, selectors.EVENT_READ)
-        self._selector.register(self._wake_r, selectors.EVENT_READ)
-        self._accept_paused_until: float | None = None
-        self._connections: OrderedDict[socket.socket, _Connection] = OrderedDict()  # in accept order
+        self.renders = 0  # renders made, for tests and logs
         self._cached: tuple[float, bytes] | None = None
-        self._closing = False
-        self.thread = threading.Thread(target=self._run, name="splitedge-metrics", daemon=True)
-        self.thread.start()
-
-    @property
-    def port(self) -> int:
-        return int(self.server_address[1])
+        self.start()
 
     @property
     def url(self) -> str:
         host = self.server_address[0]
         return f"http://{f'[{host}]' if ':' in host else host}:{self.port}/metrics"
 
-    @property
-    def open_connections(self) -> int:
-        return len(self._connections)
-
-    def close(self) -> None:
-        self._closing = True
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
-        self.thread.join(5.0)
-
-    # -- the thread -----------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        try:
-            while not self._closing:
-                events = self._selector.select(self._timeout())
-                turn = time.thread_time()
-                now = self._clock()
-                for key, mask in events:
-                    if key.fileobj is self._listener:
-                        self._accept(now)
-                    elif key.fileobj is self._wake_r:
-                        try:
-                            self._wake_r.recv(64)
-                        except OSError:
-                            pass
-                    elif mask & selectors.EVENT_WRITE:
-                        self._send(key.data)
-                    else:
-                        self._receive(key.data, now)
-                now = self._clock()
-                self._expire(now)
-                if self._accept_paused_until is not None and now >= self._accept_paused_until:
-                    self._accept_paused_until = None
-                    self._selector.register(self._listener, selectors.EVENT_READ)
-                busy = time.thread_time() - turn
-                self.busy_s += busy
-                self._rest(busy * (1 / self.max_duty - 1))
-        finally:
-            for connection in list(self._connections.values()):
-                self._drop(connection)
-            self._selector.close()
-            for sock in (self._listener, self._wake_r, self._wake_w):
-                sock.close()
-
-    def _rest(self, seconds: float) -> None:
-        """Sleep ``seconds`` (at most :data:`_MAX_REST_S`), woken early only by :meth:`close`."""
-        if seconds <= 0 or self._closing:
+    def handle(self, connection: HttpConnection, request: HttpRequest, now: float) -> None:
+        if request.method not in (b"GET", b"HEAD"):
+            self.answer(connection, 405, b"only GET and HEAD\n", headers=b"Allow: GET, HEAD\r\n")
             return
-        end = time.monotonic() + min(seconds, _MAX_REST_S)
-        while not self._closing and (left := end - time.monotonic()) > 0:
-            select.select([self._wake_r], [], [], left)
-            if self._closing:
-                return
-
-    def _timeout(self) -> float | None:
-        if not self._connections and self._accept_paused_until is None:
-            return None  # nothing to time out: sleep until a connection or close()
-        oldest = next(iter(self._connections.values()), None)  # deadlines are in accept order
-        left = _POLL_S if oldest is None else oldest.deadline - self._clock()
-        return min(max(left, 0.0), _POLL_S)
-
-    def _accept(self, now: float) -> None:
-        for _ in range(_ACCEPTS_PER_WAKE):  # the rest at the next wake: reads and deadlines go on meanwhile
-            try:
-                sock, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # out of descriptors: stop accepting a moment, not spin on a readable listener
-                log.warning("metrics endpoint: accept failed (%s); pausing accepts for 0.1 s", exc.strerror)
-                self._selector.unregister(self._listener)
-                self._accept_paused_until = now + 0.1
-                return
-            if len(self._connections) >= self.max_connections and not self._shed_one():
-                self.refused += 1
-                sock.close()
-                continue
-            sock.setblocking(False)
-            connection = _Connection(sock, now + self.request_timeout)
-            self._connections[sock] = connection
-            self._selector.register(sock, selectors.EVENT_READ, connection)
-
-    def _shed_one(self) -> bool:
-        """Close the oldest connection still sending its request, for a new one; False if none is."""
-        for connection in self._connections.values():
-            if not connection.answered:
-                self.shed += 1
-                self._drop(connection)
-                return True
-        return False
-
-    def _expire(self, now: float) -> None:
-        while self._connections:
-            connection = next(iter(self._connections.values()))
-            if connection.deadline > now:
-                return
-            self.timed_out += 1
-            self._drop(connection)
-
-    def _drop(self, connection: _Connection) -> None:
-        if self._connections.pop(connection.sock, None) is None:
+        if self.token is not None and not self._authorized(request):
+            self.answer(connection, 401, b"a token is needed: Authorization: Bearer TOKEN, or ?token=TOKEN\n",
+                        headers=b'WWW-Authenticate: Bearer realm="splitedge-metrics"\r\n')
             return
-        try:
-            self._selector.unregister(connection.sock)
-        except (KeyError, ValueError):
-            pass
-        connection.sock.close()
-
-    def _receive(self, connection: _Connection, now: float) -> None:
-        try:
-            data = connection.sock.recv(self.max_request_bytes + 1 - len(connection.inbox))
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:  # reset: nothing to log, nothing to answer
-            self._drop(connection)
-            return
-        if not data:
-            self._drop(connection)
-            return
-        connection.inbox += data
-        head, sep, _ = bytes(connection.inbox).partition(b"\r\n\r\n")
-        if not sep:
-            head, sep, _ = bytes(connection.inbox).partition(b"\n\n")
-        if not sep:
-            if len(connection.inbox) > self.max_request_bytes:
-                self._answer(connection, 431, b"request headers too large\n")
-            return
-        self._respond(connection, head, now)
-
-    def _respond(self, connection: _Connection, head: bytes, now: float) -> None:
-        lines = head.replace(b"\r\n", b"\n").split(b"\n")
-        request = lines[0].split()
-        if len(request) != 3 or not request[2].startswith(b"HTTP/1."):
-            self._answer(connection, 400, b"expected GET /metrics HTTP/1.1\n")
-            return
-        method, target = request[0], request[1]
-        if method not in (b"GET", b"HEAD"):
-            self._answer(connection, 405, b"only GET and HEAD\n", extra=b"Allow: GET, HEAD\r\n")
-            return
-        path, _, query = target.partition(b"?")
-        if self.token is not None and not self._authorized(lines[1:], query):
-            self._answer(connection, 401, b"a token is needed: Authorization: Bearer TOKEN, or ?token=TOKEN\n",
-                         extra=b'WWW-Authenticate: Bearer realm="splitedge-metrics"\r\n')
-            return
-        if path not in (b"/metrics", b"/"):
-            self._answer(connection, 404, b"the metrics are at /metrics\n")
+        if request.path not in (b"/metrics", b"/"):
+            self.answer(connection, 404, b"the metrics are at /metrics\n")
             return
         body = self._rendered(now)
         if body is None:
-            self._answer(connection, 500, b"rendering the metrics failed; see the host's log\n")
+            self.answer(connection, 500, b"rendering the metrics failed; see the host's log\n")
             return
-        self._answer(connection, 200, body, content_type=CONTENT_TYPE, head_only=method == b"HEAD")
+        self.answer(connection, 200, body, content_type=CONTENT_TYPE, head_only=request.method == b"HEAD")
 
-    def _authorized(self, headers: list[bytes], query: bytes) -> bool:
-        """Any bearer header or ``token`` parameter equal to the token, each compared in constant
-        time as bytes (a non-ASCII token is one more mismatch)."""
+    def _authorized(self, request: HttpRequest) -> bool:
+        """Any bearer header or ``token`` parameter equal to the token (:meth:`~WalledServer.token_matches`)."""
         assert self.token is not None
         candidates = []
-        for line in headers:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"authorization":
-                scheme, _, credentials = value.strip().partition(b" ")
+        for name, value in request.headers:
+            if name == b"authorization":
+                scheme, _, credentials = value.partition(b" ")
                 if scheme.lower() == b"bearer":
                     candidates.append(credentials.strip())
-        for part in query.split(b"&"):
-            name, _, value = part.partition(b"=")
-            if name == b"token":
-                candidates.append(unquote_to_bytes(value.replace(b"+", b" ")))
-        good = False
-        for candidate in candidates[:8]:  # bounded: the request is at most max_request_bytes anyway
-            good |= hmac.compare_digest(candidate, self.token)
-        return good
+        return self.token_matches(candidates + request.params(b"token"), self.token)
 
     def _rendered(self, now: float) -> bytes | None:
         cached = self._cached
@@ -384,37 +185,3 @@ class MetricsEndpoint:
             return None
         self._cached = (now, body)
         return body
-
-    def _answer(self, connection: _Connection, status: int, body: bytes, *, content_type: bytes = b"text/plain; "
-                b"charset=utf-8", extra: bytes = b"", head_only: bool = False) -> None:
-        head = (f"HTTP/1.1 {status} {_REASONS[status]}\r\n".encode() + b"Content-Type: " + content_type + b"\r\n"
-                + f"Content-Length: {len(body)}\r\n".encode() + extra + b"Connection: close\r\n\r\n")
-        connection.answered = True
-        connection.inbox = bytearray()
-        connection.outbox = memoryview(head if head_only else head + body)
-        self._selector.modify(connection.sock, selectors.EVENT_WRITE, connection)
-        self._send(connection)
-
-    def _send(self, connection: _Connection) -> None:
-        try:
-            sent = connection.sock.send(connection.outbox)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            self._drop(connection)
-            return
-        connection.outbox = connection.outbox[sent:]
-        if not connection.outbox:
-            _discard_unread(connection.sock)
-            self._drop(connection)  # out of the table before the close: a client that sees EOF sees it gone
-
-
-def _discard_unread(sock: socket.socket) -> None:
-    """Read what already arrived past the request (a body, the rest of a refused header): closing
-    with it unread would reset the connection, and the client could lose the answer."""
-    for _ in range(16):  # at most 1 MiB: a client still sending more is reset, as it deserves
-        try:
-            if not sock.recv(65536):
-                return
-        except OSError:  # nothing more waiting (BlockingIOError), or the client is gone
-            return

@@ -31,21 +31,12 @@ from host_runtime.procs import serve_summed_metrics
 from host_runtime.server import ServerConfig
 from splitedge import SplitEdgeError
 from tests.conftest import start_host
+from tests.device_runtime.live.sockets import GENEROUS_S, Clock, closed_by_peer, exchange, wait_for
+from tests.device_runtime.live.sockets import half_open as open_half
 
 KEY = bytes(range(32))
 TOKEN = b"a-token-of-its-own-0123456789"
 HALF_REQUEST = b"GET /metrics HTTP/1.1\r\nHost: x\r\n"  # no blank line: the request never ends
-GENEROUS_S = 30.0  # any wait for the endpoint's thread: many times what it needs
-
-
-class Clock:
-    """An injected clock: deadlines and the cache move only when the test says."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Rendered:
@@ -74,46 +65,12 @@ def endpoints():
         assert not endpoint.thread.is_alive()
 
 
-def exchange(port: int, request: bytes) -> tuple[int, bytes]:
-    """Send ``request`` as it is, read the answer to its end: (status, body)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=GENEROUS_S) as sock:
-        sock.sendall(request)
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
-    head, _, body = answer.partition(b"\r\n\r\n")
-    return int(head.split()[1]), body
-
-
 def get(port: int, target: str = "/metrics", headers: bytes = b"") -> tuple[int, bytes]:
     return exchange(port, b"GET " + target.encode() + b" HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
 
 
-def closed_by_peer(sock: socket.socket, within: float) -> bool:
-    """Whether the endpoint closes ``sock`` within ``within`` s (EOF or reset)."""
-    sock.settimeout(within)
-    try:
-        return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
-    except socket.timeout:
-        return False
-
-
-def wait_for(condition, what: str) -> None:
-    deadline = time.monotonic() + GENEROUS_S
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} did not happen within {GENEROUS_S:g} s"
-        time.sleep(0.02)
-
-
 def half_open(port: int, count: int) -> list[socket.socket]:
-    socks = []
-    for _ in range(count):
-        sock = socket.create_connection(("127.0.0.1", port), timeout=GENEROUS_S)
-        sock.sendall(HALF_REQUEST)
-        socks.append(sock)
-    return socks
+    return open_half(port, count, HALF_REQUEST)
 
 
 # -- where it listens, and who may read it --------------------------------------------------------
