@@ -4,8 +4,9 @@ The stream calls :meth:`LiveBoard.publish` for every result and reads frames thr
 :meth:`LiveBoard.watch`; both only keep references (O(1), no copy, no encoding): a result in a
 ring, a frame until its result comes (the pipeline holds it meanwhile anyway), then the latest
 answered one. Watching costs the stream next to nothing whether or not a page is open. Everything else is done
-when a page asks, in the page server's threads: results become JSON records at most ten times a
-second per page (only those it has not seen), and the latest answered frame is scaled down and
+when a page asks, in the page server's thread: results become JSON records at most ten times a
+second per cursor whatever the number of pages (the server keeps a state a period), only those a
+page has not seen and never more than :data:`FRAMES_SENT` (:data:`FRAMES_SENT_BYTES`), and the latest answered frame is scaled down and
 encoded as a JPEG at most :data:`PICTURES_PER_S` times a second whatever the number of pages.
 
 What a record carries is the trace's (:mod:`device_runtime.stream.trace`) plus the result's
@@ -16,6 +17,7 @@ trace will say.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import threading
 import time
@@ -30,12 +32,19 @@ from device_runtime.live.ring import Ring
 from device_runtime.live.server import LiveServer, parse_live_address
 from device_runtime.stream import Frame, FrameResult, FrameSource
 
-__all__ = ["PICTURES_PER_S", "PICTURE_WIDTH", "LiveBoard"]
+__all__ = ["FRAMES_SENT", "FRAMES_SENT_BYTES", "PICTURES_PER_S", "PICTURE_WIDTH", "LiveBoard"]
 
 #: Results kept: a minute at 30 fps and then some, for a page that reconnects ...
 RESULTS_KEPT = 4096
-#: ... and what a page shows: a new page gets the results of the last minute.
+#: ... and what a page shows: a new page gets the results of the last minute ...
 WINDOW_S = 60.0
+#: ... and no state carries more than the newest FRAMES_SENT records, FRAMES_SENT_BYTES of them as
+#: JSON (about 12 s at 30 fps: the page's figures over 10 s are whole at once, its minute fills as
+#: it watches); a page that polls with its cursor gets what is new, a few records a poll. What
+#: is left out of a state is skipped, not sent later: the cursor is the newest's (issue 45: a new
+#: page, or a poll from an old cursor, was sent up to 4,096 records, 0.5 to 1 MB, each time).
+FRAMES_SENT = 600
+FRAMES_SENT_BYTES = 256 * 1024
 #: Frames captured and not yet answered or dropped, kept by reference at most: the pipeline's
 #: queue and in-flight batches hold fewer (a frame whose result never came is forgotten oldest first).
 PENDING_KEPT = 64
@@ -132,18 +141,29 @@ class LiveBoard:
 
     def state(self, since: int | None) -> tuple[dict[str, Any], int]:
         """The results after ``since`` as records (each with its number, ``seq``; a new page, None,
-        gets the last :data:`WINDOW_S`), the table, the drops and their forecast (None until the run
-        gives them), and the clock (``now``: a record's ``t`` is its capture on the same clock)."""
+        gets the last :data:`WINDOW_S`; none more than the newest :data:`FRAMES_SENT` and
+        :data:`FRAMES_SENT_BYTES` of them), the table, the drops and their forecast (None until
+        the run gives them), and the clock (``now``: a record's ``t`` is its capture on the same clock)."""
         results, cursor = self._results.since(since)
+        results = results[-FRAMES_SENT:]
         first = cursor - len(results)
+        now = self.clock()
         if since is None:  # a new page: what it shows, the last minute, not all that is kept
-            now = self.clock()
             recent = [r for r in results if r.captured >= now - WINDOW_S]
             first, results = first + len(results) - len(recent), recent
+        frames: list[dict[str, Any]] = []
+        size = 0
+        for n in range(len(results) - 1, -1, -1):  # the newest first, while they fit
+            record = _record(first + n, results[n])
+            size += len(json.dumps(record, separators=(",", ":"), default=str)) + 1
+            if size > FRAMES_SENT_BYTES:
+                break
+            frames.append(record)
+        frames.reverse()
         return {
-            "run": self.started, "now": self.clock(), "plan": self._plan,
+            "run": self.started, "now": now, "plan": self._plan,
             "drops": None if self._drops is None else _plain(self._drops()),
-            "frames": [_record(first + n, result) for n, result in enumerate(results)],
+            "frames": frames,
         }, cursor
 
     def picture(self) -> tuple[bytes, dict[str, str]] | None:

@@ -1,9 +1,10 @@
 """The live pages' HTTP server: one page, its state as Server-Sent Events (or one JSON poll), a picture.
 
-Standard library only (``http.server`` in threads of its own), so a board serves its page with
-nothing it does not already install, and the stream's event loop never waits on a browser. What
-a page shows comes from a :class:`LiveSource` (the board's :class:`~device_runtime.live.board.LiveBoard`,
-the host's ``host_runtime.live.HostLive``); the server only carries it:
+Standard library only, one thread of its own (:class:`~device_runtime.live.http.WalledServer`: a
+selector, no thread per connection), so a board serves its page with nothing it does not already
+install, and the stream never waits on a browser. What a page shows comes from a
+:class:`LiveSource` (the board's :class:`~device_runtime.live.board.LiveBoard`, the host's
+``host_runtime.live.HostLive``); the server only carries it:
 
 - ``GET /``: the page (inline script and style, no external resource: the board may be offline);
 - ``GET /events``: the source's state every ``1 / rate_hz`` s as Server-Sent Events, each event
@@ -13,10 +14,25 @@ the host's ``host_runtime.live.HostLive``); the server only carries it:
 - ``GET /frame.jpg``: the source's picture (the board's latest answered frame), 204 without one.
 
 A page bound to anything but loopback is for whoever can reach that address: with a key
-(``--key-file``) every request must carry ``?token=`` :func:`live_token` of it, else 403.
-Everything is bounded: concurrent connections (:data:`MAX_CONNECTIONS`, more are closed at once),
-event streams (:data:`MAX_STREAMS`, more are answered 503), each socket's silence (a client that
-stops reading is dropped after :data:`SOCKET_TIMEOUT_S`), and what a source keeps (rings).
+(``--key-file``) every request must carry ``?token=`` :func:`live_token` of it, else 403 (compared
+as bytes in constant time: a token of any bytes is a 403, never an error).
+
+Watching never costs the run its frames (issue 45: 12 pollers took a board from 23 to 3.3 fps,
+16 slow senders locked the page out, each reset logged a traceback). Everything is bounded:
+
+- concurrent connections (:data:`MAX_CONNECTIONS`): past it the oldest still sending its request
+  is shed for the new one, so idle sockets cannot lock a page out;
+- each request's time (:data:`REQUEST_TIMEOUT_S` from accept to its answer's last byte, however
+  slowly it trickles in), and its size (8 KiB of request line and headers);
+- event streams (:data:`MAX_STREAMS`, more are answered 503); a stream whose client has read
+  nothing of an event for :data:`SOCKET_TIMEOUT_S` is dropped, and while an event is unread no
+  new one is made (the next one carries all it missed);
+- the work: the state after a given cursor is asked of the source and encoded **at most once a
+  period** (``1 / rate_hz``) whatever the number of pages and pollers, and the thread takes at
+  most :data:`MAX_DUTY` of a core (it rests in proportion to the CPU time it took);
+- what is sent: the source caps a state (the board's: :data:`~device_runtime.live.board.FRAMES_SENT`
+  records and :data:`~device_runtime.live.board.FRAMES_SENT_BYTES` of them, the newest);
+- the log: a client that resets or goes is one debug line, never a traceback.
 """
 
 from __future__ import annotations
@@ -25,13 +41,14 @@ import argparse
 import hashlib
 import hmac
 import json
+import logging
 import socket
 import threading
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+from collections.abc import Callable
 from typing import Any, Protocol
-from urllib.parse import parse_qs, urlsplit
 
+from device_runtime.live.http import HttpConnection, HttpRequest, WalledServer
 from splitedge import SplitEdgeError
 
 __all__ = [
@@ -50,9 +67,14 @@ DEFAULT_ADDRESS = "127.0.0.1"
 #: itself never appears in a URL and the token is good for nothing on the wire protocol.
 TOKEN_LABEL = b"splitedge-live-page-v1"
 MAX_CONNECTIONS = 16  # concurrent HTTP connections; a board's page is watched by a person or two
-MAX_STREAMS = 4  # concurrent event streams (each a thread sending 10 events a second)
-SOCKET_TIMEOUT_S = 10.0  # a client silent or not reading this long is dropped
+MAX_STREAMS = 4  # concurrent event streams (each sent at most rate_hz events a second)
+REQUEST_TIMEOUT_S = 10.0  # accept to the answer's last byte, whatever the client sends meanwhile
+SOCKET_TIMEOUT_S = 10.0  # an event stream whose client has not read an event this long is dropped
 QUIET_EVENT_S = 1.0  # with nothing new, an event this often still (the page shows it is alive)
+#: The share of one core (and of the GIL, which the board's stream and the host's event loop
+#: need) the page server may take: after each turn it rests 1 / MAX_DUTY - 1 times its CPU time.
+MAX_DUTY = 0.05
+log = logging.getLogger("splitedge.live")
 #: Every answer forbids loading anything from elsewhere: the page works offline, and a label
 #: or a host name shown on it can never pull in a script.
 SECURITY_HEADERS = (
@@ -62,14 +84,17 @@ SECURITY_HEADERS = (
     ("Cache-Control", "no-store"),
     ("Referrer-Policy", "no-referrer"),
 )
+_HEADERS = b"".join(f"{name}: {value}\r\n".encode() for name, value in SECURITY_HEADERS)
+_TEXT = b"text/plain; charset=utf-8"
+_WARN_EVERY_S = 60.0  # a source that fails says so in the log at most this often
 
 
 class LiveSource(Protocol):
     """What a live page shows: its state after a cursor, and optionally a picture."""
 
     def state(self, since: int | None) -> tuple[dict[str, Any], int]:
-        """The state to send (JSON-able) and the cursor to send next time; ``since`` None: a new
-        client, which gets the whole of what is kept."""
+        """The state to send (JSON-able, capped by the source) and the cursor to send next time;
+        ``since`` None: a new client, which gets a capped window of what is kept."""
         ...
 
     def picture(self) -> tuple[bytes, dict[str, str]] | None:
@@ -108,141 +133,40 @@ def live_flag(text: str) -> str:
     return text
 
 
-class _Server(ThreadingHTTPServer):
-    """Threads per connection, at most :data:`MAX_CONNECTIONS` of them; past that a connection is closed unread."""
+class LiveServer(WalledServer):
+    """A live page served from one thread of its own until :meth:`close`; a context manager.
 
-    daemon_threads = True
-    block_on_close = False
-
-    def __init__(self, address: tuple[str, int], live: LiveServer) -> None:
-        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        self.live = live
-        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self.streams = threading.BoundedSemaphore(MAX_STREAMS)
-        super().__init__(address, _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
-    timeout = SOCKET_TIMEOUT_S
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: a page polled ten times a second would fill the journal."""
-
-    def do_GET(self) -> None:
-        live = self.server.live
-        url = urlsplit(self.path)
-        query = parse_qs(url.query)
-        if url.path == "/favicon.ico":  # asked for by every browser, with no token: nothing to give
-            self._send(HTTPStatus.NO_CONTENT, b"", "image/x-icon")
-            return
-        if live.token is not None and not hmac.compare_digest(query.get("token", [""])[0], live.token):
-            self._send(HTTPStatus.FORBIDDEN, b"this page needs its token: open the URL the run printed, with "
-                       b"?token=...\n", "text/plain; charset=utf-8")
-            return
-        if url.path == "/":
-            self._send(HTTPStatus.OK, live.page, "text/html; charset=utf-8")
-        elif url.path == "/state.json":
-            state, _ = live.source.state(_cursor(query.get("since", [""])[0]))
-            self._send(HTTPStatus.OK, _json(state), "application/json")
-        elif url.path == "/events":
-            self._events(_cursor(self.headers.get("Last-Event-ID") or query.get("since", [""])[0]))
-        elif url.path == "/frame.jpg":
-            picture = live.source.picture()
-            if picture is None:
-                self._send(HTTPStatus.NO_CONTENT, b"", "image/jpeg")
-            else:
-                self._send(HTTPStatus.OK, picture[0], "image/jpeg", picture[1])
-        else:
-            self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
-
-    def _send(self, status: HTTPStatus, body: bytes, kind: str, extra: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in (*SECURITY_HEADERS, *(extra or {}).items()):
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _events(self, since: int | None) -> None:
-        """State after state until the client goes or the server stops; one thread per stream, bounded."""
-        live = self.server.live
-        if not self.server.streams.acquire(blocking=False):
-            self._send(HTTPStatus.SERVICE_UNAVAILABLE, b"too many pages open on this live server\n",
-                       "text/plain; charset=utf-8")
-            return
-        try:
-            self.send_response(HTTPStatus.OK)
-            self.send_header("Content-Type", "text/event-stream")
-            for name, value in SECURITY_HEADERS:
-                self.send_header(name, value)
-            self.end_headers()
-            self.close_connection = True
-            quiet = 0.0
-            while not live.stopped.is_set():
-                state, cursor = live.source.state(since)
-                if cursor != since or quiet >= QUIET_EVENT_S:
-                    self.wfile.write(b"id: %d\ndata: %s\n\n" % (cursor, _json(state)))
-                    self.wfile.flush()
-                    since, quiet = cursor, 0.0
-                live.stopped.wait(live.period_s)
-                quiet += live.period_s
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):
-            pass  # the page was closed, or stopped reading
-        finally:
-            self.server.streams.release()
-
-
-def _cursor(text: str) -> int | None:
-    try:
-        return max(int(text), 0)
-    except ValueError:
-        return None
-
-
-def _json(state: dict[str, Any]) -> bytes:
-    return json.dumps(state, separators=(",", ":"), allow_nan=False, default=str).encode()
-
-
-class LiveServer:
-    """A live page served from threads of its own until :meth:`close`; a context manager."""
+    The keyword arguments are the walls (their defaults this module's constants), and ``clock``
+    (seconds) times deadlines, periods and the state's cache: tests inject them."""
 
     def __init__(self, source: LiveSource, page: str, address: str = DEFAULT_ADDRESS, port: int = 0,
-                 key: bytes | None = None, rate_hz: float = 10.0) -> None:
+                 key: bytes | None = None, rate_hz: float = 10.0, *, clock: Callable[[], float] = time.monotonic,
+                 max_connections: int = MAX_CONNECTIONS, max_streams: int = MAX_STREAMS,
+                 request_timeout: float = REQUEST_TIMEOUT_S, stall_timeout: float = SOCKET_TIMEOUT_S,
+                 max_duty: float = MAX_DUTY) -> None:
+        assert rate_hz > 0 and max_streams >= 0
         self.source, self.page = source, page.encode()
         self.token = live_token(key) if key is not None else None
+        self._token = None if self.token is None else self.token.encode()
         self.period_s = 1.0 / rate_hz
+        self.max_streams = max_streams
         self.stopped = threading.Event()
+        self.states = 0  # states asked of the source (at most one per cursor and period)
+        self._states: dict[int | None, tuple[float, int, bytes]] = {}  # since -> (when, cursor, JSON)
+        self._next_tick = -float("inf")
+        self._warned_at = -float("inf")
         try:
-            self._server = _Server((address, port), self)
+            super().__init__(address, port, name="live-page", log=log, max_connections=max_connections,
+                             request_timeout=request_timeout, stall_timeout=stall_timeout, max_duty=max_duty,
+                             clock=clock)
         except OSError as exc:
             raise SplitEdgeError(f"--live {address}:{port}: cannot listen there ({exc.strerror or exc}); give a free "
                                  "port (0 picks one) or an address of this machine") from exc
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.25},
-                                        name="live-page", daemon=True)
-        self._thread.start()
+        self.start()
 
     @property
     def address(self) -> tuple[str, int]:
-        host, port = self._server.server_address[:2]
+        host, port = self.server_address[:2]
         return str(host), int(port)
 
     @property
@@ -257,14 +181,121 @@ class LiveServer:
         return f"http://{host}:{port}/" + (f"?token={self.token}" if self.token else "")
 
     def close(self) -> None:
-        """Stop serving: event streams end within one period, the listening socket closes."""
+        """Stop serving: event streams end, the listening socket closes."""
         self.stopped.set()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5.0)
+        super().close()
 
     def __enter__(self) -> LiveServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- in the server's thread ---------------------------------------------------------------------
+
+    def handle(self, connection: HttpConnection, request: HttpRequest, now: float) -> None:
+        if request.method not in (b"GET", b"HEAD"):
+            self.answer(connection, 405, b"only GET and HEAD\n", headers=_HEADERS + b"Allow: GET, HEAD\r\n")
+            return
+        head_only, path = request.method == b"HEAD", request.path
+        if path == b"/favicon.ico":  # asked for by every browser, with no token: nothing to give
+            self.answer(connection, 204, b"", content_type=b"image/x-icon", headers=_HEADERS)
+            return
+        if self._token is not None and not self.token_matches(request.params(b"token"), self._token):
+            self.answer(connection, 403, b"this page needs its token: open the URL the run printed, with "
+                        b"?token=...\n", headers=_HEADERS)
+            return
+        if path == b"/":
+            self.answer(connection, 200, self.page, content_type=b"text/html; charset=utf-8", headers=_HEADERS,
+                        head_only=head_only)
+        elif path == b"/state.json":
+            state = self._state(_cursor(next(iter(request.params(b"since")), b"")), now)
+            if state is None:
+                self.answer(connection, 500, b"the state could not be read; see the log\n", headers=_HEADERS)
+            else:
+                self.answer(connection, 200, state[1], content_type=b"application/json", headers=_HEADERS,
+                            head_only=head_only)
+        elif path == b"/events":
+            if head_only:
+                self.answer(connection, 405, b"an event stream is GET only\n", headers=_HEADERS + b"Allow: GET\r\n")
+                return
+            if len(self.streams) >= self.max_streams:
+                self.answer(connection, 503, b"too many pages open on this live server\n", headers=_HEADERS)
+                return
+            self.open_stream(connection, b"text/event-stream", _HEADERS, now)
+            connection.cursor = _cursor(request.header(b"last-event-id") or next(iter(request.params(b"since")), b""))
+            self._next_tick = min(self._next_tick, now)  # its first event at once
+        elif path == b"/frame.jpg":
+            self._picture(connection, head_only, now)
+        else:
+            self.answer(connection, 404, b"not found\n", headers=_HEADERS)
+
+    def tick(self, now: float) -> float | None:
+        """Each stream whose last event was read gets what is new (or, after :data:`QUIET_EVENT_S`
+        of nothing new, the same again), once a period."""
+        streams = self.streams
+        if not streams:
+            return None
+        if now < self._next_tick:
+            return self._next_tick - now
+        self._next_tick = now + self.period_s
+        for connection in streams:
+            if connection.outbox:
+                continue  # the last event is unread: nothing new until it is (or the stream is dropped)
+            state = self._state(connection.cursor, now)
+            if state is None:
+                continue
+            cursor, body = state
+            if (cursor != connection.cursor or now - connection.sent_at >= QUIET_EVENT_S) and \
+                    self.push(connection, b"id: %d\ndata: %s\n\n" % (cursor, body), now):
+                connection.cursor, connection.sent_at = cursor, now
+        return self.period_s
+
+    def _state(self, since: int | None, now: float) -> tuple[int, bytes] | None:
+        """The source's state after ``since`` as JSON, asked of it at most once a period per
+        cursor whatever the number of pages; None when the source failed (said in the log)."""
+        cached = self._states.get(since)
+        if cached is not None and 0 <= now - cached[0] < self.period_s:
+            return cached[1], cached[2]
+        self.states += 1
+        try:
+            state, cursor = self.source.state(since)
+            body = _json(state)
+        except Exception as exc:  # a source that fails must not stop the page
+            self._failed("state", exc, now)
+            return None
+        if len(self._states) >= 2 * self.max_connections:  # bounded: the stale go, or all
+            self._states = {k: v for k, v in self._states.items() if 0 <= now - v[0] < self.period_s}
+            if len(self._states) >= 2 * self.max_connections:
+                self._states.clear()
+        self._states[since] = (now, cursor, body)
+        return cursor, body
+
+    def _picture(self, connection: HttpConnection, head_only: bool, now: float) -> None:
+        try:
+            picture = self.source.picture()
+        except Exception as exc:
+            self._failed("picture", exc, now)
+            picture = None
+        if picture is None:
+            self.answer(connection, 204, b"", content_type=b"image/jpeg", headers=_HEADERS)
+            return
+        extra = b"".join(f"{name}: {value}\r\n".encode() for name, value in picture[1].items())
+        self.answer(connection, 200, picture[0], content_type=b"image/jpeg", headers=_HEADERS + extra,
+                    head_only=head_only)
+
+    def _failed(self, what: str, exc: Exception, now: float) -> None:
+        if now - self._warned_at >= _WARN_EVERY_S:
+            self._warned_at = now
+            log.warning("live page: the %s could not be read: %s: %s", what, type(exc).__name__, exc)
+
+
+def _cursor(text: bytes) -> int | None:
+    try:
+        return max(int(text), 0)
+    except ValueError:
+        return None
+
+
+def _json(state: dict[str, Any]) -> bytes:
+    return json.dumps(state, separators=(",", ":"), allow_nan=False, default=str).encode()

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from device_runtime.live import LiveBoard, LiveServer, live_token, parse_live_address
-from device_runtime.live.board import RESULTS_KEPT
+from device_runtime.live.board import FRAMES_SENT, RESULTS_KEPT
 from device_runtime.live.ring import Ring
 from device_runtime.live.server import MAX_STREAMS
 from device_runtime.stream import Frame, FrameResult, FrameSource
@@ -74,20 +74,24 @@ def test_a_ring_keeps_its_capacity_and_reads_from_a_cursor() -> None:
     assert ring.since(50) == ([6, 7, 8, 9], 10)  # a cursor from before a restart reads all that is kept
 
 
-def test_the_board_keeps_a_bounded_history_as_json() -> None:
+def test_the_board_keeps_a_bounded_history_and_sends_a_capped_window_of_it() -> None:
     clock = _Clock()
     board = LiveBoard(clock=clock)
     for index in range(RESULTS_KEPT + 100):  # 100 frames a second
         board.publish(_result(index, dropped=index % 7 == 3, captured=index / 100))
     clock.now = (RESULTS_KEPT + 100) / 100
+    kept, cursor = board._results.since(None)
+    assert cursor == RESULTS_KEPT + 100 and len(kept) == RESULTS_KEPT and kept[0].index == 100
     state, cursor = board.state(None)
-    assert cursor == RESULTS_KEPT + 100 and len(state["frames"]) == RESULTS_KEPT
-    assert [f["seq"] for f in state["frames"]][:2] == [100, 101]
+    assert cursor == RESULTS_KEPT + 100 and len(state["frames"]) == FRAMES_SENT  # the newest, not all kept
+    assert [f["seq"] for f in state["frames"]] == list(range(cursor - FRAMES_SENT, cursor))
     json.dumps(state, allow_nan=False)  # no infinite rate, as the page needs
     later, _ = board.state(cursor - 2)
     assert [f["index"] for f in later["frames"]] == [RESULTS_KEPT + 98, RESULTS_KEPT + 99]
-    clock.now += 30.0  # a new page gets the last minute only
+    assert len(board.state(0)[0]["frames"]) == FRAMES_SENT  # a poll from an old cursor: capped as well
+    clock.now += 55.0  # a new page gets the last minute only
     state, _ = board.state(None)
+    assert len(state["frames"]) < FRAMES_SENT
     assert state["frames"][0]["t"] >= clock.now - 60.0 > state["frames"][0]["t"] - 0.011
 
 
