@@ -1,43 +1,63 @@
 """``split-host serve --live [ADDRESS:]PORT``: the host's live page, on the board's page server.
 
-What it shows is read from what the host already keeps, when a page asks (ten times a second
-per page at most): the connections :class:`~host_runtime.server.HostServer` holds (each board's
+What it shows is read from what the host already keeps, when a page asks (at most ten times a
+second whatever the number of pages: the page server caches a state for a period, and so does
+:class:`HostLive`, whose every state is news): the connections :class:`~host_runtime.server.HostServer` holds (each board's
 address, the tails it asked for, its requests in flight, how long it has been connected and
 silent) and the figures of its Prometheus registry (:mod:`host_runtime.metrics`): the queue,
 requests in flight, batches and their sizes, deadlines missed, refusals, each tail's queue and
 compute times. Nothing is counted twice and nothing runs on the host's event loop: the page
-reads in the page server's thread.
+reads in the page server's thread. A host with a thousand boards connected lists the
+:data:`BOARDS_SHOWN` most recently heard from, and says how many there are (issue 45: the whole
+list, for every poll, raised a host's infer p99 8.6x).
 """
 
 from __future__ import annotations
 
+import heapq
 import time
 from typing import Any
 
 from device_runtime.live import LiveServer, page, parse_live_address
 from host_runtime.server import HostServer
 
-__all__ = ["HOST_PAGE", "HostLive", "serve_live"]
+__all__ = ["BOARDS_SHOWN", "HOST_PAGE", "HostLive", "serve_live"]
+
+#: Boards listed on the page, the most recently heard from (the count says how many are connected).
+BOARDS_SHOWN = 100
+#: A state is read from the host at most this often, however many pages and streams ask.
+STATE_EVERY_S = 0.1
 
 
 class HostLive:
     """The host as its live page sees it (a :class:`device_runtime.live.LiveSource`)."""
 
-    def __init__(self, server: HostServer) -> None:
+    def __init__(self, server: HostServer, clock: Any = time.monotonic) -> None:
         self.server = server
+        self.clock = clock
         self.started = time.time()  # tells a page a new host from a reconnect
         self._states = 0
+        self._last: tuple[float, dict[str, Any]] | None = None
 
     def state(self, since: int | None) -> tuple[dict[str, Any], int]:
-        """The host now: every call is news (its figures move), so the cursor counts the calls."""
+        """The host now: every state is news (its figures move), so the cursor counts the states
+        read; one is read at most every :data:`STATE_EVERY_S`, whatever ``since``."""
+        now = self.clock()
+        if self._last is None or not 0 <= now - self._last[0] < STATE_EVERY_S:
+            self._last = (now, self._read(now))
+            self._states += 1
+        return self._last[1], self._states
+
+    def _read(self, monotonic: float) -> dict[str, Any]:
         stats = self.server.stats.as_dict()
         now = self.server.clock()
         errors = stats["errors"]
         batches = stats["batch_size"]
-        self._states += 1
+        connections = list(self.server.connections)  # the event loop's set, copied once
+        shown = heapq.nlargest(BOARDS_SHOWN, connections, key=lambda c: c.activity.last_read)
         return {
-            "run": self.started, "now": time.monotonic(),
-            "boards": [_board(c, now) for c in sorted(self.server.connections, key=lambda c: c.activity.opened)],
+            "run": self.started, "now": monotonic, "connections": len(connections),
+            "boards": [_board(c, now) for c in sorted(shown, key=lambda c: c.activity.opened)],
             "queue_depth": stats["queue_depth"], "in_flight": stats["in_flight"],
             "batches": batches["count"], "samples": batches["sum"], "padded": stats["padded_samples"],
             "deadlines_missed": errors["deadline_exceeded"], "overloaded": errors["overloaded"],
@@ -49,7 +69,7 @@ class HostLive:
                 for key, h in sorted(stats["compute_seconds"].items()) if h["count"]
             ],
             "device": self.server.registry.device,
-        }, self._states
+        }
 
     def picture(self) -> None:
         """The host has no camera: its page shows none."""
@@ -112,7 +132,7 @@ connect((state) => {
   samples.push({t: state.now, queue: state.queue_depth, in_flight: state.in_flight, batches: state.batches,
                 samples: state.samples, missed: state.deadlines_missed});
   prune(samples, state.now, KEEP_S, KEEP_MOST);
-  text('connections', state.boards.length); text('queue', state.queue_depth + ' samples'); text('in-flight', state.in_flight);
+  text('connections', state.connections + (state.connections > state.boards.length ? ' (' + state.boards.length + ' most recently heard from listed)' : '')); text('queue', state.queue_depth + ' samples'); text('in-flight', state.in_flight);
   text('batches', state.batches + (state.batches ? ', ' + (state.samples / state.batches).toFixed(2) + ' samples each' : '')
        + (state.padded ? ', ' + state.padded + ' padding rows' : ''));
   text('answered', state.answered); text('missed', state.deadlines_missed); text('overloaded', state.overloaded);
