@@ -62,6 +62,8 @@ def sample_note(trace: Trace) -> str:
 def _changes(trace: Trace) -> tuple[list[float], int] | None:
     """The split changes over every frame (the first times of them, and how many), where counted."""
     return None if trace.tally is None else (trace.tally.change_times, trace.tally.changes)
+
+
 _RUN_FIELDS = ("bundle_id", "policy", "batch", "source", "started_unix", "backend", "precision", "calibration_key")
 MODEL_PLOT = "measured_vs_model.png"
 #: A frame's stages in the order it goes through them, as the trace names them; the model predicts
@@ -286,6 +288,9 @@ def summarize(
     ``predicted_vs_measured`` (split -> the model's prediction against the measured stages,
     stage by stage, with the waits beside them: :func:`_predicted_vs_measured`). ``waits``
     says whether the frames record their waits (trace schema 2).
+    ``tally``: the counts of every frame where ``frames`` are a sample of a long trace
+    (:func:`fieldtrial.trace.load_trace`); None counts ``frames``. ``sample`` says how many frames the
+    distributions were taken from and which figures are estimated (:func:`_sample`).
     """
     if not frames:
         raise SplitEdgeError("no frames to summarize")
