@@ -98,6 +98,17 @@ def test_trace_records_give_a_run_first_or_say_why_not(lines: list[bytes]) -> No
     assert read[0][1]["type"] == "run"
 
 
+@FUZZ
+@given(st.lists(_LINE, max_size=10))
+def test_the_report_reads_any_lines_after_a_run_record_or_names_the_line(lines: list[bytes]) -> None:
+    run = {"type": "run", "schema": TRACE_SCHEMA, "bundle_id": "b", "policy": "auto", "batch": 1}
+    path = _write(b"\n".join([json.dumps(run).encode(), *lines]) + b"\n")
+    try:
+        load_trace(path)
+    except SplitEdgeError as exc:
+        _names_a_line(exc, path, len(lines) + 1)
+
+
 #: JSON values a field of a record may hold, the hostile ones included (NaN and the infinities are
 #: what Python's json writes and reads back).
 _VALUE = st.one_of(
