@@ -222,6 +222,9 @@ class WalledServer:
                 events = self._selector.select(self._timeout(wanted))
                 turn = time.thread_time()
                 now = self.clock()
+                # The connections first, the new ones last: a request already here is answered
+                # before a newcomer can shed it.
+                events.sort(key=lambda event: event[0].fileobj is self._listener)
                 for key, mask in events:
                     if key.fileobj is self._listener:
                         self._accept(now)
