@@ -26,6 +26,7 @@ import numpy as np
 
 from calibration import Calibrations
 from fieldtrial import compare_plots, page
+from fieldtrial.plots import readable
 from fieldtrial.report import SUMMARY_FILE, strict_json, write_report
 from fieldtrial.trace import MAX_LINE_BYTES, Trace, load_trace
 from splitedge import SplitEdgeError
@@ -188,7 +189,7 @@ def write_comparison(
         if tables.bundle_id not in bundles:
             raise SplitEdgeError(f"a calibration is for bundle {tables.bundle_id}, none of the runs is "
                                  f"(runs of {', '.join(sorted(map(str, bundles)))})")
-    names = list(labels) or default_labels(files, [t.run for t in traces])
+    names = [readable(name) for name in list(labels) or default_labels(files, [t.run for t in traces])]
     out = Path(out_dir)
     single = len(files) == 1  # one run: its report where it always was, and the page beside it
     runs = [
@@ -204,7 +205,8 @@ def write_comparison(
         if plot(runs, out / name):
             figures[name] = out / name
     summary = {
-        "runs": [{"label": r.label, "trace": str(r.path), "report": r.folder, "summary": r.summary} for r in runs],
+        "runs": [{"label": r.label, "trace": readable(str(r.path)), "report": r.folder, "summary": r.summary}
+                 for r in runs],
         "against_first": [{"label": r.label, **agreement(runs[0].trace.frames, r.trace.frames),
                            **_sampled(runs[0], r)} for r in runs[1:]],
         "page": page.PAGE,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from device_runtime import LOCAL
 from fieldtrial import timeline
 from fieldtrial.bounds import ESTIMATE, REAL
-from fieldtrial.plots import graph_order, split_label
+from fieldtrial.plots import graph_order, readable, split_label
 from fieldtrial.report import MODEL_PLOT, PLOTS
 from splitedge import SplitEdgeError
 
@@ -64,7 +64,7 @@ def _overview(runs: Sequence[Run]) -> str:
         late = s["deadline_misses"]
         drops = ", ".join(f"{n} {timeline.reason_label(r)}" for r, n in s["drops_by_reason"].items()) or "none"
         rows.append([
-            run.label, run.path.name, s["run"]["bundle_id"], s["run"]["policy"], s["run"]["source"], s["frames"],
+            run.label, readable(run.path.name), s["run"]["bundle_id"], s["run"]["policy"], s["run"]["source"], s["frames"],
             s["answered"], _f(s["fps"], ".2f"), _f(s["latency_ms"]["p50"]), _f(s["latency_ms"]["p95"]),
             _f(s["latency_ms"]["p99"]), f"{s['dropped']} ({100.0 * s['drop_rate']:.1f} %): {drops}",
             "no deadline" if late is None else f"{late['missed']} of {late['with_deadline']}",
@@ -213,7 +213,7 @@ def write_page(
               "<h2>Gain over each static split (DSC Eq. 7)</h2>", _gains(runs)]
     for run in runs:
         opened = " open" if len(runs) == 1 else ""
-        parts += [f"<h2>{html.escape(run.label)}</h2>", f"<p class='note'>{html.escape(str(run.path))}</p>",
+        parts += [f"<h2>{html.escape(run.label)}</h2>", f"<p class='note'>{html.escape(readable(str(run.path)))}</p>",
                   _sampled(run),
                   "<h3>Against each frame's floor and oracle</h3>", _bounds(run),
                   "<h3>Measured against the model (medians)</h3>", _model(run),

@@ -36,6 +36,7 @@ __all__ = [
     "plot_latency_over_time",
     "plot_measured_vs_model",
     "plot_table",
+    "readable",
     "series_label",
     "split_label",
 ]
@@ -84,6 +85,13 @@ def plain_text(plot: _Plot) -> _Plot:
             return plot(*args, **kwargs)
 
     return drawn  # type: ignore[return-value]
+
+
+def readable(text: str) -> str:
+    """``text`` as UTF-8 can hold it: a file name or argument that is not UTF-8 comes with Python's
+    surrogate escapes (``\\udcff``), which matplotlib's font code refused with a TypeError and a
+    page's encoding with a UnicodeEncodeError; they are written out as such, and all else kept."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def split_label(split: str) -> str:

@@ -6,13 +6,16 @@ a name JSON spells with a surrogate pair (an emoji, as ``json.dumps`` writes it)
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+from fieldtrial.compare import write_comparison
+from fieldtrial.page import PAGE
 from fieldtrial.report import SUMMARY_FILE
 from tests.fieldtrial.test_hostile_traces import one_line, report
-from tests.fieldtrial.test_report import known_frames, run_record
+from tests.fieldtrial.test_report import known_frames, run_record, write_jsonl
 
 LONE = "\ud800"
 
@@ -40,3 +43,14 @@ def test_a_name_spelled_with_a_surrogate_pair_is_text_and_drawn(tmp_path: Path) 
     code, err, out = report(tmp_path, [run_record()] + frames)
     assert code == 0, err
     assert "cut \U0001F600" in json.loads((out / SUMMARY_FILE).read_text(encoding="utf-8"))["per_split"]
+
+
+def test_a_trace_file_name_that_is_not_utf8_labels_its_run_readably(tmp_path: Path) -> None:
+    """A file name's bytes that are not UTF-8 reach Python as surrogate escapes (``\\udcff``): the run's
+    label, its legends and its page have them written out, not a TypeError from matplotlib."""
+    odd = Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/\xff.jsonl"))
+    write_jsonl(odd, [run_record()] + known_frames())
+    other = write_jsonl(tmp_path / "b.jsonl", [run_record()] + known_frames())
+    summary = write_comparison([odd, other], tmp_path / "out")
+    assert [r["label"] for r in summary["runs"]] == ["\\udcff", "b"]
+    assert "\\udcff" in (tmp_path / "out" / PAGE).read_text(encoding="utf-8")
