@@ -538,12 +538,18 @@ def _reason_lines(reasons: dict[str, int]) -> list[str]:
     return ["split chosen by: " + ", ".join(f"{n} {timeline.split_reason_label(r)}" for r, n in reasons.items())]
 
 
+#: The most steps of the link's real rate the printed summary lists (summary.json has every one).
+_STEPS_LISTED = 12
+
+
 def _link_rate_lines(link_rate: dict[str, Any]) -> list[str]:
     """The link's real rate and the estimate against it, where a testbed recorded the rate."""
     steps, ratio = link_rate["real"], link_rate["estimate_over_real"]
     if not steps:
         return []
-    rates = " → ".join(f"{s['rate_mbit']:g}" for s in steps)
+    rates = " → ".join(f"{s['rate_mbit']:g}" for s in steps[:_STEPS_LISTED])
+    if len(steps) > _STEPS_LISTED:  # a long run's thousand steps made a line of thousands of numbers
+        rates += f" → … ({len(steps):,} steps in all)"
     line = f"link's real rate ({steps[0]['set_by'] or 'recorded'}): {rates} Mbit/s"
     if ratio is not None:
         line += (f"; the board's estimate ÷ the real rate: p5 {ratio['p5']:.2f}, p50 {ratio['p50']:.2f}, "

@@ -186,3 +186,10 @@ def test_a_comparison_of_sampled_runs_says_so_on_its_page(tmp_path: Path, monkey
     assert against["answered_in_both"] > KEEP // 2  # kept by index: the frames both kept still match
     assert "estimated from a sample of 200 of its 3,000 frames" in (tmp_path / "out" / PAGE).read_text(encoding="utf-8")
     assert "sample of 200 of its 3,000 frames" in format_summary(summary["runs"][0]["summary"])
+
+
+def test_the_printed_summary_lists_a_few_steps_of_the_link_rate(tmp_path: Path) -> None:
+    rates = [{"type": "link_rate", "t": i * 0.1, "rate_bps": 1e6 * (1 + i % 2), "set_by": "netem"} for i in range(500)]
+    summary = write_report(write_jsonl(tmp_path / "r.jsonl", [run_record(), *rates, *known_frames()]), tmp_path / "out")
+    (line,) = [line for line in format_summary(summary).splitlines() if "real rate" in line]
+    assert "(500 steps in all)" in line and len(line) < 300 and len(summary["link_rate"]["real"]) == 500
