@@ -242,6 +242,22 @@ def _address(text: str) -> str:
     return text
 
 
+class _Stop(asyncio.Event):
+    """Set on SIGINT or SIGTERM, and when (loop time): the drain deadline counts from the signal,
+    not from when the host got round to stopping (a zeroconf record withdrawn, a page closed)."""
+
+    at: float | None = None
+
+    def set(self) -> None:
+        if self.at is None:
+            self.at = asyncio.get_running_loop().time()
+        super().set()
+
+    def deadline(self, drain_timeout: float) -> float:
+        """When the host must be stopped: the signal's time (now, without one) plus ``drain_timeout``."""
+        return (asyncio.get_running_loop().time() if self.at is None else self.at) + drain_timeout
+
+
 def _stop_on_signals(stop: asyncio.Event, caught: list[signal.Signals]) -> None:
     """Set ``stop`` on SIGINT or SIGTERM and note which (the host exits 128 + it: 130, 143); a
     second signal falls back to the default (hard) action."""
@@ -265,7 +281,7 @@ async def serve(args: argparse.Namespace, child: Child | None = None, caught: li
     reports to the parent instead of printing, and leaves zeroconf to it. ``caught``: the signal
     that stopped it, for the exit status."""
     caught = [] if caught is None else caught
-    stop = asyncio.Event()
+    stop = _Stop()
     if child is None:
         _stop_on_signals(stop, caught)  # from the start: a Ctrl-C while the tails load is one line too
     else:  # SIGINT is ignored (child_setup): the parent stops its children with SIGTERM
@@ -341,9 +357,10 @@ async def serve(args: argparse.Namespace, child: Child | None = None, caught: li
                 print(f"live page on {live.url}", flush=True)
             await _advertise(args, port, registry.served(), server.load, key is not None, stop.wait)
     finally:
+        deadline = stop.deadline(args.drain_timeout)
         if live is not None:
             live.close()
-        await server.close()
+        await server.close(deadline)
         if child is None:
             print(_stopped(caught), flush=True)
 

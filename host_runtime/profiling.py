@@ -19,17 +19,26 @@ minutes: its bounds were per entry, not per request (``splits: [offload]*3, batc
   the host predicts each run from what a sample of that tail cost before (each tail is probed
   with one sample when the host starts, its one-time set-up paid then), trims the repeats to fit, and refuses (``bad_request``, naming the flag) a
   request whose every batch size, run once after one warm-up, would not fit. A run that
-  overshoots its prediction stops the profile before the next one.
+  overshoots its prediction stops the profile before the next one. What is spent is the
+  process's CPU from the profile's start, not the sum of its runs: with onnxruntime's default
+  pool, its threads spinning between runs and the inputs made cost a third again (an 88-byte
+  request took 120-180 ms of a 100 ms budget, issue 45). The pool's threads also spin on after
+  the last run (45-50 ms of CPU after each run with onnxruntime's default pool on the build
+  machine, whatever the run's size): the host's probe measures that trail once per tail
+  (:meth:`Costs.trail`), and the runs stop that much before :data:`STOP_SHARE` of the budget.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -50,6 +59,11 @@ DEFAULT_PROFILE_BUDGET_S = 0.1
 #: What of the budget the repeats are planned to fill: runs vary, and one costlier than predicted
 #: must not leave a batch size unmeasured.
 PLANNED_SHARE = 0.8
+#: What of the budget the runs (and the trail they leave) may reach: the reply is encoded on the rest.
+STOP_SHARE = 0.9
+#: How long the probe watches the process's CPU after a tail's run, for the pool's spin after it:
+#: onnxruntime's spinning threads give up within milliseconds of wall time when quiet.
+TRAIL_WINDOW_S = 0.2
 
 
 class ProfileStopped(ProtocolError):
@@ -100,10 +114,16 @@ def plan_profile(registry: TailRegistry, request: ProfileRequest) -> ProfilePlan
 
 
 class Costs:
-    """Seconds one sample of each tail took when last run (what a run is predicted from)."""
+    """Seconds one sample of each tail took when last run (what a run is predicted from), and the
+    CPU seconds its session's pool spins on after a run (its trail, measured by :func:`probe`)."""
 
     def __init__(self) -> None:
         self.per_sample: dict[Backend, float] = {}
+        self.trails: dict[Backend, float] = {}
+
+    def trail(self, tails: Iterable[Backend]) -> float:
+        """The CPU the last run of these tails may leave behind: the longest of their trails."""
+        return max((self.trails.get(tail, 0.0) for tail in tails), default=0.0)
 
     def predict(self, tail: Backend, batch: int) -> float:
         return self.per_sample[tail] * batch
@@ -112,18 +132,42 @@ class Costs:
         self.per_sample[tail] = seconds / batch
 
 
-def _timed(tail: Backend, x: np.ndarray, stop: threading.Event) -> float:
+def _timed(tail: Backend, x: np.ndarray, stop: threading.Event, cpu: Callable[[], float]) -> float:
     if stop.is_set():
         raise ProfileStopped()
-    started = time.process_time()  # the host's CPU, all its threads (onnxruntime's own included); not
-    tail.run(x)                    # wall time, which other processes on a busy machine stretch
-    return time.process_time() - started
+    started = cpu()  # the host's CPU, all its threads (onnxruntime's own included); not
+    tail.run(x)      # wall time, which other processes on a busy machine stretch
+    return cpu() - started
 
 
-def probe(tails: Iterable[Backend], stop: threading.Event, costs: Costs) -> float:
+def pool_cpu() -> float:
+    """CPU seconds of this process's threads that are not Python's (onnxruntime's pools), from
+    /proc (10 ms ticks); the process's CPU where there is no /proc. The Python threads' CPU (the
+    event loop, other startup work) is left out: it is no trail of a run."""
+    python = {thread.native_id for thread in threading.enumerate()}
+    ticks = 0
+    try:
+        for task in os.scandir("/proc/self/task"):
+            if int(task.name) in python:
+                continue
+            try:
+                fields = Path(task.path, "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # the thread ended meanwhile
+                continue
+            ticks += int(fields[11]) + int(fields[12])
+    except OSError:
+        return time.process_time()
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def probe(tails: Iterable[Backend], stop: threading.Event, costs: Costs,
+          cpu: Callable[[], float] = time.process_time, wait: Callable[[float], Any] = time.sleep,
+          trail_cpu: Callable[[], float] = pool_cpu) -> float:
     """One sample through each tail not costed yet, twice: the first run pays the tail's one-time
-    set-up (half a second for the full model), the second is what a sample costs. Done when the
-    host starts, so that no request pays for the set-up. Returns the seconds spent."""
+    set-up (half a second for the full model), the second is what a sample costs; then the CPU
+    the pool's threads spend in the :data:`TRAIL_WINDOW_S` after it (:func:`pool_cpu`) is the
+    tail's trail. Done when the host starts, so that no request pays for the set-up. Returns the
+    seconds spent."""
     spent = 0.0
     for tail in tails:
         if tail in costs.per_sample or not all(isinstance(d, int) for d in tail.input_shape[1:]):
@@ -132,14 +176,18 @@ def probe(tails: Iterable[Backend], stop: threading.Event, costs: Costs) -> floa
         for _ in range(2):
             if stop.is_set():  # stopping: a profile waiting behind raises ProfileStopped itself
                 return spent
-            seconds = _timed(tail, x, stop)
+            seconds = _timed(tail, x, stop, cpu)
             spent += seconds
         costs.ran(tail, 1, seconds)
+        before = trail_cpu()
+        wait(TRAIL_WINDOW_S)
+        costs.trails[tail] = trail_cpu() - before
     return spent
 
 
 def run_profile(
     plan: ProfilePlan, stop: threading.Event, budget_s: float, costs: Costs,
+    cpu: Callable[[], float] = time.process_time,
 ) -> tuple[dict[str, dict[str, float]], float]:
     """Median ms of each tail at each batch size (split id → str(batch) → ms), on one sample of
     seeded noise of the tail's shape repeated (convolution and matmul time do not depend on the
@@ -147,17 +195,20 @@ def run_profile(
     run once ``stop`` is set, and :class:`ProtocolError` when the request cannot fit its budget:
     before any input is made (noise for 154 samples of the full model took 0.5 s of CPU). Tight
     budgets drop repeats first, then the warm-up run (each tail's set-up was paid by its probe),
-    down to one timed run of each batch size. Returns the times and the tail-run seconds spent."""
+    down to one timed run of each batch size. ``cpu``: the process's CPU clock, what is spent is
+    read from. Returns the times and the seconds spent (the probe's set-up included)."""
     entries = [(split_id, batch) for split_id in plan.tails for batch in plan.batches]
     # Tails the host's own probe has not costed yet (it runs when the host starts; a tail swapped
     # since, or a request that came first): their set-up is the host's, not the request's budget.
-    setup = probe(plan.tails.values(), stop, costs)
+    setup = probe(plan.tails.values(), stop, costs, cpu)
     if stop.is_set():  # the probe gave up on a tail it had not costed: nothing to predict from
         raise ProfileStopped()
-    spent = 0.0
+    began = cpu()
+    trail = costs.trail(plan.tails.values())
+    usable = STOP_SHARE * budget_s - trail  # what the runs may spend: the trail of the last follows them
     one_round = sum(costs.predict(plan.tails[s], b) for s, b in entries)
     if one_round > 0:  # planned within a share of the budget; one run of each, if that is all, within all of it
-        rounds = int(PLANNED_SHARE * budget_s / one_round) or int(budget_s / one_round)
+        rounds = max(int(PLANNED_SHARE / STOP_SHARE * usable / one_round) or int(usable / one_round), 0)
     else:
         rounds = plan.repeats + PROFILE_WARMUP
     warmup = PROFILE_WARMUP if rounds > PROFILE_WARMUP else 0
@@ -165,7 +216,7 @@ def run_profile(
     if repeats < 1:
         raise ProtocolError(
             f"profile: one run of each batch size would take about "
-            f"{one_round * 1000:.0f} ms of this host's time, over its budget of "
+            f"{(one_round + trail) * 1000:.0f} ms of this host's time, over its budget of "
             f"{budget_s * 1000:g} ms a request (--profile-budget-ms); ask for fewer splits or smaller batches per request",
             code=ErrorCode.BAD_REQUEST,
         )
@@ -174,7 +225,8 @@ def run_profile(
     for round_ in range(warmup + repeats):  # round-robin: stopped early, every batch size has as many runs
         for split_id, batch in entries:
             tail = plan.tails[split_id]
-            if spent + costs.predict(tail, batch) > budget_s:
+            spent = cpu() - began
+            if spent + costs.predict(tail, batch) > usable:
                 if round_ > warmup:  # each has a timed run: answer with what was measured
                     return _medians(runs), setup + spent
                 raise ProtocolError(f"profile: stopped at {spent * 1000:.0f} ms, its budget is {budget_s * 1000:g} ms "
@@ -184,12 +236,11 @@ def run_profile(
             if x is None:
                 sample = np.random.default_rng(0).standard_normal((1, *tail.input_shape[1:])).astype(tail.input_dtype)
                 x = inputs[split_id, batch] = np.repeat(sample, batch, axis=0)
-            seconds = _timed(tail, x, stop)
-            spent += seconds
+            seconds = _timed(tail, x, stop, cpu)
             costs.ran(tail, batch, seconds)
             if round_ >= warmup:
                 runs[split_id, batch].append(seconds)
-    return _medians(runs), setup + spent
+    return _medians(runs), setup + cpu() - began
 
 
 def _medians(runs: dict[tuple[str, int], list[float]]) -> dict[str, dict[str, float]]:

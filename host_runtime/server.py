@@ -464,6 +464,16 @@ _HANDLERS: dict[type[Request], Callable[[_HostProtocol, Any, float], None]] = {
 }
 
 
+#: What stopping takes after the drain (cancelling, closing peers, the metrics, connections), at
+#: most: the drain ends this much before the deadline, so the host is gone by it.
+TEARDOWN_S = 0.5
+
+
+def teardown_reserve(timeout: float) -> float:
+    """The part of a drain timeout kept for the teardown: a tenth, at most :data:`TEARDOWN_S`."""
+    return min(TEARDOWN_S, 0.1 * timeout)
+
+
 @contextmanager
 def _port_in_use(host: str, port: int, flag: str, address_flag: str = "--interface") -> Iterator[None]:
     """A port another process holds, or an address that is none of this machine's, becomes one
@@ -641,11 +651,14 @@ class HostServer:
             for connection in list(self.connections):
                 connection.check_timeouts(now)
 
-    async def close(self) -> None:
+    async def close(self, deadline: float | None = None) -> None:
         """Stop accepting and refuse new work (``overloaded``), stop a profile within one tail
         run, let what is pending finish, then drop connections: one deadline
         (``shutdown_timeout``, ``--drain-timeout``) over all of it together, queued batches,
-        chain hops, links and profiles alike (two 5 s waits one after the other once took 10.2 s)."""
+        chain hops, links and profiles alike (two 5 s waits one after the other once took 10.2 s),
+        and the teardown after them. ``deadline`` (loop time): when the host must be stopped, the
+        signal's time plus the drain timeout (the default counts from now); the drain ends
+        :func:`teardown_reserve` before it (draining to the deadline itself took 5.1-5.2 s of 5, issue 45)."""
         self.draining = True
         if self._server is not None:
             self._server.close()
@@ -655,7 +668,8 @@ class HostServer:
             task.cancel()
         loop = asyncio.get_running_loop()
         timeout = self.config.shutdown_timeout
-        deadline = loop.time() + timeout
+        end = loop.time() + timeout if deadline is None else deadline
+        deadline = end - teardown_reserve(timeout)
         closing = [asyncio.ensure_future(self.batcher.close(timeout)), asyncio.ensure_future(self.profiler.close(timeout))]
         while True:  # a batch that ends meanwhile may start a hop: waited for within the same deadline
             pending = [task for task in (*closing, *self.tasks) if not task.done()]
@@ -674,7 +688,7 @@ class HostServer:
             if connection.transport is not None:
                 connection.transport.close()
         if self._server is not None:
-            await asyncio.wait_for(self._server.wait_closed(), max(deadline - loop.time(), 1.0))
+            await asyncio.wait_for(self._server.wait_closed(), max(end - loop.time(), 0.05))
         self.executor.shutdown(wait=False, cancel_futures=True)
         if self._accept_failures is not None:
             asyncio.get_running_loop().set_exception_handler(self._accept_failures.previous)

@@ -41,7 +41,7 @@ FACES = {
         "LinksRequest", "MAX_PROFILE_REPEATS", "MAX_ROUTE_HOPS", "OPS", "Oversized", "PROTOCOL_VERSION",
         "PingReply", "PingRequest", "ProfileReply", "ProfileRequest", "Quantization", "REFUSAL_KINDS",
         "REPLIES", "REQUESTS", "Reply", "Request", "SERVICE_TYPE", "StatsReply", "StatsRequest", "TxtRecord",
-        "UploadTiming", "affine_params", "client_context", "decode", "decode_tensor", "dequantize", "encode",
+        "UploadTiming", "accept_tls", "affine_params", "client_context", "decode", "decode_tensor", "dequantize", "encode",
         "encode_bytes", "encode_message", "error_reply", "kernel_timing_support", "load_key", "open_zeroconf",
         "parse_reply", "parse_request", "parse_txt", "quantize", "server_context", "split_address",
         "txt_record",
@@ -52,7 +52,8 @@ FACES = {
         "load_backend", "prefers_int8", "preprocess", "preprocess_path", "session_options", "usable_cpus",
     ],
     "device_runtime.live": [
-        "LiveBoard", "LiveServer", "LiveSource", "live_flag", "live_token", "page", "parse_live_address",
+        "HttpConnection", "HttpRequest", "LiveBoard", "LiveServer", "LiveSource", "WalledServer", "live_flag",
+        "live_token", "page", "parse_live_address",
     ],
     "device_runtime.hosts": [
         "HostAdvert", "HostLink", "LinkMeter", "connect_host", "discover", "host_address", "probe_bytes",
