@@ -160,6 +160,8 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
             f"split {settings.split}")
     stop = asyncio.Event()
     stop_on_signals(stop)
+    if pace is not None:  # a signal ends a hold at once, not after it (up to MAX_HOLD_MS of a frame)
+        asyncio.ensure_future(stop.wait()).add_done_callback(lambda _: pace.stop())
     hosts = None if settings.local else await _hosts(settings, bundle, credentials, out)
     placements = _placements(bundle, settings.split, connection.host, connection.hops,
                              calibration.routes if calibration else {})
