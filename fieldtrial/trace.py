@@ -19,8 +19,8 @@ from fieldtrial.tally import MAX_KEPT, MAX_SHOWN, OTHER, Sample, Tally
 from splitedge import MAX_LINE_BYTES, SplitEdgeError, shown, trace_json
 
 __all__ = [
-    "MAX_KEPT", "MAX_LINE_BYTES", "MAX_SHOWN", "OTHER", "TRACE_SCHEMA_1", "TRACE_SCHEMA_2", "TRACE_SCHEMA_3",
-    "TRACE_SCHEMA_4", "TRACE_SCHEMA_5", "Trace", "load_trace", "read_trace", "records_waits",
+    "MAX_KEPT", "MAX_LINE_BYTES", "MAX_NAME", "MAX_SHOWN", "OTHER", "TRACE_SCHEMA_1", "TRACE_SCHEMA_2",
+    "TRACE_SCHEMA_3", "TRACE_SCHEMA_4", "TRACE_SCHEMA_5", "Trace", "load_trace", "read_trace", "records_waits",
 ]
 
 #: Traces before the waits were recorded: ``tail_ms`` held the host's queue, and nothing else
@@ -66,6 +66,10 @@ class Trace:
         return self.tally is not None and self.tally.frames > len(self.frames)
 
 
+#: The longest name of a split, a drop reason, a split reason's kind or a link_rate's setter: a
+#: split id is a few dozen characters, and a report keeps up to 10,000 names (a megabyte each would
+#: be 10 GB).
+MAX_NAME = 256
 #: The fields of the run record a report copies into its summary or compares (each checked).
 _RUN_SCALARS = ("bundle_id", "policy", "batch", "source", "started_unix", "backend", "precision", "calibration",
                 "schema")
@@ -95,13 +99,14 @@ def load_trace(path: str | Path, keep: int = MAX_KEPT) -> Trace:
                 break
             run = _checked_run(path, number, record)
         elif record.get("type") == "frame":
-            frame = _checked_frame(path, number, record)
-            frame = {name: frame[name] for name in _FRAME_FIELDS if name in frame}
+            frame = _kept(_checked_frame(path, number, record))
             tally.add(frame)
             sample.add(frame)
         elif record.get("type") == LINK_RATE:
             if len(rates) < keep:
-                rates.append(_checked_rate(path, number, record))
+                rate = _checked_rate(path, number, record)
+                rates.append({"type": LINK_RATE, "t": rate["t"], "rate_bps": rate["rate_bps"],
+                              "set_by": rate.get("set_by")})
             else:
                 rates_left_out += 1
     if run is None:
@@ -110,6 +115,18 @@ def load_trace(path: str | Path, keep: int = MAX_KEPT) -> Trace:
     frames = sample.frames()
     grouped = tally.group(frames)
     return Trace(run, frames, sorted(rates, key=lambda r: r["t"]), grouped, tally, rates_left_out)
+
+
+def _kept(frame: dict[str, Any]) -> dict[str, Any]:
+    """What a report keeps of a checked frame: the fields it reads (:data:`_FRAME_FIELDS`), the reason's
+    kind alone and at most :data:`MAX_NAME` characters of an error (whose presence is all it reads): a
+    frame kept is a few hundred bytes, whatever its line held (up to :data:`MAX_LINE_BYTES`)."""
+    kept = {name: frame[name] for name in _FRAME_FIELDS if name in frame}
+    if isinstance(kept.get("reason"), dict):
+        kept["reason"] = {"kind": kept["reason"]["kind"]}
+    if isinstance(kept.get("error"), str):
+        kept["error"] = kept["error"][:MAX_NAME]
+    return kept
 
 
 def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -168,6 +185,11 @@ def _is_text(value: Any) -> bool:
     return True
 
 
+def _is_name(value: Any) -> bool:
+    """Text of at most :data:`MAX_NAME` characters: a name a report counts, keeps and draws."""
+    return _is_text(value) and len(value) <= MAX_NAME
+
+
 def _in_range(value: Any, low: float, high: float) -> bool:
     """A JSON number (not a bool) in [low, high]; NaN, infinities and ints past any float fail the
     comparison and so the check."""
@@ -192,11 +214,11 @@ def _checked_frame(path: Path, number: int, record: dict[str, Any]) -> dict[str,
     if not isinstance(record.get("dropped", False), bool):
         raise bad("dropped", "true or false")
     if record.get("dropped"):
-        if not (record.get("drop_reason") is None or _is_text(record["drop_reason"])):
-            raise bad("drop_reason", "a word or null")
+        if not (record.get("drop_reason") is None or _is_name(record["drop_reason"])):
+            raise bad("drop_reason", f"a word (at most {MAX_NAME} characters) or null")
         return record
-    if not _is_text(record.get("split")) or not record["split"]:
-        raise bad("split", "a split's name")
+    if not _is_name(record.get("split")) or not record["split"]:
+        raise bad("split", f"a split's name (at most {MAX_NAME} characters)")
     batch = record.get("batch")
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= _MAX_BATCH:
         raise bad("batch", f"an integer from 1 to {_MAX_BATCH}")
@@ -218,8 +240,8 @@ def _checked_frame(path: Path, number: int, record: dict[str, Any]) -> dict[str,
     if not (record.get("error") is None or _is_text(record["error"])):
         raise bad("error", "null or a message")
     reason = record.get("reason")
-    if reason is not None and not (isinstance(reason, dict) and _is_text(reason.get("kind"))):
-        raise bad("reason", "null or an object with a kind")
+    if reason is not None and not (isinstance(reason, dict) and _is_name(reason.get("kind"))):
+        raise bad("reason", f"null or an object with a kind (a word of at most {MAX_NAME} characters)")
     return record
 
 
@@ -231,8 +253,9 @@ def _checked_rate(path: Path, number: int, record: dict[str, Any]) -> dict[str, 
                              f"±{_MAX_T_S:g}), got {shown(t)}")
     if not _in_range(rate, -math.inf, math.inf):
         raise SplitEdgeError(f"{path}:{number}: a {LINK_RATE} record needs a number rate_bps, got {shown(rate)}")
-    if not (record.get("set_by") is None or _is_text(record["set_by"])):
-        raise SplitEdgeError(f"{path}:{number}: a {LINK_RATE} record's set_by must be null or a word, got "
+    if not (record.get("set_by") is None or _is_name(record["set_by"])):
+        raise SplitEdgeError(f"{path}:{number}: a {LINK_RATE} record's set_by must be null or a word (at most "
+                             f"{MAX_NAME} characters), got "
                              f"{shown(record.get('set_by'))}")
     if not _MIN_RATE_BPS <= rate <= _MAX_RATE_BPS:
         raise SplitEdgeError(f"{path}:{number}: a {LINK_RATE} record's rate_bps must be > 0 (from {_MIN_RATE_BPS:g} "

@@ -18,7 +18,8 @@ from fieldtrial import tally as tallying
 from fieldtrial.page import PAGE
 from fieldtrial.report import ESTIMATED, format_summary, summarize, write_report
 from fieldtrial.tally import OTHER, REORDER_WINDOW, Counted, Sample, Tally
-from fieldtrial.trace import MAX_KEPT, load_trace
+from fieldtrial.trace import MAX_KEPT, MAX_NAME, load_trace
+from splitedge import SplitEdgeError
 from tests.fieldtrial.make_big_trace import records
 from tests.fieldtrial.test_report import known_frames, run_record, write_jsonl
 
@@ -193,3 +194,27 @@ def test_the_printed_summary_lists_a_few_steps_of_the_link_rate(tmp_path: Path) 
     summary = write_report(write_jsonl(tmp_path / "r.jsonl", [run_record(), *rates, *known_frames()]), tmp_path / "out")
     (line,) = [line for line in format_summary(summary).splitlines() if "real rate" in line]
     assert "(500 steps in all)" in line and len(line) < 300 and len(summary["link_rate"]["real"]) == 500
+
+
+def test_a_kept_frame_holds_a_few_fields_whatever_its_line_held(tmp_path: Path) -> None:
+    """A line may hold up to MAX_LINE_BYTES: kept whole, 100,000 of them would be 100 GB. A kept frame
+    has the fields the report reads, the reason's kind alone and the start of its error."""
+    frames = known_frames()
+    frames[5].update(reason={"kind": "fallback", "junk": "x" * 100_000}, error="e" * 100_000, junk=["y"] * 10_000)
+    rate = {"type": "link_rate", "t": 0.0, "rate_bps": 1e6, "set_by": "netem", "junk": "z" * 100_000}
+    trace = load_trace(write_jsonl(tmp_path / "r.jsonl", [run_record(), rate, *frames]))
+    kept = trace.frames[5]
+    assert kept["reason"] == {"kind": "fallback"} and len(kept["error"]) == MAX_NAME and "junk" not in kept
+    assert "name" not in kept and trace.link_rates == [{"type": "link_rate", "t": 0.0, "rate_bps": 1e6,
+                                                        "set_by": "netem"}]
+
+
+@pytest.mark.parametrize("field", ["split", "drop_reason", "reason"])
+def test_a_name_past_max_name_is_refused_in_one_line(tmp_path: Path, field: str) -> None:
+    frames = known_frames()
+    long = "s" * (MAX_NAME + 1)
+    frame = frames[2] if field == "drop_reason" else frames[1]
+    frame[field] = {"kind": long} if field == "reason" else long
+    line = frames.index(frame) + 2
+    with pytest.raises(SplitEdgeError, match=rf"r\.jsonl:{line}: a frame record's {field} must be .*{MAX_NAME}"):
+        load_trace(write_jsonl(tmp_path / "r.jsonl", [run_record(), *frames]))
