@@ -4,7 +4,8 @@ memory): ``python -m tests.fieldtrial.make_big_trace OUT.jsonl N``.
 N frame records of a 30 fps run over five splits, a fallback and a deadline refusal now and then,
 a drop in twenty, a rate estimate that steps, waits and deadlines, and a ``link_rate`` record every
 10,000 frames: every field the report reads, as the trace writer writes it. The records are written
-a line at a time (a 10 M trace is about 4 GB), from a fixed seed, so a figure can be measured again.
+a line at a time (a 10 M trace is about 5 GB), from a fixed seed, so a figure can be measured again.
+``… OUT N hostile``: the same at their worst for memory (:func:`hostile`).
 """
 
 from __future__ import annotations
@@ -59,12 +60,24 @@ def records(n: int, seed: int = 45) -> Iterator[dict[str, Any]]:
                "reason": reason}
 
 
-def write(path: Path, n: int) -> Path:
+def hostile(n: int, seed: int = 45) -> Iterator[dict[str, Any]]:
+    """:func:`records` at their worst for a report's memory: every split name and split reason
+    distinct and as long as a trace may have them (256 characters), a 256-character error and 2 KB
+    of fields no report reads on every frame."""
+    for record in records(n, seed):
+        if record["type"] == "frame" and not record["dropped"]:
+            i = record["index"]
+            record.update(split=f"s{i:0255d}", reason={"kind": f"k{i:0255d}", "pad": "p" * 1024},
+                          error="e" * 256, junk="j" * 1024)
+        yield record
+
+
+def write(path: Path, n: int, worst: bool = False) -> Path:
     with path.open("w", encoding="utf-8") as file:
-        for record in records(n):
+        for record in (hostile if worst else records)(n):
             file.write(json.dumps(record) + "\n")
     return path
 
 
-if __name__ == "__main__":
-    write(Path(sys.argv[1]), int(sys.argv[2]))
+if __name__ == "__main__":  # OUT N [hostile]
+    write(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:] == ["hostile"])
