@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from splitedge import FLOAT32, FORMATS, INT8, LOCAL, OFFLOAD, ONNX, PRECISIONS, TFLITE, BundleError, Fields, join
+from splitedge import FLOAT32, FORMATS, INT8, LOCAL, OFFLOAD, ONNX, PRECISIONS, TFLITE, BundleError, Fields, file_kind, join, read_text_bounded
 
 __all__ = [
     "BOARD_PART",
@@ -106,6 +106,9 @@ SCHEMA_VERSION = 3
 CHAIN_SCHEMA = 2
 FOLDED_SCHEMA = 3
 MANIFEST_NAME = "manifest.json"
+#: The largest manifest read: the zoo's largest (the test bundle's, with its chain and variants) is
+#: tens of KB; past this a "manifest" is no bundle's (a link to /dev/zero was read until memory ran out).
+MAX_MANIFEST_BYTES = 16 << 20
 
 #: What an artifact holds: the board's part of a split, the host's part, or the whole network.
 HEAD, TAIL, FULL = "head", "tail", "full"
@@ -172,12 +175,6 @@ def file_sha256(path: Path, chunk_bytes: int = 1 << 20) -> str:
 _AGAIN = "copy the bundle again"
 
 
-def _kind(mode: int) -> str:
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-    return next((name for test, name in kinds if test(mode)), "a special file")
-
-
 def _size_drift(path: Path, size: int, expected: int) -> BundleError:
     return BundleError(f"{path}: {size:,} bytes, the manifest says {expected:,}; the copy is incomplete or the file "
                        f"was replaced: {_AGAIN}")
@@ -204,7 +201,7 @@ def artifact_path(root: str | Path, artifact: Artifact) -> Path:
     except FileNotFoundError:
         raise BundleError(f"{path}: listed in the manifest but missing (a link to nothing); {_AGAIN}") from None
     if not stat.S_ISREG(found.st_mode):
-        raise BundleError(f"{path}: not a regular file ({_kind(found.st_mode)}); {_AGAIN}")
+        raise BundleError(f"{path}: not a regular file ({file_kind(found.st_mode)}); {_AGAIN}")
     if found.st_size != artifact.bytes:
         raise _size_drift(path, found.st_size, artifact.bytes)
     return path
@@ -219,7 +216,7 @@ def _check_sha256(root: Path, artifact: Artifact, chunk_bytes: int = 1 << 20) ->
     with os.fdopen(fd, "rb") as fh:
         found = os.fstat(fd)
         if not stat.S_ISREG(found.st_mode):
-            raise BundleError(f"{path}: not a regular file ({_kind(found.st_mode)}); {_AGAIN}")
+            raise BundleError(f"{path}: not a regular file ({file_kind(found.st_mode)}); {_AGAIN}")
         digest, left = hashlib.sha256(), artifact.bytes
         while left and (chunk := fh.read(min(chunk_bytes, left))):
             digest.update(chunk)
@@ -761,12 +758,16 @@ class Bundle:
             root = root.resolve()
         manifest_path = root / MANIFEST_NAME
         try:
-            text = manifest_path.read_text()
+            text = read_text_bounded(manifest_path, MAX_MANIFEST_BYTES)  # not a FIFO, a device, or endless
         except FileNotFoundError as exc:
             raise BundleError(f"{manifest_path}: no manifest; is {root} a bundle directory?") from exc
+        except OSError as exc:
+            raise BundleError(f"{manifest_path}: cannot read the manifest ({exc.strerror or exc}); {_AGAIN}") from exc
+        except UnicodeDecodeError as exc:
+            raise BundleError(f"{manifest_path}: not valid JSON (not UTF-8 at byte {exc.start})") from exc
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:  # not JSON, nested too deep
             raise BundleError(f"{manifest_path}: not valid JSON ({exc})") from exc
         bundle = cls(root=root, manifest=parse_manifest(data, str(manifest_path)))
         wanted = set(roles)

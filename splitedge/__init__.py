@@ -21,7 +21,7 @@ from splitedge.errors import (
 )
 from splitedge.fields import Fields, join, shown
 from splitedge.files import write_atomically
-from splitedge.reading import MAX_LINE_BYTES, NotReadable, read_bounded, read_text_bounded, trace_json, trace_lines, trace_records
+from splitedge.reading import MAX_LINE_BYTES, NotReadable, file_kind, read_bounded, read_text_bounded, trace_json, trace_lines, trace_records
 from splitedge.numbers import Bounds, SettingError, as_flag_type, bounds_of
 from splitedge.lifecycle import (
     SIGNAL_EXIT, Runner, Stopped, exit_on_signals, notify, run_command, signals_held, stop_on_signals,
@@ -75,6 +75,7 @@ __all__ = [
     "exit_on_signals",
     "join",
     "notify",
+    "file_kind",
     "read_bounded",
     "read_text_bounded",
     "run_command",

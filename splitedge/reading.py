@@ -19,7 +19,7 @@ from typing import Any
 
 from splitedge.errors import SplitEdgeError
 
-__all__ = ["MAX_LINE_BYTES", "NotReadable", "read_bounded", "read_text_bounded", "trace_json", "trace_lines", "trace_records"]
+__all__ = ["MAX_LINE_BYTES", "NotReadable", "file_kind", "read_bounded", "read_text_bounded", "trace_json", "trace_lines", "trace_records"]
 
 #: The longest line a trace reader takes: the writer's longest (a ``head_times`` record of a big
 #: bundle) is tens of KB; a longer one is no record of it, and reading it whole would cost its size
@@ -36,7 +36,8 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCH
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of ``mode`` is, as a refusal names it ("a FIFO", "a character device")."""
     return next((name for test, name in _KINDS if test(mode)), "a special file")
 
 
@@ -47,7 +48,7 @@ def read_bounded(path: str | Path, max_bytes: int) -> bytes:
     with os.fdopen(fd, "rb") as file:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise NotReadable(f"not a regular file ({_kind(mode)})")
+            raise NotReadable(f"not a regular file ({file_kind(mode)})")
         data = file.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise NotReadable(f"longer than {max_bytes:,} bytes")

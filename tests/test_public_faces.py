@@ -23,7 +23,7 @@ FACES = {
         "ModelSpecError", "NotReadable", "OFFLOAD", "ONNX", "PRECISIONS", "ProtocolError", "RemoteError", "Runner",
         "SIGNAL_EXIT", "ServiceUnit", "SettingError", "SplitEdgeError", "Stopped", "TFLITE", "UNIT_DIR", "ValidationError",
         "as_flag_type", "bounds_of", "brief", "enable_offline", "enable_unit", "exit_on_signals", "join", "notify", "run_command", "shown",
-        "read_bounded", "read_text_bounded", "signals_held", "stop_on_signals", "write_atomically", "write_unit",
+        "file_kind", "read_bounded", "read_text_bounded", "signals_held", "stop_on_signals", "write_atomically", "write_unit",
         "MAX_LINE_BYTES", "trace_json", "trace_lines", "trace_records",
     ],
     "device_runtime": [

@@ -209,6 +209,29 @@ def test_a_file_larger_than_its_manifest_says_is_refused_before_it_is_hashed(tmp
         Bundle.load(bundle, roles=(TAIL,))
 
 
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "huge", "not-utf8", "deep"])
+def test_a_manifest_that_is_no_file_or_no_json_is_refused_in_one_line(kind: str, tmp_path: Path) -> None:
+    """The manifest itself is untrusted (issue 45): a FIFO hung its reader, a link to /dev/zero was
+    read until memory ran out; each is one BundleError naming the manifest, read at most 16 MiB."""
+    bundle = tmp_path / "bundle"
+    fake_bundle(bundle)
+    manifest = bundle / MANIFEST_NAME
+    manifest.unlink()
+    if kind == "fifo":
+        os.mkfifo(manifest)
+    elif kind == "dev-zero":
+        manifest.symlink_to("/dev/zero")
+    elif kind == "huge":
+        manifest.write_bytes(b"{" + b" " * (16 << 20) + b"}")
+    elif kind == "not-utf8":
+        manifest.write_bytes(b'{"a": "' + bytes([0xFF, 0xFE]) + b'"}')
+    else:
+        manifest.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(BundleError, match=f"^{bundle / MANIFEST_NAME}: (cannot read the manifest|not valid JSON)") as raised:
+        Bundle.load(bundle)
+    assert "\n" not in str(raised.value)
+
+
 # --- names: a model name becomes the bundle id, and a bundle id names a directory on the board ---
 
 ESCAPING_NAME = "x/../../../escaped"
