@@ -64,7 +64,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from splitedge import CalibrationError, Fields, shown, write_atomically
+from splitedge import CalibrationError, Fields, read_text_bounded, shown, write_atomically
 
 __all__ = [
     "ARMS", "BANDIT_FILENAME", "BANDIT_SCHEMA", "CONTEXTS", "HIGH", "LAYER", "LEARN", "LOW", "MODES", "RUN",
@@ -84,6 +84,8 @@ RUN = "run"  # discounted UCB (SplitPlace Eq. 9, D-UCB)
 MODES = (LEARN, RUN)
 
 BANDIT_FILENAME = "bandit.json"
+#: What load reads of a state: two arms by two contexts are a few hundred bytes; more is no state of ours.
+MAX_STATE_BYTES = 1 << 20
 BANDIT_SCHEMA = "splitedge.bandit/1"
 
 SLA_WEIGHT = 0.5  # Eq. 3-4: deadline and accuracy weighted equally (the paper's grid search)
@@ -335,12 +337,12 @@ class Bandit:
         """Read a state :meth:`save` wrote (``path``: the file or its directory)."""
         path = _file(path)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(read_text_bounded(path, MAX_STATE_BYTES))  # a FIFO or /dev/zero is refused
         except FileNotFoundError:
             raise CalibrationError(f"{path}: no bandit state (it is written as the board learns)") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise CalibrationError(f"{path}: cannot read the bandit state: {exc}") from exc
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise CalibrationError(f"{path}: not valid JSON: {exc}") from exc
         return cls.from_dict(data, rng, source=str(path))
 

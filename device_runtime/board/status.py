@@ -18,11 +18,13 @@ from typing import Any, Protocol
 
 from device_runtime.board.release import Layout
 from device_runtime.bundle import MANIFEST_NAME, Bundle, artifacts_of, verify_files
-from splitedge import SplitEdgeError, write_atomically
+from splitedge import SplitEdgeError, read_text_bounded, write_atomically
 
 __all__ = ["LAST_RUN", "SERVICE", "LastRun", "board_status", "format_status", "service_state", "verify_report"]
 
 LAST_RUN = "last-run.json"
+#: What status reads of it: the run writes a few KB (its stats and split); more is no run's.
+MAX_LAST_RUN_BYTES = 1 << 20
 SERVICE = "splitedge-device"
 NO_SYSTEMD = "no systemd"
 
@@ -100,10 +102,10 @@ class LastRun:
 
 def _last_run(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_text_bounded(path, MAX_LAST_RUN_BYTES))  # a FIFO or /dev/zero is refused
     except FileNotFoundError:
         return None
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # unreadable, not UTF-8, not JSON
         return {"error": f"{path} unreadable: {exc}"}
     return data if isinstance(data, dict) else {"error": f"{path}: not a JSON object"}
 

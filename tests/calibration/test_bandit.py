@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -252,3 +253,13 @@ def test_bad_arguments_are_refused() -> None:
         Bandit().observe("chain", 50.0, 40.0, 0.9)
     with pytest.raises(CalibrationError, match="context"):
         Bandit().observe(LAYER, 50.0, 40.0, 0.9, context="medium")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_a_state_that_is_no_file_is_refused_not_read(kind: str, tmp_path: Path) -> None:
+    """A bandit.json that is a FIFO hung ``run``'s start; a link to /dev/zero was read until memory
+    ran out (issue 45): both are one CalibrationError naming the file."""
+    path = tmp_path / BANDIT_FILENAME
+    os.mkfifo(path) if kind == "fifo" else path.symlink_to("/dev/zero")
+    with pytest.raises(CalibrationError, match=f"{path}: cannot read the bandit state: not a regular file"):
+        Bandit.load(tmp_path)

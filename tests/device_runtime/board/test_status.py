@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from device_runtime.board.release import Layout
-from device_runtime.board.status import LAST_RUN, NO_SYSTEMD, service_state
+from device_runtime.board.status import LAST_RUN, NO_SYSTEMD, _last_run, service_state
 from device_runtime.bundle import BOARD_PART, MANIFEST_NAME
 from device_runtime.bundle_slice import slice_bundle
 from tests.device_runtime.test_bundle_slice import fake_bundle
@@ -114,3 +114,11 @@ def test_status_says_when_current_is_broken(deployed: Layout) -> None:
     shutil.rmtree(deployed.release(deployed.current_id()))
     out = device("status", "--root", str(deployed.root), "--json")
     assert out.returncode == 1 and json.loads(out.stdout)["current_ok"] is False
+
+
+def test_a_last_run_record_that_is_no_file_is_reported_not_read(tmp_path: Path) -> None:
+    """``status`` reads the release's last-run.json: a link to /dev/zero there was read until memory
+    ran out (issue 45); it is reported unreadable, in one line."""
+    (tmp_path / LAST_RUN).symlink_to("/dev/zero")
+    record = _last_run(tmp_path / LAST_RUN)
+    assert record is not None and "unreadable: not a regular file (a character device)" in record["error"]
