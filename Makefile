@@ -107,8 +107,9 @@ test:
 
 # The documentation site, into build/site (mkdocs.yml; docs/development.md says why MkDocs). Strict:
 # a broken link or anchor, or a page left out of the nav, fails the build. docs/cli.md is generated
-# from the parsers (docs/gen_cli.py), and tests/test_cli_docs.py fails when it is out of date.
+# from the parsers (docs/gen_cli.py): out of date, it fails here first, and in tests/test_cli_docs.py.
 docs: $(VENV)/.installed
+	$(VENV)/bin/python docs/gen_cli.py --check
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 $(FASHION_MNIST):
