@@ -9,9 +9,9 @@ Read from README.md and docs/*.md:
 * a flag in a backtick span that names a command (`` `split-host serve --max-frame-mb` ``), in
   a table row whose first cell does, or under a heading that does (docs/commands.md's
   ``## `split-device run` ``, docs/cli.md's ``### split-device run``), belongs to that command
-  and subcommand; any other flag in backticks
-  must belong to one of the three commands (not in docs/benchmarks.md and docs/models.md, logs
-  of runs whose ``bench/`` scripts have flags of their own);
+  and subcommand; any other flag in backticks must belong to one of the commands
+  (split-device, split-host, split-export, split-trial; not in docs/benchmarks.md and
+  docs/models.md, logs of runs whose ``bench/`` scripts have flags of their own);
 * "`--flag` (default N)", "(default N, `--flag`)", "`--flag N` (default)" and "(default N)" in
   a flag's own help must equal the parser's default.
 
@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from device_runtime import cli as device_cli
+from fieldtrial import commands as trial_commands
 from host_runtime import cli as host_cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,7 +42,7 @@ HAS_EXPORTER = importlib.util.find_spec("torch") is not None
 
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 SPAN = re.compile(r"`([^`\n]+)`")
-COMMAND = re.compile(r"^(split-device|split-host|split-export)\b\s*(\S*)")
+COMMAND = re.compile(r"^(split-device|split-host|split-export|split-trial)\b\s*(\S*)")
 #: Programs whose command lines the docs show with their own flags (``python3 -m venv
 #: --system-site-packages``, ``debootstrap --arch=arm64``): not ours to check.
 FOREIGN = {
@@ -51,7 +52,10 @@ FOREIGN = {
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
-    found = {"split-device": device_cli.build_parser(), "split-host": host_cli.build_parser()}
+    found = {
+        "split-device": device_cli.build_parser(), "split-host": host_cli.build_parser(),
+        "split-trial": trial_commands.build_parser(),
+    }
     if HAS_EXPORTER:
         from exporter import cli as export_cli
 
