@@ -152,8 +152,9 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
     if bandit is not None:
         policy = BanditPolicy(policy, bundle, bandit[0], bandit[1])
         warm.append(bandit[0])
-        out.progress(f"choosing per batch between the layer split and {bandit[0]} for a {settings.deadline_ms:g} ms "
-                f"deadline ({bandit[1].mode}: {'ε-greedy' if settings.learn else 'UCB'})")
+        out.progress(f"choosing per batch between the layer split and {bandit[0]} for a "
+                     f"{settings.given_deadline_ms:g} ms deadline ({bandit[1].mode}: "
+                     f"{'ε-greedy' if settings.learn else 'UCB'})")
     for split_id in {*warm, LOCAL}:
         runner.warm_up(split_id)
     out.progress(f"{board.describe()}: {runner.backend} backend, {runner.threads or 'default'} threads, "
@@ -309,10 +310,10 @@ def _bandit(settings: RunSettings, bundle: Bundle) -> tuple[str, Bandit] | None:
     a semantic split in the bundle, and --split auto or a layer split (the other arm). The bandit
     goes on from what it learned before (``bandit.json`` beside ``calibration.json``)."""
     semantic = [s.id for s in bundle.manifest.splits if s.fragments]
-    if not settings.deadline_ms or not semantic or settings.split in (*semantic, LOCAL):
+    if settings.given_deadline_ms is None or not semantic or settings.split in (*semantic, LOCAL):
         if settings.learn:
-            why = ("needs --deadline-ms" if not settings.deadline_ms else "needs a semantic split in the bundle "
-                   "(split-export build --semantic K)" if not semantic else f"chooses for --split auto or a layer "
+            why = ("needs --deadline-ms" if settings.given_deadline_ms is None else "needs a semantic split in the "
+                   "bundle (split-export build --semantic K)" if not semantic else f"chooses for --split auto or a layer "
                    f"split, not {settings.split}")
             raise SplitEdgeError(f"--learn: the layer/semantic bandit {why}")
         return None

@@ -114,7 +114,7 @@ Outcome = Union["BatchResult", ProtocolError, None]
 class _Request:
     tensor: np.ndarray  # (B, ...), as it came: uint8 where ``quantization`` says how it maps to float32
     received: float  # perf_counter when the frame was fully read
-    deadline: float  # perf_counter; inf for none
+    deadline: float | None  # perf_counter; None for none
     done: Callable[[Outcome], Any]  # called once, on the event loop, with how the request ended
     quantization: Quantization | None = None
 
@@ -138,9 +138,9 @@ class _Tail:
     ms_per_sample: float | None = None
     buckets: tuple[int, ...] = ()  # the batcher's, or none for a tail whose shape cannot be padded
     # One timer per tail, for the soonest deadline queued (not one per request: arming one cost
-    # a host 6 µs a request, issue 32); ``expires_at`` is when it fires, inf while none is armed.
+    # a host 6 µs a request, issue 32); ``expires_at`` is when it fires, None while none is armed.
     expiry: asyncio.TimerHandle | None = None
-    expires_at: float = math.inf
+    expires_at: float | None = None
 
     def work_ahead_ms(self, samples: int) -> float:
         """Estimated ms until ``samples`` more would be done, behind what is queued."""
@@ -205,9 +205,12 @@ class Batcher:
         self._idle.set()
         self._load = LoadMeter()
 
-    def submit(self, key: TailKey, backend: Backend, tensor: np.ndarray, received: float, deadline: float,
+    def submit(self, key: TailKey, backend: Backend, tensor: np.ndarray, received: float, deadline: float | None,
                done: Callable[[Outcome], Any], quantization: Quantization | None = None) -> None:
         """Admit a request or refuse it at once (:class:`ProtocolError` with the reply's code).
+
+        ``deadline`` is perf_counter time, None for none; one already past is refused
+        (``deadline_exceeded``), as is one the work queued ahead of it would miss.
 
         ``tensor`` is (B, ...) and already fits ``backend`` (once dequantized by ``quantization``, on
         the worker that runs it, where given); ``done`` is called once, on the event
@@ -222,7 +225,7 @@ class Batcher:
         tail = self._tail(key, backend)
         now = time.perf_counter()
         ahead_ms = tail.work_ahead_ms(samples)
-        if now + ahead_ms / 1000.0 > deadline:
+        if deadline is not None and now + ahead_ms / 1000.0 > deadline:
             raise ProtocolError(
                 f"deadline cannot be met: {max(deadline - now, 0.0) * 1000:.1f} ms left, about {ahead_ms:.1f} ms of "
                 f"work on tail {'/'.join(key)} ahead of it and in it",
@@ -232,7 +235,8 @@ class Batcher:
             tail.queue.append(_Request(tensor, received, deadline, done, quantization))
             self._move(tail, samples, 0)
         self._settle(1)
-        if deadline < tail.expires_at:  # the requests of one board come with deadlines later than those queued
+        # the requests of one board come with deadlines later than those queued: rarely a new timer
+        if deadline is not None and (tail.expires_at is None or deadline < tail.expires_at):
             self._arm(tail, deadline, now)
         self._form_soon()
 
@@ -379,7 +383,7 @@ class Batcher:
                 break
             queue.popleft()
             taken += request.samples
-            if request.deadline <= now:  # due, and the tail's timer has not had its turn yet
+            if request.deadline is not None and request.deadline <= now:  # due, the tail's timer not run yet
                 late.append(request)
                 continue
             batch.append(request)
@@ -399,18 +403,18 @@ class Batcher:
         fire up to a millisecond early: ``TIMER_SLACK_S``), then arm the timer for the soonest left.
         A pass over the queue (at most ``max_queue`` requests) each time a deadline comes, instead
         of a timer per request; requests taken into batches meanwhile are simply no longer there."""
-        tail.expiry, tail.expires_at = None, math.inf
+        tail.expiry, tail.expires_at = None, None
         now = time.perf_counter()
         due = now + TIMER_SLACK_S
         with self._lock:
-            late = [request for request in tail.queue if request.deadline <= due]
+            late = [request for request in tail.queue if request.deadline is not None and request.deadline <= due]
             if late:
-                tail.queue = deque(request for request in tail.queue if request.deadline > due)
+                tail.queue = deque(request for request in tail.queue if request.deadline is None or request.deadline > due)
                 self._move(tail, -sum(request.samples for request in late), 0)
-            soonest = min((request.deadline for request in tail.queue), default=math.inf)
+            soonest = min((request.deadline for request in tail.queue if request.deadline is not None), default=None)
         for request in late:
             self._refuse_late(tail, request)
-        if soonest != math.inf:
+        if soonest is not None:
             self._arm(tail, soonest, now)
 
     def _refuse_late(self, tail: _Tail, request: _Request) -> None:

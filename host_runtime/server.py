@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import math
 import os
 import socket
 import ssl
@@ -359,7 +358,7 @@ class _HostProtocol(FramedProtocol):
         # The deadline, or the board's own answer's time where that is later: answering a frame a little
         # late still beats a board that would take ten times longer itself (InferRequest.give_up_ms).
         give_up_ms = request.give_up_ms
-        deadline = math.inf if give_up_ms is None else received + give_up_ms / 1000.0
+        deadline = None if give_up_ms is None else received + give_up_ms / 1000.0
         try:
             if request.route:
                 self.server.peers.check(request.route[0].address)
@@ -405,7 +404,9 @@ class _HostProtocol(FramedProtocol):
         if self.in_flight < self.server.config.max_in_flight // 2:
             self.resume("in_flight")
 
-    def finish_infer(self, request: InferRequest, key: TailKey, received: float, deadline: float, done: Outcome) -> None:
+    def finish_infer(
+        self, request: InferRequest, key: TailKey, received: float, deadline: float | None, done: Outcome
+    ) -> None:
         """Reply with this request's slice of its batch, or the typed error it ended with; a chain's
         stage with a route passes the slice on to the next hop first (:meth:`forward`)."""
         if done is None:  # the host is shutting down; the connection goes with it
@@ -424,7 +425,7 @@ class _HostProtocol(FramedProtocol):
         self.send_reply(InferReply(request.id, done.output, done.compute_ms, done.queue_ms, done.batch))
 
     async def forward(
-        self, request: InferRequest, key: TailKey, received: float, deadline: float, done: BatchResult
+        self, request: InferRequest, key: TailKey, received: float, deadline: float | None, done: BatchResult
     ) -> None:
         """Send this stage's output to the next hop with the rest of the route, within what is left of
         the deadline, and answer with the last stage's output and every hop's times. A hop that
@@ -433,13 +434,14 @@ class _HostProtocol(FramedProtocol):
         hop, rest = request.route[0], request.route[1:]
         where = f"stage {hop.stage} of {request.split} at {hop.address}"
         try:
-            left_s = deadline - time.perf_counter()
-            if left_s <= 0:
+            left_s = None if deadline is None else deadline - time.perf_counter()
+            if left_s is not None and left_s <= 0:
                 raise RemoteError(ErrorCode.DEADLINE_EXCEEDED, f"the deadline passed before {where}")
-            timeout = min(self.server.config.forward_timeout, left_s + 1.0)
+            timeout = self.server.config.forward_timeout if left_s is None else \
+                min(self.server.config.forward_timeout, left_s + 1.0)
             client = await self.server.peers.client(hop.address)
             reply = await client.infer(request.bundle, hop.split, done.output, timeout,
-                                       None if deadline == math.inf else left_s * 1000.0, hop.stage, rest)
+                                       None if left_s is None else left_s * 1000.0, hop.stage, rest)
         except RemoteError as exc:
             self.reply_error(request.id, exc.code, f"{where}: {exc.message}")  # the hop's own code, passed on
         except SplitEdgeError as exc:  # unreachable, lost, silent, or refused us

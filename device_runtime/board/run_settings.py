@@ -236,7 +236,9 @@ class RunSettings:
     frames: int | None = None
     loop: bool = False
     trace: str | None = None
-    deadline_ms: float | None = None  # None: the camera's frame interval; 0: none
+    # AUTO: a live camera's frame interval, none for files and videos; None: none (``--deadline-ms 0``,
+    # converted here once, by run_settings: the flag's 0 goes no further).
+    deadline_ms: float | str | None = AUTO
     learn: bool = False
     transmit: str = AUTO
     live: str | None = None  # --live [ADDRESS:]PORT: the run's live page (device_runtime.live); None: none
@@ -252,6 +254,12 @@ class RunSettings:
     def local(self) -> bool:
         """The full model on the board, no host at all (``--split local``)."""
         return self.split == LOCAL
+
+    @property
+    def given_deadline_ms(self) -> float | None:
+        """The deadline ``--deadline-ms`` gave in ms; None where it gave none or was not given (a live
+        camera's frame interval is known only once it is open)."""
+        return None if self.deadline_ms == AUTO else self.deadline_ms
 
 
 @dataclass(frozen=True)
@@ -279,14 +287,21 @@ def _runtime(args: argparse.Namespace) -> Runtime:
     return Runtime(backend=args.backend, precision=args.precision, threads=args.threads, preprocess=args.preprocess)
 
 
+def _deadline_ms(flag: float | None) -> float | str | None:
+    """``--deadline-ms`` (or a file's ``deadline_ms``) as the code says it: not given is AUTO, the
+    flag's 0 ("none") is None, the one place that 0 is read."""
+    if flag is None:
+        return AUTO
+    return flag or None
+
+
 def run_settings(args: argparse.Namespace) -> RunSettings:
     """``run``'s flags, already filled from the files and the environment, as one typed value."""
     return RunSettings(
         bundle=args.bundle, connection=_connection(args), runtime=_runtime(args), camera=str(args.camera),
         realtime=args.realtime, split=args.split, batch=args.batch, queue=args.queue, drop=args.drop,
-        frames=args.frames, loop=args.loop, trace=args.trace, deadline_ms=args.deadline_ms, learn=args.learn,
-        transmit=args.transmit, live=args.live, head_times=args.head_times,
-        pace=args.pace,
+        frames=args.frames, loop=args.loop, trace=args.trace, deadline_ms=_deadline_ms(args.deadline_ms),
+        learn=args.learn, transmit=args.transmit, live=args.live, head_times=args.head_times, pace=args.pace,
     )
 
 

@@ -50,7 +50,7 @@ import numpy as np
 
 from calibration import HostView, place_fragments
 from device_runtime.bundle import LOCAL, OFFLOAD, stage_id
-from device_runtime.engine import DeviceRunner
+from device_runtime.engine import AUTO, DeviceRunner
 from device_runtime.wire import Credentials, HostClient, InferResult
 from device_runtime.hosts import HostLink, LinkMeter, probe_bytes
 from device_runtime.wire import ClientPool
@@ -85,10 +85,10 @@ class PipelineConfig:
     request_timeout_s: float = 5.0  # a host silent this long is gone: the batch runs here instead
     # The host's share of each batch, its queue and tail (ms), sent as the request's deadline: a
     # host that cannot answer in time says ``deadline_exceeded`` (at once, when its queue shows
-    # it) and the batch runs here. None: a live source's frame interval (the next frame is due
+    # it) and the batch runs here. AUTO: a live source's frame interval (the next frame is due
     # then, and a host slower than that only lets frames pile up); none for a source without one.
-    # 0: no deadline.
-    deadline_ms: float | None = None
+    # None: no deadline. A number is above 0: a budget of 0 would be spent before it was sent.
+    deadline_ms: float | str | None = AUTO
     probe_every_s: float = 1.0  # probe the link when the rate estimate is older than this
     # A chain's id -> the addresses (host:port) of the hosts of its stages 2..n, in order; the
     # connected host runs stage 1, and () puts every stage on it. A chain runs only with a route.
@@ -105,6 +105,10 @@ class PipelineConfig:
         for name in ("batch", "queue", "in_flight"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        deadline = self.deadline_ms
+        if deadline is not None and deadline != AUTO and not (isinstance(deadline, (int, float)) and deadline > 0):
+            raise ValueError(f"deadline_ms must be above 0 ms (None: none; AUTO: a live source's frame interval), "
+                             f"got {self.deadline_ms!r}")
 
     def frame_queue(self, live: bool) -> tuple[int, str]:
         """(capacity, drop policy) of the queue before the head, for a live source or a recorded one."""
@@ -114,8 +118,8 @@ class PipelineConfig:
 
     def deadline_for(self, source: FrameSource) -> float | None:
         """Each request's deadline (ms) for frames of ``source``; None for none."""
-        if self.deadline_ms is not None:
-            return self.deadline_ms or None
+        if self.deadline_ms != AUTO:
+            return self.deadline_ms
         interval = source.frame_interval_s if source.live else None
         return None if interval is None else interval * 1000.0
 

@@ -105,17 +105,18 @@ def _tensor(value: Any, path: str, needs: str = "expected") -> np.ndarray:
 
 
 def _budget_ms(value: Any) -> float | None:
-    """``deadline_ms``: any number of milliseconds, infinite included; zero or less is a budget already
-    spent (the host answers ``deadline_exceeded``, not ``bad_request``). Absent: no deadline."""
+    """``deadline_ms`` as the code says it, converted here and in :meth:`InferRequest.parts` only:
+    any number of milliseconds; zero or less is a budget already spent (the host answers
+    ``deadline_exceeded``, not ``bad_request``), never "none". Absent, or infinite: no deadline, None."""
     if value is None:
         return None
     if type(value) is float:
         if math.isnan(value):
             raise ProtocolError(f"infer.deadline_ms must be a number of milliseconds, got {value!r}")
-        return value
+        return None if value == math.inf else value
     if type(value) is not int:
         raise ProtocolError(f"infer.deadline_ms must be a number of milliseconds, got {shown(value)}")
-    return float(value)
+    return float(value)  # msgpack's ints end at 2**64: finite
 
 
 def _alternative(message: Mapping[str, Any]) -> tuple[str | None, float | None]:
@@ -232,7 +233,7 @@ class InferRequest:
     bundle: str
     split: str
     tensor: np.ndarray
-    deadline_ms: float | None = None  # None: no deadline
+    deadline_ms: float | None = None  # None: no deadline (absent on the wire); 0 or less: already spent
     quantization: Quantization | None = None  # the tensor is affine uint8
     stage: int | None = None  # a chain's stage (1..n); None: the split's tail
     route: tuple[Hop, ...] = ()
@@ -273,7 +274,7 @@ class InferRequest:
         if type(tensor) is not np.ndarray:
             _tensor(tensor, "infer.tensor", "infer needs")  # raises
         deadline_ms = message.get("deadline_ms")
-        if type(deadline_ms) is not float or deadline_ms != deadline_ms:  # the usual case inline; NaN != NaN
+        if type(deadline_ms) is not float or not deadline_ms < math.inf:  # the usual case inline; not NaN, not inf
             deadline_ms = _budget_ms(deadline_ms)
         quantization = message.get("quantization")  # decode() sets it from the tensor's own fields
         if quantization is not None:

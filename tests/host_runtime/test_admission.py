@@ -297,3 +297,24 @@ def test_connection_past_max_in_flight_is_not_read(mobilenet_bundle, bundle) -> 
     assert [r["batch"] for r in replies] == [2] * 6
     for reply, alone in zip(replies, unbatched(bundle, EARLY, tensors)):
         np.testing.assert_allclose(reply["tensor"], alone, atol=1e-5, rtol=0)
+
+
+def test_a_deadline_of_0_on_the_wire_is_spent_and_none_is_no_deadline(mobilenet_bundle, bundle) -> None:
+    """On the wire 0 (or less) is a budget already spent: refused ``deadline_exceeded`` at once, even on
+    a tail with no time per sample yet, and never run; no ``deadline_ms``, or an infinite one, is no
+    deadline (None in the host's code), admitted and answered, while a spent one beside them is refused."""
+    tensor = cut(bundle, LATE, 1)
+    for host in start_host([mobilenet_bundle], workers=1):
+        with raw_connection(host) as sock:
+            for i, budget in enumerate([0, 0.0, -1.0]):
+                sock.sendall(infer_frame(bundle, i, LATE, tensor, deadline_ms=budget))
+                reply = read_reply(sock)
+                assert reply["error"]["code"] == "deadline_exceeded", reply
+                assert "deadline cannot be met: 0.0 ms left" in reply["error"]["message"]
+            sock.sendall(infer_frame(bundle, 10, LATE, tensor) + infer_frame(bundle, 11, LATE, tensor, deadline_ms=float("inf"))
+                         + infer_frame(bundle, 12, LATE, tensor, deadline_ms=0))
+            replies = {r["id"]: r for r in (read_reply(sock) for _ in range(3))}
+            ran = [i for i in (10, 11) if replies[i]["ok"]]
+            assert ran == [10, 11] and replies[12]["error"]["code"] == "deadline_exceeded"
+        stats = host.server.stats.as_dict()
+        assert stats["errors"]["deadline_exceeded"] == 4 and stats["queue_depth"] == 0

@@ -222,3 +222,40 @@ def test_set_writes_text_a_reader_loads_back(dirs) -> None:
     assert device("config", "--set", f"camera={odd}", env=env_for(system, user)).returncode == 0
     data = json.loads(device("config", "--json", env=env_for(system, user)).stdout)["settings"]
     assert data["camera"]["value"] == odd
+
+
+@pytest.mark.parametrize(("where", "expected"), [
+    ([], "auto"),  # not given: a live camera's frame interval, once the camera is open
+    (["--deadline-ms", "0"], None),  # the flag's 0 is "none", and None is how the code says it
+    (["--deadline-ms", "40.5"], 40.5),
+    ("deadline_ms = 0", None),  # a file's 0 is the flag's
+    ("SPLITEDGE_DEADLINE_MS=0", None),  # and so is the environment's
+])
+def test_deadline_ms_0_is_none_in_the_settings(dirs, where: list[str] | str, expected: float | str | None) -> None:
+    """``--deadline-ms 0`` (from a flag, a file or the environment) reaches the run as None, converted
+    once by run_settings: nothing after it reads 0 as "none" (on the wire 0 is a budget already spent)."""
+    from device_runtime.board import run_settings
+    from device_runtime.stream.pipeline import PipelineConfig
+
+    system, user = dirs
+    variables: dict[str, str] = {}
+    if isinstance(where, str) and where.startswith("SPLITEDGE_"):
+        name, value = where.split("=")
+        variables[name] = value
+    elif isinstance(where, str):
+        (system / "device.toml").write_text(where + "\n")
+    args, _ = settle(["run", "bundle/", *(where if isinstance(where, list) else [])], env_for(system, user, **variables))
+    settings = run_settings(args)
+    assert settings.deadline_ms == expected
+    assert settings.given_deadline_ms == (None if expected == "auto" else expected)
+    assert PipelineConfig(deadline_ms=settings.deadline_ms).deadline_ms == expected
+
+
+@pytest.mark.parametrize("spent", [0, 0.0, -5.0])
+def test_the_pipeline_takes_no_0_for_none(spent: float) -> None:
+    """A deadline of 0 in the code is a budget already spent, not "none": the pipeline refuses it
+    rather than send every frame to be refused."""
+    from device_runtime.stream.pipeline import PipelineConfig
+
+    with pytest.raises(ValueError, match="deadline_ms must be above 0 ms"):
+        PipelineConfig(deadline_ms=spent)

@@ -27,12 +27,12 @@ SPLIT = TEST_SPLITS[-1]
 
 
 def budgets_ms(host: RunningHost) -> list[float]:
-    """Record, on the host, the budget (ms from its arrival) of every infer request admitted or refused."""
+    """Record, on the host, the budget (ms from its arrival; inf for none) of every infer request admitted or refused."""
     seen: list[float] = []
     submit = host.server.batcher.submit
 
-    def recording(key, backend, tensor, received: float, deadline: float, done, *rest):
-        seen.append((deadline - received) * 1000.0)
+    def recording(key, backend, tensor, received: float, deadline: float | None, done, *rest):
+        seen.append(float("inf") if deadline is None else (deadline - received) * 1000.0)
         return submit(key, backend, tensor, received, deadline, done, *rest)
 
     host.server.batcher.submit = recording
@@ -45,7 +45,7 @@ def budgets_ms(host: RunningHost) -> list[float]:
         (PipelineConfig(drop="none"), lambda: Synthetic(fps=20), 50.0),  # the camera's frame interval
         (PipelineConfig(drop="none", deadline_ms=80.0), lambda: Synthetic(fps=20), 80.0),  # as asked
         (PipelineConfig(drop="none"), lambda: open_source("synthetic:0"), float("inf")),  # no pace: none
-        (PipelineConfig(drop="none", deadline_ms=0.0), lambda: Synthetic(fps=20), float("inf")),  # off
+        (PipelineConfig(drop="none", deadline_ms=None), lambda: Synthetic(fps=20), float("inf")),  # none
     ],
 )
 def test_a_frame_carries_the_deadline_of_its_budget_not_the_timeout(
@@ -68,6 +68,18 @@ def test_split_device_run_keeps_its_timeout_for_the_connection(
                             "--split", SPLIT, "--frames", "3", "--drop", "none", "--timeout", "7", "--verbose"]) == 0
     assert capsys.readouterr().out.count(f"split={SPLIT}") == 3
     assert seen == pytest.approx([50.0] * 3)
+
+
+def test_split_device_run_deadline_ms_0_sends_no_deadline(
+    mobilenet_bundle: Path, host: RunningHost, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--deadline-ms 0`` is none end to end: a 20 frames/s camera's frames reach the host with no
+    ``deadline_ms`` at all (a 0 there would be a budget spent, each frame refused), and all are answered there."""
+    seen = budgets_ms(host)
+    assert device_cli.main(["run", str(mobilenet_bundle), "--camera", "synthetic:20", "--host", f"{host.host}:{host.port}",
+                            "--split", SPLIT, "--frames", "3", "--drop", "none", "--deadline-ms", "0", "--verbose"]) == 0
+    assert capsys.readouterr().out.count(f"split={SPLIT}") == 3
+    assert seen == [float("inf")] * 3
     assert device_cli.main(["run", str(mobilenet_bundle), "--camera", "synthetic:20", "--host", f"{host.host}:{host.port}",
                             "--split", SPLIT, "--frames", "2", "--drop", "none", "--deadline-ms", "120"]) == 0
     assert seen[3:] == pytest.approx([120.0] * 2)

@@ -232,7 +232,7 @@ async def _follow_rate_step(
     hosts = HostLink(bundle, address, timeout=10.0)
     assert await hosts.connect(), hosts.last_error
     # No deadline: the host's CPU here is the board's, and deadlines are test_deadline.py's.
-    config = PipelineConfig(drop="none", probe_every_s=0.5, request_timeout_s=10.0, deadline_ms=0)
+    config = PipelineConfig(drop="none", probe_every_s=0.5, request_timeout_s=10.0, deadline_ms=None)
     # The table is made by hand (local 200 ms); refining it with this machine's own times
     # would make local win at every rate (test_policy.py), so it is off here.
     policy = _TablePolicy(calibration_for(bundle), refine_every=None)
@@ -306,7 +306,7 @@ def test_nothing_waits_behind_an_upload_the_link_slowed_under(
     async def go(link: EmulatedLink, address: str):
         hosts = HostLink(bundle, address, timeout=10.0)
         assert await hosts.connect(), hosts.last_error
-        config = PipelineConfig(request_timeout_s=15.0, deadline_ms=0)  # deadlines: see _follow_rate_step
+        config = PipelineConfig(request_timeout_s=15.0, deadline_ms=None)  # deadlines: see _follow_rate_step
         pipeline = Pipeline(runner, AutoPolicy(calibration, refine_every=None), hosts, config)
         results, arrival, step = [], [], None
         loop = asyncio.get_running_loop()
@@ -433,7 +433,7 @@ def test_auto_on_loopback_with_a_busy_board_offloads_as_the_table_says(mobilenet
     async def go(address: str) -> list[FrameResult]:
         hosts = HostLink(bundle, address, timeout=10.0)
         assert await hosts.connect(), hosts.last_error
-        config = PipelineConfig(drop="none", request_timeout_s=10.0, deadline_ms=0)
+        config = PipelineConfig(drop="none", request_timeout_s=10.0, deadline_ms=None)
         pipeline = Pipeline(runner, _TablePolicy(calibration, refine_every=None), hosts, config, _Estimate())
         try:
             with Synthetic(fps=0) as source:  # as fast as the board goes: its CPU is never idle

@@ -102,7 +102,7 @@ def test_batches_group_frames(mobilenet_bundle: Path, host) -> None:
     # No deadline: the live source's 33 ms would let a busy machine's host refuse a batch, and
     # this test is about batching, not admission.
     results = run_stream(
-        DeviceRunner(bundle, threads=1), "synthetic", SPLIT, host, frames=12, batch=4, drop="none", deadline_ms=0
+        DeviceRunner(bundle, threads=1), "synthetic", SPLIT, host, frames=12, batch=4, drop="none", deadline_ms=None
     )
     assert [r.index for r in results] == list(range(12))
     assert {r.batch for r in results} == {4} and all(r.where == "remote" for r in results)

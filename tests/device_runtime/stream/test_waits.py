@@ -18,7 +18,7 @@ def test_frames_record_their_waits_apart_from_their_stages(mobilenet_bundle: Pat
     bundle = Bundle.load(mobilenet_bundle)
     # No deadline: on a busy machine the live source's 33 ms could send a batch back to run here.
     results = run_stream(
-        DeviceRunner(bundle, threads=1), "synthetic", SPLIT, host, frames=8, batch=4, drop="none", deadline_ms=0
+        DeviceRunner(bundle, threads=1), "synthetic", SPLIT, host, frames=8, batch=4, drop="none", deadline_ms=None
     )
     assert [r.index for r in results] == list(range(8)) and all(r.where == "remote" for r in results)
     for r in results:

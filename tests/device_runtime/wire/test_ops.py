@@ -188,10 +188,21 @@ def test_bad_requests_name_the_field_and_keep_the_id(message: dict, match: str) 
     assert info.value.code == "bad_request" and info.value.request_id == 42
 
 
-@pytest.mark.parametrize("budget", [-5, 0, 0.0, -1e300, math.inf, 2**64 - 1, 60_000])
+@pytest.mark.parametrize("budget", [-5, 0, 0.0, -0.0, -1e300, -math.inf, 2**64 - 1, 60_000])
 def test_any_number_is_a_deadline_a_spent_one_included(budget: float) -> None:
-    """A budget of zero or less is the host's to answer ``deadline_exceeded``, not a malformed field."""
+    """A budget of zero or less is the host's to answer ``deadline_exceeded``, not a malformed field,
+    and never "none": 0 on the wire is a budget already spent."""
     assert parse_request(infer_map(deadline_ms=budget)).deadline_ms == float(budget)
+
+
+def test_no_deadline_is_none_at_the_wire_edge() -> None:
+    """Absent or infinite on the wire is None in the code; None is sent as no field at all."""
+    assert parse_request(infer_map(deadline_ms=math.inf)).deadline_ms is None
+    assert parse_request(infer_map()).deadline_ms is None
+    message, _, _ = InferRequest(7, "b1", "features.6", np.zeros((1, 2), np.float32), None).parts()
+    assert "deadline_ms" not in message
+    message, _, _ = InferRequest(7, "b1", "features.6", np.zeros((1, 2), np.float32), 0.0).parts()
+    assert message["deadline_ms"] == 0.0  # a spent budget is sent as one
 
 
 def test_defaults_and_ignored_fields() -> None:
