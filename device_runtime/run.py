@@ -7,10 +7,13 @@ trace. The CLI parses flags into :class:`RunSettings` and prints what :class:`Ou
 
 What ``run`` prints (:class:`Output`): by default its start, a line for each change of the split
 answering frames (from, to and why), a summary every ``summary_every_s`` seconds and a final
-one (:class:`~device_runtime.stream.summary.RunEvents`); ``verbose`` adds a line per frame,
-``quiet`` leaves only the final summary and warnings; ``json`` prints the same events as JSON
-lines (``event``: start, split_change, summary, final, and frame when verbose) and sends the
-progress lines to ``warn``, so that ``say`` (stdout) holds JSON alone.
+one (:class:`~device_runtime.stream.summary.RunEvents`), and a line per frame where the run ends
+by itself (``--frames N``, a folder of images not looped, a video file: a person reads those
+answers) but not for a live camera's (a service's log would fill with them); ``verbose`` adds a
+line per frame for any source, ``quiet`` leaves only the final summary and warnings; ``json``
+prints the same events as JSON lines (``event``: start, split_change, summary, final, and frame
+when verbose: a program asks for frames itself) and sends the progress lines to ``warn``, so
+that ``say`` (stdout) holds JSON alone.
 """
 
 from __future__ import annotations
@@ -205,6 +208,7 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
                 live.drops(events.drops.state)
             if out.detail != QUIET:
                 out.event(_start_event(settings, bundle, board, runner, source.description, hosts), None)
+            each_frame = _says_each_frame(out, settings, source)
             ready = False
             async for result in pipeline.run(source if live is None else live.watch(source), frames=settings.frames,
                                              stop=stop):
@@ -213,7 +217,7 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
                 if not ready:  # a frame answered: bundle, camera and a path to the result all work
                     notify(f"READY=1\nSTATUS=running {bundle.manifest.bundle_id} from {settings.bundle}")
                     ready = True
-                if out.detail == VERBOSE:
+                if each_frame:
                     out.event({"event": "frame", **frame_record(result)}, result.line())
                 for event in events.frame(result):
                     if out.detail != QUIET:
@@ -303,6 +307,15 @@ async def _hosts(settings: RunSettings, bundle: Bundle, credentials: Credentials
     else:
         out.progress(f"no host yet ({hosts.last_error}); running locally, looking for one every {hosts.retry_s:g} s")
     return hosts
+
+
+def _says_each_frame(out: Output, settings: RunSettings, source: FrameSource) -> bool:
+    """A line per frame: with ``--verbose``; by default too in text where the run ends by itself
+    (``--frames N``, a folder not looped, a video file), whose answers a person reads, and not for
+    a live camera (or a synthetic one, its stand-in) without ``--frames``, run as a service."""
+    if out.detail != DEFAULT:
+        return out.detail == VERBOSE
+    return not out.json and (settings.frames is not None or source.ends)
 
 
 def _bandit(settings: RunSettings, bundle: Bundle) -> tuple[str, Bandit] | None:

@@ -117,6 +117,9 @@ class FrameSource:
     #: Seconds between a live source's frames, where known: the budget of each frame (the
     #: next one is due then). None: unknown, or a source that waits for its reader.
     frame_interval_s: float | None = None
+    #: A source that ends by itself (image files once, a video file): a run over it is one a person
+    #: reads to its end, answer by answer. A camera (or a looped folder) goes on until stopped.
+    ends = False
     #: The frame size (width, height) the device was asked for, for the model, and the size it
     #: delivers: None where no size was asked (files, synthetic frames, no model size given).
     asked: tuple[int, int] | None = None
@@ -153,6 +156,7 @@ class ImageFiles(FrameSource):
     def __init__(self, paths: list[Path], loop: bool = False) -> None:
         self.paths = paths
         self.loop = loop
+        self.ends = not loop
         self.description = f"{len(paths)} image(s)"
 
     @classmethod
@@ -216,6 +220,7 @@ class VideoCapture(FrameSource):
             self._pace = _Pace(fps, clock, sleep)
             self.description += f" at its {fps:g} fps"
         self.live = self.is_camera or self._pace is not None
+        self.ends = not self.is_camera  # a video file, paced or not
         self.frame_interval_s = 1.0 / fps if fps > 0 else None
 
     def _frame_size(self, cv2: ModuleType) -> tuple[int, int]:
