@@ -20,14 +20,15 @@ from host_runtime.flags import BOUNDS, flag, procs_flag, sizes_flag
 from host_runtime.limits import fit_fd_limit
 from host_runtime.live import serve_live
 from host_runtime.metrics import MetricsEndpoint
-from host_runtime.metrics_http import check_metrics_flags, endpoint_token, read_token_file
+from host_runtime.metrics_http import endpoint_token, read_token_file
 from host_runtime.procs import (AUTO, CPU_CORES_PER_PROC, MAX_CUDA_PROCS, Child, Supervisor, auto_procs, child_setup,
                                 serve_summed_metrics, supervise, usable_cores)
 from host_runtime.server import HostServer, ServerConfig
 from host_runtime.service import SERVICE_EXAMPLES, install_service, service_arguments
+from host_runtime.settings import LIVE_ONE_PROCESS, SHARE_QUEUE, HostSettings
 from host_runtime.tails import (BUCKETS_AUTO, BUCKETS_OFF, DEVICES, TF32_ERROR_H100, TailRegistry, bucket_sizes,
                                 on_cuda)
-from splitedge import SplitEdgeError
+from splitedge import SettingError, SplitEdgeError
 
 EXAMPLES = """\
 examples:
@@ -229,10 +230,6 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("-v", "--verbose", action="store_true", help="log every error reply")
 
 
-#: --share-queue: a worker's share of the queue, or all it may take; auto: the host decides by its
-#: tails' device (BatchConfig.share None).
-SHARE_QUEUE: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
-
 
 def _address(text: str) -> str:
     try:
@@ -276,7 +273,7 @@ def _stopped(caught: Sequence[signal.Signals]) -> str:
     return f"host stopped ({caught[0].name})" if caught else "host stopped"
 
 
-async def serve(args: argparse.Namespace, child: Child | None = None, caught: list[signal.Signals] | None = None) -> None:
+async def serve(settings: HostSettings, child: Child | None = None, caught: list[signal.Signals] | None = None) -> None:
     """One host process: the whole host, or (``child``) one of ``--procs`` on a shared port, which
     reports to the parent instead of printing, and leaves zeroconf to it. ``caught``: the signal
     that stopped it, for the exit status."""
@@ -286,36 +283,23 @@ async def serve(args: argparse.Namespace, child: Child | None = None, caught: li
         _stop_on_signals(stop, caught)  # from the start: a Ctrl-C while the tails load is one line too
     else:  # SIGINT is ignored (child_setup): the parent stops its children with SIGTERM
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    key = load_key(args.key_file) if args.key_file else None  # checked before the bundles load
-    tls = server_context(args.tls_cert, args.tls_key) if args.tls_cert or args.tls_key else None
+    key = load_key(settings.key_file) if settings.key_file else None  # checked before the bundles load
+    tls = server_context(settings.tls_cert, settings.tls_key) if settings.tls_cert else None
     # On CUDA every bucket size gets a session of its own in each tail (one shape per session, issue 32).
-    cuda_buckets = bucket_sizes(args.buckets, args.max_batch, cuda=True) if on_cuda(args.device) else ()
-    registry = TailRegistry.from_paths(args.bundles, threads=args.threads, device=args.device, tf32=args.tf32,
-                                       buckets=cuda_buckets)
+    cuda_buckets = bucket_sizes(settings.buckets, settings.max_batch, cuda=True) if on_cuda(settings.device) else ()
+    registry = TailRegistry.from_paths(list(settings.bundles), threads=settings.threads, device=settings.device,
+                                       tf32=settings.tf32, buckets=cuda_buckets)
     cuda = registry.device == "cuda"
-    buckets = bucket_sizes(args.buckets, args.max_batch, cuda)
+    buckets = bucket_sizes(settings.buckets, settings.max_batch, cuda)
     # On the CPU the cores are shared among the processes: each takes its part of them for its workers.
-    workers = args.workers or (CUDA_WORKERS if cuda else max(ServerConfig.workers // args.procs, 1))
+    procs = int(settings.procs)
+    workers = settings.workers or (CUDA_WORKERS if cuda else max(ServerConfig.workers // procs, 1))
     notes: list[tuple[Any, str]] = []  # (stream, line): printed, or sent to the parent by a child
-    max_connections, fd_warning = fit_fd_limit(args.max_connections)
+    max_connections, fd_warning = fit_fd_limit(settings.max_connections)
     if fd_warning is not None:
         notes.append((sys.stderr, fd_warning))
-    max_frame_bytes = int(args.max_frame_mb * 2**20)
-    config = ServerConfig(
-        host=args.interface, port=args.port if child is None else child.port, workers=workers,
-        max_frame_bytes=max_frame_bytes,
-        batching=BatchConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
-                             buckets=buckets, share=SHARE_QUEUE[args.share_queue]),
-        metrics_port=args.metrics_port if child is None or args.metrics_port is None else 0,
-        metrics_host=args.metrics_interface if child is None else "127.0.0.1",
-        metrics_token=read_token_file(args.metrics_token_file) if args.metrics_token_file and child is None else None,
-        key=key, tls=tls, max_connections=max_connections,
-        max_connections_per_address=args.max_connections_per_address, idle_timeout=args.idle_timeout,
-        frame_timeout=args.frame_timeout, first_frame_timeout=args.first_frame_timeout,
-        shutdown_timeout=args.drain_timeout, profile_budget_s=args.profile_budget_ms / 1000,
-        max_partial_bytes=4 * max_frame_bytes if args.max_partial_mb is None else int(args.max_partial_mb * 2**20),
-        peers=tuple(args.peer), reuse_port=child is not None,
-    )
+    config = settings.server_config(workers=workers, max_connections=max_connections, buckets=buckets, key=key, tls=tls,
+                                    child_port=None if child is None else child.port)
     server = HostServer(registry, config)
     host, port = await server.start()
     live = None
@@ -328,17 +312,17 @@ async def serve(args: argparse.Namespace, child: Child | None = None, caught: li
     event_loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # "uvloop" or "asyncio"
     padding = f"padded to {','.join(map(str, buckets))} (warmed up)" if buckets else "not padded"
     share = " (a worker takes its share of the queue)" if server.batcher.config.shares else ""
-    after = [(sys.stdout, f"tails run on {registry.device} ({workers} workers{', TF32' if cuda and args.tf32 else ''}); "
-                              f"batches of up to {args.max_batch} samples{share}, "
+    after = [(sys.stdout, f"tails run on {registry.device} ({workers} workers{', TF32' if cuda and settings.tf32 else ''}); "
+                              f"batches of up to {settings.max_batch} samples{share}, "
                               f"{padding}, waiting at most "
-                              f"{args.max_wait_ms:g} ms; queue of {args.max_queue} samples; {event_loop} event loop"),
+                              f"{settings.max_wait_ms:g} ms; queue of {settings.max_queue} samples; {event_loop} event loop"),
              *([(sys.stdout, f"sessions: {registry.sessions()}")] if cuda else []),
              (sys.stdout, f"limits: {config.max_connections} connections ({config.max_connections_per_address} "
                               f"per address), idle {config.idle_timeout:g} s, frames finished within "
                               f"{config.frame_timeout:g} s, {config.max_partial_bytes / 2**20:g} MiB of frames arriving")]
     try:
-        if args.live is not None and child is None:  # a port in use is one line, the host closed after it
-            live = serve_live(server, args.live, key)
+        if settings.live is not None and child is None:  # a port in use is one line, the host closed after it
+            live = serve_live(server, settings.live, key)
         if child is not None:
             child.reports.put(("ready", child.index, {
                 "pid": os.getpid(), "metrics_port": None if server.metrics is None else server.metrics.port,
@@ -355,9 +339,9 @@ async def serve(args: argparse.Namespace, child: Child | None = None, caught: li
                 print(f"metrics on {server.metrics.url}{server.metrics.note}", flush=True)
             if live is not None:
                 print(f"live page on {live.url}", flush=True)
-            await _advertise(args, port, registry.served(), server.load, key is not None, stop.wait)
+            await _advertise(settings, port, registry.served(), server.load, key is not None, stop.wait)
     finally:
-        deadline = stop.deadline(args.drain_timeout)
+        deadline = stop.deadline(settings.drain_timeout)
         if live is not None:
             live.close()
         await server.close(deadline)
@@ -380,35 +364,36 @@ async def _report_load(server: HostServer, child: Child, stop: asyncio.Event) ->
             pass
 
 
-async def _advertise(args: argparse.Namespace, port: int, served: dict[str, list[str]], load: Callable[[], float],
+async def _advertise(settings: HostSettings, port: int, served: dict[str, list[str]], load: Callable[[], float],
                      auth: bool, until: Callable[[], Any]) -> None:
     """The zeroconf record, registered until ``until()`` returns (unless ``--no-zeroconf``)."""
-    if args.no_zeroconf:
+    if not settings.zeroconf:
         await until()
         return
-    interfaces = None if args.interface == "0.0.0.0" else [args.interface]
-    async with Advertiser(local_address_for(args.interface), port, list(served), interfaces, load=load, auth=auth) as ad:
+    interfaces = None if settings.interface == "0.0.0.0" else [settings.interface]
+    async with Advertiser(local_address_for(settings.interface), port, list(served), interfaces, load=load,
+                          auth=auth) as ad:
         print(f"advertised as {ad.info.name}", flush=True)
         await until()
     print("zeroconf record withdrawn", flush=True)
 
 
-def _serve_child(args: argparse.Namespace, child: Child) -> None:
+def _serve_child(settings: HostSettings, child: Child) -> None:
     """A ``--procs`` child process's entry (spawned): one host on the shared port until SIGTERM."""
     child_setup(child)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+    logging.basicConfig(level=logging.DEBUG if settings.verbose else logging.WARNING,
                         format=f"%(name)s[{child.index}]: %(message)s")
     try:
-        loop_runner(args.loop)(serve(args, child))
+        loop_runner(settings.loop)(serve(settings, child))
     except SplitEdgeError as exc:
         child.reports.put(("failed", child.index, str(exc)))
         sys.exit(2)
 
 
-async def serve_procs(args: argparse.Namespace, caught: list[signal.Signals]) -> None:
+async def serve_procs(settings: HostSettings, caught: list[signal.Signals]) -> None:
     """``--procs N``: the parent, which supervises N children on one port (:mod:`host_runtime.procs`)."""
-    if args.key_file:
-        load_key(args.key_file)  # a bad key is one line from the parent, before any child starts
+    if settings.key_file:
+        load_key(settings.key_file)  # a bad key is one line from the parent, before any child starts
     stop = asyncio.Event()
     _stop_on_signals(stop, caught)
 
@@ -417,65 +402,53 @@ async def serve_procs(args: argparse.Namespace, caught: list[signal.Signals]) ->
         _print_notes([(sys.stderr if stream == "stderr" else sys.stdout, line) for stream, line in first["notes"]])
         print(first["listening"], flush=True)
         _print_notes([(sys.stdout, line) for line in first["after"]])
-        print(f"{args.procs} processes on port {supervisor.port} (SO_REUSEPORT): pids "
+        print(f"{settings.procs} processes on port {supervisor.port} (SO_REUSEPORT): pids "
               f"{', '.join(str(r['pid']) for r in ready)}", flush=True)
         metrics: MetricsEndpoint | None = None
-        if args.metrics_port is not None:
-            token, note = endpoint_token(args.metrics_interface, load_key(args.key_file) if args.key_file else None,
-                                         read_token_file(args.metrics_token_file) if args.metrics_token_file else None)
-            metrics = serve_summed_metrics(args.metrics_interface, args.metrics_port, [r["metrics_port"] for r in ready],
+        if settings.metrics_port is not None:
+            token, note = endpoint_token(settings.metrics_interface, load_key(settings.key_file) if settings.key_file else None,
+                                         read_token_file(settings.metrics_token_file) if settings.metrics_token_file else None)
+            metrics = serve_summed_metrics(settings.metrics_interface, settings.metrics_port, [r["metrics_port"] for r in ready],
                                            token=token, note=note)
-            print(f"metrics on {metrics.url} (the {args.procs} processes summed){note}", flush=True)
+            print(f"metrics on {metrics.url} (the {settings.procs} processes summed){note}", flush=True)
         try:
-            await _advertise(args, supervisor.port, first["served"], supervisor.load, bool(args.key_file),
+            await _advertise(settings, supervisor.port, first["served"], supervisor.load, bool(settings.key_file),
                              lambda: supervisor.watch(stop))
         finally:
             if metrics is not None:
                 await asyncio.get_running_loop().run_in_executor(None, metrics.close)
 
     try:
-        await supervise(args.procs, args.interface, args.port, _serve_child, args, parent, stop,
-                        args.drain_timeout)
+        await supervise(int(settings.procs), settings.interface, settings.port, _serve_child, settings, parent, stop,
+                        settings.drain_timeout)
     finally:
         print(_stopped(caught), flush=True)
-
-
-_LIVE_ONE_PROCESS = "--live shows one process's connections and queue: use it with --procs 1"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if bool(args.tls_cert) != bool(args.tls_key):
-        parser.error("--tls-cert and --tls-key go together")
-    if args.metrics_port is not None:
-        try:
-            check_metrics_flags(args.metrics_interface, args.key_file, args.metrics_token_file)
-        except SplitEdgeError as exc:
-            parser.error(str(exc))
-    if args.live is not None and args.procs not in (1, AUTO):
-        parser.error(_LIVE_ONE_PROCESS)
-    if args.max_partial_mb is not None and args.max_partial_mb < args.max_frame_mb:
-        parser.error(f"--max-partial-mb {args.max_partial_mb:g} cannot hold one frame of --max-frame-mb {args.max_frame_mb:g}")
     try:
-        bucket_sizes(args.buckets, args.max_batch, cuda=True)
-    except SplitEdgeError as exc:
+        settings = HostSettings.from_args(args)
+    except SettingError as exc:
         parser.error(str(exc))
     if args.command == "install-service":
         return install_service(args, build_parser)
     try:
-        runner = loop_runner(args.loop)
+        runner = loop_runner(settings.loop)
     except SplitEdgeError as exc:
         parser.error(str(exc))
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
-    if args.procs == AUTO:
-        cuda = on_cuda(args.device)
-        args.procs, why = auto_procs(usable_cores(), cuda, args.workers or (CUDA_WORKERS if cuda else 1))
-        print(f"--procs auto: {args.procs} process{'es' if args.procs > 1 else ''} ({why})", flush=True)
-        if args.live is not None and args.procs != 1:
-            parser.error(f"{_LIVE_ONE_PROCESS} (--procs auto chose {args.procs} here)")
+    logging.basicConfig(level=logging.DEBUG if settings.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    if settings.procs == AUTO:
+        cuda = on_cuda(settings.device)
+        procs, why = auto_procs(usable_cores(), cuda, settings.workers or (CUDA_WORKERS if cuda else 1))
+        print(f"--procs auto: {procs} process{'es' if procs > 1 else ''} ({why})", flush=True)
+        if settings.live is not None and procs != 1:
+            parser.error(f"{LIVE_ONE_PROCESS} (--procs auto chose {procs} here)")
+        settings = settings.with_procs(procs)
     caught: list[signal.Signals] = []
-    status = run_command("split-host", serve(args, None, caught) if args.procs == 1 else serve_procs(args, caught), runner)
+    status = run_command("split-host", serve(settings, None, caught) if settings.procs == 1 else serve_procs(settings, caught),
+                         runner)
     if status == 0 and caught:
         # Past the drain deadline a tail run may still hold a worker thread, which the interpreter
         # would join at exit (seconds, for a large batch): the deadline is the host's, so exit now.
