@@ -35,8 +35,8 @@ from device_runtime.board import SERVICE, Layout
 from exporter.deploy.remote import Remote, UploadStats
 from splitedge import DeployError
 
-__all__ = ["BoardFacts", "BoardResult", "Release", "ServiceOptions", "board_steps", "deploy_board", "probe",
-           "rollback_board"]
+__all__ = ["NO_SUDO", "BoardFacts", "BoardResult", "Release", "ServiceOptions", "board_steps", "deploy_board",
+           "elevation", "probe", "rollback_board"]
 
 MIN_PYTHON = (3, 10)
 DEFERRED = 3  # split-device switch's exit status while a field trial holds updates.lock
@@ -162,20 +162,25 @@ def probe(remote: Remote) -> BoardFacts:
 
 Step = tuple[str, Callable[[], None]]
 
+#: Why ``--service`` cannot be installed on a board (:func:`elevation` is None).
+NO_SUDO = "--service needs root there and it has no sudo: install sudo, or deploy as root"
+
+
+def elevation(facts: BoardFacts) -> str | None:
+    """The prefix that runs ``install-service`` as root on the board: "" for root, ``sudo -n ``, or
+    None where there is no way (:data:`NO_SUDO`)."""
+    if facts.user == "root":
+        return ""
+    return "sudo -n " if facts.sudo else None
+
 
 def _service_steps(remote: Remote, facts: BoardFacts, service: ServiceOptions, undo: list[Step]) -> list[Step]:
     sd, root = shlex.quote(facts.split_device), shlex.quote(facts.root)
-    if facts.user == "root":
-        elevate = ""
-    elif facts.sudo:
-        elevate = "sudo -n "
-    else:
-        elevate = None
+    elevate = elevation(facts)
 
     def install() -> None:
         if elevate is None:
-            raise DeployError(remote.destination, "--service needs root there and it has no sudo: install sudo, "
-                              "or deploy as root")
+            raise DeployError(remote.destination, NO_SUDO)
         done = remote.run(f"{elevate}{sd} install-service --root {root} --user {shlex.quote(facts.user)}",
                           check=False, timeout_s=600)
         # Run last of the undo steps (they run in reverse): once current is the old release again.

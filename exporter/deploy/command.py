@@ -174,13 +174,15 @@ def run_deploy(args: argparse.Namespace) -> int:
         if args.rollback:
             result = fleet.rollback(args.serial, args.max_fail)
         elif args.dry_run:
-            steps = fleet.plan(args.bundle, formats=formats, precision=args.precision, settings=_settings(args),
-                               keep=args.keep, serial=args.serial, max_fail=args.max_fail, service=service)
-            for line in steps:
+            plan = fleet.plan(args.bundle, formats=formats, precision=args.precision, settings=_settings(args),
+                              keep=args.keep, serial=args.serial, max_fail=args.max_fail, service=service)
+            for line in plan.steps:
                 say(line)
+            if not plan.ok:  # each board's reason is its own line above
+                say(f"{len(plan.would_fail)} of {len(args.to)} board(s) would fail: {', '.join(plan.would_fail)}")
             if args.json:
-                print(json.dumps({"dry_run": True, "steps": steps}))
-            return 0
+                print(json.dumps({"dry_run": True, "ok": plan.ok, "steps": plan.steps, "would_fail": plan.would_fail}))
+            return 0 if plan.ok else 1  # a board the deploy would fail on fails the dry run too
         else:
             result = fleet.deploy(args.bundle, formats=formats, precision=args.precision, settings=_settings(args),
                                   keep=args.keep, serial=args.serial, max_fail=args.max_fail, service=service)

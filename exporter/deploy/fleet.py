@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from device_runtime import BOARD_PART, slice_bundle
-from exporter.deploy.board import BoardResult, Release, ServiceOptions, deploy_board, probe, rollback_board
+from exporter.deploy.board import (
+    NO_SUDO, BoardResult, Release, ServiceOptions, deploy_board, elevation, probe, rollback_board,
+)
 from exporter.deploy.remote import Remote
 from splitedge import DeployError, SplitEdgeError
 
-__all__ = ["Fleet", "FleetResult", "parse_max_fail"]
+__all__ = ["Fleet", "FleetPlan", "FleetResult", "parse_max_fail"]
 
 
 def parse_max_fail(text: str) -> float:
@@ -45,6 +47,20 @@ class FleetResult:
     @property
     def ok(self) -> bool:
         return not self.skipped and all(b.ok for b in self.boards)
+
+
+@dataclass
+class FleetPlan:
+    """What a deploy would do (``--dry-run``): the lines it prints, and the boards it would fail on,
+    each with the one-line reason its line says (unreachable, nothing to run a release, no way to
+    install the service)."""
+
+    steps: list[str] = field(default_factory=list)
+    would_fail: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.would_fail
 
 
 @dataclass
@@ -121,9 +137,11 @@ class Fleet:
 
     def plan(self, bundle: Path, *, formats: Sequence[str] | None = None, precision: str | None = None,
              settings: Mapping[str, str] | None = None, keep: int = 3, serial: int | None = None,
-             max_fail: float = 0.0, service: ServiceOptions | None = None) -> list[str]:
-        """What :meth:`deploy` would do, board by board, after read-only probes; changes nothing."""
-        lines: list[str] = []
+             max_fail: float = 0.0, service: ServiceOptions | None = None) -> FleetPlan:
+        """What :meth:`deploy` would do, board by board, after read-only probes, and which boards it
+        would fail on; changes nothing."""
+        plan = FleetPlan()
+        lines = plan.steps
         with tempfile.TemporaryDirectory(prefix="splitedge-deploy-") as work:
             release = self.slice(bundle, Path(work), formats, precision)
             lines.append(f"would deploy {release.id} ({release.bytes / 1e6:.1f} MB, {len(release.manifest.splits)} "
@@ -133,7 +151,13 @@ class Fleet:
                 try:
                     facts = probe(self.remote(destination))
                 except DeployError as exc:
+                    plan.would_fail[destination] = exc.reason
                     lines.append(f"{destination}: cannot deploy: {exc.reason}")
+                    continue
+                elevate = elevation(facts)
+                if service is not None and elevate is None:
+                    plan.would_fail[destination] = NO_SUDO
+                    lines.append(f"{destination}: cannot deploy: {NO_SUDO}")
                     continue
                 sd = shlex.quote(facts.split_device)
                 how = f"rsync, hard-linking what {facts.current} has" if facts.rsync and facts.current else \
@@ -149,8 +173,7 @@ class Fleet:
                     sets = " ".join(f"--set {shlex.quote(f'{k}={v}')}" for k, v in settings.items())
                     lines.append(f"  {sd} config {sets} --file {facts.config}")
                 if service is not None:
-                    elevate = "" if facts.user == "root" else "sudo -n "
                     lines.append(f"  {elevate}{sd} install-service --root {facts.root} --user {facts.user}   "
                                  "# restarts it; returns once it answers a frame")
                     lines.append(f"  watch split-device status: the service active for {service.health_s:g} s")
-        return lines
+        return plan

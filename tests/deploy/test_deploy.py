@@ -263,14 +263,38 @@ def test_json_is_the_outcome_as_one_object_the_lines_on_stderr(make_boards, mobi
 def test_dry_run_probes_and_prints_the_steps_and_changes_nothing(make_boards, mobilenet_bundle: Path) -> None:
     boards = make_boards(board1={}, board2={"installed": False})
     out = deploy(boards, mobilenet_bundle, "board1", "board2", extra=("--dry-run", "--camera", "picam"))
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1, out.stderr  # board2 would fail: the dry run says so in its status too
     release = slice_id(mobilenet_bundle)
     splits = len(Bundle.load(mobilenet_bundle, roles=()).manifest.splits)  # the two cuts and their chain
     assert re.match(rf"would deploy {release} \(\d+\.\d MB, {splits} split\(s\)\) to 2 board\(s\)", out.stdout), out.stdout
     assert f"split-device switch {release} --root {boards['board1'].root} --keep 3" in out.stdout
     assert "config --set camera=picam --file" in out.stdout and "by rsync" in out.stdout
     assert "board2: cannot deploy: split-device is not installed" in out.stdout
+    assert out.stdout.rstrip().endswith("1 of 2 board(s) would fail: board2")
     assert boards["board1"].current() is None and not (boards["board1"].root / "releases").exists()
+    alone = deploy(boards, mobilenet_bundle, "board1", extra=("--dry-run",))  # every board could take it
+    assert alone.returncode == 0 and "would fail" not in alone.stdout, alone.stdout + alone.stderr
+
+
+def test_dry_run_exits_1_when_a_board_is_unreachable(make_boards, mobilenet_bundle: Path) -> None:
+    """A board nothing answers for (a closed port on 127.0.0.1): the dry run names it with why, in one
+    line, and exits 1, as the deploy would (it exited 0, as though the board could take the release)."""
+    boards = make_boards(board1={}, board2={})
+    text = boards.ssh_config.read_text()
+    blocks = re.split(r"(?m)^(?=Host )", text)
+    board2 = next(i for i, block in enumerate(blocks) if block.startswith("Host board2"))
+    blocks[board2] = re.sub(r"(?m)^  Port .*$", "  Port 1", blocks[board2])
+    boards.ssh_config.write_text("".join(blocks))
+    out = deploy(boards, mobilenet_bundle, "board1", "board2", extra=("--dry-run", "--connect-timeout", "5"))
+    assert out.returncode == 1, out.stdout + out.stderr
+    (line,) = [line for line in out.stdout.splitlines() if line.startswith("board2:")]
+    assert line.startswith("board2: cannot deploy: nothing listens for ssh there"), line
+    assert "board1: current none" in out.stdout  # the reachable board's steps, as before
+    dry = deploy(boards, mobilenet_bundle, "board2", extra=("--dry-run", "--json", "--connect-timeout", "5"))
+    assert dry.returncode == 1
+    plan = json.loads(dry.stdout)
+    assert plan["ok"] is False and list(plan["would_fail"]) == ["board2"]
+    assert plan["would_fail"]["board2"].startswith("nothing listens for ssh there")
 
 
 OLD_PYTHON = "#!/bin/sh\necho 3.9\n"  # answers as Python 3.9 would to the probe's version question
@@ -327,7 +351,12 @@ def test_service_on_a_board_without_systemd_is_refused_and_the_release_rolled_ba
     assert line == f"{expected}; rolled back to {slice_id(mobilenet_bundle)}"
     assert boards["board1"].current() == slice_id(mobilenet_bundle)
     dry = deploy(boards, changed_bundle, "board1", extra=("--service", "--dry-run"))
-    assert f"install-service --root {boards['board1'].root} --user {boards['board1'].user}" in dry.stdout
+    if shutil.which("sudo"):  # systemd's absence is the board's to find: the dry run cannot know it
+        assert dry.returncode == 0, dry.stdout + dry.stderr
+        assert f"install-service --root {boards['board1'].root} --user {boards['board1'].user}" in dry.stdout
+    else:  # the dry run knows this one: the board would fail, and says so
+        assert dry.returncode == 1, dry.stdout + dry.stderr
+        assert "board1: cannot deploy: --service needs root there and it has no sudo" in dry.stdout
 
 
 def test_a_first_deploy_that_fails_after_its_switch_leaves_no_release_current(
