@@ -145,7 +145,7 @@ async def sample_run(bundle: Bundle, runner: DeviceRunner, address: str, workloa
     if timing == "device":
         device_timing(hosts.client)
     split = LOCAL if workload == "probes" else OFFLOAD
-    config = PipelineConfig(request_timeout_s=30.0, deadline_ms=0)
+    config = PipelineConfig(request_timeout_s=30.0, deadline_ms=None)
     meter = LinkMeter()
     pipeline = Pipeline(runner, StaticPolicy(split, bundle), hosts, config, meter)
     samples: list[tuple[float, float | None]] = []

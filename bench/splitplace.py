@@ -232,7 +232,7 @@ async def run_policy(name: str, runner: DeviceRunner, workload: Workload, layer_
     hosts = HostLink(runner.bundle, layer_host, timeout=10.0)
     if not await hosts.connect():
         raise RuntimeError(f"the layer split's host {layer_host}: {hosts.last_error}")
-    config = PipelineConfig(drop="none", request_timeout_s=5.0, deadline_ms=0, fragments={SEMANTIC_SPLIT: placed})
+    config = PipelineConfig(drop="none", request_timeout_s=5.0, deadline_ms=None, fragments={SEMANTIC_SPLIT: placed})
     chosen = policy(name, runner.bundle, seed, learn_frames)
     try:
         return [r async for r in Pipeline(runner, chosen, hosts, config).run(workload)]

@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="cut tensor on the link (default auto: uint8 where the bundle has its quantization)")
     said = run.add_mutually_exclusive_group()
     said.add_argument("--verbose", "-v", action="store_true",
-                      help="also a line per frame: label, split, stage times, the rate estimate and why that split")
+                      help="also a line per frame: label, split, stage times, the rate estimate and why that split (the default where the run ends by itself: --frames N, a folder of images, a video file; a live camera's run prints none unless asked)")
     said.add_argument("--quiet", "-q", action="store_true", help="print only errors and the final summary")
     run.add_argument("--json", action="store_true",
                      help="print JSON lines on stdout, one object per event (start, split_change, summary, final; "

@@ -40,7 +40,8 @@ the release it had (its service restarted there) and says which board and why. s
 ~/.ssh/config, keys, agent and known_hosts, in batch mode (it never asks for a password).
 --card does the same into a mounted SD card's root file system (files owned by --user, the unit
 enabled with systemctl --root), so the board starts the service on its first boot.
-Exit status 0 when every board is on the new release, 1 otherwise. --json prints the outcome as
+Exit status 0 when every board is on the new release, 1 otherwise; with --dry-run, 0 when every board
+could take it, 1 when any would fail (each named with why). --json prints the outcome as
 one JSON object on stdout at the end (each board's result, those not reached, why the rollout
 stopped); the lines above go to stderr.
 """
