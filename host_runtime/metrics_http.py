@@ -30,7 +30,7 @@ import stat
 import time
 from typing import Callable
 
-from device_runtime.live import HttpConnection, HttpRequest, WalledServer
+from device_runtime.live import HttpConnection, HttpRequest, WalledServer, Walls
 from splitedge import SplitEdgeError
 
 log = logging.getLogger("splitedge.host.metrics")
@@ -43,6 +43,9 @@ CACHE_S = 1.0  # scrapes within this of a render get its text
 #: after each turn it rests 1 / MAX_DUTY - 1 times the CPU time the turn took. Scrapers in a loop
 #: wait in the kernel's queue meanwhile; a Prometheus scraping every few seconds never notices.
 MAX_DUTY = 0.05
+#: The endpoint's walls, from the constants above.
+METRICS_WALLS = Walls(max_connections=MAX_CONNECTIONS, request_timeout=REQUEST_TIMEOUT_S, max_duty=MAX_DUTY,
+                      max_request_bytes=MAX_REQUEST_BYTES)
 MAX_TOKEN_FILE_BYTES = 4096
 #: Domain separation: the token is this label's HMAC under the pre-shared key, so the key never
 #: appears in a scrape config and the token is good for nothing else (not the live page's, not frames').
@@ -125,13 +128,10 @@ class MetricsEndpoint(WalledServer):
     (seconds) times the deadlines and the cache."""
 
     def __init__(self, render: Callable[[], bytes], address: str, port: int, *, token: bytes | None = None,
-                 note: str = "", max_connections: int = MAX_CONNECTIONS, request_timeout: float = REQUEST_TIMEOUT_S,
-                 max_request_bytes: int = MAX_REQUEST_BYTES, cache_s: float = CACHE_S, max_duty: float = MAX_DUTY,
+                 note: str = "", walls: Walls = METRICS_WALLS, cache_s: float = CACHE_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         assert cache_s >= 0
-        super().__init__(address, port, name="splitedge-metrics", log=log, max_connections=max_connections,
-                         request_timeout=request_timeout, max_request_bytes=max_request_bytes, max_duty=max_duty,
-                         clock=clock)
+        super().__init__(address, port, name="splitedge-metrics", log=log, walls=walls, clock=clock)
         self._render = render
         self.token = token
         self.note = note  # what the start line adds (the token asked for)

@@ -11,11 +11,11 @@ from elsewhere.
 """
 
 from device_runtime.live.board import LiveBoard
-from device_runtime.live.http import HttpConnection, HttpRequest, WalledServer
+from device_runtime.live.http import HttpConnection, HttpRequest, WalledServer, Walls
 from device_runtime.live.page import page
 from device_runtime.live.server import LiveServer, LiveSource, live_flag, live_token, parse_live_address
 
 __all__ = [
-    "HttpConnection", "HttpRequest", "LiveBoard", "LiveServer", "LiveSource", "WalledServer", "live_flag", "live_token",
-    "page", "parse_live_address",
+    "HttpConnection", "HttpRequest", "LiveBoard", "LiveServer", "LiveSource", "WalledServer", "Walls", "live_flag",
+    "live_token", "page", "parse_live_address",
 ]

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote_to_bytes
 
-__all__ = ["HttpConnection", "HttpRequest", "WalledServer"]
+__all__ = ["HttpConnection", "HttpRequest", "WalledServer", "Walls"]
 
 MAX_REQUEST_BYTES = 8192  # request line and headers
 _POLL_S = 0.25  # the longest the thread sleeps with connections open (an injected clock is read this often)
@@ -91,21 +91,36 @@ class HttpRequest:
         return values
 
 
-class WalledServer:
-    """Serves ``address:port`` (port 0 picks a free one) from one thread until :meth:`close`.
-    ``clock`` (seconds) times the deadlines (tests inject one); rests are on the real clock."""
+@dataclass(frozen=True)
+class Walls:
+    """What a walled server holds to, all in one value (each server's constants are its defaults)."""
 
-    def __init__(self, address: str, port: int, *, name: str, log: logging.Logger, max_connections: int,
-                 request_timeout: float, stall_timeout: float = math.inf, max_request_bytes: int = MAX_REQUEST_BYTES,
-                 max_duty: float, clock: Callable[[], float] = time.monotonic) -> None:
-        assert max_connections >= 1 and request_timeout > 0 and stall_timeout > 0 and max_request_bytes > 0
-        assert 0 < max_duty <= 1
+    max_connections: int  # open at once; past it the oldest unanswered is shed, else the new one closed
+    request_timeout: float  # s from accept to the answer's last byte, whatever the client sends meanwhile
+    max_duty: float  # the share of one core (and of the GIL) the thread may take
+    stall_timeout: float = math.inf  # s a stream may read nothing before it is dropped
+    max_request_bytes: int = MAX_REQUEST_BYTES  # request line and headers
+    max_streams: int = 0  # event streams open at once
+    events_hz: float = 10.0  # events a second a stream is sent at most
+
+    def __post_init__(self) -> None:
+        assert self.max_connections >= 1 and self.request_timeout > 0 and self.stall_timeout > 0
+        assert self.max_request_bytes > 0 and 0 < self.max_duty <= 1 and self.max_streams >= 0 and self.events_hz > 0
+
+
+class WalledServer:
+    """Serves ``address:port`` (port 0 picks a free one) from one thread until :meth:`close`, held
+    to ``walls``. ``clock`` (seconds) times the deadlines (tests inject one); rests are on the real clock."""
+
+    def __init__(self, address: str, port: int, *, name: str, log: logging.Logger, walls: Walls,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.name, self.log = name, log
-        self.max_connections = max_connections
-        self.request_timeout = request_timeout
-        self.stall_timeout = stall_timeout
-        self.max_request_bytes = max_request_bytes
-        self.max_duty = max_duty
+        self.walls = walls
+        self.max_connections = walls.max_connections
+        self.request_timeout = walls.request_timeout
+        self.stall_timeout = walls.stall_timeout
+        self.max_request_bytes = walls.max_request_bytes
+        self.max_duty = walls.max_duty
         self.busy_s = 0.0  # CPU time the thread spent serving (its rests are 1 / max_duty - 1 times this)
         self.clock = clock
         # What it did, for tests and logs: connections shed for a new one, refused (the table full

@@ -7,7 +7,7 @@ install, and the stream never waits on a browser. What a page shows comes from a
 ``host_runtime.live.HostLive``); the server only carries it:
 
 - ``GET /``: the page (inline script and style, no external resource: the board may be offline);
-- ``GET /events``: the source's state every ``1 / rate_hz`` s as Server-Sent Events, each event
+- ``GET /events``: the source's state every ``1 / walls.events_hz`` s as Server-Sent Events, each event
   carrying the source's cursor as its id, so a browser that reconnects (``Last-Event-ID``)
   gets only what it missed;
 - ``GET /state.json?since=N``: the same state once, for scripts and for polling;
@@ -28,7 +28,7 @@ Watching never costs the run its frames (issue 45: 12 pollers took a board from 
   nothing of an event for :data:`SOCKET_TIMEOUT_S` is dropped, and while an event is unread no
   new one is made (the next one carries all it missed);
 - the work: the state after a given cursor is asked of the source and encoded **at most once a
-  period** (``1 / rate_hz``) whatever the number of pages and pollers, and the thread takes at
+  period** (``1 / walls.events_hz``) whatever the number of pages and pollers, and the thread takes at
   most :data:`MAX_DUTY` of a core (it rests in proportion to the CPU time it took);
 - what is sent: the source caps a state (the board's: :data:`~device_runtime.live.board.FRAMES_SENT`
   records and :data:`~device_runtime.live.board.FRAMES_SENT_BYTES` of them, the newest);
@@ -48,12 +48,13 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from device_runtime.live.http import HttpConnection, HttpRequest, WalledServer
+from device_runtime.live.http import HttpConnection, HttpRequest, WalledServer, Walls
 from splitedge import SplitEdgeError
 
 __all__ = [
     "DEFAULT_ADDRESS",
     "MAX_CONNECTIONS",
+    "LIVE_WALLS",
     "MAX_STREAMS",
     "LiveServer",
     "LiveSource",
@@ -67,13 +68,16 @@ DEFAULT_ADDRESS = "127.0.0.1"
 #: itself never appears in a URL and the token is good for nothing on the wire protocol.
 TOKEN_LABEL = b"splitedge-live-page-v1"
 MAX_CONNECTIONS = 16  # concurrent HTTP connections; a board's page is watched by a person or two
-MAX_STREAMS = 4  # concurrent event streams (each sent at most rate_hz events a second)
+MAX_STREAMS = 4  # concurrent event streams (each sent at most events_hz events a second)
 REQUEST_TIMEOUT_S = 10.0  # accept to the answer's last byte, whatever the client sends meanwhile
 SOCKET_TIMEOUT_S = 10.0  # an event stream whose client has not read an event this long is dropped
 QUIET_EVENT_S = 1.0  # with nothing new, an event this often still (the page shows it is alive)
 #: The share of one core (and of the GIL, which the board's stream and the host's event loop
 #: need) the page server may take: after each turn it rests 1 / MAX_DUTY - 1 times its CPU time.
 MAX_DUTY = 0.05
+#: The page's walls, from the constants above.
+LIVE_WALLS = Walls(max_connections=MAX_CONNECTIONS, request_timeout=REQUEST_TIMEOUT_S, max_duty=MAX_DUTY,
+                   stall_timeout=SOCKET_TIMEOUT_S, max_streams=MAX_STREAMS)
 log = logging.getLogger("splitedge.live")
 #: Every answer forbids loading anything from elsewhere: the page works offline, and a label
 #: or a host name shown on it can never pull in a script.
@@ -136,29 +140,24 @@ def live_flag(text: str) -> str:
 class LiveServer(WalledServer):
     """A live page served from one thread of its own until :meth:`close`; a context manager.
 
-    The keyword arguments are the walls (their defaults this module's constants), and ``clock``
+    ``walls`` are what it holds to (:data:`LIVE_WALLS`, this module's constants), and ``clock``
     (seconds) times deadlines, periods and the state's cache: tests inject them."""
 
     def __init__(self, source: LiveSource, page: str, address: str = DEFAULT_ADDRESS, port: int = 0,
-                 key: bytes | None = None, rate_hz: float = 10.0, *, clock: Callable[[], float] = time.monotonic,
-                 max_connections: int = MAX_CONNECTIONS, max_streams: int = MAX_STREAMS,
-                 request_timeout: float = REQUEST_TIMEOUT_S, stall_timeout: float = SOCKET_TIMEOUT_S,
-                 max_duty: float = MAX_DUTY) -> None:
-        assert rate_hz > 0 and max_streams >= 0
+                 key: bytes | None = None, *, clock: Callable[[], float] = time.monotonic,
+                 walls: Walls = LIVE_WALLS) -> None:
         self.source, self.page = source, page.encode()
         self.token = live_token(key) if key is not None else None
         self._token = None if self.token is None else self.token.encode()
-        self.period_s = 1.0 / rate_hz
-        self.max_streams = max_streams
+        self.period_s = 1.0 / walls.events_hz
+        self.max_streams = walls.max_streams
         self.stopped = threading.Event()
         self.states = 0  # states asked of the source (at most one per cursor and period)
         self._states: dict[int | None, tuple[float, int, bytes]] = {}  # since -> (when, cursor, JSON)
         self._next_tick = -float("inf")
         self._warned_at = -float("inf")
         try:
-            super().__init__(address, port, name="live-page", log=log, max_connections=max_connections,
-                             request_timeout=request_timeout, stall_timeout=stall_timeout, max_duty=max_duty,
-                             clock=clock)
+            super().__init__(address, port, name="live-page", log=log, walls=walls, clock=clock)
         except OSError as exc:
             raise SplitEdgeError(f"--live {address}:{port}: cannot listen there ({exc.strerror or exc}); give a free "
                                  "port (0 picks one) or an address of this machine") from exc

@@ -21,11 +21,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 
 import pytest
 
 from host_runtime.cli import build_parser, main
-from host_runtime.metrics_http import (MetricsEndpoint, endpoint_token, is_loopback, metrics_token,
+from device_runtime.live import Walls
+from host_runtime.metrics_http import (METRICS_WALLS, MetricsEndpoint, endpoint_token, is_loopback, metrics_token,
                                        read_token_file)
 from host_runtime.procs import serve_summed_metrics
 from host_runtime.server import ServerConfig
@@ -55,7 +57,8 @@ def endpoints():
     opened: list[MetricsEndpoint] = []
 
     def open_endpoint(render=None, address: str = "127.0.0.1", **options) -> MetricsEndpoint:
-        endpoint = MetricsEndpoint(render or Rendered(), address, 0, **options)
+        walls = {name: options.pop(name) for name in [*options] if name in Walls.__dataclass_fields__}
+        endpoint = MetricsEndpoint(render or Rendered(), address, 0, walls=replace(METRICS_WALLS, **walls), **options)
         opened.append(endpoint)
         return endpoint
 
@@ -346,7 +349,7 @@ def test_scrapers_in_a_loop_get_a_bounded_share_of_a_core(endpoints) -> None:
 
 
 def test_close_stops_the_thread_with_connections_open(endpoints) -> None:
-    endpoint = MetricsEndpoint(Rendered(), "127.0.0.1", 0, request_timeout=600.0)
+    endpoint = MetricsEndpoint(Rendered(), "127.0.0.1", 0, walls=replace(METRICS_WALLS, request_timeout=600.0))
     socks = half_open(endpoint.port, 5)
     try:
         wait_for(lambda: endpoint.open_connections == 5, "accepting 5 connections")

@@ -12,9 +12,10 @@ import logging
 import socket
 import struct
 import threading
+from dataclasses import replace
 
 from device_runtime.live import LiveServer, live_token
-from device_runtime.live.server import MAX_CONNECTIONS
+from device_runtime.live.server import LIVE_WALLS, MAX_CONNECTIONS
 from tests.device_runtime.live.sockets import GENEROUS_S, Clock, Counted, closed_by_peer, exchange, half_open, wait_for
 
 POLL = b"GET /state.json HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -22,7 +23,7 @@ POLL = b"GET /state.json HTTP/1.1\r\nHost: x\r\n\r\n"
 
 def test_slow_header_senders_are_closed_at_the_whole_request_deadline_and_lock_no_one_out() -> None:
     clock = Clock()
-    with LiveServer(Counted(), "page", clock=clock, request_timeout=5.0) as server:
+    with LiveServer(Counted(), "page", clock=clock, walls=replace(LIVE_WALLS, request_timeout=5.0)) as server:
         port = server.address[1]
         slow = half_open(port, MAX_CONNECTIONS)
         try:

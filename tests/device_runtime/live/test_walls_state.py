@@ -13,9 +13,11 @@ import json
 import socket
 import threading
 import time
+from dataclasses import replace
 
 from device_runtime.live import LiveBoard, LiveServer
 from device_runtime.live.board import FRAMES_SENT, FRAMES_SENT_BYTES
+from device_runtime.live.server import LIVE_WALLS
 from device_runtime.stream import FrameResult
 from tests.device_runtime.live.sockets import GENEROUS_S, Clock, Counted, exchange, wait_for
 
@@ -26,7 +28,7 @@ def poll(port: int, target: str) -> tuple[int, bytes]:
 
 def test_pollers_within_a_period_cost_one_state_per_cursor() -> None:
     clock, source = Clock(), Counted(moving=True)
-    with LiveServer(source, "page", rate_hz=4.0, clock=clock) as server:
+    with LiveServer(source, "page", clock=clock, walls=replace(LIVE_WALLS, events_hz=4.0)) as server:
         port = server.address[1]
         answers: list[tuple[int, bytes]] = []
 
@@ -64,7 +66,7 @@ def test_a_new_page_gets_a_window_capped_in_bytes_then_deltas() -> None:
 
 def test_streams_are_capped_and_one_that_stops_reading_is_dropped() -> None:
     clock, source = Clock(), Counted(padding=1 << 20, moving=True)  # 1 MB an event: a client that does not read fills up fast
-    with LiveServer(source, "page", rate_hz=4.0, clock=clock, max_streams=1, stall_timeout=1.0) as server:
+    with LiveServer(source, "page", clock=clock, walls=replace(LIVE_WALLS, events_hz=4.0, max_streams=1, stall_timeout=1.0)) as server:
         port = server.address[1]
         stalled = socket.socket()
         stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
