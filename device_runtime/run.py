@@ -32,7 +32,7 @@ from calibration import (
     BANDIT_FILENAME, FILENAME, Bandit, Calibration, Calibrations, HostView, SplitTable, place_fragments, save,
 )
 from device_runtime.board import (
-    CalibrateSettings, Connection, DetectedBoard, LastRun, RunSettings, Runtime, calibrate, calibrations_for,
+    CalibrateSettings, Connection, DetectedBoard, LastRun, Rounds, RunSettings, Runtime, Scene, calibrate, calibrations_for,
     detect_board, installed_backends, precision_of, resolve_backend, spread_warning,
 )
 from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle
@@ -545,9 +545,9 @@ async def calibrate_board(settings: CalibrateSettings, out: Output = Output()) -
             camera = None if settings.camera is None else stack.enter_context(
                 _camera_load(_camera(settings.camera, board)[0], bundle, out))
             fps = settings.fps or (1.0 / camera.source.frame_interval_s if camera is not None else 0.0)
-            result = await calibrate(runner, client, settings.batches, settings.repeats, board.to_dict(), out.progress,
-                                     fps, peers, loads, camera.size if camera is not None else settings.frame,
-                                     camera.latest if camera is not None else None)
+            scene = Scene(fps, settings.frame) if camera is None else Scene(fps, camera.size, camera.latest)
+            result = await calibrate(runner, client, Rounds(settings.batches, settings.repeats, out.progress),
+                                     board.to_dict(), scene, peers, loads)
             if camera is not None:
                 out.progress(f"camera {camera.source.description}: {camera.frames} frames captured while the board "
                              "was timed")

@@ -66,8 +66,8 @@ FACES = {
     ],
     "device_runtime.board": [
         "BATCH", "CAMERA_GROUP", "CalibrateSettings", "Connection", "DEFAULT_BATCHES", "DEFAULT_FRAME", "DetectedBoard",
-        "FPS", "FRAMES", "InstalledBackend", "KEYS", "LastRun", "Layout", "QUEUE", "REPEATS", "RunSettings", "Runtime",
-        "SERVICE", "START_TIMEOUT_S", "SUMMARY_EVERY",
+        "FPS", "FRAMES", "InstalledBackend", "KEYS", "LastRun", "Layout", "QUEUE", "REPEATS", "Rounds", "RunSettings", "Runtime",
+        "SERVICE", "START_TIMEOUT_S", "SUMMARY_EVERY", "Scene",
         "SettingError", "UpdateDeferred", "add_commands", "add_service_command", "as_flag_type", "batches",
         "calibrate", "calibrate_settings", "calibration_for", "calibrations_for", "default_root",
         "detect_board", "device_unit", "handler", "install_service", "installed_backends",

@@ -2,7 +2,7 @@
 heads here, asking the host for its tails, probing the link), its releases (``releases/<id>/``
 and the ``current`` link, :class:`Layout`) and its settings (``device.toml``)."""
 
-from device_runtime.board.calibrate import DEFAULT_BATCHES, DEFAULT_FRAME, calibrate, calibration_for
+from device_runtime.board.calibrate import DEFAULT_BATCHES, DEFAULT_FRAME, Rounds, Scene, calibrate, calibration_for
 from device_runtime.board.detect import (
     DetectedBoard,
     InstalledBackend,
@@ -40,11 +40,13 @@ __all__ = [
     "Layout",
     "QUEUE",
     "REPEATS",
+    "Rounds",
     "RunSettings",
     "Runtime",
     "SERVICE",
     "START_TIMEOUT_S",
     "SUMMARY_EVERY",
+    "Scene",
     "SettingError",
     "UpdateDeferred",
     "add_commands",

@@ -27,7 +27,7 @@ import functools
 import math
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Mapping, NamedTuple, Sequence
 
@@ -105,6 +105,31 @@ def calibrations_for(bundle: Bundle) -> Calibrations:
         raise BundleError(str(exc)) from exc
 
 
+@dataclass(frozen=True)
+class Rounds:
+    """What every step of a calibration times: these batch sizes, this many repeats of each, and
+    where it says how it goes (a line at a time)."""
+
+    batches: Sequence[int] = DEFAULT_BATCHES
+    repeats: int = 20
+    progress: Progress = lambda line: None
+
+    def for_host(self) -> Rounds:
+        """These rounds as a ``profile`` request may ask them (at most MAX_PROFILE_REPEATS repeats)."""
+        return replace(self, repeats=min(self.repeats, MAX_PROFILE_REPEATS))
+
+
+@dataclass(frozen=True)
+class Scene:
+    """What the board sees while it is timed: ``fps`` paces its runs as a camera would (0: back to
+    back), preprocessing is timed on a frame of ``frame`` (width, height), or on ``camera``'s newest
+    frame where the run's camera captures meanwhile (:class:`~device_runtime.stream.CameraLoad`)."""
+
+    fps: float = 0.0
+    frame: tuple[int, int] = DEFAULT_FRAME
+    camera: Callable[[], np.ndarray] | None = None
+
+
 class BoardTimes(NamedTuple):
     """What :func:`measure_board` timed: every head's spread (split -> batch -> spread; ``local``
     is the full model) and one frame's preprocessing."""
@@ -122,17 +147,15 @@ def _camera_frame(width: int, height: int) -> np.ndarray:
 
 
 def measure_board(
-    runner: DeviceRunner, batches: Sequence[int], repeats: int, progress: Progress,
-    frame: tuple[int, int] = DEFAULT_FRAME, fps: float = 0.0,
+    runner: DeviceRunner, rounds: Rounds, scene: Scene = Scene(),
     clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], object] = time.sleep,
-    camera: Callable[[], np.ndarray] | None = None,
 ) -> BoardTimes:
     """p10/p50/p90 ms of every split's head and of the full model (``local``) at every batch
-    size, here, and of preprocessing one camera frame of ``frame`` (width, height) by the
-    runner's path, timed round robin (:func:`calibration.measure_round_robin`: every repeat runs
-    every option once), at most ``fps`` runs a second (0: back to back). ``camera`` gives the
-    newest frame of a camera capturing meanwhile (:class:`~device_runtime.stream.CameraLoad`), which
-    preprocessing is timed on instead of a synthetic frame of ``frame``."""
+    size of ``rounds``, here, and of preprocessing one of the ``scene``'s frames by the runner's
+    path, timed round robin (:func:`calibration.measure_round_robin`: every repeat runs every
+    option once), paced as the scene's camera would."""
+    batches, repeats, progress = rounds.batches, rounds.repeats, rounds.progress
+    frame, camera = scene.frame, scene.camera
     shape = runner.bundle.manifest.model.input_shape
     rng = np.random.default_rng(0)
     inputs = {batch: rng.standard_normal((batch, *shape)).astype(np.float32) for batch in batches}
@@ -150,7 +173,7 @@ def measure_board(
             progress(f"board  {cycle}/{repeats} rounds of {len(calls)} runs (every head at every batch size, "
                      "a frame's preprocessing)")
 
-    samples = measure_round_robin(calls, repeats, fps=fps, clock=clock, sleep=sleep, on_cycle=cycle_done)
+    samples = measure_round_robin(calls, repeats, fps=scene.fps, clock=clock, sleep=sleep, on_cycle=cycle_done)
     preprocess = Spread.of(samples[_PREPROCESS])
     progress(f"board  {'preprocess ' + 'x'.join(map(str, frame)):24s} {preprocess.p50:8.2f} ms "
              f"({preprocess.p10:.2f}–{preprocess.p90:.2f}) a frame, {runner.preprocess_path} path")
@@ -241,9 +264,9 @@ def latency_model(
 
 
 async def profile_host(
-    client: HostClient, bundle_id: str, batches: Sequence[int], repeats: int, progress: Progress,
-    busy_wait_s: float = BUSY_WAIT_S, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    splits: Sequence[str] | None = None, label: str = "host",
+    client: HostClient, bundle_id: str, rounds: Rounds, busy_wait_s: float = BUSY_WAIT_S,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, splits: Sequence[str] | None = None,
+    label: str = "host",
 ) -> dict[str, dict[int, float]]:
     """The host's tail times (of ``splits``, or of every tail it serves), fitted to what one
     ``profile`` request may cost the host; ``label`` begins each line of progress.
@@ -268,6 +291,8 @@ async def profile_host(
     (more than a batched run takes). Leaving the whole tail out would drop an option the table
     prices from measurements at every size it was timed at.
     """
+    rounds = rounds.for_host()
+    batches, repeats, progress = rounds.batches, rounds.repeats, rounds.progress
     budget_ms = client.hello.profile_budget_ms
     waited = 0.0
 
@@ -420,29 +445,26 @@ def _weighted_median(replies: Sequence[tuple[float, int]]) -> float:
 async def calibrate(
     runner: DeviceRunner,
     client: HostClient | None,
-    batches: Sequence[int] = DEFAULT_BATCHES,
-    repeats: int = 20,
+    rounds: Rounds = Rounds(),
     board: dict[str, Any] | None = None,
-    progress: Progress = lambda line: None,
-    fps: float = 0.0,
+    scene: Scene = Scene(),
     peers: Sequence[HostClient] = (),
     loads: Mapping[str, float] | None = None,
-    frame: tuple[int, int] = DEFAULT_FRAME,
-    camera: Callable[[], np.ndarray] | None = None,
 ) -> Calibration:
     """Measure everything and build the table. Without a host, only ``local`` is an option. The model
     takes the medians; the spreads are kept beside them (:func:`spread_warning` says when one is wide).
 
-    ``fps`` paces the board's timed runs as a camera would (0: back to back); the host's tails
-    are timed back to back whatever it is: a host serving a fleet is never idle for long.
-    ``peers`` are other hosts a chain's later stages may run on (:func:`place_chains`), ``loads``
-    the hosts' advertised loads by address, where zeroconf gave them. ``frame`` (width, height)
-    is the camera's frame size, which preprocessing is timed on (its cost grows with the frame);
-    ``camera``, the newest frame of the run's camera capturing while the board is timed (its
-    capture is the run's load on the board too: ``calibrate --camera``).
+    The ``scene``'s ``fps`` paces the board's timed runs as a camera would (0: back to back); the
+    host's tails are timed back to back whatever it is: a host serving a fleet is never idle for
+    long. Its ``frame`` (width, height) is the camera's frame size, which preprocessing is timed on
+    (its cost grows with the frame); its ``camera``, the newest frame of the run's camera capturing
+    while the board is timed (its capture is the run's load on the board too: ``calibrate
+    --camera``). ``peers`` are other hosts a chain's later stages may run on
+    (:func:`place_chains`), ``loads`` the hosts' advertised loads by address, where zeroconf gave them.
     """
     started = time.perf_counter()
-    board_times = measure_board(runner, batches, repeats, progress, frame, fps, camera=camera)  # the caller warns of a wide one
+    batches, repeats, progress, frame = rounds.batches, rounds.repeats, rounds.progress, scene.frame
+    board_times = measure_board(runner, rounds, scene)  # the caller warns of a wide one
     head_spread = board_times.heads
     heads = {split: {b: s.p50 for b, s in by_batch.items()} for split, by_batch in head_spread.items()}
     preprocess = Preprocessing(runner.preprocess_path, frame[0], frame[1], board_times.preprocess)
@@ -450,13 +472,13 @@ async def calibrate(
     link, link_spread = None, {}
     routes: dict[str, tuple[str, ...]] = {}
     if client is not None:
-        tails = await profile_host(client, runner.bundle.id, batches, min(repeats, MAX_PROFILE_REPEATS), progress)
+        tails = await profile_host(client, runner.bundle.id, rounds)
         link, link_spread = await measure_link(client, progress)
     model = latency_model(runner, heads, tails, link["rtt_ms"] if link else 0.0, preprocess.spread.p50)
     if client is not None and peers and link is not None:
         loads = loads or {}
         entry = HostView(client.address, tails, loads.get(client.address, 0.0), link["rate_bps"], link["rtt_ms"])
-        placements = await place_chains(runner, model, heads, entry, client, peers, batches, repeats, progress, loads)
+        placements = await place_chains(runner, model, heads, entry, (client, *peers), rounds, loads)
         model = LatencyModel(tuple(placements[t.split].timings if t.split in placements else t for t in model.splits),
                              model.rtt_ms, model.preprocess_ms)
         routes = {chain: placement.hosts[1:] for chain, placement in placements.items()
@@ -472,7 +494,7 @@ async def calibrate(
         precision=precision_of(runner),
         threads=runner.threads,
         repeats=repeats,
-        fps=fps,
+        fps=scene.fps,
         batches=tuple(batches),
         link=link,
         model=model,
@@ -486,26 +508,26 @@ async def calibrate(
 
 async def place_chains(
     runner: DeviceRunner, model: LatencyModel, heads: Mapping[str, Mapping[int, float]], entry: HostView,
-    entry_client: HostClient, peers: Sequence[HostClient], batches: Sequence[int], repeats: int, progress: Progress,
-    loads: Mapping[str, float],
+    clients: Sequence[HostClient], rounds: Rounds, loads: Mapping[str, float],
 ) -> dict[str, Placement]:
     """Each chain's cheapest placement (:func:`calibration.place`) with its first stage on the host
-    the board calibrated against (``entry``: the one it will send to) and its later stages on any
+    the board calibrated against (``entry``, whose client is the first of ``clients``; the others
+    are its peers) and its later stages on any
     host that serves them: each peer's stage times from its own ``profile``, the hosts' links to
     each other from their own ``links``, their queues from ``loads``. A chain no placement serves
     keeps its one-host timings."""
     chains = [s for s in runner.bundle.manifest.splits if s.stages and s.id in model.names]
     if not chains:
         return {}
+    peers, batches, progress = clients[1:], rounds.batches, rounds.progress
     names = {chain.stage_id(stage.index) for chain in chains for stage in chain.stages}
     views = {entry.address: entry}
     for peer in peers:
         served = [n for n in peer.hello.bundles.get(runner.bundle.id, ()) if n in names]
-        stage_ms = await profile_host(peer, runner.bundle.id, batches, min(repeats, MAX_PROFILE_REPEATS), progress,
-                                      splits=served, label=f"peer   {peer.address}")
+        stage_ms = await profile_host(peer, runner.bundle.id, rounds, splits=served, label=f"peer   {peer.address}")
         views[peer.address] = HostView(peer.address, stage_ms, loads.get(peer.address, 0.0))
         progress(f"peer   {peer.address}: serves {', '.join(served) or 'no stage of a chain'}")
-    for client in (entry_client, *peers):
+    for client in clients:
         measured = await client.links([a for a in views if a != client.address])
         views[client.address] = replace(views[client.address], peers=measured.links)
         for other, (rate, rtt) in measured.links.items():

@@ -16,6 +16,8 @@ import pytest
 
 from calibration import FILENAME, Spread, load, load_all
 from device_runtime.board.calibrate import (
+    Rounds,
+    Scene,
     calibration_for,
     latency_model,
     manifest_sha256,
@@ -75,7 +77,7 @@ def test_a_busy_host_is_asked_again_tail_by_tail(busy: int, waits: int) -> None:
     async def sleep(seconds: float) -> None:
         slept.append(seconds)
 
-    tails = asyncio.run(profile_host(client, "b", (1, 2), 5, lambda line: None, busy_wait_s=60, sleep=sleep))
+    tails = asyncio.run(profile_host(client, "b", Rounds((1, 2), 5), busy_wait_s=60, sleep=sleep))
     assert tails == {"s1": {1: 1.0, 2: 1.0}, "s2": {1: 1.0, 2: 1.0}}
     assert client.asked == [["s1"]] * (busy + 1) + [["s2"]] and len(slept) == waits
 
@@ -86,7 +88,7 @@ async def _no_wait(seconds: float) -> None:
 
 def test_a_host_busy_for_too_long_is_an_error() -> None:
     with pytest.raises(RemoteError, match="overloaded"):
-        asyncio.run(profile_host(BusyHost(100), "b", (1,), 5, lambda line: None, busy_wait_s=20, sleep=_no_wait))
+        asyncio.run(profile_host(BusyHost(100), "b", Rounds((1,), 5), busy_wait_s=20, sleep=_no_wait))
 
 
 def _profiled(mobilenet_bundle: Path, batches: tuple[int, ...], splits: list[str] | None = None,
@@ -107,7 +109,7 @@ def _profiled(mobilenet_bundle: Path, batches: tuple[int, ...], splits: list[str
         async def profile() -> dict[str, dict[int, float]]:
             client = await HostClient.connect(host.host, host.port)
             try:
-                return await profile_host(client, bundle_id, batches, 3, (lines if lines is not None else []).append,
+                return await profile_host(client, bundle_id, Rounds(batches, 3, (lines if lines is not None else []).append),
                                           busy_wait_s=60, sleep=_no_wait, splits=splits)
             finally:
                 await client.close()
@@ -328,7 +330,7 @@ def test_heads_are_timed_round_robin_with_their_spread() -> None:
     clock = Clock()
     runner = RecordingRunner(clock, {"a": 2.0, "b": 5.0, LOCAL: 10.0})
     lines: list[str] = []
-    spreads = measure_board(runner, (1, 4), repeats=8, progress=lines.append, clock=clock, sleep=clock.sleep).heads
+    spreads = measure_board(runner, Rounds((1, 4), 8, lines.append), clock=clock, sleep=clock.sleep).heads
     options = [(s, b) for s in ("a", "b", LOCAL) for b in (1, 4)] + [("preprocess", 480)]
     # 3 warm-up rounds and 8 timed ones; every round runs each of the 6 heads and a frame's preprocessing once.
     assert len(runner.calls) == 7 * 11
@@ -345,7 +347,7 @@ def test_a_busy_spell_of_the_board_spreads_over_every_head() -> None:
     # 23 rounds (3 of warm-up) of 2+5+10 ms at B=1 and 8+20+40 ms at B=4: 2 s; the board is busy (4x slower)
     # for 1 s of it, about 3 of the 20 timed rounds.
     runner = RecordingRunner(clock, {"a": 2.0, "b": 5.0, LOCAL: 10.0}, spell=(0.6, 1.6))
-    spreads = measure_board(runner, (1, 4), repeats=20, progress=lambda line: None, clock=clock, sleep=clock.sleep).heads
+    spreads = measure_board(runner, Rounds((1, 4), 20), clock=clock, sleep=clock.sleep).heads
     assert {key for key in runner.slowed} == {(s, b) for s in ("a", "b", LOCAL) for b in (1, 4)} | {("preprocess", 480)}
     for split, ms in (("a", 2.0), ("b", 5.0), (LOCAL, 10.0)):
         assert spreads[split][1].p50 == pytest.approx(ms) and spreads[split][4].p50 == pytest.approx(4 * ms)
@@ -362,7 +364,7 @@ def test_preprocessing_is_timed_on_a_frame_of_the_cameras_size(frame: tuple[int,
     clock = Clock()
     runner = RecordingRunner(clock, {"a": 2.0, LOCAL: 10.0})
     lines: list[str] = []
-    timed = measure_board(runner, (1,), repeats=4, progress=lines.append, frame=frame, clock=clock, sleep=clock.sleep)
+    timed = measure_board(runner, Rounds((1,), 4, lines.append), Scene(frame=frame), clock=clock, sleep=clock.sleep)
     assert (timed.preprocess.p10, timed.preprocess.p50, timed.preprocess.p90) == pytest.approx((ms, ms, ms))
     assert runner.calls.count(("preprocess", frame[1])) == 3 + 4  # warm-up and timed rounds, like every head
     assert any(line.startswith(f"board  preprocess {frame[0]}x{frame[1]}") and line.endswith("fast path")

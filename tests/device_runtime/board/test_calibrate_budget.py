@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from calibration import load
-from device_runtime.board.calibrate import profile_host
+from device_runtime.board.calibrate import Rounds, profile_host
 from device_runtime.bundle import OFFLOAD, Bundle
 from device_runtime.cli import main
 from device_runtime.wire.ops import HelloReply
@@ -55,7 +55,7 @@ class BudgetedHost:
 
 def profiled(host: BudgetedHost, batches: tuple[int, ...], repeats: int) -> tuple[dict, list[str]]:
     lines: list[str] = []
-    return asyncio.run(profile_host(host, "b", batches, repeats, lines.append)), lines
+    return asyncio.run(profile_host(host, "b", Rounds(batches, repeats, lines.append))), lines
 
 
 def test_a_slow_tail_is_timed_in_requests_within_the_budget_and_what_cannot_be_is_left_out_in_one_line() -> None:
