@@ -10,7 +10,7 @@ Nothing here reaches the network beyond the address it is given, and nothing on 
 from elsewhere.
 """
 
-from device_runtime.live.board import LiveBoard
+from device_runtime.live.board_state import LiveBoard
 from device_runtime.live.http import HttpConnection, HttpRequest, WalledServer, Walls
 from device_runtime.live.page import page
 from device_runtime.live.server import LiveServer, LiveSource, live_flag, live_token, parse_live_address

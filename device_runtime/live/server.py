@@ -3,7 +3,7 @@
 Standard library only, one thread of its own (:class:`~device_runtime.live.http.WalledServer`: a
 selector, no thread per connection), so a board serves its page with nothing it does not already
 install, and the stream never waits on a browser. What a page shows comes from a
-:class:`LiveSource` (the board's :class:`~device_runtime.live.board.LiveBoard`, the host's
+:class:`LiveSource` (the board's :class:`~device_runtime.live.board_state.LiveBoard`, the host's
 ``host_runtime.live.HostLive``); the server only carries it:
 
 - ``GET /``: the page (inline script and style, no external resource: the board may be offline);
@@ -30,8 +30,8 @@ Watching never costs the run its frames (issue 45: 12 pollers took a board from 
 - the work: the state after a given cursor is asked of the source and encoded **at most once a
   period** (``1 / walls.events_hz``) whatever the number of pages and pollers, and the thread takes at
   most :data:`MAX_DUTY` of a core (it rests in proportion to the CPU time it took);
-- what is sent: the source caps a state (the board's: :data:`~device_runtime.live.board.FRAMES_SENT`
-  records and :data:`~device_runtime.live.board.FRAMES_SENT_BYTES` of them, the newest);
+- what is sent: the source caps a state (the board's: :data:`~device_runtime.live.board_state.FRAMES_SENT`
+  records and :data:`~device_runtime.live.board_state.FRAMES_SENT_BYTES` of them, the newest);
 - the log: a client that resets or goes is one debug line, never a traceback.
 """
 

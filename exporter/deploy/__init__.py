@@ -2,10 +2,10 @@
 
 No torch: ``split-export deploy`` runs wherever splitedge's runtimes are installed. A
 :class:`Fleet` slices a bundle for a board once and deploys it in rolling batches; each board's
-steps (:mod:`exporter.deploy.board`) leave it on a working release whatever fails.
+steps (:mod:`exporter.deploy.remote_board`) leave it on a working release whatever fails.
 """
 
-from exporter.deploy.board import BoardFacts, BoardResult, Release, board_steps, deploy_board, probe, rollback_board
+from exporter.deploy.remote_board import BoardFacts, BoardResult, Release, board_steps, deploy_board, probe, rollback_board
 from exporter.deploy.fleet import Fleet, FleetResult, parse_max_fail
 from exporter.deploy.remote import Remote, UploadStats
 

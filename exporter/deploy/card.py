@@ -23,7 +23,7 @@ from pathlib import Path
 from device_runtime.board import SERVICE, Layout, write_settings
 from device_runtime import BOARD_PART, slice_bundle
 from device_runtime.board import CAMERA_GROUP, START_TIMEOUT_S, device_unit, run_checker
-from exporter.deploy.board import BoardResult
+from exporter.deploy.remote_board import BoardResult
 from splitedge import DeployError, SplitEdgeError, enable_offline, write_unit
 
 __all__ = ["CardUser", "card_user", "deploy_card"]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from device_runtime import PRECISIONS
-from exporter.deploy.board import ServiceOptions
+from exporter.deploy.remote_board import ServiceOptions
 from exporter.deploy.card import deploy_card
 from exporter.deploy.fleet import Fleet, FleetResult, parse_max_fail
 from splitedge import Bounds, SplitEdgeError, as_flag_type

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from device_runtime import BOARD_PART, slice_bundle
-from exporter.deploy.board import (
+from exporter.deploy.remote_board import (
     NO_SUDO, BoardResult, Release, ServiceOptions, deploy_board, elevation, probe, rollback_board,
 )
 from exporter.deploy.remote import Remote

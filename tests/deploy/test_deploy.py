@@ -22,7 +22,7 @@ import pytest
 from device_runtime.bundle import BOARD_PART, HEAD, Bundle, write_manifest
 from device_runtime.bundle_slice import slice_manifest
 from exporter.deploy import Fleet, board_steps, probe
-from exporter.deploy.board import BoardResult
+from exporter.deploy.remote_board import BoardResult
 from splitedge.errors import DeployError
 from tests.conftest import start_host
 from testbed.ssh_boards import SshBoards, one_head_changed

@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 
 from device_runtime.live import LiveBoard, LiveServer
-from device_runtime.live.board import FRAMES_SENT, FRAMES_SENT_BYTES
+from device_runtime.live.board_state import FRAMES_SENT, FRAMES_SENT_BYTES
 from device_runtime.live.server import LIVE_WALLS
 from device_runtime.stream import FrameResult
 from tests.device_runtime.live.sockets import GENEROUS_S, Clock, Counted, exchange, wait_for
