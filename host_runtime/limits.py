@@ -19,7 +19,7 @@ connection of an address holding more than its fair share of the table
 (:func:`beyond_fair_share`): a board alone on its address is never shed for another, a flood
 from a few addresses makes room for new boards. Both orders are a :class:`ConnectionOrder`.
 Work that a request buys beyond its own frame (``profile``'s tail runs, ``links``' payloads) is
-metered host-wide by a :class:`Rate`.
+metered host-wide by a :class:`Rate`, one such request at a time per connection (:class:`CostlyWork`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
+
+from device_runtime.wire import ErrorCode
+from splitedge import ProtocolError
 
 log = logging.getLogger("splitedge.host")
 
@@ -154,6 +157,40 @@ class Rate:
     def refund(self, amount: float) -> None:
         """Give back what was taken and not spent."""
         self._level = min(self.burst, self._level + amount)
+
+
+class CostlyWork:
+    """What ``profile`` and ``links`` requests may spend beyond their own frame: each op's host-wide
+    :class:`Rate` (all connections together), and one such request in progress per connection."""
+
+    def __init__(self, rates: dict[str, Rate]) -> None:
+        self.rates = rates  # op -> what its requests may spend
+        self.running: dict[Any, str] = {}  # connection -> the op of its request in progress
+
+    def admit(self, connection: Any, op: str, cost: float, request_id: Any = None) -> None:
+        """Take an ``op`` request of ``connection`` if it has none in progress and the host's rate
+        for ``op`` covers ``cost`` now; else raise ``overloaded`` (retry later)."""
+        running = self.running.get(connection)
+        if running is not None:
+            reason = f"a {running} request of this connection is in progress; one at a time per connection"
+        elif not self.rates[op].take(cost):
+            reason = f"this host's rate for {op} requests is spent (all connections together); retry in a few seconds"
+        else:
+            self.running[connection] = op
+            return
+        raise ProtocolError(reason, ErrorCode.OVERLOADED, request_id)
+
+    def holds(self, connection: Any) -> bool:
+        """``connection`` has a request of this kind in progress."""
+        return connection in self.running
+
+    def done(self, connection: Any) -> None:
+        """``connection``'s request in progress ended (answered, refused or stopped)."""
+        self.running.pop(connection, None)
+
+    def refund(self, op: str, amount: float) -> None:
+        """Give back to ``op``'s rate what was taken and not spent."""
+        self.rates[op].refund(amount)
 
 
 @dataclass

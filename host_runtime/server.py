@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator, cast
 
 from prometheus_client import Counter as PromCounter, Gauge as PromGauge
 
-from device_runtime.wire import REFUSAL_KINDS, FrameBudget, FramedProtocol, HostAuth, accept_tls
+from device_runtime.wire import REFUSAL_KINDS, FrameBudget, FramedProtocol, HostAuth
 from device_runtime import stage_id
 from device_runtime.wire import Credentials
 from device_runtime.wire import (
@@ -69,8 +69,8 @@ from device_runtime.wire import (
     ErrorCode,
     Oversized,
     decode,
-    encode_message,
 )
+from host_runtime.admission import Admission
 from host_runtime.batcher import BatchConfig, Batcher, BatchResult, Outcome, TailKey
 from host_runtime.limits import (
     DEFAULT_FIRST_FRAME_TIMEOUT_S,
@@ -81,9 +81,8 @@ from host_runtime.limits import (
     AcceptFailures,
     Activity,
     ConnectionGate,
-    ConnectionOrder,
+    CostlyWork,
     Rate,
-    beyond_fair_share,
 )
 from host_runtime.metrics import PREFIX, HostStats, MetricsEndpoint
 from host_runtime.metrics_http import endpoint_token
@@ -144,7 +143,6 @@ class _HostProtocol(FramedProtocol):
         super().__init__(server.config.max_frame_bytes, HostAuth(key) if key is not None else None, server.budget)
         self.server = server
         self.in_flight = 0
-        self.costly: str | None = None  # the profile or links request of this connection in progress
         self.address = ""  # the peer's IP address, once admitted
         # Under TLS, the TCP transport while its handshake runs (counted against the caps from accept,
         # shed like any connection that has not proven itself); None once the TLS transport is made.
@@ -155,75 +153,29 @@ class _HostProtocol(FramedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
-        address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
-        self.address = address
-        refusal = self.server.admit(self)
-        if refusal is not None:
-            kind, reason = refusal
-            self.server.connections_closed.labels(kind).inc()
-            log.warning("refused a connection from %s: %s", peer, reason)
-            # Said in the clear, before any handshake, so that a device (with a key or without)
-            # reports the limit instead of guessing at a lost connection; no worse than a reset.
-            # Under TLS the refusal comes before the handshake (a handshake is what the caps bound):
-            # the device reads it as a handshake that failed, and its log names the host.
-            transport.writelines(encode_message(ErrorReply(None, ErrorCode.OVERLOADED, f"refused the connection: {reason}")))
-            transport.close()
+        self.address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        if not self.server.admission.admit(self, transport):  # refused: said and closed
             return
         tls = self.server.config.tls
         if tls is None:
             super().connection_made(transport)
-            return
-        # The handshake is the connection's first frame: counted against the caps from accept and
-        # bounded by --first-frame-timeout (asyncio's own TLS server counted a connection only once
-        # its handshake was done and gave it 60 s: 5,000 that never finished held 4,677 descriptors
-        # outside every cap, issue 45).
-        self.handshaking = cast(asyncio.Transport, transport)
-        self.server.handshake(self.upgrade(self.handshaking, tls))
-
-    async def upgrade(self, transport: asyncio.Transport, tls: ssl.SSLContext) -> None:
-        """Run the TLS handshake on ``transport`` within what is left of the first-frame timeout,
-        then read frames from the TLS transport; a handshake that fails or times out closes the
-        connection and frees its place (one line in the log at debug: a scanner's probe is no news)."""
-        server = self.server
-        left = server.config.first_frame_timeout - (server.clock() - self.activity.opened)
-        try:
-            # made: the framed protocol's connection_made; admission was done at accept
-            await accept_tls(transport, self, tls, max(left, 1e-3), made=partial(FramedProtocol.connection_made, self))
-        except (OSError, ssl.SSLError, asyncio.TimeoutError) as exc:
-            server.connections_closed.labels("tls_handshake").inc()
-            log.debug("closed the connection from %s: TLS handshake failed (%s)", self.address, exc or type(exc).__name__)
-            self.forget()
-        except asyncio.CancelledError:  # the host is stopping
-            transport.abort()
-            self.forget()
-            raise
-        finally:
-            self.handshaking = None
+        else:  # the handshake is the connection's first frame (Admission.handshake)
+            self.server.admission.handshake(self, cast(asyncio.Transport, transport), tls)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
-        self.forget()
-
-    def forget(self) -> None:
-        """Out of the host's tables and counts (once, however the connection ended)."""
-        self.server.unproven.discard(self)
-        self.server.recent.discard(self)
-        if self in self.server.connections:
-            self.server.connections.discard(self)
-            self.server.gate.leave(self.address)
+        self.server.admission.forget(self)
 
     @property
-    def busy(self) -> bool:
-        """Requests in flight, a profile or links running, or a frame arriving: not to be shed."""
-        return self.in_flight > 0 or self.costly is not None or not self.decoder.idle
+    def working(self) -> bool:
+        """Requests in flight, or a profile or links running: the host's wait, not the peer's."""
+        return self.in_flight > 0 or self.server.costly.holds(self)
 
     def buffer_updated(self, nbytes: int) -> None:
         frames = self.frames_read
         super().buffer_updated(nbytes)
         self.activity.read(self.server.clock(), not self.decoder.idle, self.frames_read != frames)
-        self.server.recent.touch(self)
-        if self.frames_read and (self.auth is None or self.auth.established):
-            self.server.unproven.discard(self)
+        self.server.admission.read_from(self)
 
     def resume(self, reason: str) -> None:
         paused = bool(self.pauses)
@@ -232,29 +184,11 @@ class _HostProtocol(FramedProtocol):
             self.activity.resumed(self.server.clock())
 
     def evicted(self) -> None:
-        self.server.connections_closed.labels("frame_evicted").inc()
+        self.server.admission.connections_closed.labels("frame_evicted").inc()
         peer = self.transport.get_extra_info("peername") if self.transport is not None else None
         log.warning("closed the connection from %s: its frame held more than its share of the memory for frames "
                     "arriving, and arrived slowest, when another connection's frame needed it", peer)
         super().evicted()
-
-    def check_timeouts(self, now: float) -> None:
-        """Close this connection if it has been idle, left a frame unfinished, or sent no complete
-        frame, too long. Not while the host holds it paused for its own work (requests in flight):
-        that wait is the host's; a wait for memory is the frame's."""
-        if self.pauses - {"budget"} or self.transport is None or self.transport.is_closing():
-            return
-        config = self.server.config
-        first = config.first_frame_timeout if self in self.server.unproven else None
-        expired = self.activity.expired(now, config.idle_timeout, config.frame_timeout,
-                                        busy=self.in_flight > 0 or self.costly is not None, first_frame_timeout=first)
-        if expired is None:
-            return
-        kind, reason = expired
-        self.server.connections_closed.labels(kind).inc()
-        peer = self.transport.get_extra_info("peername")
-        log.log(logging.INFO if kind == "idle_timeout" else logging.WARNING, "closed the connection from %s: %s", peer, reason)
-        self.transport.close()
 
     def reply_error(self, request_id: Any, code: str, message: str) -> None:
         self.server.stats.error(code)
@@ -303,28 +237,19 @@ class _HostProtocol(FramedProtocol):
     def on_profile(self, request: ProfileRequest, received: float) -> None:
         try:
             plan = plan_profile(self.server.registry, request)  # what it names is checked first: typed errors
+            self.server.costly.admit(self, "profile", self.server.config.profile_budget_s, request.id)
+        except ProtocolError as exc:  # bad, or overloaded (CostlyWork.admit: retry later)
+            self.reply_error(request.id, exc.code, str(exc))
+            return
+        self.server.spawn(self.profile(request, plan))
+
+    def on_links(self, request: LinksRequest, received: float) -> None:
+        try:
+            self.server.costly.admit(self, "links", len(request.peers) * request.bytes, request.id)
         except ProtocolError as exc:
             self.reply_error(request.id, exc.code, str(exc))
             return
-        if self.admit_costly(request.id, "profile", self.server.profile_rate, self.server.config.profile_budget_s):
-            self.server.spawn(self.profile(request, plan))
-
-    def on_links(self, request: LinksRequest, received: float) -> None:
-        if self.admit_costly(request.id, "links", self.server.links_rate, len(request.peers) * request.bytes):
-            self.server.spawn(self.measure_links(request))
-
-    def admit_costly(self, request_id: Any, op: str, rate: Rate, cost: float) -> bool:
-        """Take a ``profile`` or ``links`` request if this connection has none in progress and the
-        host's rate for it covers ``cost`` now; else answer ``overloaded`` (retry later)."""
-        if self.costly is not None:
-            reason = f"a {self.costly} request of this connection is in progress; one at a time per connection"
-        elif not rate.take(cost):
-            reason = f"this host's rate for {op} requests is spent (all connections together); retry in a few seconds"
-        else:
-            self.costly = op
-            return True
-        self.reply_error(request_id, ErrorCode.OVERLOADED, reason)
-        return False
+        self.server.spawn(self.measure_links(request))
 
     async def measure_links(self, request: LinksRequest) -> None:
         """Ping each peer asked for, bare and with ``bytes``, one peer and one request at a time
@@ -334,7 +259,7 @@ class _HostProtocol(FramedProtocol):
         try:
             await self._measure(request, links, failed)
         finally:
-            self.costly = None
+            self.server.costly.done(self)
         self.server.links.update(links)
         self.send_reply(LinksReply(request.id, links, failed))
 
@@ -384,9 +309,9 @@ class _HostProtocol(FramedProtocol):
                 with self.server.batcher.other_work(max(plan.batches)):
                     times, spent = await self.server.profiler.run(plan, budget_s)
             except ProtocolError:
-                self.server.profile_rate.refund(budget_s)  # refused before its runs (or stopped)
+                self.server.costly.refund("profile", budget_s)  # refused before its runs (or stopped)
                 raise
-            self.server.profile_rate.refund(budget_s - spent)  # the rate counts what was spent
+            self.server.costly.refund("profile", budget_s - spent)  # the rate counts what was spent
         except ProtocolError as exc:
             self.reply_error(request.id, exc.code, str(exc))
         except Exception as exc:
@@ -395,7 +320,7 @@ class _HostProtocol(FramedProtocol):
         else:
             self.send_reply(ProfileReply(request.id, times))
         finally:
-            self.costly = None
+            self.server.costly.done(self)
 
     def settled(self) -> None:
         """A request in flight has been answered (or given up): read the connection again once
@@ -502,15 +427,10 @@ class HostServer:
     def __init__(self, registry: TailRegistry, config: ServerConfig = ServerConfig()) -> None:
         self.registry = registry
         self.config = config
-        self.connections: set[_HostProtocol] = set()
         self.tasks: set[asyncio.Future[None]] = set()
         self.executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="tail")
         self.profiler = Profiler()
         self.budget = FrameBudget(config.max_partial_bytes)
-        self.gate = ConnectionGate(config.max_connections, config.max_connections_per_address)
-        self.unproven = ConnectionOrder()  # connections with no complete frame (or handshake) yet, oldest first
-        self.recent = ConnectionOrder()  # every connection, least recently read from first
-        self.handshakes: set[asyncio.Future[None]] = set()  # TLS handshakes running (cancelled when stopping)
         self.clock = time.monotonic  # the event loop's clock once started
         self.draining = False  # stopping: new infer and profile requests are refused
         self.stats = HostStats(  # the gauges read the batcher when collected
@@ -529,65 +449,32 @@ class HostServer:
         )
         for kind in REFUSAL_KINDS:
             self.frames_refused.labels(kind)
-        self.connections_closed = PromCounter(
-            PREFIX + "connections_closed", "Connections the host refused or closed itself, by the limit that did it.",
-            ["reason"], registry=self.stats.registry,
-        )
-        for kind in ("max_connections", "max_connections_per_address", "idle_timeout", "frame_timeout",
-                     "first_frame_timeout", "shed", "shed_beyond_share", "tls_handshake", "frame_evicted"):
-            self.connections_closed.labels(kind)
+        # Which connections the host keeps: the caps, shedding, TLS handshakes, timeouts.
+        self.admission = Admission(config, self.stats.registry, lambda: self.clock())
         PromGauge(PREFIX + "partial_frame_bytes", "Bytes held for frames still arriving, all connections (bounded "
                   "by max_partial_bytes).", registry=self.stats.registry).set_function(lambda: self.budget.held)
         self.peers = Peers(Credentials(key=config.key), config.peers)  # a chain's next hops
         self.links: dict[str, tuple[float, float]] = {}  # peer -> (rate bit/s, round trip ms), last measured
         self.measuring = asyncio.Lock()  # one links measurement at a time
         # What profile and links requests may spend, all connections together (a burst of four requests).
-        self.profile_rate = Rate(config.profile_rate, 4 * config.profile_budget_s, lambda: self.clock())
-        self.links_rate = Rate(config.links_rate, 4 * MAX_LINKS_REQUEST_BYTES, lambda: self.clock())
+        self.costly = CostlyWork({
+            "profile": Rate(config.profile_rate, 4 * config.profile_budget_s, lambda: self.clock()),
+            "links": Rate(config.links_rate, 4 * MAX_LINKS_REQUEST_BYTES, lambda: self.clock()),
+        })
         self.metrics: MetricsEndpoint | None = None
         self._server: asyncio.AbstractServer | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._accept_failures: AcceptFailures | None = None
 
-    def admit(self, connection: _HostProtocol) -> tuple[str, str] | None:
-        """Count a new connection in (None) or say why it is refused. A full table first sheds its
-        oldest connection that has not proven itself, else the least recently active one of an
-        address beyond its fair share (:func:`~host_runtime.limits.beyond_fair_share`): neither idle
-        sockets nor connections that pinged once can lock boards out."""
-        if self.gate.total >= self.gate.max_connections:
-            self._shed(connection.address)
-        refusal = self.gate.admit(connection.address)
-        if refusal is None:
-            self.connections.add(connection)
-            self.unproven.add(connection)
-            self.recent.touch(connection)
-        return refusal
+    @property
+    def connections(self) -> set[_HostProtocol]:
+        """The connections counted in (:class:`~host_runtime.admission.Admission`)."""
+        return self.admission.connections
 
-    def _shed(self, address: str) -> None:
-        victim = self.unproven.oldest()
-        if victim is not None:
-            kind, why = "shed", "it sent no complete frame yet"
-        else:
-            victim = beyond_fair_share(self.recent, self.gate, address, lambda c: c.busy)
-            if victim is None:
-                return
-            kind, why = "shed_beyond_share", (f"it was the least recently active of the {self.gate.per_address[victim.address]} "
-                                              f"from {victim.address}, more than that address's share")
-        victim.forget()
-        self.connections_closed.labels(kind).inc()
-        reason = f"the table is full (--max-connections {self.gate.max_connections}) and {why}"
-        log.info("shed the connection from %s: %s", victim.address, reason)
-        if victim.transport is not None:  # said first, as to a connection refused: the board reports it and reconnects
-            victim.send_reply(ErrorReply(None, ErrorCode.OVERLOADED, f"closed the connection: {reason}"))
-            victim.transport.close()
-        elif victim.handshaking is not None:
-            victim.handshaking.abort()
-
-    def handshake(self, work: Any) -> None:
-        """Run a connection's TLS handshake as a task the shutdown cancels (it is no work in flight)."""
-        task = asyncio.ensure_future(work)
-        self.handshakes.add(task)
-        task.add_done_callback(self.handshakes.discard)
+    @property
+    def gate(self) -> ConnectionGate:
+        """What the connections count, in all and per address."""
+        return self.admission.gate
 
     def spawn(self, work: Any) -> None:
         """Run a request's coroutine as a task the shutdown waits for (within its deadline)."""
@@ -625,7 +512,7 @@ class HostServer:
         with _port_in_use(self.config.host, self.config.port, "--port"):
             self._server = await loop.create_server(
                 lambda: _HostProtocol(self), self.config.host, self.config.port, reuse_address=True,
-                reuse_port=self.config.reuse_port or None,  # TLS: started per connection (_HostProtocol.upgrade)
+                reuse_port=self.config.reuse_port or None,  # TLS: started per connection (Admission.handshake)
             )
         host, port = self._server.sockets[0].getsockname()[:2]
         if self.config.metrics_port is not None:
@@ -639,19 +526,9 @@ class HostServer:
                 raise
         self._accept_failures = AcceptFailures(loop.get_exception_handler())
         loop.set_exception_handler(self._accept_failures)
-        self._watchdog = asyncio.ensure_future(self._watch())
+        self._watchdog = asyncio.ensure_future(self.admission.watch())
         self.profiler.start_probing(self.registry.tails.values())  # what a sample of each tail costs, for profile's budget
         return host, port
-
-    async def _watch(self) -> None:
-        """Close connections idle or with a frame unfinished past their timeouts; checked every
-        quarter of the shorter timeout, so a connection is closed at most a quarter late."""
-        period = min(self.config.idle_timeout, self.config.frame_timeout, self.config.first_frame_timeout) / 4
-        while True:
-            await asyncio.sleep(period)
-            now = self.clock()
-            for connection in list(self.connections):
-                connection.check_timeouts(now)
 
     async def close(self, deadline: float | None = None) -> None:
         """Stop accepting and refuse new work (``overloaded``), stop a profile within one tail
@@ -666,8 +543,7 @@ class HostServer:
             self._server.close()
         if self._watchdog is not None:
             self._watchdog.cancel()
-        for task in list(self.handshakes):
-            task.cancel()
+        self.admission.stop_handshakes()
         loop = asyncio.get_running_loop()
         timeout = self.config.shutdown_timeout
         end = loop.time() + timeout if deadline is None else deadline
