@@ -10,10 +10,11 @@ batches requests per tail and bounds the host's queue; :class:`~host_runtime.met
 counts everything once, for ``stats`` and for Prometheus.
 
 The host's walls (:mod:`host_runtime.limits`): connections are capped in all and per address,
-closed when idle or when a frame stays unfinished too long; the frames still arriving on all
-connections together hold at most ``max_partial_bytes`` (a connection whose frame does not fit
-stops being read until it does); ``profile`` runs on a thread of its own, bounded
-(:mod:`host_runtime.profiling`). Stopping refuses new work at once (``overloaded``), so a
+closed when idle or when a frame stays unfinished too long (:class:`~host_runtime.admission.Admission`);
+the frames still arriving on all connections together hold at most ``max_partial_bytes`` (a
+connection whose frame does not fit stops being read until it does); ``profile`` runs on a thread
+of its own, bounded (:mod:`host_runtime.profiling`), and it and ``links`` are metered
+(:class:`~host_runtime.limits.CostlyWork`). Stopping refuses new work at once (``overloaded``), so a
 loaded host drains instead of waiting out its timeout.
 
 A chain's stage arrives with its route: the host runs its stage like any tail, passes the output
@@ -46,7 +47,6 @@ from device_runtime.wire import (
     ErrorReply,
     HelloReply,
     HelloRequest,
-    HopTiming,
     InferReply,
     InferRequest,
     LinksReply,
@@ -89,7 +89,7 @@ from host_runtime.metrics_http import endpoint_token
 from host_runtime.peers import Peers
 from host_runtime.profiling import DEFAULT_PROFILE_BUDGET_S, Profiler, ProfilePlan, plan_profile
 from host_runtime.tails import TailRegistry, warm_up
-from splitedge import FrameRefused, ProtocolError, RemoteError, SplitEdgeError
+from splitedge import FrameRefused, ProtocolError, SplitEdgeError
 
 log = logging.getLogger("splitedge.host")
 
@@ -138,6 +138,11 @@ class ServerConfig:
 
 
 class _HostProtocol(FramedProtocol):
+    """One connection: reads its frames, dispatches each request to its handler, replies. Which
+    connections the host keeps is :class:`~host_runtime.admission.Admission`'s, what ``profile``
+    and ``links`` may spend :class:`~host_runtime.limits.CostlyWork`'s, a chain's next hop
+    :class:`~host_runtime.peers.Peers`'."""
+
     def __init__(self, server: "HostServer") -> None:
         key = server.config.key
         super().__init__(server.config.max_frame_bytes, HostAuth(key) if key is not None else None, server.budget)
@@ -252,29 +257,12 @@ class _HostProtocol(FramedProtocol):
         self.server.spawn(self.measure_links(request))
 
     async def measure_links(self, request: LinksRequest) -> None:
-        """Ping each peer asked for, bare and with ``bytes``, one peer and one request at a time
-        (a few hundred kB each: no wall needed beyond that); keep what was measured for ``hello``."""
-        links: dict[str, tuple[float, float]] = {}
-        failed: dict[str, str] = {}
+        """Measure the links to the peers asked for (:meth:`~host_runtime.peers.Peers.measure`) and answer."""
         try:
-            await self._measure(request, links, failed)
+            links, failed = await self.server.peers.measure(request)
         finally:
             self.server.costly.done(self)
-        self.server.links.update(links)
         self.send_reply(LinksReply(request.id, links, failed))
-
-    async def _measure(self, request: LinksRequest, links: dict[str, tuple[float, float]], failed: dict[str, str]) -> None:
-        async with self.server.measuring:
-            for address in request.peers:
-                try:
-                    self.server.peers.check(address)
-                    client = await self.server.peers.client(address)
-                    rtt_ms = await client.ping(0, timeout=self.server.config.forward_timeout)
-                    probe = await client.probe(request.bytes, timeout=self.server.config.forward_timeout)
-                    links[address] = (request.bytes * 8 * 1000.0 / max(probe.round_trip_ms - rtt_ms, 1e-3), rtt_ms)
-                except SplitEdgeError as exc:  # not allowed (ProtocolError), unreachable, silent
-                    await self.server.peers.drop(address)
-                    failed[address] = str(exc)
 
     def on_infer(self, request: InferRequest, received: float) -> None:
         tensor = request.tensor  # uint8 where the board quantized it: the batcher's worker dequantizes it
@@ -352,34 +340,16 @@ class _HostProtocol(FramedProtocol):
     async def forward(
         self, request: InferRequest, key: TailKey, received: float, deadline: float | None, done: BatchResult
     ) -> None:
-        """Send this stage's output to the next hop with the rest of the route, within what is left of
-        the deadline, and answer with the last stage's output and every hop's times. A hop that
-        fails answers with its own code (``hop_failed`` where it could not be reached), the message
-        naming the hop, so the board knows where the chain broke."""
-        hop, rest = request.route[0], request.route[1:]
-        where = f"stage {hop.stage} of {request.split} at {hop.address}"
+        """Pass this stage's output on to the next hop (:meth:`~host_runtime.peers.Peers.forward`)
+        and answer with the last stage's output and every hop's times, or the error the chain
+        broke with, naming the hop."""
         try:
-            left_s = None if deadline is None else deadline - time.perf_counter()
-            if left_s is not None and left_s <= 0:
-                raise RemoteError(ErrorCode.DEADLINE_EXCEEDED, f"the deadline passed before {where}")
-            timeout = self.server.config.forward_timeout if left_s is None else \
-                min(self.server.config.forward_timeout, left_s + 1.0)
-            client = await self.server.peers.client(hop.address)
-            reply = await client.infer(request.bundle, hop.split, done.output, timeout,
-                                       None if left_s is None else left_s * 1000.0, hop.stage, rest)
-        except RemoteError as exc:
-            self.reply_error(request.id, exc.code, f"{where}: {exc.message}")  # the hop's own code, passed on
-        except SplitEdgeError as exc:  # unreachable, lost, silent, or refused us
-            await self.server.peers.drop(hop.address)
-            self.reply_error(request.id, ErrorCode.HOP_FAILED, f"{where}: {exc}")
-        except Exception as exc:
-            log.exception("forwarding to %s failed", hop.address)
-            self.reply_error(request.id, ErrorCode.INTERNAL, f"{where}: {exc}")
+            output, hops = await self.server.peers.forward(request, done.output, deadline)
+        except ProtocolError as exc:
+            self.reply_error(request.id, exc.code, str(exc))
         else:
-            link_ms = max(reply.round_trip_ms - reply.queue_ms - reply.compute_ms - reply.downstream_ms, 0.0)
-            hops = (HopTiming(hop.address, hop.stage, reply.queue_ms, reply.compute_ms, link_ms, reply.batch), *reply.hops)
             self.server.stats.served(key, done.queue_ms / 1000.0, done.compute_ms / 1000.0, time.perf_counter() - received)
-            self.send_reply(InferReply(request.id, reply.output, done.compute_ms, done.queue_ms, done.batch, hops))
+            self.send_reply(InferReply(request.id, output, done.compute_ms, done.queue_ms, done.batch, hops))
         finally:
             self.settled()
 
@@ -453,9 +423,8 @@ class HostServer:
         self.admission = Admission(config, self.stats.registry, lambda: self.clock())
         PromGauge(PREFIX + "partial_frame_bytes", "Bytes held for frames still arriving, all connections (bounded "
                   "by max_partial_bytes).", registry=self.stats.registry).set_function(lambda: self.budget.held)
-        self.peers = Peers(Credentials(key=config.key), config.peers)  # a chain's next hops
-        self.links: dict[str, tuple[float, float]] = {}  # peer -> (rate bit/s, round trip ms), last measured
-        self.measuring = asyncio.Lock()  # one links measurement at a time
+        # a chain's next hops, and the links to peers last measured
+        self.peers = Peers(Credentials(key=config.key), config.peers, forward_timeout=config.forward_timeout)
         # What profile and links requests may spend, all connections together (a burst of four requests).
         self.costly = CostlyWork({
             "profile": Rate(config.profile_rate, 4 * config.profile_budget_s, lambda: self.clock()),
@@ -489,7 +458,7 @@ class HostServer:
             "auth": self.config.key is not None,
             "max_frame_bytes": self.config.max_frame_bytes,
             "device": self.registry.device,
-            "links": dict(self.links),
+            "links": dict(self.peers.links),
             "profile_budget_ms": self.config.profile_budget_s * 1000,
         }
 
