@@ -25,7 +25,7 @@ from device_runtime.engine import AUTO, PRECISIONS, PREPROCESS_PATHS
 from device_runtime.live import live_flag
 from device_runtime.run import DEFAULT, QUIET, VERBOSE, Output, calibrate_board, run_stream, table_text
 from device_runtime.wire import kernel_timing_support
-from splitedge import SplitEdgeError, exit_on_signals, run_command
+from splitedge import SplitEdgeError, add_report_arguments, exit_on_signals, run_command
 
 EXAMPLES = """\
 examples:
@@ -190,20 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         "report", help="plots, a summary and report.html from --trace files; several runs side by side",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    # The same arguments as split-trial report's (fieldtrial/commands.py), which runs this one: the
-    # board runtime cannot import fieldtrial, nor fieldtrial this module (past the package's face).
-    report.add_argument("traces", nargs="+", metavar="TRACE",
-                        help="JSONL traces written by split-device run --trace, or folders of them; two or more are "
-                             "compared side by side")
-    report.add_argument("--out", required=True, metavar="DIR",
-                        help="directory for report.html, the PNGs and summary.json (with several runs, a folder per "
-                             "run beside them)")
-    report.add_argument("--calibration", action="append", metavar="FILE",
-                        help="calibration.json for the gain over static splits and the model (default: the one each "
-                             "run used); once per bundle compared, each run takes its bundle's")
-    report.add_argument("--label", action="append", metavar="NAME",
-                        help="the run's name on the page, once per run in order (default: the trace's file name, or "
-                             "what tells the runs apart: bundle, policy)")
+    add_report_arguments(report)  # split-trial report's too: one definition, in splitedge
 
     info_parser = commands.add_parser(
         "info", help="show the detected board, the installed backends and the profile in force",

@@ -15,7 +15,7 @@ from fieldtrial.compare import format_comparison, write_comparison
 from fieldtrial.page import PAGE
 from fieldtrial.plots import plot_table
 from fieldtrial.report import format_summary
-from splitedge import exit_on_signals
+from splitedge import add_report_arguments, exit_on_signals
 
 __all__ = ["main", "plot_plan", "report"]
 
@@ -50,22 +50,6 @@ def plot_plan(calibration: Calibration, out: str) -> str:
     return f"wrote {folder / 'plan.png'} and {folder / 'plan.json'}"
 
 
-def _report_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of ``report``, the same in ``split-trial`` and ``split-device``."""
-    parser.add_argument("traces", nargs="+", metavar="TRACE",
-                        help="JSONL traces written by split-device run --trace, or folders of them; two or more are "
-                             "compared side by side")
-    parser.add_argument("--out", required=True, metavar="DIR",
-                        help="directory for report.html, the PNGs and summary.json (with several runs, a folder per run "
-                             "beside them)")
-    parser.add_argument("--calibration", action="append", metavar="FILE",
-                        help="calibration.json for the gain over static splits and the model (default: the one each run "
-                             "used); once per bundle compared, each run takes its bundle's")
-    parser.add_argument("--label", action="append", metavar="NAME",
-                        help="the run's name on the page, once per run in order (default: the trace's file name, or "
-                             "what tells the runs apart: bundle, policy)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="split-trial", description="Reports and plots of field trials.",
                                      epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep = commands.add_parser("report", help="plots, a summary and report.html from split-device run --trace files; "
                               "several runs side by side", epilog=EXAMPLES,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    _report_arguments(rep)
+    add_report_arguments(rep)  # split-device report's too: one definition
     plan = commands.add_parser("plan", help="plot a calibration.json's latest split table",
                                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     plan.add_argument("calibration", help="calibration.json written by split-device calibrate")

@@ -1,4 +1,8 @@
-"""Read a trace written by ``split-device run --trace`` (:mod:`device_runtime.stream.trace`).
+"""Read a trace written by ``split-device run --trace`` (:mod:`device_runtime.stream.trace`) for a report.
+
+Its records come from the one reader of a trace (:func:`splitedge.trace_records`, strict: a line
+that is no JSON object is an error); what is here is what a report keeps of them and the checks of
+the fields it reads.
 
 A trace is untrusted input (it comes off a board, or from anyone): every field the report reads
 is checked here, once, so that a bad record ends the report with one line naming its file, line
@@ -12,11 +16,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from device_runtime.stream import LINK_RATE, TRACE_SCHEMA
+from device_runtime.stream import TRACE_SCHEMA
 from fieldtrial.tally import MAX_KEPT, MAX_SHOWN, OTHER, Sample, Tally
-from splitedge import MAX_LINE_BYTES, SplitEdgeError, shown, trace_json
+from splitedge import FRAME, LINK_RATE, MAX_LINE_BYTES, SplitEdgeError, shown, trace_records
 
 __all__ = [
     "MAX_KEPT", "MAX_LINE_BYTES", "MAX_NAME", "MAX_SHOWN", "OTHER", "TRACE_SCHEMA_1", "TRACE_SCHEMA_2",
@@ -89,16 +93,14 @@ def load_trace(path: str | Path, keep: int = MAX_KEPT) -> Trace:
     splits, drop reasons and split reasons past :data:`MAX_SHOWN` distinct values are grouped
     (:class:`Trace`'s ``grouped``). ``keep``: the most frames (and link_rate records) kept."""
     path = Path(path)
-    run: dict[str, Any] | None = None
+    records = trace_records(path, kinds=(FRAME, LINK_RATE), strict=True)
+    number, record = next(records)  # the run record (the reader refuses a file that starts with none)
+    run = _checked_run(path, number, record)
     tally, sample = Tally(), Sample(keep)
     rates: list[dict[str, Any]] = []
     rates_left_out = 0
-    for number, record in _parse(path):
-        if run is None:
-            if record.get("type") != "run":
-                break
-            run = _checked_run(path, number, record)
-        elif record.get("type") == "frame":
+    for number, record in records:
+        if record.get("type") == FRAME:
             frame = _kept(_checked_frame(path, number, record))
             tally.add(frame)
             sample.add(frame)
@@ -109,8 +111,6 @@ def load_trace(path: str | Path, keep: int = MAX_KEPT) -> Trace:
                               "set_by": rate.get("set_by")})
             else:
                 rates_left_out += 1
-    if run is None:
-        raise SplitEdgeError(f"{path}: not a splitedge trace (the first line must be the run record)")
     tally.finish()
     frames = sample.frames()
     grouped = tally.group(frames)
@@ -134,13 +134,6 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     up to :data:`MAX_KEPT`, else a sample of that many."""
     trace = load_trace(path)
     return trace.run, trace.frames
-
-
-def _parse(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    for number, record in trace_json(path):
-        if not isinstance(record, dict):
-            raise SplitEdgeError(f"{path}:{number}: expected a JSON object")
-        yield number, record
 
 
 def _checked_run(path: Path, number: int, record: dict[str, Any]) -> dict[str, Any]:

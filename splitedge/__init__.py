@@ -3,7 +3,8 @@
 The one error family (:class:`SplitEdgeError` and its narrow subclasses), the checker of
 decoded JSON fields that names the offending field by its path (:mod:`splitedge.fields`),
 the one way to replace a file atomically (:mod:`splitedge.files`) and to read one a trace or a
-setting names (:mod:`splitedge.reading`: regular files only, a size cap), the bounds every numeric flag
+setting names (:mod:`splitedge.reading`: regular files only, a size cap; with the one reader of a
+trace, its record kinds and the report's flags), the bounds every numeric flag
 and setting is checked against where it enters (:mod:`splitedge.numbers`), and the bundle
 contract's words that the lower packages need too (:mod:`splitedge.words`:
 the split words ``LOCAL`` and ``OFFLOAD``, the formats and the precisions). ``calibration``
@@ -21,7 +22,10 @@ from splitedge.errors import (
 )
 from splitedge.fields import Fields, join, shown
 from splitedge.files import write_atomically
-from splitedge.reading import MAX_LINE_BYTES, NotReadable, file_kind, read_bounded, read_text_bounded, trace_json, trace_lines, trace_records
+from splitedge.reading import (
+    FRAME, HEAD_TIMES, LINK_RATE, MAX_LINE_BYTES, RUN, NotReadable, add_report_arguments, file_kind, read_bounded,
+    read_text_bounded, trace_records,
+)
 from splitedge.numbers import Bounds, SettingError, as_flag_type, bounds_of
 from splitedge.lifecycle import (
     SIGNAL_EXIT, Runner, Stopped, exit_on_signals, notify, run_command, signals_held, stop_on_signals,
@@ -44,11 +48,14 @@ __all__ = [
     "DeployError",
     "ExportError",
     "FLOAT32",
+    "FRAME",
     "FORMATS",
     "Fields",
+    "HEAD_TIMES",
     "FrameRefused",
     "HostUnavailableError",
     "INT8",
+    "LINK_RATE",
     "LOCAL",
     "MAX_LINE_BYTES",
     "ModelSpecError",
@@ -57,6 +64,7 @@ __all__ = [
     "ONNX",
     "PRECISIONS",
     "ProtocolError",
+    "RUN",
     "RemoteError",
     "Runner",
     "SIGNAL_EXIT",
@@ -67,6 +75,7 @@ __all__ = [
     "TFLITE",
     "UNIT_DIR",
     "ValidationError",
+    "add_report_arguments",
     "as_flag_type",
     "bounds_of",
     "brief",
@@ -82,8 +91,6 @@ __all__ = [
     "shown",
     "signals_held",
     "stop_on_signals",
-    "trace_json",
-    "trace_lines",
     "trace_records",
     "write_atomically",
     "write_unit",

@@ -9,22 +9,30 @@ check cannot hang it), and reads at most ``max_bytes``, refusing a longer file.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
 from splitedge.errors import SplitEdgeError
 
-__all__ = ["MAX_LINE_BYTES", "NotReadable", "file_kind", "read_bounded", "read_text_bounded", "trace_json", "trace_lines", "trace_records"]
+__all__ = [
+    "FRAME", "HEAD_TIMES", "LINK_RATE", "MAX_LINE_BYTES", "NotReadable", "RUN", "add_report_arguments", "file_kind",
+    "read_bounded", "read_text_bounded", "trace_json", "trace_lines", "trace_records",
+]
 
 #: The longest line a trace reader takes: the writer's longest (a ``head_times`` record of a big
 #: bundle) is tens of KB; a longer one is no record of it, and reading it whole would cost its size
 #: in memory several times over (a 1 GB line peaked at 3.2 GB).
 MAX_LINE_BYTES = 1 << 20
+#: The kinds of a trace's records (their ``type``), named once for the writer
+#: (:mod:`device_runtime.stream.trace`, which says what each holds) and every reader: the run record,
+#: first; a frame; the link's real rate, set by a testbed; the head times ``--split auto`` decided with.
+RUN, FRAME, LINK_RATE, HEAD_TIMES = "run", "frame", "link_rate", "head_times"
 
 
 class NotReadable(OSError):
@@ -95,11 +103,49 @@ def trace_json(path: Path) -> Iterator[tuple[int, Any]]:
         yield number, record
 
 
-def trace_records(path: str | Path) -> list[tuple[int, Any]]:
-    """Every record of a trace with its line number (:func:`trace_json`), the run record first; a
-    file that is not a trace is an error that says so."""
+def trace_records(
+    path: str | Path, kinds: Collection[str] | None = None, strict: bool = False,
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The one reader of a trace: the board's (``--head-times``, ``--pace``), the report's and
+    ``testbed replay``'s. Its records with their line numbers, parsed as they are read
+    (:func:`trace_json`: each line at most :data:`MAX_LINE_BYTES`, a last line cut short left out),
+    so that a reader keeping only what it needs reads a trace of any length in bounded memory.
+
+    The run record first: a file whose first record is not one is not a trace, an error that says
+    so. Then the records whose ``type`` is one of ``kinds`` (:data:`FRAME`, :data:`LINK_RATE`,
+    :data:`HEAD_TIMES`; None: every one), in the order written. A later line that is JSON but no
+    object is no record a writer writes: left out, or with ``strict`` an error naming its line (the
+    report, which refuses what it cannot read). Each reader checks the fields it reads."""
     path = Path(path)
-    records = list(trace_json(path))
-    if not records or not isinstance(records[0][1], dict) or records[0][1].get("type") != "run":
+    wanted = None if kinds is None else tuple(kinds)  # a tuple: a "type" that is a list is compared, not hashed
+    records = trace_json(path)
+    first = next(records, None)
+    if first is not None and strict and not isinstance(first[1], dict):
+        raise SplitEdgeError(f"{path}:{first[0]}: expected a JSON object")
+    if first is None or not isinstance(first[1], dict) or first[1].get("type") != RUN:
         raise SplitEdgeError(f"{path}: not a splitedge trace (the first line must be the run record)")
-    return records
+    yield first
+    for number, record in records:
+        if not isinstance(record, dict):
+            if strict:
+                raise SplitEdgeError(f"{path}:{number}: expected a JSON object")
+        elif wanted is None or record.get("type") in wanted:
+            yield number, record
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of a report of traces: the traces it reads, where it writes, the calibrations and
+    the runs' names. Defined once, here, for ``split-device report`` (the board runtime, which never
+    imports ``fieldtrial``) and ``split-trial report`` (``fieldtrial``, which runs both)."""
+    parser.add_argument("traces", nargs="+", metavar="TRACE",
+                        help="JSONL traces written by split-device run --trace, or folders of them; two or more are "
+                             "compared side by side")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="directory for report.html, the PNGs and summary.json (with several runs, a folder per run "
+                             "beside them)")
+    parser.add_argument("--calibration", action="append", metavar="FILE",
+                        help="calibration.json for the gain over static splits and the model (default: the one each run "
+                             "used); once per bundle compared, each run takes its bundle's")
+    parser.add_argument("--label", action="append", metavar="NAME",
+                        help="the run's name on the page, once per run in order (default: the trace's file name, or "
+                             "what tells the runs apart: bundle, policy)")

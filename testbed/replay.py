@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import subprocess
 import sys
@@ -57,7 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from splitedge import MAX_LINE_BYTES, SplitEdgeError, shown, trace_records
+from splitedge import FRAME, HEAD_TIMES, LINK_RATE, MAX_LINE_BYTES, SplitEdgeError, shown, trace_records
 from testbed.kernel_link import EmulatedLink, unavailable_reason
 from testbed.namespace_host import DEFAULT_PORT, own_peer, serve_in
 from testbed.schedule import RateSchedule, RateStep, trace_steps
@@ -87,7 +88,6 @@ _SOURCE_WORDS = ("synthetic", "picam")
 RECORDED, MEASURED = "recorded", "measured"
 #: ``--board-speed``: the replay's board held to the trial's stage times (RECORDED), or at its own.
 OWN = "own"
-_HEAD_TIMES = "head_times"  # device_runtime.stream.HEAD_TIMES, without importing the board runtime here
 
 
 @dataclass(frozen=True)
@@ -102,18 +102,18 @@ class RecordedLink:
 def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """The run record, frame records and ``link_rate`` records of a trace: what a replay needs of it.
 
-    The testbed sits beside ``fieldtrial`` (which has the full reader) and may not import it; a
-    line cut short at the end (a run that lost power) is left out, any other bad line is an error.
-    A trace is untrusted input: each field a replay reads is checked here (:func:`_checked`), and a
-    bad one is an error naming its line and field."""
+    Read by the one reader of a trace (:func:`splitedge.trace_records`, as the board and the report
+    read one): a line cut short at the end (a run that lost power) is left out, any other bad line
+    is an error. A trace is untrusted input: each field a replay reads is checked here
+    (:func:`_checked`, in the bounds a replay can schedule), and a bad one is an error naming its
+    line and field."""
     frames, rates = [], []
-    records = trace_records(path)
-    for number, record in records[1:]:
-        if isinstance(record, dict) and record.get("type") in ("frame", "link_rate"):
-            (frames if record["type"] == "frame" else rates).append(_checked(Path(path), number, record))
+    (_, run), *records = trace_records(path, kinds=(FRAME, LINK_RATE))
+    for number, record in records:
+        (frames if record["type"] == FRAME else rates).append(_checked(Path(path), number, record))
     if not frames:
         raise SplitEdgeError(f"{path}: no frames to replay")
-    return records[0][1], frames, rates
+    return run, frames, rates
 
 
 #: The bounds of what a replay takes from a trace: a frame's or a link_rate's ``t`` within a day of the
@@ -143,7 +143,7 @@ def _checked(path: Path, number: int, record: dict[str, Any]) -> dict[str, Any]:
         raise bad("t", f"a number of seconds within ±{MAX_T_S:g} of the run's start")
     rate = record.get("rate_bps")
     rate_ok = _number(rate, MIN_RATE_BPS, MAX_RATE_BPS)
-    if kind == "link_rate":
+    if kind == LINK_RATE:
         if not rate_ok:
             raise bad("rate_bps", f"a rate from {MIN_RATE_BPS:g} to {MAX_RATE_BPS:g} bit/s")
         return record
@@ -157,9 +157,9 @@ def _checked(path: Path, number: int, record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def _records(path: str | Path) -> list[Any]:
-    """Every record of a trace, the run record first (:func:`read_trace`)."""
-    return [record for _, record in trace_records(path)]
+def _records_head_times(path: str | Path) -> bool:
+    """Whether a trace holds ``head_times`` records (what ``--split auto`` decided with)."""
+    return any(True for _ in itertools.islice(trace_records(path, kinds=(HEAD_TIMES,)), 1, 2))
 
 
 def _schedule(points: Sequence[tuple[float, float]], end: float) -> RateSchedule:
@@ -347,7 +347,7 @@ def replay(
     reason = unavailable_reason()
     if reason is not None:
         raise SplitEdgeError(f"cannot emulate a link here: {reason} (a replay needs root, ip and tc)")
-    recorded_times = any(isinstance(r, dict) and r.get("type") == _HEAD_TIMES for r in _records(trace))
+    recorded_times = _records_head_times(trace)
     decided_with, why = board_times(run, recorded_times, _bundle_id(bundle), policy, times)
     paced, paced_why = board_speed(run, _bundle_id(bundle), speed)
     link_record = recorded_link(frames, link_rates)

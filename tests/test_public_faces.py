@@ -24,7 +24,7 @@ FACES = {
         "SIGNAL_EXIT", "ServiceUnit", "SettingError", "SplitEdgeError", "Stopped", "TFLITE", "UNIT_DIR", "ValidationError",
         "as_flag_type", "bounds_of", "brief", "enable_offline", "enable_unit", "exit_on_signals", "join", "notify", "run_command", "shown",
         "file_kind", "read_bounded", "read_text_bounded", "signals_held", "stop_on_signals", "write_atomically", "write_unit",
-        "MAX_LINE_BYTES", "trace_json", "trace_lines", "trace_records",
+        "FRAME", "HEAD_TIMES", "LINK_RATE", "MAX_LINE_BYTES", "RUN", "add_report_arguments", "trace_records",
     ],
     "device_runtime": [
         "Artifact", "BOARD_PART", "BOTTLENECK", "Bundle", "CHAIN", "CHAIN_JOIN", "CUT", "FLOAT32", "FORMATS",

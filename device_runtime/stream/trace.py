@@ -1,7 +1,9 @@
 """``--trace FILE.jsonl``: one JSON record per frame, for ``split-device report`` and for users' own tools.
 
-The writer lives with the stream (a board writes traces); the reader and the report live in
-``fieldtrial`` (anywhere), which reads what :data:`TRACE_SCHEMA` names.
+The writer lives with the stream (a board writes traces); the one reader of a trace is
+:func:`splitedge.trace_records` (the run record first, the records of the kinds asked for), which
+the board (``--head-times``, ``--pace``), the report in ``fieldtrial`` (anywhere: it reads what
+:data:`TRACE_SCHEMA` names) and ``testbed replay`` use; the kinds of record are named there once.
 
 The first line describes the run (``type: run``: bundle, policy, batch size, the
 calibration file and the (backend, precision) of its table that chose the splits, the
@@ -51,7 +53,7 @@ from typing import Any, TextIO
 
 from device_runtime.stream.policy import HeadTimes
 from device_runtime.stream.results import FrameResult
-from splitedge import SplitEdgeError, trace_records
+from splitedge import FRAME, HEAD_TIMES, LINK_RATE, RUN, SplitEdgeError, trace_records
 
 __all__ = [
     "HEAD_TIMES", "LINK_RATE", "TRACE_SCHEMA", "TraceWriter", "append_link_rate", "frame_record", "read_head_times",
@@ -59,10 +61,9 @@ __all__ = [
 ]
 
 TRACE_SCHEMA = "splitedge.trace/5"
-#: The record kind of the link's real rate (set by a testbed: the board itself only estimates it).
-LINK_RATE = "link_rate"
-#: The record kind of the head times the split policy decided with (trace schema 5 on).
-HEAD_TIMES = "head_times"
+# LINK_RATE: the record kind of the link's real rate (set by a testbed: the board itself only estimates
+# it); HEAD_TIMES: of the head times the split policy decided with (trace schema 5 on). Both named in
+# splitedge.reading, with the one reader, and exported here as before.
 _FRAME_FIELDS = (
     "index", "name", "label", "probability", "split", "batch", "bytes", "rate_bps", "preprocess_ms", "head_ms",
     "transfer_ms", "tail_ms", "queue_ms", "slot_ms", "host_queue_ms", "total_ms", "dropped", "where", "host", "error",
@@ -83,10 +84,10 @@ class TraceWriter:
         except OSError as exc:
             raise SplitEdgeError(f"cannot write the trace {self.path}: {exc}") from exc
         self._t0 = time.monotonic()
-        self._write({"type": "run", "schema": TRACE_SCHEMA, "started_unix": time.time(), **run})
+        self._write({"type": RUN, "schema": TRACE_SCHEMA, "started_unix": time.time(), **run})
 
     def frame(self, result: FrameResult) -> None:
-        self._write({"type": "frame", "t": result.captured - self._t0, **frame_record(result)})
+        self._write({"type": FRAME, "t": result.captured - self._t0, **frame_record(result)})
 
     def link_rate(self, rate_bps: float, set_by: str, applied: float | None = None) -> None:
         """The link's real rate from ``applied`` on (``time.monotonic()``, like a frame's capture;
@@ -138,18 +139,17 @@ def append_link_rate(path: str | Path, rate_bps: float, set_by: str) -> None:
 
 
 def read_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
-    """A trace's records with their line numbers, the run record first (:func:`splitedge.trace_records`:
-    read a line at a time, each at most ``MAX_LINE_BYTES``); records that are no object are left out."""
-    return [(number, record) for number, record in trace_records(path) if isinstance(record, dict)]
+    """A trace's records with their line numbers, the run record first (:func:`splitedge.trace_records`,
+    the one reader: a line at a time, each at most ``MAX_LINE_BYTES``); records that are no object are left out."""
+    return list(trace_records(path))
 
 
 def read_head_times(path: str | Path) -> tuple[dict[str, Any], list[HeadTimes]]:
     """The run record of a trace and the head times its policy decided with, in the order written;
     a trace without such records (written before schema 5, or by a run with a fixed split) is an
     error that says so."""
-    records = read_records(path)
-    run = records[0][1]
-    times = [HeadTimes.from_dict(r, f"{path}:{number}") for number, r in records[1:] if r.get("type") == HEAD_TIMES]
+    (_, run), *records = trace_records(path, kinds=(HEAD_TIMES,))
+    times = [HeadTimes.from_dict(r, f"{path}:{number}") for number, r in records]
     if not times:
         raise SplitEdgeError(f"{path}: no {HEAD_TIMES} records (trace schema {run.get('schema')!r}, --split "
                              f"{run.get('policy')}): only a run with --split auto written by trace schema 5 on "

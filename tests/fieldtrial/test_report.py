@@ -344,15 +344,24 @@ def test_importing_the_report_does_not_import_matplotlib() -> None:
     assert out.stdout.strip() == "False"
 
 
-def test_split_device_report_and_split_trial_report_take_the_same_arguments() -> None:
-    """Defined twice (the board runtime cannot import fieldtrial): the same names, help and kinds."""
+def test_split_device_report_and_split_trial_report_take_the_one_definition_of_its_arguments() -> None:
+    """Both commands' report takes :func:`splitedge.add_report_arguments`' arguments, and nothing else:
+    the names, help and kinds are defined once (the board runtime cannot import fieldtrial)."""
+    import argparse
+
     from device_runtime.cli import build_parser as device_parser
     from fieldtrial.commands import build_parser as trial_parser
+    from splitedge import add_report_arguments
 
-    def report_arguments(parser) -> list[tuple[Any, ...]]:
-        (commands,) = [a for a in parser._actions if a.dest == "command"]
-        report = commands.choices["report"]
+    def arguments(parser: argparse.ArgumentParser) -> list[tuple[Any, ...]]:
         return [(a.dest, tuple(a.option_strings), a.help, a.metavar, a.nargs, a.required, type(a).__name__)
-                for a in report._actions if a.dest != "help"]
+                for a in parser._actions if a.dest != "help"]
 
-    assert report_arguments(device_parser()) == report_arguments(trial_parser())
+    def report_of(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        (commands,) = [a for a in parser._actions if a.dest == "command"]
+        return commands.choices["report"]
+
+    defined = argparse.ArgumentParser()
+    add_report_arguments(defined)
+    assert arguments(report_of(device_parser())) == arguments(defined)
+    assert arguments(report_of(trial_parser())) == arguments(defined)
