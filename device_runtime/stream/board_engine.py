@@ -8,6 +8,7 @@ with the full model (:meth:`BoardEngine.fallback`): no frame is lost.
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Callable, TypeVar
@@ -16,8 +17,9 @@ import numpy as np
 
 from device_runtime.bundle import LOCAL
 from device_runtime.engine import DeviceRunner
+from device_runtime.stream.camera import Frame
 from device_runtime.stream.handoff import Answer, Captured, HeadDone
-from device_runtime.stream.pace import BoardPace
+from device_runtime.stream.pace import PREPROCESS, BoardPace
 from device_runtime.stream.reason import DEADLINE, FALLBACK, Reason
 from device_runtime.stream.results import FrameResult
 from device_runtime.wire import ErrorCode
@@ -48,6 +50,17 @@ class BoardEngine:
         (this thread): with a pace, held to the time the trial's board took for it."""
         pace = self.pace
         return run() if pace is None else pace.hold(pace.target_ms(index, stage, batch), run)
+
+    def preprocess(self, frames: list[Frame], deadline_ms: float | None) -> list[Captured]:
+        """On this thread: each frame preprocessed and timed, with its own deadline or else ``deadline_ms``."""
+        return [Captured(frame, *self.held(frame.index, 1, PREPROCESS, partial(self._timed_preprocess, frame)),
+                         deadline_ms=frame.deadline_ms if frame.deadline_ms is not None else deadline_ms)
+                for frame in frames]
+
+    def _timed_preprocess(self, frame: Frame) -> tuple[np.ndarray, float]:
+        start = time.perf_counter()
+        x = self.runner.preprocess(frame.image)
+        return x, (time.perf_counter() - start) * 1000.0
 
     async def full(self, batch: list[Captured], x: np.ndarray) -> tuple[np.ndarray, float]:
         """The full model on the batch's input ``x``: its logits and time (ms)."""

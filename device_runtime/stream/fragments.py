@@ -19,7 +19,6 @@ import asyncio
 import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,13 +26,11 @@ from calibration import HostView, place_fragments
 from device_runtime.bundle import Split, stage_id
 from device_runtime.hosts import HostLink, LinkMeter
 from device_runtime.stream.board_engine import BoardEngine
+from device_runtime.stream.config import PipelineConfig
 from device_runtime.stream.handoff import HeadDone, InFlight
 from device_runtime.stream.results import FrameResult
 from device_runtime.wire import ClientPool, Credentials, HostClient, InferResult
 from splitedge import HostUnavailableError, RemoteError
-
-if TYPE_CHECKING:
-    from device_runtime.stream.pipeline import PipelineConfig
 
 __all__ = ["FragmentAnswers", "FragmentRequest", "FragmentTiming", "Gathered", "gather", "merge"]
 

@@ -8,15 +8,12 @@ come back to a remote split.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from device_runtime.hosts import HostLink, LinkMeter, probe_bytes
+from device_runtime.stream.config import PipelineConfig
 from device_runtime.stream.handoff import InFlight
 from device_runtime.wire import HostClient
 from splitedge import HostUnavailableError, RemoteError
-
-if TYPE_CHECKING:
-    from device_runtime.stream.pipeline import PipelineConfig
 
 __all__ = ["LinkProber"]
 

@@ -14,18 +14,15 @@ which no retry changes: the chain is left out while that host is the one connect
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from device_runtime.hosts import HostLink, LinkMeter
 from device_runtime.stream.board_engine import BoardEngine
+from device_runtime.stream.config import PipelineConfig
 from device_runtime.stream.handoff import HeadDone, InFlight
 from device_runtime.stream.policy import SplitPolicy
 from device_runtime.stream.results import FrameResult
 from device_runtime.wire import ErrorCode, HostClient, Hop, InferResult
 from splitedge import HostUnavailableError, RemoteError
-
-if TYPE_CHECKING:
-    from device_runtime.stream.pipeline import PipelineConfig
 
 __all__ = ["HostAnswers"]
 
