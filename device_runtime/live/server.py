@@ -75,6 +75,11 @@ QUIET_EVENT_S = 1.0  # with nothing new, an event this often still (the page sho
 #: The share of one core (and of the GIL, which the board's stream and the host's event loop
 #: need) the page server may take: after each turn it rests 1 / MAX_DUTY - 1 times its CPU time.
 MAX_DUTY = 0.05
+#: A new page's whole window (the board's: up to 600 records, 256 KiB) is built at most this often:
+#: a page needs it once, then polls or streams with its cursor; a script polling without one gets
+#: the same window for a second (20 such pollers cost a loaded board a quarter of its frames when
+#: each period built it again, issue 45).
+WHOLE_STATE_S = 1.0
 #: The page's walls, from the constants above.
 LIVE_WALLS = Walls(max_connections=MAX_CONNECTIONS, request_timeout=REQUEST_TIMEOUT_S, max_duty=MAX_DUTY,
                    stall_timeout=SOCKET_TIMEOUT_S, max_streams=MAX_STREAMS)
@@ -252,9 +257,12 @@ class LiveServer(WalledServer):
 
     def _state(self, since: int | None, now: float) -> tuple[int, bytes] | None:
         """The source's state after ``since`` as JSON, asked of it at most once a period per
-        cursor whatever the number of pages; None when the source failed (said in the log)."""
+        cursor whatever the number of pages, and the whole window a new page gets (``since``
+        None, the costliest: hundreds of records) at most every :data:`WHOLE_STATE_S`; None when
+        the source failed (said in the log)."""
         cached = self._states.get(since)
-        if cached is not None and 0 <= now - cached[0] < self.period_s:
+        fresh_s = self.period_s if since is not None else max(self.period_s, WHOLE_STATE_S)
+        if cached is not None and 0 <= now - cached[0] < fresh_s:
             return cached[1], cached[2]
         self.states += 1
         try:

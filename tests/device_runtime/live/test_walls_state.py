@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from device_runtime.live import LiveBoard, LiveServer
 from device_runtime.live.board_state import FRAMES_SENT, FRAMES_SENT_BYTES
-from device_runtime.live.server import LIVE_WALLS
+from device_runtime.live.server import LIVE_WALLS, WHOLE_STATE_S
 from device_runtime.stream import FrameResult
 from tests.device_runtime.live.sockets import GENEROUS_S, Clock, Counted, exchange, wait_for
 
@@ -43,9 +43,13 @@ def test_pollers_within_a_period_cost_one_state_per_cursor() -> None:
             thread.join(GENEROUS_S)
         assert len(answers) == 72 and {status for status, _ in answers} == {200}
         assert source.calls == 2  # one state for new pages, one after cursor 5: not 72
-        clock.now += 0.25  # a period later: asked again
+        clock.now += 0.25  # a period later: a cursor's state is asked again, a new page's whole window not yet
+        assert json.loads(poll(port, "/state.json?since=5")[1]) == {"since": 5, "padding": ""}
         assert json.loads(poll(port, "/state.json")[1]) == {"since": None, "padding": ""}
         assert source.calls == 3
+        clock.now += WHOLE_STATE_S  # a second later: the whole window too
+        assert json.loads(poll(port, "/state.json")[1]) == {"since": None, "padding": ""}
+        assert source.calls == 4
 
 
 def test_a_new_page_gets_a_window_capped_in_bytes_then_deltas() -> None:
