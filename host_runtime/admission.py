@@ -60,7 +60,8 @@ class Admission:
 
     def admit(self, connection: Any, transport: asyncio.BaseTransport) -> bool:
         """Count a new connection in (True), or refuse it (False: said and closed). A full table
-        first sheds its oldest connection that has not proven itself, else the least recently
+        first sheds its oldest connection that has not proven itself (of an address beyond its fair
+        share where there is one), else the least recently
         active one of an address beyond its fair share (:func:`~host_runtime.limits.beyond_fair_share`):
         neither idle sockets nor connections that pinged once can lock boards out."""
         if self.gate.total >= self.gate.max_connections:
@@ -83,7 +84,10 @@ class Admission:
         return False
 
     def _shed(self, address: str) -> None:
-        victim = self.unproven.oldest()
+        # The oldest unproven of an address beyond its share first: a flood of connections that
+        # never finish their handshake sheds its own, not a board alone on its address whose
+        # handshake a busy host has not got round to yet (a TLS board during a flood was shed).
+        victim = beyond_fair_share(self.unproven, self.gate, address, _never_busy) or self.unproven.oldest()
         if victim is not None:
             kind, why = "shed", "it sent no complete frame yet"
         else:
@@ -186,3 +190,8 @@ class Admission:
 def _busy(connection: Any) -> bool:
     """Requests in flight, a profile or links running, or a frame arriving: not to be shed."""
     return bool(connection.working or not connection.decoder.idle)
+
+
+def _never_busy(connection: Any) -> bool:
+    """A connection that has not proven itself has nothing in flight to lose."""
+    return False

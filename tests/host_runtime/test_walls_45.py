@@ -88,6 +88,24 @@ def test_a_board_alone_on_its_address_is_never_shed_for_another(mobilenet_bundle
                 sock.close()
 
 
+def test_a_flood_of_unproven_connections_sheds_its_own_not_a_board_alone_on_its_address(mobilenet_bundle) -> None:
+    """A board has connected and not yet sent its hello (a handshake a busy host has not got round
+    to); a flood from two addresses fills the table: the flood's oldest are shed for its newcomers,
+    never the board, which is then served (before, the oldest unproven went first: the board)."""
+    for host in start_host([mobilenet_bundle], max_connections=8, first_frame_timeout=600.0):
+        board = connect_from(host, "127.0.0.1")
+        flood = [connect_from(host, "127.0.0.2")]
+        try:
+            assert eventually(host, lambda: host.server.gate.total, lambda n: n == 2) == 2  # the board's first
+            flood += [connect_from(host, f"127.0.0.{2 + i % 2}") for i in range(1, 12)]
+            assert eventually(host, lambda: closed(host, "shed"), lambda n: n == 5) == 5  # 13 connections, 8 places
+            assert served(board)
+            assert closed_by_host(flood[0])
+        finally:
+            for sock in (board, *flood):
+                sock.close()
+
+
 def test_tls_handshakes_count_against_the_caps(mobilenet_bundle, bundle, certs) -> None:  # noqa: F811
     """Eight TCP connections to a TLS host that never start their handshake fill its eight places (the
     gauge counts them; it stayed at 0); a board's TLS connection is served in place of the oldest."""
