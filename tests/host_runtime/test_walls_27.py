@@ -314,6 +314,21 @@ def test_next_hops_are_kept_by_resolved_address_and_the_least_recently_used_idle
 # -- 5. one shutdown deadline --------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def a_batch_held(host: RunningHost, bundle: Bundle, split: str) -> Iterator[socket.socket]:
+    """One infer of ``split`` sent and its batch held on the tail (the only worker busy) until the
+    block ends; the connection that sent it."""
+    key = (bundle.id, split)
+    held = host.server.registry.tails[key] = Held(host.server.registry.tails[key])
+    try:
+        with raw_connection(host) as sock:
+            sock.sendall(infer_frame(bundle, 1, split, cut(bundle, split, 1)))
+            assert held.started.wait(BOUND_S)
+            yield sock
+    finally:
+        held.go.set()
+
+
 def test_one_drain_deadline_over_queued_batches_hops_and_links(mobilenet_bundle, bundle) -> None:
     """A batch held on the only worker and a links request to a peer that never answers: the host
     stops within one drain timeout (4 s), not one after the other (8 s and more)."""
@@ -321,20 +336,13 @@ def test_one_drain_deadline_over_queued_batches_hops_and_links(mobilenet_bundle,
     with silent_peer() as peer:
         for host in start_host([mobilenet_bundle], workers=1, shutdown_timeout=drain, peers=(peer,),
                                forward_timeout=60.0):
-            key = (bundle.id, LATE)
-            held = host.server.registry.tails[key] = Held(host.server.registry.tails[key])
-            try:
-                with raw_connection(host) as sock:
-                    sock.sendall(infer_frame(bundle, 1, LATE, cut(bundle, LATE, 1)))
-                    assert held.started.wait(BOUND_S)
-                    sock.sendall(frame({"id": 2, "op": "links", "peers": [peer], "bytes": 1024}))
-                    assert eventually(host, lambda: len(host.server.tasks), lambda n: n == 1) == 1
-                    started = time.monotonic()
-                    asyncio.run_coroutine_threadsafe(host.server.close(), host.loop).result(3 * drain)
-                    took = time.monotonic() - started
-                assert drain - 0.5 <= took < 1.6 * drain, f"the host took {took:.1f} s to stop (drain {drain:g} s)"
-            finally:
-                held.go.set()
+            with a_batch_held(host, bundle, LATE) as sock:
+                sock.sendall(frame({"id": 2, "op": "links", "peers": [peer], "bytes": 1024}))
+                assert eventually(host, lambda: len(host.server.tasks), lambda n: n == 1) == 1
+                started = time.monotonic()
+                asyncio.run_coroutine_threadsafe(host.server.close(), host.loop).result(3 * drain)
+                took = time.monotonic() - started
+            assert drain - 0.5 <= took < 1.6 * drain, f"the host took {took:.1f} s to stop (drain {drain:g} s)"
 
 
 # -- 9. one line for a bad address or port ----------------------------------------------------------------

@@ -31,12 +31,9 @@ from host_runtime.profiling import Costs, ProfilePlan, probe, run_profile
 from host_runtime.server import teardown_reserve
 from splitedge import ProtocolError
 from tests.conftest import TEST_SPLITS, start_host
-from tests.host_runtime.helpers import Held, cut
-from tests.host_runtime.test_admission import infer_frame
-from tests.host_runtime.test_server import raw_connection
 from tests.host_runtime.test_auth import certs, with_client  # noqa: F401 (a fixture)
 from tests.host_runtime.test_walls import BOUND_S, closed_by_host, connect_from, eventually, served
-from tests.host_runtime.test_walls_27 import closed
+from tests.host_runtime.test_walls_27 import a_batch_held, closed
 
 SPLIT = TEST_SPLITS[1]
 
@@ -159,19 +156,12 @@ def test_the_drain_ends_before_the_deadline_by_the_teardown_reserve(mobilenet_bu
     stopped within the two seconds left, its drain ending :func:`teardown_reserve` before them."""
     drain = 3.0
     for host in start_host([mobilenet_bundle], workers=1, shutdown_timeout=drain):
-        key = (bundle.id, SPLIT)
-        held = host.server.registry.tails[key] = Held(host.server.registry.tails[key])
-        try:
-            with raw_connection(host) as sock:
-                sock.sendall(infer_frame(bundle, 1, SPLIT, cut(bundle, SPLIT, 1)))
-                assert held.started.wait(BOUND_S)
-                signalled = host.loop.time() - 1.0  # the loop's clock is time.monotonic
-                started = time.monotonic()
-                asyncio.run_coroutine_threadsafe(host.server.close(signalled + drain), host.loop).result(3 * drain)
-                took = time.monotonic() - started
-            assert drain - 1.0 - teardown_reserve(drain) - 0.2 <= took < drain - 1.0 + BOUND_S / 4, took
-        finally:
-            held.go.set()
+        with a_batch_held(host, bundle, SPLIT):
+            signalled = host.loop.time() - 1.0  # the loop's clock is time.monotonic
+            started = time.monotonic()
+            asyncio.run_coroutine_threadsafe(host.server.close(signalled + drain), host.loop).result(3 * drain)
+            took = time.monotonic() - started
+        assert drain - 1.0 - teardown_reserve(drain) - 0.2 <= took < drain - 1.0 + BOUND_S / 4, took
 
 
 # -- profile: the budget is the process's CPU, the pool's trail included ---------------------------------
