@@ -24,7 +24,7 @@ from host_runtime.metrics_http import endpoint_token, read_token_file
 from host_runtime.procs import (AUTO, CPU_CORES_PER_PROC, MAX_CUDA_PROCS, Child, Supervisor, auto_procs, child_setup,
                                 serve_summed_metrics, supervise, usable_cores)
 from host_runtime.server import HostServer, ServerConfig
-from host_runtime.service import SERVICE_EXAMPLES, install_service, service_arguments
+from host_runtime.service import SERVICE_EXAMPLES, ServiceOptions, install_service, service_arguments
 from host_runtime.settings import LIVE_ONE_PROCESS, SHARE_QUEUE, HostSettings
 from host_runtime.tails import (BUCKETS_AUTO, BUCKETS_OFF, DEVICES, TF32_ERROR_H100, TailRegistry, bucket_sizes,
                                 on_cuda)
@@ -433,7 +433,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingError as exc:
         parser.error(str(exc))
     if args.command == "install-service":
-        return install_service(args, build_parser)
+        defaults = HostSettings.from_args(parser.parse_args(["serve", *args.bundles]))
+        return install_service(settings, defaults, ServiceOptions.from_args(args))
     try:
         runner = loop_runner(settings.loop)
     except SplitEdgeError as exc:

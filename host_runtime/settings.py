@@ -5,16 +5,18 @@ value out of range never gets here); :meth:`HostSettings.from_args` takes the pa
 checks what one flag says about another (``--tls-cert`` without ``--tls-key``, a partial-frame
 budget smaller than one frame, ``--live`` with several processes, a metrics address that would
 need a token), and is the only place that reads the argparse namespace. ``serve``, the
-``--procs`` children (which get it pickled) and ``install-service``'s checks all take the same
+``--procs`` children (which get it pickled) and ``install-service`` all take the same
 :class:`HostSettings`; :meth:`HostSettings.server_config` is the one translation into the
-server's :class:`~host_runtime.server.ServerConfig`.
+server's :class:`~host_runtime.server.ServerConfig`, and :meth:`HostSettings.flags` the one back
+into ``serve``'s flags (the unit ``install-service`` writes runs serve with them).
 """
 
 from __future__ import annotations
 
 import argparse
 import ssl
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, fields, replace
 
 from host_runtime.batcher import BatchConfig
 from host_runtime.metrics_http import check_metrics_flags, read_token_file
@@ -106,6 +108,25 @@ class HostSettings:
         if self.max_partial_mb is not None and self.max_partial_mb < self.max_frame_mb:
             raise SettingError(f"--max-partial-mb {self.max_partial_mb:g} cannot hold one frame of "
                                f"--max-frame-mb {self.max_frame_mb:g}")
+
+    def flags(self, defaults: HostSettings) -> Iterator[tuple[str, str, str | None]]:
+        """``(setting, flag, value)`` for each setting that differs from ``defaults`` (a bare
+        ``serve``'s), in the fields' order: what serve must be given to run with these settings
+        (``value`` None for a switch; the bundles are the caller's). Every setting is a flag of
+        the same name but two, ``zeroconf`` (``--no-zeroconf``) and ``peers`` (``--peer``, repeated)."""
+        for field in fields(self):
+            name = field.name
+            value = getattr(self, name)
+            if name == "bundles" or value == getattr(defaults, name):
+                continue
+            if name == "zeroconf":
+                yield name, "--no-zeroconf", None
+            elif name == "peers":
+                yield from ((name, "--peer", peer) for peer in value)
+            elif isinstance(value, bool):
+                yield name, "--" + name.replace("_", "-"), None
+            else:
+                yield name, "--" + name.replace("_", "-"), str(value)
 
     def with_procs(self, procs: int) -> HostSettings:
         """These settings with ``--procs auto`` decided."""

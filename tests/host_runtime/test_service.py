@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from host_runtime import cli as host_cli
+from host_runtime.settings import HostSettings
 from tests.device_runtime.test_bundle_slice import fake_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,6 +59,43 @@ def test_dry_run_prints_a_hardened_unit_that_runs_serve_with_the_same_flags(mobi
     asked = host_cli.build_parser().parse_args(["serve", str(mobilenet_bundle.resolve()), *flags])
     assert vars(served) == vars(asked)
     assert "--loop" not in argv and "--workers" not in argv  # defaults are left to serve
+
+
+#: A value other than the default for every one of serve's flags (a switch: None).
+EVERY_FLAG = {
+    "--port": "7800", "--interface": "127.0.0.1", "--no-zeroconf": None, "--workers": "3", "--threads": "2",
+    "--max-frame-mb": "80", "--max-partial-mb": "200", "--max-connections": "500",
+    "--max-connections-per-address": "10", "--idle-timeout": "30", "--frame-timeout": "20",
+    "--first-frame-timeout": "5", "--drain-timeout": "3", "--profile-budget-ms": "50", "--device": "cpu",
+    "--tf32": None, "--buckets": "4,1,2", "--max-batch": "4", "--max-wait-ms": "2.5", "--share-queue": "on",
+    "--max-queue": "100", "--metrics-port": "9100", "--metrics-interface": "127.0.0.2",
+    "--metrics-token-file": "metrics.token", "--live": "127.0.0.1:8080",
+    "--key-file": "/etc/splitedge/host.key", "--tls-cert": "/etc/splitedge/cert.pem",
+    "--tls-key": "/etc/splitedge/key.pem", "--loop": "asyncio", "--peer": "127.0.0.1:7801", "--verbose": None,
+}
+
+
+def _settings(argv: list[str]) -> HostSettings:
+    return HostSettings.from_args(host_cli.build_parser().parse_args(argv))
+
+
+@pytest.mark.parametrize("only", [None, "--procs"])
+def test_the_settings_written_back_as_flags_are_the_same_settings(only: str | None, tmp_path: Path) -> None:
+    """install-service's unit runs serve with HostSettings.flags: every setting of every flag (a new
+    flag fails here until it has a value above) reads back as itself; --procs apart, as --live refuses it."""
+    (subs,) = [a for a in host_cli.build_parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict)]
+    flags = {action.option_strings[-1] for action in subs.choices["serve"]._actions
+             if action.option_strings and action.dest != "help"}
+    assert flags == set(EVERY_FLAG) | {"--procs"}
+    token = tmp_path / "metrics.token"
+    token.write_text("t" * 32 + "\n")
+    token.chmod(0o600)
+    given = {"--procs": "2"} if only else {**EVERY_FLAG, "--metrics-token-file": str(token)}
+    argv = ["serve", "b1", "b2"] + [word for flag, value in given.items() for word in (flag, value) if word is not None]
+    settings, defaults = _settings(argv + ["--peer", "127.0.0.1:7802"] * (only is None)), _settings(["serve", "b1"])
+    back = [word for _, flag, value in settings.flags(defaults) for word in (flag, value) if word is not None]
+    assert _settings(["serve", "b1", "b2", *back]) == settings
+    assert len(back) == len(argv) - 3 + 2 * (only is None)  # nothing more than was given, nothing less
 
 
 def test_the_metrics_token_file_is_a_credential_too(mobilenet_bundle: Path, key: Path, tmp_path: Path) -> None:
