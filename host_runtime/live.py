@@ -1,6 +1,6 @@
 """``split-host serve --live [ADDRESS:]PORT``: the host's live page, on the board's page server.
 
-What it shows is read from what the host already keeps, when a page asks (at most ten times a
+What it shows is read from what the host already keeps, when a page asks (at most twice a
 second whatever the number of pages: the page server caches a state for a period, and so does
 :class:`HostLive`, whose every state is news): the connections :class:`~host_runtime.server.HostServer` holds (each board's
 address, the tails it asked for, its requests in flight, how long it has been connected and
@@ -15,18 +15,27 @@ list, for every poll, raised a host's infer p99 8.6x).
 from __future__ import annotations
 
 import heapq
+import operator
 import time
+from dataclasses import replace
 from typing import Any
 
-from device_runtime.live import LiveServer, page, parse_live_address
+from device_runtime.live import LIVE_WALLS, LiveServer, page, parse_live_address
+from host_runtime.metrics_http import MAX_DUTY
 from host_runtime.server import HostServer
 
-__all__ = ["BOARDS_SHOWN", "HOST_PAGE", "HostLive", "serve_live"]
+__all__ = ["BOARDS_SHOWN", "HOST_PAGE", "HOST_WALLS", "HostLive", "serve_live"]
 
 #: Boards listed on the page, the most recently heard from (the count says how many are connected).
 BOARDS_SHOWN = 100
-#: A state is read from the host at most this often, however many pages and streams ask.
-STATE_EVERY_S = 0.1
+#: A state is read from the host at most this often, however many pages and streams ask: a read
+#: holds the GIL the host's event loop needs for ~3 ms with 1,000 boards connected, and a page's
+#: one-minute charts lose nothing at two points a second (at ten, the page with 1,000 boards and
+#: 20 pollers raised a loaded host's infer p99 by a median 35 %: docs/benchmarks.md, issue 45).
+STATE_EVERY_S = 0.5
+#: The board's page walls, at the host's watchers' share of a core (:data:`host_runtime.metrics_http.MAX_DUTY`).
+HOST_WALLS = replace(LIVE_WALLS, max_duty=MAX_DUTY)
+_LAST_READ = operator.attrgetter("activity.last_read")  # in C: 1,000 boards ranked without a Python call each
 
 
 class HostLive:
@@ -54,7 +63,7 @@ class HostLive:
         errors = stats["errors"]
         batches = stats["batch_size"]
         connections = list(self.server.connections)  # the event loop's set, copied once
-        shown = heapq.nlargest(BOARDS_SHOWN, connections, key=lambda c: c.activity.last_read)
+        shown = heapq.nlargest(BOARDS_SHOWN, connections, key=_LAST_READ)
         return {
             "run": self.started, "now": monotonic, "connections": len(connections),
             "boards": [_board(c, now) for c in sorted(shown, key=lambda c: c.activity.opened)],
@@ -87,7 +96,7 @@ def serve_live(server: HostServer, where: str, key: bytes | None = None) -> Live
     """The host's page on ``where`` (``[ADDRESS:]PORT``: 127.0.0.1 unless an address is given),
     asking for the token of ``key`` when the host has one (``--key-file``)."""
     address, port = parse_live_address(where)
-    return LiveServer(HostLive(server), HOST_PAGE, address, port, key)
+    return LiveServer(HostLive(server), HOST_PAGE, address, port, key, walls=HOST_WALLS)
 
 
 _BODY = """

@@ -39,10 +39,13 @@ MAX_CONNECTIONS = 64  # scrapers are a Prometheus or two; past this the oldest u
 REQUEST_TIMEOUT_S = 5.0  # accept to the answer's last byte, whatever the client sends meanwhile
 MAX_REQUEST_BYTES = 8192  # request line and headers
 CACHE_S = 1.0  # scrapes within this of a render get its text
-#: The share of one core (and of the GIL, which the host's event loop needs) the endpoint may take:
-#: after each turn it rests 1 / MAX_DUTY - 1 times the CPU time the turn took. Scrapers in a loop
-#: wait in the kernel's queue meanwhile; a Prometheus scraping every few seconds never notices.
-MAX_DUTY = 0.05
+#: The share of one core (and of the GIL, which the host's event loop needs) the endpoint, and the
+#: host's live page, may take: after each turn it rests 1 / MAX_DUTY - 1 times the CPU time the turn
+#: took. Scrapers in a loop wait in the kernel's queue meanwhile; a Prometheus scraping every few
+#: seconds never notices. A board's page may take 5 %; the host, which every board's frames wait
+#: on, gives its watchers 2 % (at 5 %, 20 scrapers raised its infer p99 by a median 17 % on a
+#: loaded 2-core machine; at 2 %, 2 %: docs/benchmarks.md, issue 45).
+MAX_DUTY = 0.02
 #: The endpoint's walls, from the constants above.
 METRICS_WALLS = Walls(max_connections=MAX_CONNECTIONS, request_timeout=REQUEST_TIMEOUT_S, max_duty=MAX_DUTY,
                       max_request_bytes=MAX_REQUEST_BYTES)

@@ -52,7 +52,7 @@ FACES = {
         "load_backend", "prefers_int8", "preprocess", "preprocess_path", "session_options", "usable_cpus",
     ],
     "device_runtime.live": [
-        "HttpConnection", "HttpRequest", "LiveBoard", "LiveServer", "LiveSource", "WalledServer", "Walls", "live_flag",
+        "LIVE_WALLS", "HttpConnection", "HttpRequest", "LiveBoard", "LiveServer", "LiveSource", "WalledServer", "Walls", "live_flag",
         "live_token", "page", "parse_live_address",
     ],
     "device_runtime.hosts": [

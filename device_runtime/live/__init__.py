@@ -13,9 +13,9 @@ from elsewhere.
 from device_runtime.live.board_state import LiveBoard
 from device_runtime.live.http import HttpConnection, HttpRequest, WalledServer, Walls
 from device_runtime.live.page import page
-from device_runtime.live.server import LiveServer, LiveSource, live_flag, live_token, parse_live_address
+from device_runtime.live.server import LIVE_WALLS, LiveServer, LiveSource, live_flag, live_token, parse_live_address
 
 __all__ = [
-    "HttpConnection", "HttpRequest", "LiveBoard", "LiveServer", "LiveSource", "WalledServer", "Walls", "live_flag",
+    "LIVE_WALLS", "HttpConnection", "HttpRequest", "LiveBoard", "LiveServer", "LiveSource", "WalledServer", "Walls", "live_flag",
     "live_token", "page", "parse_live_address",
 ]

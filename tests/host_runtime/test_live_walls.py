@@ -8,7 +8,7 @@ import json
 from types import SimpleNamespace
 
 from host_runtime.limits import Activity
-from host_runtime.live import BOARDS_SHOWN, HostLive
+from host_runtime.live import BOARDS_SHOWN, STATE_EVERY_S, HostLive
 from tests.device_runtime.live.sockets import Clock
 
 
@@ -40,5 +40,7 @@ def test_a_thousand_boards_are_counted_the_most_recent_listed_and_read_once_a_pe
     for since in (None, 0, cursor, 10**6):  # pages and streams at any cursor, within the period: the same state
         assert live.state(since) == (state, cursor)
     assert host.stats.reads == 1
-    clock.now += 0.25
+    clock.now += STATE_EVERY_S * 0.99
+    assert live.state(cursor) == (state, cursor) and host.stats.reads == 1
+    clock.now += STATE_EVERY_S * 0.02
     assert live.state(cursor)[1] == cursor + 1 and host.stats.reads == 2
