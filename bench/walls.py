@@ -71,7 +71,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from device_runtime import OFFLOAD, Bundle  # noqa: E402
-from device_runtime.wire import (PROTOCOL_VERSION, Credentials, HelloReply, Hop, HostClient, client_context,  # noqa: E402
+from device_runtime.wire import (PROTOCOL_VERSION, Credentials, HelloReply, Hop, HostClient, Leg, client_context,  # noqa: E402
                                  encode_bytes, encode_message)
 from host_runtime.metrics import stats_from  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -520,8 +520,8 @@ def shutdown_time(bundle_dir: Path, bundle: Bundle) -> dict[str, Any]:
             client = await HostClient.connect("127.0.0.1", port, timeout=30)
             pending = [asyncio.ensure_future(client.request({"op": "infer", "bundle": bundle.id, "split": OFFLOAD},
                                                               120.0, x)) for _ in range(3)]
-            pending.append(asyncio.ensure_future(client.infer(bundle.id, CHAIN, cut, 120.0, stage=1,
-                                                              route=(Hop(peer, CHAIN, 2),))))
+            pending.append(asyncio.ensure_future(client.infer(bundle.id, CHAIN, cut, 120.0,
+                                                              leg=Leg(1, (Hop(peer, CHAIN, 2),)))))
             other = await HostClient.connect("127.0.0.1", port, timeout=30)
             pending.append(asyncio.ensure_future(other.request({"op": "links", "peers": [peer], "bytes": 1024}, 120.0)))
             await asyncio.sleep(1.5)  # everything read and pending

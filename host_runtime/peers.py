@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from device_runtime.wire import ClientPool, Credentials, ErrorCode, HopTiming, InferRequest, LinksRequest
+from device_runtime.wire import ClientPool, Credentials, Deadline, ErrorCode, HopTiming, InferRequest, Leg, LinksRequest
 from splitedge import ProtocolError, RemoteError, SplitEdgeError
 
 __all__ = ["MAX_PEERS", "Peers"]
@@ -73,7 +73,7 @@ class Peers(ClientPool):
             timeout = self.forward_timeout if left_s is None else min(self.forward_timeout, left_s + 1.0)
             client = await self.client(hop.address)
             reply = await client.infer(request.bundle, hop.split, output, timeout,
-                                       None if left_s is None else left_s * 1000.0, hop.stage, rest)
+                                       None if left_s is None else Deadline(left_s * 1000.0), Leg(hop.stage, rest))
         except RemoteError as exc:
             raise ProtocolError(f"{where}: {exc.message}", exc.code) from None  # the hop's own code, passed on
         except SplitEdgeError as exc:  # unreachable, lost, silent, or refused us

@@ -34,10 +34,10 @@ FACES = {
         "make_artifact", "semantic_id", "slice_bundle", "stage_id", "write_manifest",
     ],
     "device_runtime.wire": [
-        "ClientPool", "Credentials", "DEFAULT_MAX_FRAME_BYTES", "DecodeLimits", "DeviceAuth", "ERROR_CODES",
+        "ClientPool", "Credentials", "DEFAULT_MAX_FRAME_BYTES", "Deadline", "DecodeLimits", "DeviceAuth", "ERROR_CODES",
         "ErrorCode", "ErrorReply", "MAX_LINKS_REQUEST_BYTES", "REPLY_LIMITS", "REQUEST_LIMITS",
         "FrameAuth", "FrameBudget", "FrameDecoder", "FramedProtocol", "HelloReply", "HelloRequest", "Hop",
-        "HopTiming", "HostAuth", "HostClient", "InferReply", "InferRequest", "InferResult", "LinksReply",
+        "HopTiming", "HostAuth", "HostClient", "InferReply", "InferRequest", "InferResult", "Leg", "LinksReply",
         "LinksRequest", "MAX_PROFILE_REPEATS", "MAX_ROUTE_HOPS", "OPS", "Oversized", "PROTOCOL_VERSION",
         "PingReply", "PingRequest", "ProfileReply", "ProfileRequest", "Quantization", "REFUSAL_KINDS",
         "REPLIES", "REQUESTS", "Reply", "Request", "SERVICE_TYPE", "StatsReply", "StatsRequest", "TxtRecord",

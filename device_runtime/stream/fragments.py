@@ -29,10 +29,10 @@ from device_runtime.stream.board_engine import BoardEngine
 from device_runtime.stream.config import PipelineConfig
 from device_runtime.stream.handoff import HeadDone, InFlight
 from device_runtime.stream.results import FrameResult
-from device_runtime.wire import ClientPool, Credentials, HostClient, InferResult
+from device_runtime.wire import ClientPool, Credentials, Deadline, HostClient, InferResult, Leg
 from splitedge import HostUnavailableError, RemoteError
 
-__all__ = ["FragmentAnswers", "FragmentRequest", "FragmentTiming", "Gathered", "gather", "merge"]
+__all__ = ["FragmentAnswers", "FragmentRequest", "FragmentTiming", "Gathered", "merge"]
 
 log = logging.getLogger("splitedge.device")
 
@@ -108,8 +108,9 @@ class FragmentRequest:
         async def one(index: int, address: str) -> InferResult:
             client = clients.get(address) or await pool.client(address)
             try:
-                return await client.infer(self.bundle_id, split.id, self.tensor, self.timeout, self.deadline_ms,
-                                          stage=index, **self.fields)
+                deadline = None if self.deadline_ms is None else Deadline(self.deadline_ms)
+                return await client.infer(self.bundle_id, split.id, self.tensor, self.timeout, deadline, Leg(index),
+                                          **self.fields)
             except HostUnavailableError:
                 await pool.drop(address)
                 raise
@@ -144,15 +145,6 @@ class FragmentRequest:
         logits = merge(split, self.labels, outputs, len(self.tensor))
         missing = tuple(sorted(set(tasks) - set(outputs)))
         return Gathered(logits, tuple(timings), missing, failures, frozenset(gone))
-
-
-async def gather(
-    pool: ClientPool, placement: Mapping[int, str], bundle_id: str, split: Split, labels: int, tensor: np.ndarray,
-    wait_s: float, timeout: float,
-) -> Gathered:
-    """:meth:`FragmentRequest.gather` without a deadline or quantization fields, as the host's tests
-    of semantic splits call it (``tests/host_runtime/test_semantic.py``)."""
-    return await FragmentRequest(bundle_id, split, labels, tensor, timeout).gather(pool, placement, wait_s)
 
 
 class FragmentAnswers:

@@ -21,7 +21,7 @@ from device_runtime.stream.config import PipelineConfig
 from device_runtime.stream.handoff import HeadDone, InFlight
 from device_runtime.stream.policy import SplitPolicy
 from device_runtime.stream.results import FrameResult
-from device_runtime.wire import ErrorCode, HostClient, Hop, InferResult
+from device_runtime.wire import Deadline, ErrorCode, HostClient, Hop, InferResult, Leg
 from splitedge import HostUnavailableError, RemoteError
 
 __all__ = ["HostAnswers"]
@@ -84,8 +84,9 @@ class HostAnswers:
         alternative = None if deadline is None else self.policy.alternative(int(tensor.shape[0]))
         try:
             return await client.infer(
-                self.engine.runner.bundle.id, done.split, tensor, self.config.request_timeout_s, deadline,
-                stage=None if route is None else 1, route=route or (), alternative=alternative, **done.fields,
+                self.engine.runner.bundle.id, done.split, tensor, self.config.request_timeout_s,
+                None if deadline is None else Deadline(deadline, alternative),
+                None if route is None else Leg(1, route), **done.fields,
             )
         except (HostUnavailableError, RemoteError) as exc:
             held_ms = deadline if deadline is None or alternative is None else max(deadline, alternative[1])

@@ -43,7 +43,7 @@ from device_runtime.wire.tls import accept_tls, client_context, server_context
 from device_runtime.wire.txt import TxtRecord, parse_txt, txt_record
 
 from device_runtime.wire.auth import REFUSAL_KINDS
-from device_runtime.wire.client import Credentials, HostClient, InferResult
+from device_runtime.wire.client import Credentials, Deadline, HostClient, InferResult, Leg
 from device_runtime.wire.framing import FrameBudget
 from device_runtime.wire.kernel_timing import UploadTiming, kernel_timing_support
 from device_runtime.wire.ops import MAX_LINKS_REQUEST_BYTES, ErrorCode, LinksReply, LinksRequest, MAX_PROFILE_REPEATS, split_address
@@ -54,6 +54,7 @@ __all__ = [
     "ClientPool",
     "Credentials",
     "DEFAULT_MAX_FRAME_BYTES",
+    "Deadline",
     "DecodeLimits",
     "DeviceAuth",
     "ERROR_CODES",
@@ -72,6 +73,7 @@ __all__ = [
     "InferReply",
     "InferRequest",
     "InferResult",
+    "Leg",
     "LinksReply",
     "LinksRequest",
     "MAX_LINKS_REQUEST_BYTES",

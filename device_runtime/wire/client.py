@@ -105,6 +105,25 @@ class _Timing:
 
 
 @dataclass(frozen=True)
+class Deadline:
+    """A request's budget on the host: ``ms`` for its queue and tail, and what the device would do
+    instead and its ms (``("local", 300.0)``; None: nothing). The host then refuses for the deadline
+    only where it would answer after that too (:attr:`InferRequest.give_up_ms`)."""
+
+    ms: float
+    alternative: tuple[str, float] | None = None
+
+
+@dataclass(frozen=True)
+class Leg:
+    """Where a request stands in a chain: the stage (or a semantic split's fragment) this host runs,
+    and the hops of the stages after it."""
+
+    stage: int
+    route: tuple[Hop, ...] = ()
+
+
+@dataclass(frozen=True)
 class Credentials:
     """What a device proves and trusts: the host's pre-shared key (None: frames are not
     authenticated) and a TLS context (None: plain TCP)."""
@@ -432,24 +451,23 @@ class HostClient:
 
     async def infer(
         self, bundle_id: str, split_id: str, tensor: np.ndarray, timeout: float = 10.0,
-        deadline_ms: float | None = None, stage: int | None = None, route: Sequence[Hop] = (),
-        alternative: tuple[str, float] | None = None, **tensor_fields: Any,
+        deadline: Deadline | None = None, leg: Leg | None = None, **tensor_fields: Any,
     ) -> InferResult:
         """Run the tail of ``split_id`` on the host for a cut tensor (B, ...); ``tensor_fields``
         (``scale``, ``zero_point``) for an affine uint8 one.
 
-        ``deadline_ms`` is the host's budget for the request (its queue and tail; None: none), and
+        ``deadline`` is the host's budget for the request (its queue and tail; None: none), and
         ``timeout`` how long this device waits for the reply: apart, because a frame's budget is far
         shorter than the time after which a silent host is taken for gone, and a frame the host says
-        it cannot answer in time must not cost the connection. For a chain, ``stage`` is the stage
-        this host runs and ``route`` the hosts of the stages after it. ``alternative`` is what this
-        device would do instead and its ms (``("local", 300.0)``): the host then refuses for the
-        deadline only where it would answer after that too (:attr:`InferRequest.give_up_ms`).
+        it cannot answer in time must not cost the connection. For a chain (or a fragment), ``leg``
+        is the stage this host runs and the hosts of the stages after it.
         """
         quantization = Quantization(**tensor_fields) if tensor_fields else None
-        name, ms = alternative if alternative is not None else (None, None)
+        deadline_ms = None if deadline is None else deadline.ms
+        name, ms = deadline.alternative if deadline is not None and deadline.alternative is not None else (None, None)
+        stage, route = (None, ()) if leg is None else (leg.stage, tuple(leg.route))
         request = InferRequest(self._next_id(), bundle_id, split_id, tensor, deadline_ms, quantization, stage,
-                               tuple(route), name, ms)
+                               route, name, ms)
         reply, timing = await self._call_timed(request, timeout)
         assert isinstance(reply, InferReply)
         return InferResult(

@@ -17,7 +17,7 @@ import pytest
 from device_runtime.bundle import FULL, HEAD, LOCAL, Bundle
 from device_runtime.engine.backend import OnnxBackend
 from device_runtime.engine.runner import DeviceRunner
-from device_runtime.wire.client import Credentials, HostClient
+from device_runtime.wire.client import Credentials, HostClient, Leg
 from device_runtime.hosts.host_link import HostLink
 from device_runtime.stream.camera import open_source
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig
@@ -52,7 +52,7 @@ def chain_infer(bundle: Bundle, first: RunningHost, route: tuple[Hop, ...], x: n
     async def go():
         client = await HostClient.connect(first.host, first.port, credentials=Credentials(key=key))
         try:
-            return await client.infer(bundle.id, TEST_CHAIN, cut, 30.0, stage=1, route=route)
+            return await client.infer(bundle.id, TEST_CHAIN, cut, 30.0, leg=Leg(1, tuple(route)))
         finally:
             await client.close()
 

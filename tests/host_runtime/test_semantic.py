@@ -23,7 +23,7 @@ from device_runtime.engine.runner import DeviceRunner
 from device_runtime.hosts.host_link import HostLink
 from device_runtime.wire.pool import ClientPool
 from device_runtime.stream.camera import Frame, FrameSource, open_source
-from device_runtime.stream.fragments import gather, merge
+from device_runtime.stream.fragments import FragmentRequest, merge
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig
 from device_runtime.stream.policy import BanditPolicy, StaticPolicy
 from device_runtime.stream.reason import BANDIT, FIXED
@@ -62,8 +62,9 @@ def gathered(bundle: Bundle, placement: dict[int, str], cut: np.ndarray, wait_s:
     async def go():
         pool = ClientPool()
         try:
-            return await gather(pool, placement, bundle.id, bundle.manifest.split(SEMANTIC_SPLIT),
-                                len(bundle.manifest.model.labels), cut, wait_s, 30.0)
+            request = FragmentRequest(bundle.id, bundle.manifest.split(SEMANTIC_SPLIT), len(bundle.manifest.model.labels),
+                                      cut, 30.0)
+            return await request.gather(pool, placement, wait_s)
         finally:
             await pool.close()
 
