@@ -62,7 +62,7 @@ from slow_board import cpu_s, slowed_cpu
 
 from calibration import SplitSelector, decision_cost_us, load
 from device_runtime.bundle import LOCAL, OFFLOAD
-from device_runtime.wire.client import HostClient
+from device_runtime.link import HostClient
 from fieldtrial.trace import read_trace
 from testbed import EmulatedLink, RateSchedule, trace_steps, unavailable_reason
 from testbed.namespace_host import serve_in

@@ -65,7 +65,7 @@ import numpy as np
 
 from device_runtime.bundle import Bundle
 from device_runtime.engine.backend import Backend, OnnxBackend
-from device_runtime.wire.client import HostClient
+from device_runtime.link import HostClient
 from host_runtime.event_loop import LOOPS, loop_runner
 from host_runtime.tails import TF32_ERROR, TailRegistry
 from splitedge.errors import HostUnavailableError, RemoteError

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from device_runtime.wire.client import HostClient
+from device_runtime.link import HostClient
 from host_runtime.server import HostServer, ServerConfig
 from host_runtime.tails import TailRegistry
 

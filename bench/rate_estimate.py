@@ -11,7 +11,7 @@ estimate (``LinkMeter.rate_bps``) is sampled every 50 ms after a warm-up:
 * board **idle**: nothing else runs on its CPU; **saturated**: the full model runs back to back
   in a thread of the board's process (the head, the GIL, the event loop all busy) and a process
   spinning on the board's CPU takes its share of it;
-* timing: **kernel** (this runtime: TCP_INFO, ACK and reply stamps, :mod:`device_runtime.wire.kernel_timing`)
+* timing: **kernel** (this runtime: TCP_INFO, ACK and reply stamps, :mod:`device_runtime.link._kernel_timing`)
   and **device** (the device's own clock, as before issue 14 and wherever the kernel's timings
   are missing), in the same run, alternately.
 
@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from device_runtime.bundle import LOCAL, OFFLOAD, Bundle  # noqa: E402
 from device_runtime.engine.runner import DeviceRunner
-from device_runtime.wire.client import HostClient
+from device_runtime.link import HostClient
 from device_runtime.hosts.host_link import HostLink
 from device_runtime.hosts.link_meter import LinkMeter
 from device_runtime.stream.camera import Synthetic

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from device_runtime.engine.backend import OnnxBackend
-from device_runtime.wire.client import HostClient, InferResult
+from device_runtime.link import HostClient, InferResult
 
 
 def slow_down(ratio: float) -> None:

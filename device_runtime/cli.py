@@ -24,7 +24,7 @@ from device_runtime.bundle import FORMATS, Bundle
 from device_runtime.engine import AUTO, PRECISIONS, PREPROCESS_PATHS
 from device_runtime.live import live_flag
 from device_runtime.run import DEFAULT, QUIET, VERBOSE, Output, calibrate_board, run_stream, table_text
-from device_runtime.wire import kernel_timing_support
+from device_runtime.link import kernel_timing_support
 from splitedge import SplitEdgeError, add_report_arguments, exit_on_signals, run_command
 
 EXAMPLES = """\

@@ -44,7 +44,8 @@ from device_runtime.stream import (
     RunEvents, SplitPolicy, StaticPolicy, TraceWriter, frame_record, open_source, pi_camera_absent, read_head_times,
     read_pace,
 )
-from device_runtime.wire import Credentials, HostClient, client_context, load_key
+from device_runtime.link import Credentials, HostClient
+from device_runtime.wire import client_context, load_key
 from splitedge import BundleError, CameraError, HostUnavailableError, SplitEdgeError, notify, stop_on_signals
 
 __all__ = ["DEFAULT", "Output", "QUIET", "VERBOSE", "calibrate_board", "drop_forecast", "run_stream", "table_text"]

@@ -2,7 +2,7 @@
 
 A request for a chain's stage carries its route (:class:`~device_runtime.wire.ops.Hop`): this
 host runs its stage and sends the result to the next hop as any device would, with the protocol's
-one client (:class:`~device_runtime.wire.client.HostClient`) and this host's own key, so a hop
+one client (:class:`~device_runtime.link.HostClient`) and this host's own key, so a hop
 that authenticates frames takes it only from hosts of the same fleet.
 
 Who may be a next hop is a wall, not a convenience: a route names addresses, and a host that
@@ -24,7 +24,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from device_runtime.wire import ClientPool, Credentials, Deadline, ErrorCode, HopTiming, InferRequest, Leg, LinksRequest
+from device_runtime.link import ClientPool, Credentials, Deadline, Leg
+from device_runtime.wire import ErrorCode, HopTiming, InferRequest, LinksRequest
 from splitedge import ProtocolError, RemoteError, SplitEdgeError
 
 __all__ = ["MAX_PEERS", "Peers"]
@@ -39,10 +40,10 @@ class Peers(ClientPool):
     """Connections to next hops, made on first use, to the hosts this host may dial."""
 
     def __init__(
-        self, credentials: Credentials = Credentials(), allowed: Iterable[str] = (), connect_timeout: float = 5.0,
+        self, key: bytes | None = None, allowed: Iterable[str] = (), connect_timeout: float = 5.0,
         forward_timeout: float = 10.0,
     ) -> None:
-        super().__init__(credentials, connect_timeout, MAX_PEERS, what="next hop")
+        super().__init__(Credentials(key=key), connect_timeout, MAX_PEERS, what="next hop")
         self.allowed = frozenset(allowed)  # --peer addresses; with a key, any address may be a next hop
         self.forward_timeout = forward_timeout  # s to wait for a next hop's answer when the request has no deadline
         self.links: dict[str, tuple[float, float]] = {}  # peer -> (rate bit/s, round trip ms), last measured

@@ -42,7 +42,6 @@ from prometheus_client import Counter as PromCounter, Gauge as PromGauge
 
 from device_runtime.wire import REFUSAL_KINDS, FrameBudget, FramedProtocol, HostAuth
 from device_runtime import stage_id
-from device_runtime.wire import Credentials
 from device_runtime.wire import (
     ErrorReply,
     HelloReply,
@@ -424,7 +423,7 @@ class HostServer:
         PromGauge(PREFIX + "partial_frame_bytes", "Bytes held for frames still arriving, all connections (bounded "
                   "by max_partial_bytes).", registry=self.stats.registry).set_function(lambda: self.budget.held)
         # a chain's next hops, and the links to peers last measured
-        self.peers = Peers(Credentials(key=config.key), config.peers, forward_timeout=config.forward_timeout)
+        self.peers = Peers(config.key, config.peers, forward_timeout=config.forward_timeout)
         # What profile and links requests may spend, all connections together (a burst of four requests).
         self.costly = CostlyWork({
             "profile": Rate(config.profile_rate, 4 * config.profile_budget_s, lambda: self.clock()),

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from device_runtime import FULL, HEAD, LOCAL, Bundle
 from device_runtime.engine import DeviceRunner
-from device_runtime.wire import HostClient
+from device_runtime.link import HostClient
 from device_runtime.hosts import host_address
 from device_runtime.stream import open_source, top1
 from splitedge import SplitEdgeError

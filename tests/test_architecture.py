@@ -52,20 +52,23 @@ BOARD_ROOMS: dict[str, set[str]] = {
     "bundle": set(),
     "bundle_slice": {"bundle"},
     "wire": {"bundle"},
+    "link": {"bundle", "wire"},  # the board's client, its pool and the kernel's timing, on the contract
     "engine": {"bundle", "wire"},
-    "hosts": {"bundle", "wire"},
-    "stream": {"bundle", "wire", "engine", "hosts"},
-    "board": {"bundle", "wire", "engine", "hosts"},
-    "live": {"bundle", "wire", "engine", "hosts", "stream"},  # the live pages: what the stream publishes
-    "run": {"bundle", "wire", "engine", "hosts", "stream", "board", "live"},
-    "cli": {"bundle", "bundle_slice", "wire", "engine", "hosts", "stream", "board", "live", "run"},
+    "hosts": {"bundle", "wire", "link"},
+    "stream": {"bundle", "wire", "link", "engine", "hosts"},
+    "board": {"bundle", "wire", "link", "engine", "hosts"},
+    "live": {"bundle", "wire", "link", "engine", "hosts", "stream"},  # the live pages: what the stream publishes
+    "run": {"bundle", "wire", "link", "engine", "hosts", "stream", "board", "live"},
+    "cli": {"bundle", "bundle_slice", "wire", "link", "engine", "hosts", "stream", "board", "live", "run"},
 }
 #: Launched, not imported: the board's systemd unit runs ``python -m device_runtime.cli run``.
 LAUNCHED = {("device_runtime.board.service", "device_runtime.cli")}
-#: The host imports the two contracts (the protocol's client and its pool of connections, with
-#: which it passes a chain's request on, are the protocol's), the engine for its sessions, and
-#: the live pages' server (``split-host serve --live``: one page server for the board and the host).
+#: The host imports the two contracts, the engine for its sessions, and the live pages' server
+#: (``split-host serve --live``: one page server for the board and the host).
 HOST_SEES = {"bundle", "wire", "engine", "live"}
+#: ... and the board's link (the protocol's client and its pool) only where it dials peers: a
+#: chain's next hops and the links measured to them.
+HOST_DIALS = {"host_runtime.peers"}
 
 #: (module, what it may import inside a function): the only lazy imports that go up or sideways.
 #: None: ``split-device report`` reaches ``fieldtrial`` through an entry point.
@@ -178,8 +181,19 @@ def test_the_host_uses_only_the_contracts_and_the_engine_of_the_board_runtime() 
         for path in modules_of("host_runtime")
         for imp in imports_of(path)
         if (room := board_room(imp.module)) is not None and room not in HOST_SEES
+        and not (room == "link" and module_name(path) in HOST_DIALS)
     ]
     assert offences == []
+
+
+def test_the_host_dials_peers_in_one_module_only(tmp_path: Path) -> None:
+    """The board's link is the host's only in ``HOST_DIALS``: a host module elsewhere that imports
+    it is refused by the rule above (checked here on a probe, so the rule cannot go blind)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("from device_runtime.link import ClientPool\n")
+    assert board_room(imports_of(probe, package="host_runtime")[0].module) == "link"
+    assert "link" not in HOST_SEES and HOST_DIALS == {"host_runtime.peers"}
+    assert any(board_room(i.module) == "link" for i in imports_of(ROOT / "host_runtime" / "peers.py"))
 
 
 def test_a_process_started_with_python_m_counts_as_an_import(tmp_path: Path) -> None:

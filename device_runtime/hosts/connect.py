@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from device_runtime.bundle import Bundle
-from device_runtime.wire import Credentials, HostClient
+from device_runtime.link import Credentials, HostClient
 from device_runtime.hosts.discovery import discover
 from splitedge import HostUnavailableError
 

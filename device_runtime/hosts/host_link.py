@@ -14,7 +14,7 @@ import logging
 from typing import Sequence
 
 from device_runtime.bundle import Bundle
-from device_runtime.wire import Credentials, HostClient
+from device_runtime.link import Credentials, HostClient
 from device_runtime.hosts.connect import connect_host, host_address
 from splitedge import HostUnavailableError
 

@@ -37,7 +37,8 @@ import time
 from collections.abc import Callable
 
 from calibration import MIN_SAMPLE_BYTES, RateEstimator
-from device_runtime.wire import ErrorCode, InferResult, UploadTiming
+from device_runtime.link import InferResult, UploadTiming
+from device_runtime.wire import ErrorCode
 from splitedge import HostUnavailableError, RemoteError
 
 __all__ = ["LinkMeter", "probe_bytes"]
@@ -199,7 +200,7 @@ class LinkMeter:
         self, payload_bytes: int, round_trip_ms: float, upload: UploadTiming | None = None
     ) -> float | None:
         """A ``ping`` with a payload: no host compute, nothing else in flight; ``upload`` what
-        ``TCP_INFO`` showed of it (:class:`~device_runtime.wire.client.Probe`).
+        ``TCP_INFO`` showed of it (:class:`~device_runtime.link.Probe`).
 
         Returns the probe's own rate in bit/s (its payload over its time on the wire; ``inf``
         when it came back no later than a bare ping: the link is faster than it can show),

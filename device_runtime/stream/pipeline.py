@@ -58,7 +58,7 @@ from device_runtime.stream.probing import LinkProber
 from device_runtime.stream.reason import NO_HOST, Reason
 from device_runtime.stream.remote import HostAnswers
 from device_runtime.stream.results import DROP_QUEUE_FULL, FrameResult
-from device_runtime.wire import HostClient
+from device_runtime.link import HostClient
 
 __all__ = ["Pipeline", "PipelineConfig", "PipelineStats"]
 

@@ -12,7 +12,7 @@ import asyncio
 from device_runtime.hosts import HostLink, LinkMeter, probe_bytes
 from device_runtime.stream.config import PipelineConfig
 from device_runtime.stream.handoff import InFlight
-from device_runtime.wire import HostClient
+from device_runtime.link import HostClient
 from splitedge import HostUnavailableError, RemoteError
 
 __all__ = ["LinkProber"]

@@ -43,18 +43,12 @@ from device_runtime.wire.tls import accept_tls, client_context, server_context
 from device_runtime.wire.txt import TxtRecord, parse_txt, txt_record
 
 from device_runtime.wire.auth import REFUSAL_KINDS
-from device_runtime.wire.client import Credentials, Deadline, HostClient, InferResult, Leg
 from device_runtime.wire.framing import FrameBudget
-from device_runtime.wire.kernel_timing import UploadTiming, kernel_timing_support
 from device_runtime.wire.ops import MAX_LINKS_REQUEST_BYTES, ErrorCode, LinksReply, LinksRequest, MAX_PROFILE_REPEATS, split_address
-from device_runtime.wire.pool import ClientPool
 from device_runtime.wire.txt import SERVICE_TYPE, open_zeroconf
 
 __all__ = [
-    "ClientPool",
-    "Credentials",
     "DEFAULT_MAX_FRAME_BYTES",
-    "Deadline",
     "DecodeLimits",
     "DeviceAuth",
     "ERROR_CODES",
@@ -69,11 +63,8 @@ __all__ = [
     "Hop",
     "HopTiming",
     "HostAuth",
-    "HostClient",
     "InferReply",
     "InferRequest",
-    "InferResult",
-    "Leg",
     "LinksReply",
     "LinksRequest",
     "MAX_LINKS_REQUEST_BYTES",
@@ -98,7 +89,6 @@ __all__ = [
     "StatsReply",
     "StatsRequest",
     "TxtRecord",
-    "UploadTiming",
     "affine_params",
     "accept_tls",
     "client_context",
@@ -109,7 +99,6 @@ __all__ = [
     "encode_bytes",
     "encode_message",
     "error_reply",
-    "kernel_timing_support",
     "load_key",
     "open_zeroconf",
     "parse_reply",

@@ -31,6 +31,16 @@ import numpy as np
 
 from splitedge import Fields, ProtocolError, shown
 
+#: The messages, a public sub-face of :mod:`device_runtime.wire` (``from device_runtime.wire.ops import
+#: InferRequest``); the protocol's version and its error codes are on the wire's face itself.
+__all__ = [
+    "DEFAULT_LINK_BYTES", "ERROR_CODES", "MAX_LINKS_REQUEST_BYTES", "MAX_PROFILE_REPEATS", "MAX_ROUTE_HOPS",
+    "OPS", "REPLIES", "REQUESTS", "ErrorReply", "HelloReply", "HelloRequest", "Hop", "HopTiming",
+    "InferReply", "InferRequest", "LinksReply", "LinksRequest", "PingReply", "PingRequest", "ProfileReply",
+    "ProfileRequest", "Quantization", "Reply", "Request", "StatsReply", "StatsRequest", "error_reply",
+    "parse_reply", "parse_request", "split_address",
+]
+
 PROTOCOL_VERSION = 1
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from device_runtime.bundle import Bundle
 from device_runtime.engine.backend import OnnxBackend
-from device_runtime.wire.client import HostClient
+from device_runtime.link import HostClient
 from splitedge.errors import RemoteError
 from tests.conftest import RunningHost
 

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from device_runtime.bundle import Bundle
-from device_runtime.wire.client import HostClient
+from device_runtime.link import HostClient
 from device_runtime.hosts.discovery import HostAdvert, discover
 from host_runtime.advertise import Advertiser
 from host_runtime.batcher import BatchConfig, LoadMeter

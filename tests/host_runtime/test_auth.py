@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from device_runtime.bundle import Bundle
-from device_runtime.wire.client import Credentials, HostClient
+from device_runtime.link import Credentials, HostClient
 from device_runtime.hosts.connect import connect_host
 from device_runtime.hosts.discovery import discover
 from device_runtime.wire.auth import DeviceAuth

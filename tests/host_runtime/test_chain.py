@@ -17,7 +17,7 @@ import pytest
 from device_runtime.bundle import FULL, HEAD, LOCAL, Bundle
 from device_runtime.engine.backend import OnnxBackend
 from device_runtime.engine.runner import DeviceRunner
-from device_runtime.wire.client import Credentials, HostClient, Leg
+from device_runtime.link import Credentials, HostClient, Leg
 from device_runtime.hosts.host_link import HostLink
 from device_runtime.stream.camera import open_source
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig

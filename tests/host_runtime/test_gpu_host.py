@@ -376,7 +376,7 @@ def test_the_host_warms_and_runs_each_bucket_on_its_own_session(mobilenet_bundle
     """The host as it runs on CUDA, forced on the CPU: its warm-up runs every bucket's session once, and
     a request of 3 samples then runs on the session of 4, answered with its own rows only."""
     from host_runtime.server import HostServer, ServerConfig
-    from device_runtime.wire import HostClient
+    from device_runtime.link import HostClient
 
     registry = TailRegistry([bundle], threads=1, device="cpu", buckets=BUCKETS, per_bucket=True)
     for tail in registry.tails.values():

@@ -13,7 +13,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from device_runtime.bundle import Bundle
-from device_runtime.wire import HostClient
+from device_runtime.link import HostClient
 from tests.conftest import TEST_SPLITS, RunningHost, start_host
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-host-dashboard.json"

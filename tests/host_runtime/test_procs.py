@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from device_runtime.bundle import Bundle
-from device_runtime.wire.client import HostClient
+from device_runtime.link import HostClient
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from device_runtime.wire.client import HostClient
+from device_runtime.link import HostClient
 from device_runtime.wire.ops import HelloReply
 from device_runtime.wire.protocol import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION, encode_message
 from host_runtime.cli import build_parser

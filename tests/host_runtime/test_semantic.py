@@ -21,7 +21,7 @@ from device_runtime.bundle import HEAD, Bundle
 from device_runtime.engine.backend import OnnxBackend
 from device_runtime.engine.runner import DeviceRunner
 from device_runtime.hosts.host_link import HostLink
-from device_runtime.wire.pool import ClientPool
+from device_runtime.link import ClientPool
 from device_runtime.stream.camera import Frame, FrameSource, open_source
 from device_runtime.stream.fragments import FragmentRequest, merge
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig

@@ -14,7 +14,7 @@ import pytest
 
 from device_runtime.bundle import LOCAL, Bundle
 from device_runtime.engine.backend import OnnxBackend
-from device_runtime.wire.client import HostClient
+from device_runtime.link import HostClient
 from device_runtime.wire.protocol import decode, encode_bytes
 from splitedge.errors import RemoteError
 from tests.conftest import TEST_CHAIN, TEST_SPLITS, RunningHost, start_host

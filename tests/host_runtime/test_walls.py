@@ -28,7 +28,7 @@ from typing import Any, Callable
 import pytest
 
 from device_runtime.bundle import OFFLOAD, Bundle
-from device_runtime.wire.client import Credentials, HostClient
+from device_runtime.link import Credentials, HostClient
 from device_runtime.wire.protocol import decode, encode_bytes
 from host_runtime import limits
 from host_runtime.cli import main

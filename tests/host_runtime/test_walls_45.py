@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 from device_runtime import Bundle
-from device_runtime.wire import Credentials, server_context
+from device_runtime.link import Credentials
+from device_runtime.wire import server_context
 from device_runtime.wire.tls import client_context
 from host_runtime.cli import _Stop
 from host_runtime.profiling import Costs, ProfilePlan, probe, run_profile

@@ -118,7 +118,7 @@ def test_info_on_this_machine_prints_unknown_board_and_the_backends(capsys: pyte
 def test_info_says_when_the_device_times_the_link_itself(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from device_runtime.wire.kernel_timing import KernelTimingSupport
+    from device_runtime.link import KernelTimingSupport
 
     monkeypatch.setattr(cli, "kernel_timing_support", lambda: KernelTimingSupport(False, False, False, "no TCP_INFO"))
     assert cli.main(["info"]) == 0

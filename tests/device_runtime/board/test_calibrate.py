@@ -98,7 +98,7 @@ def _profiled(mobilenet_bundle: Path, batches: tuple[int, ...], splits: list[str
     the machine runs). The host runs in this process, whose other threads' CPU it counts too: a
     request they push past the budget is ``overloaded`` (this host is slower now) and asked again,
     as a board asks a busy host, without the board's 5 s wait."""
-    from device_runtime.wire.client import HostClient
+    from device_runtime.link import HostClient
     from tests.conftest import start_host
 
     bundle_id = Bundle.load(mobilenet_bundle, roles=()).id

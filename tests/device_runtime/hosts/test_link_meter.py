@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from calibration import RateEstimator
-from device_runtime.wire.client import InferResult
-from device_runtime.wire.kernel_timing import UploadTiming
+from device_runtime.link import InferResult
+from device_runtime.link import UploadTiming
 from device_runtime.hosts.link_meter import OVERDUE_FACTOR, OVERDUE_SLACK_S, PROBE_MAX_BYTES, LinkMeter, probe_bytes
 from tests.calibration.test_timing import ManualClock
 

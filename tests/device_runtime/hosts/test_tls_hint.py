@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 import pytest
 
-from device_runtime.wire.client import Credentials, HostClient
+from device_runtime.link import Credentials, HostClient
 from device_runtime.wire.ops import HelloReply
 from device_runtime.wire.protocol import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION, encode_message
 from device_runtime.wire.tls import client_context, server_context

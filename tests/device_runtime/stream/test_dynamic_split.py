@@ -28,7 +28,7 @@ from calibration import FILENAME, Calibration, LatencyModel, RateEstimator, Spli
 from device_runtime.board.calibrate import calibration_for, manifest_sha256
 from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
 from device_runtime.engine.runner import DeviceRunner
-from device_runtime.wire.client import HostClient
+from device_runtime.link import HostClient
 from device_runtime.hosts.host_link import HostLink
 from device_runtime.hosts.link_meter import LinkMeter
 from device_runtime.stream.camera import Synthetic
@@ -36,8 +36,8 @@ from device_runtime.stream.pipeline import Pipeline, PipelineConfig
 from device_runtime.stream.policy import AutoPolicy, StaticPolicy
 from device_runtime.stream.reason import TABLE, UPLOAD_CAP, Choice
 from device_runtime.stream.results import FrameResult
-from device_runtime.wire.client import InferResult
-from device_runtime.wire.kernel_timing import UploadTiming
+from device_runtime.link import InferResult
+from device_runtime.link import UploadTiming
 from testbed import DelayRelay, EmulatedLink, unavailable_reason
 from tests.calibration.test_timing import ManualClock
 from testbed.namespace_host import running_host, serve_in

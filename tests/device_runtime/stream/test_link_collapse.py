@@ -25,8 +25,9 @@ from device_runtime.stream.pipeline import Pipeline, PipelineConfig
 from device_runtime.stream.policy import AutoPolicy
 from device_runtime.stream.reason import UPLOAD_CAP
 from device_runtime.stream.results import FrameResult
-from device_runtime.wire import Credentials, ErrorCode
-from device_runtime.wire.client import Probe
+from device_runtime.link import Credentials
+from device_runtime.wire import ErrorCode
+from device_runtime.link import Probe
 from splitedge import RemoteError
 from tests.calibration.test_timing import ManualClock
 

@@ -19,7 +19,7 @@ import ipaddress
 import socket
 from collections import OrderedDict
 
-from device_runtime.wire.client import Credentials, HostClient
+from device_runtime.link._client import Credentials, HostClient
 from device_runtime.wire.ops import split_address
 from splitedge import HostUnavailableError
 

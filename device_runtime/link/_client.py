@@ -6,7 +6,7 @@ in any order. Every wait is bounded: a host that stops answering raises
 pending request at once, so the caller can fall back without losing a frame.
 
 :class:`Credentials` carry what a device proves and trusts: the pre-shared key (every frame
-authenticated, see :mod:`device_runtime.wire.auth`) and the TLS context (see :mod:`device_runtime.wire.tls`).
+authenticated, see :mod:`device_runtime.wire._auth`) and the TLS context (see :mod:`device_runtime.wire.tls`).
 A failure of either raises :class:`AuthenticationError`, whose message names what to fix; so
 does a device without TLS that dials a host serving TLS.
 
@@ -23,13 +23,12 @@ import socket
 import ssl
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from device_runtime.wire.kernel_timing import POLL_FIRST_S, KernelTiming, UploadTiming, UploadWatch
-from device_runtime.wire.auth import DeviceAuth
-from device_runtime.wire.connection import FramedProtocol
+from device_runtime.link._kernel_timing import POLL_FIRST_S, KernelTiming, UploadTiming, UploadWatch
+from device_runtime.wire import DEFAULT_MAX_FRAME_BYTES, DeviceAuth, FramedProtocol, Oversized, decode
 from device_runtime.wire.ops import (
     DEFAULT_LINK_BYTES,
     ErrorReply,
@@ -41,7 +40,6 @@ from device_runtime.wire.ops import (
     InferRequest,
     LinksReply,
     LinksRequest,
-    Parts,
     PingRequest,
     ProfileReply,
     ProfileRequest,
@@ -51,8 +49,10 @@ from device_runtime.wire.ops import (
     StatsRequest,
     parse_reply,
 )
-from device_runtime.wire.protocol import DEFAULT_MAX_FRAME_BYTES, Oversized, decode
 from splitedge import AuthenticationError, FrameRefused, HostUnavailableError, ProtocolError, RemoteError
+
+#: A request as it goes out: its message, its tensor (None: none) and the tensor's fields.
+_Parts = tuple[dict[str, Any], Optional[np.ndarray], Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -324,7 +324,7 @@ class HostClient:
         exchange ``hello``; the host's answer is kept in :attr:`hello`.
 
         ``kernel_timing=False`` leaves the kernel's stamps and ``TCP_INFO`` off
-        (:mod:`~device_runtime.wire.kernel_timing`): a client that estimates no link (a load
+        (:mod:`~device_runtime.link._kernel_timing`): a client that estimates no link (a load
         generator standing in for boards) saves the third of its CPU per request they cost,
         and each request's timing is then its own clock's."""
         loop = asyncio.get_running_loop()
@@ -379,12 +379,12 @@ class HostClient:
     def _next_id(self) -> int:
         return next(self._ids)
 
-    async def _exchange(self, request_id: int, op: object, parts: Parts, timeout: float) -> dict[str, Any]:
+    async def _exchange(self, request_id: int, op: object, parts: _Parts, timeout: float) -> dict[str, Any]:
         """Send one request's frame and wait for the reply map carrying its id."""
         return (await self._exchange_timed(request_id, op, parts, timeout))[0]
 
     async def _exchange_timed(
-        self, request_id: int, op: object, parts: Parts, timeout: float
+        self, request_id: int, op: object, parts: _Parts, timeout: float
     ) -> tuple[dict[str, Any], _Timing]:
         """:meth:`_exchange`, and when the request went out and its reply came in."""
         protocol = self._protocol
@@ -478,7 +478,7 @@ class HostClient:
 
     def crossing(self) -> tuple[float, float] | None:
         """The rate (bit/s) and span (s) the kernel sees the oldest upload in flight crossing at
-        now (:meth:`~device_runtime.wire.kernel_timing.UploadWatch.crossing`); None without one."""
+        now (:meth:`~device_runtime.link._kernel_timing.UploadWatch.crossing`); None without one."""
         watch = self._protocol.watch
         return watch.crossing() if watch is not None else None
 

@@ -9,16 +9,9 @@ import time
 
 import pytest
 
-from device_runtime.wire.kernel_timing import (
-    POLL_FIRST_S,
-    POLL_GROWTH,
-    TcpInfo,
-    UploadTiming,
-    UploadWatch,
-    arrival_lag_s,
-    enable_rx_timestamps,
-    kernel_timing_support,
-    parse_tcp_info,
+from device_runtime.link import UploadTiming, kernel_timing_support
+from device_runtime.link._kernel_timing import (
+    POLL_FIRST_S, POLL_GROWTH, TcpInfo, UploadWatch, arrival_lag_s, enable_rx_timestamps, parse_tcp_info,
     read_tcp_info,
 )
 from tests.calibration.test_timing import ManualClock
@@ -124,7 +117,7 @@ def test_this_machines_kernel_gives_all_three() -> None:
 
 
 def test_without_the_kernels_timings_info_says_the_device_times_itself() -> None:
-    from device_runtime.wire.kernel_timing import KernelTimingSupport
+    from device_runtime.link import KernelTimingSupport
 
     none = KernelTimingSupport(False, False, False, "no TCP_INFO; no ACK stamps (SO_TIMESTAMPING) on TCP")
     assert none.describe() == "the device's own timing (no TCP_INFO; no ACK stamps (SO_TIMESTAMPING) on TCP)"
@@ -135,7 +128,7 @@ def test_without_the_kernels_timings_info_says_the_device_times_itself() -> None
 @linux_only
 def test_ack_stamps_are_keyed_by_each_writes_last_byte() -> None:
     """Two writes on loopback (a reader drains them): one stamp each, at the offset of its last byte."""
-    from device_runtime.wire.kernel_timing import KernelTiming
+    from device_runtime.link._kernel_timing import KernelTiming
 
     with _pair() as (client, server):
         kernel = KernelTiming(client)
@@ -276,7 +269,7 @@ def test_a_reply_that_waited_for_the_board_is_timed_at_its_arrival(host) -> None
     round trip is the 30 ms, the wait is told apart, and the upload was seen acknowledged."""
     import asyncio
 
-    from device_runtime.wire.client import HostClient
+    from device_runtime.link import HostClient
 
     async def go():
         client = await HostClient.connect(host.host, host.port)
@@ -301,7 +294,7 @@ def test_a_client_without_kernel_timing_looks_at_nothing_and_times_by_its_own_cl
     The default, on this Linux, has all three."""
     import asyncio
 
-    from device_runtime.wire.client import HostClient
+    from device_runtime.link import HostClient
 
     async def go(kernel_timing: bool):
         client = await HostClient.connect(host.host, host.port, kernel_timing=kernel_timing)
@@ -321,7 +314,7 @@ def test_a_client_without_kernel_timing_looks_at_nothing_and_times_by_its_own_cl
 def test_an_upload_crossing_slowly_shows_its_rate_before_it_is_done() -> None:
     """602 KB after the link dropped to 5 Mbit/s: a second to cross; looks no more than 50 ms
     apart, and the last 200 ms of them give the rate it crosses at now."""
-    from device_runtime.wire.kernel_timing import POLL_MAX_S
+    from device_runtime.link._kernel_timing import POLL_MAX_S
 
     clock, kernel = ManualClock(), _Kernel()
     watch = UploadWatch(kernel, clock)
