@@ -34,9 +34,9 @@ def round_trips(way: str, n: int, shape: tuple[int, ...]) -> None:
     """The measured work (run in the child under callgrind)."""
     import numpy as np
 
-    from device_runtime.wire.framing import FrameBudget, FrameDecoder
+    from device_runtime.wire import FrameBudget, FrameDecoder
     from device_runtime.wire.ops import InferReply, InferRequest, parse_reply, parse_request
-    from device_runtime.wire.protocol import decode, encode
+    from device_runtime.wire import decode, encode
 
     x = np.zeros(shape, np.float32)
     host, device = FrameDecoder(budget=FrameBudget(1 << 28)), FrameDecoder()

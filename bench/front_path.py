@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from device_runtime.wire import InferRequest
-from device_runtime.wire.protocol import encode_bytes
+from device_runtime.wire.ops import InferRequest
+from device_runtime.wire import encode_bytes
 from host_runtime.batcher import BatchConfig
 from host_runtime.server import HostServer, ServerConfig, _HostProtocol
 from host_runtime.tails import TailRegistry

@@ -72,9 +72,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from device_runtime import OFFLOAD, Bundle  # noqa: E402
 from device_runtime.link import Credentials, HostClient, Leg  # noqa: E402
-from device_runtime.wire import (  # noqa: E402
-    HelloReply, Hop, PROTOCOL_VERSION, client_context, encode_bytes, encode_message,
-)
+from device_runtime.wire import PROTOCOL_VERSION, client_context, encode_bytes, encode_message  # noqa: E402
+from device_runtime.wire.ops import HelloReply, Hop  # noqa: E402
 from host_runtime.metrics import stats_from  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from walls_pages import ROOT, alternate, board_fps, first_answer_s, observers, summary  # noqa: E402

@@ -5,7 +5,7 @@ Two things are quantized, for two reasons:
 - the **head** itself, with onnxruntime's static quantization (QDQ, int8 per-channel
   weights, uint8 activations), so the board computes in int8 where its CPU gains from it —
   measure: on some CPUs int8 is slower than float32;
-- the **cut tensor** on the link, as affine uint8 (:mod:`device_runtime.wire.quantization`),
+- the **cut tensor** on the link, as affine uint8 (:mod:`device_runtime.wire._quantization`),
   whatever the head's precision: four times fewer bytes. Its range comes from the float
   head's outputs on the calibration samples.
 """

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter as PromCounter
 
-from device_runtime.wire import ErrorCode, ErrorReply, FramedProtocol, accept_tls, encode_message
+from device_runtime.wire import ErrorCode, FramedProtocol, accept_tls, encode_message
+from device_runtime.wire.ops import ErrorReply
 from host_runtime.limits import ConnectionGate, ConnectionOrder, beyond_fair_share
 from host_runtime.metrics import PREFIX
 

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import zeroconf
 from zeroconf.asyncio import AsyncServiceInfo
 
-from device_runtime.wire import SERVICE_TYPE, open_zeroconf, txt_record
+from device_runtime.wire.txt import SERVICE_TYPE, open_zeroconf, txt_record
 
 log = logging.getLogger("splitedge.host")
 

@@ -12,7 +12,8 @@ from typing import Any, Callable, Sequence
 
 from splitedge import run_command
 from device_runtime.live import live_flag
-from device_runtime.wire import DEFAULT_MAX_FRAME_BYTES, load_key, server_context, split_address
+from device_runtime.wire import DEFAULT_MAX_FRAME_BYTES, load_key, server_context
+from device_runtime.wire.ops import split_address
 from host_runtime.advertise import Advertiser, local_address_for
 from host_runtime.batcher import BatchConfig
 from host_runtime.event_loop import LOOPS, loop_runner

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from device_runtime.wire import HelloReply
+from device_runtime.wire.ops import HelloReply
 from splitedge import Bounds, SettingError, as_flag_type
 
 __all__ = ["BOUNDS", "flag", "procs_flag", "sizes_flag"]

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from device_runtime.wire import ERROR_CODES, OPS
+from device_runtime.wire.ops import ERROR_CODES, OPS
 from host_runtime.metrics_http import MetricsEndpoint
 
 __all__ = ["PREFIX", "HostStats", "MetricsEndpoint", "stats_from"]

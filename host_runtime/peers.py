@@ -25,7 +25,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from device_runtime.link import ClientPool, Credentials, Deadline, Leg
-from device_runtime.wire import ErrorCode, HopTiming, InferRequest, LinksRequest
+from device_runtime.wire import ErrorCode
+from device_runtime.wire.ops import HopTiming, InferRequest, LinksRequest
 from splitedge import ProtocolError, RemoteError, SplitEdgeError
 
 __all__ = ["MAX_PEERS", "Peers"]

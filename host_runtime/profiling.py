@@ -43,7 +43,8 @@ from pathlib import Path
 import numpy as np
 
 from device_runtime.engine import Backend
-from device_runtime.wire import ErrorCode, ProfileRequest
+from device_runtime.wire import ErrorCode
+from device_runtime.wire.ops import ProfileRequest
 from host_runtime.tails import TailRegistry
 from splitedge import ProtocolError
 

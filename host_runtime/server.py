@@ -42,33 +42,14 @@ from prometheus_client import Counter as PromCounter, Gauge as PromGauge
 
 from device_runtime.wire import REFUSAL_KINDS, FrameBudget, FramedProtocol, HostAuth
 from device_runtime import stage_id
-from device_runtime.wire import (
-    ErrorReply,
-    HelloReply,
-    HelloRequest,
-    InferReply,
-    InferRequest,
-    LinksReply,
-    LinksRequest,
-    PingReply,
-    PingRequest,
-    ProfileReply,
-    ProfileRequest,
-    Reply,
-    Request,
-    StatsReply,
-    StatsRequest,
-    parse_request,
+from device_runtime.wire.ops import (
+    ErrorReply, HelloReply, HelloRequest, InferReply, InferRequest, LinksReply, LinksRequest, PingReply,
+    PingRequest, ProfileReply, ProfileRequest, Reply, Request, StatsReply, StatsRequest, parse_request,
 )
 from device_runtime.wire import (
-    DEFAULT_MAX_FRAME_BYTES,
-    MAX_LINKS_REQUEST_BYTES,
-    PROTOCOL_VERSION,
-    REQUEST_LIMITS,
-    ErrorCode,
-    Oversized,
-    decode,
+    DEFAULT_MAX_FRAME_BYTES, ErrorCode, Oversized, PROTOCOL_VERSION, REQUEST_LIMITS, decode,
 )
+from device_runtime.wire.ops import MAX_LINKS_REQUEST_BYTES
 from host_runtime.admission import Admission
 from host_runtime.batcher import BatchConfig, Batcher, BatchResult, Outcome, TailKey
 from host_runtime.limits import (
@@ -107,8 +88,8 @@ class ServerConfig:
     # anywhere else they ask for metrics_token, or metrics_http.metrics_token of ``key`` (issue 45)
     metrics_host: str = "127.0.0.1"
     metrics_token: bytes | None = field(default=None, repr=False)  # --metrics-token-file
-    key: bytes | None = field(default=None, repr=False)  # --key-file: every frame authenticated (device_runtime.wire.auth)
-    tls: ssl.SSLContext | None = None  # --tls-cert/--tls-key (device_runtime.wire.tls.server_context)
+    key: bytes | None = field(default=None, repr=False)  # --key-file: every frame authenticated (device_runtime.wire._auth)
+    tls: ssl.SSLContext | None = None  # --tls-cert/--tls-key (device_runtime.wire.server_context)
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # in all; past it a new connection is refused
     max_connections_per_address: int = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S  # s with nothing read and nothing in flight: closed

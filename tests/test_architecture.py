@@ -127,7 +127,7 @@ def top(name: str) -> str:
 
 
 def board_room(dotted: str) -> str | None:
-    """``device_runtime.wire.auth`` -> ``wire``; a name from the face (``device_runtime.Bundle``) ->
+    """``device_runtime.wire._auth`` -> ``wire``; a name from the face (``device_runtime.Bundle``) ->
     ``bundle``, the contract the face exports; ``device_runtime`` itself -> None."""
     parts = dotted.split(".")
     if len(parts) < 2 or parts[0] != "device_runtime":
@@ -212,7 +212,7 @@ def test_a_process_started_with_python_m_counts_as_an_import(tmp_path: Path) -> 
     assert Import("fieldtrial", True) in found
     assert Import("device_runtime.wire", False) in found
     assert Import("device_runtime.cli", False) in found
-    assert module_name(ROOT / "device_runtime" / "wire" / "auth.py") == "device_runtime.wire.auth"
+    assert module_name(ROOT / "device_runtime" / "wire" / "_auth.py") == "device_runtime.wire._auth"
 
 
 def test_the_board_box_builder_needs_only_the_standard_library() -> None:

@@ -1,10 +1,14 @@
 """Each package's ``__init__.py`` is its public face: ``__all__`` pinned here, every name real,
-and code outside a package imports it only through that face.
+and code outside a package imports it only through that face, or through a public sub-face
+listed here (``device_runtime.wire.ops``: a group that belongs together, with its own ``__all__``,
+as ``zeroconf.asyncio`` is zeroconf's).
 
 A name added to or dropped from a face is a change to what users import; it should be made
 here on purpose, not by accident. ``calibration`` and ``boards`` pin theirs in their own tests.
-A package's other modules are its own business: code in another package that imports one of
-them (``from device_runtime.wire.ops import ...``) is refused below, so they can change freely.
+A package's other modules are its own business, and in the packages listed in ``PRIVATE`` their
+names say so (``device_runtime/wire/_framing.py``): code in another package that imports one of
+them (``from device_runtime.wire._framing import ...``) is refused below, so they can change
+freely. No face exports more than :data:`MAX_NAMES` names. Tests may import private modules.
 """
 
 from __future__ import annotations
@@ -34,17 +38,13 @@ FACES = {
         "make_artifact", "semantic_id", "slice_bundle", "stage_id", "write_manifest",
     ],
     "device_runtime.wire": [
-        "DEFAULT_MAX_FRAME_BYTES", "DecodeLimits", "DeviceAuth", "ERROR_CODES",
-        "ErrorCode", "ErrorReply", "MAX_LINKS_REQUEST_BYTES", "REPLY_LIMITS", "REQUEST_LIMITS",
-        "FrameAuth", "FrameBudget", "FrameDecoder", "FramedProtocol", "HelloReply", "HelloRequest", "Hop",
-        "HopTiming", "HostAuth", "InferReply", "InferRequest", "LinksReply",
-        "LinksRequest", "MAX_PROFILE_REPEATS", "MAX_ROUTE_HOPS", "OPS", "Oversized", "PROTOCOL_VERSION",
-        "PingReply", "PingRequest", "ProfileReply", "ProfileRequest", "Quantization", "REFUSAL_KINDS",
-        "REPLIES", "REQUESTS", "Reply", "Request", "SERVICE_TYPE", "StatsReply", "StatsRequest", "TxtRecord",
-        "accept_tls", "affine_params", "client_context", "decode", "decode_tensor", "dequantize", "encode",
-        "encode_bytes", "encode_message", "error_reply", "load_key", "open_zeroconf",
-        "parse_reply", "parse_request", "parse_txt", "quantize", "server_context", "split_address",
-        "txt_record",
+        "DEFAULT_MAX_FRAME_BYTES", "DecodeLimits", "DeviceAuth", "ErrorCode", "FrameAuth", "FrameBudget", "FrameDecoder",
+        "FramedProtocol", "HostAuth", "Oversized", "PROTOCOL_VERSION", "REFUSAL_KINDS", "REPLY_LIMITS", "REQUEST_LIMITS",
+        "accept_tls", "affine_params", "client_context", "decode", "decode_tensor", "dequantize", "encode", "encode_bytes",
+        "encode_message", "load_key", "quantize", "server_context",
+    ],
+    "device_runtime.wire.txt": [
+        "MAX_BUNDLES", "SERVICE_TYPE", "TxtRecord", "open_zeroconf", "parse_txt", "txt_record",
     ],
     "device_runtime.wire.ops": [
         "DEFAULT_LINK_BYTES", "ERROR_CODES", "MAX_LINKS_REQUEST_BYTES", "MAX_PROFILE_REPEATS", "MAX_ROUTE_HOPS",
@@ -159,3 +159,49 @@ def test_the_face_check_sees_a_deep_import(tmp_path: Path) -> None:
     assert _imports(probe) == [(2, "device_runtime.wire.ops")]
     assert _package_of("device_runtime.wire.ops") == "device_runtime.wire"
     assert _package_of("device_runtime.Bundle") == "device_runtime"
+
+
+#: No face (nor sub-face) exports more than this: python-zeroconf, the anchor, exports 23.
+MAX_NAMES = 30
+#: Packages whose modules are their face, a sub-face in FACES, or private (a leading underscore).
+#: Modules started by name (``python -m``, entry points) that keep their names.
+LAUNCHED: dict[str, tuple[str, ...]] = {}
+PRIVATE = ("device_runtime.wire", "device_runtime.link")
+#: Faces not yet cut to MAX_NAMES (issue 46, one package at a time).
+STILL_WIDE = {"splitedge", "device_runtime", "device_runtime.board", "device_runtime.stream"}
+
+
+@pytest.mark.parametrize("face", sorted(FACES))
+def test_no_face_exports_more_than_thirty_names(face: str) -> None:
+    if face in STILL_WIDE:
+        pytest.skip("not yet cut")
+    assert len(FACES[face]) <= MAX_NAMES, f"{face} exports {len(FACES[face])} names"
+
+
+def test_every_name_imported_from_a_face_is_on_it() -> None:
+    """``from device_runtime.wire import X`` outside the package: X is in the face's ``__all__``
+    (a name left off a face is not the package's to give, even where the module has it)."""
+    offences = []
+    for top in PRODUCT:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            here = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            tree = ast.parse(path.read_text(), filename=str(path))
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.ImportFrom) and not node.level and node.module in FACES):
+                    continue
+                package = _package_of(node.module)
+                if here == package or here.startswith(f"{package}."):
+                    continue
+                offences += [f"{path.relative_to(ROOT)}:{node.lineno} {alias.name} from {node.module}"
+                             for alias in node.names if alias.name not in FACES[node.module]]
+    assert offences == []
+
+
+@pytest.mark.parametrize("package", PRIVATE)
+def test_modules_that_are_no_face_are_private(package: str) -> None:
+    folder = ROOT.joinpath(*package.split("."))
+    public = [path.name for path in sorted(folder.glob("*.py"))
+              if path.name != "__init__.py" and not path.name.startswith("_")
+              and f"{package}.{path.stem}" not in FACES and path.stem not in LAUNCHED.get(package, ())]
+    assert public == []

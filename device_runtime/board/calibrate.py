@@ -56,7 +56,7 @@ from calibration import WIDE_MIN_MS, WIDE_RATIO, widest
 from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle
 from device_runtime.engine import DeviceRunner
 from device_runtime.link import HostClient
-from device_runtime.wire import MAX_PROFILE_REPEATS
+from device_runtime.wire.ops import MAX_PROFILE_REPEATS
 from splitedge import BundleError, RemoteError
 
 __all__ = [

@@ -10,7 +10,7 @@ so a camera loop at a steady batch size never re-allocates.
 Whatever the model stores inside, the backend is float32 in and float32 out, like the
 ONNX backend: a model with quantized (int8/uint8) input has each frame quantized with the
 input's scale and zero point, and a quantized output is dequantized, so heads, tails and
-the validator never see the difference. The arithmetic is the wire's (:mod:`device_runtime.wire.quantization`,
+the validator never see the difference. The arithmetic is the wire's (:mod:`device_runtime.wire._quantization`,
 which the link's uint8 uses too), given the tensor's dtype. Models from :mod:`exporter.tflite_export`
 have float I/O already; quantized I/O comes from other converters.
 """

@@ -14,7 +14,7 @@ from typing import Sequence
 from zeroconf import IPVersion, ServiceStateChange, Zeroconf
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo
 
-from device_runtime.wire import SERVICE_TYPE, open_zeroconf, parse_txt
+from device_runtime.wire.txt import SERVICE_TYPE, open_zeroconf, parse_txt
 
 log = logging.getLogger("splitedge.device")
 

@@ -6,7 +6,7 @@ in any order. Every wait is bounded: a host that stops answering raises
 pending request at once, so the caller can fall back without losing a frame.
 
 :class:`Credentials` carry what a device proves and trusts: the pre-shared key (every frame
-authenticated, see :mod:`device_runtime.wire._auth`) and the TLS context (see :mod:`device_runtime.wire.tls`).
+authenticated, see :mod:`device_runtime.wire._auth`) and the TLS context (see :mod:`device_runtime.wire._tls`).
 A failure of either raises :class:`AuthenticationError`, whose message names what to fix; so
 does a device without TLS that dials a host serving TLS.
 

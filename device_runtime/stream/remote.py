@@ -22,7 +22,8 @@ from device_runtime.stream.handoff import HeadDone, InFlight
 from device_runtime.stream.policy import SplitPolicy
 from device_runtime.stream.results import FrameResult
 from device_runtime.link import Deadline, HostClient, InferResult, Leg
-from device_runtime.wire import ErrorCode, Hop
+from device_runtime.wire import ErrorCode
+from device_runtime.wire.ops import Hop
 from splitedge import HostUnavailableError, RemoteError
 
 __all__ = ["HostAnswers"]

@@ -8,9 +8,9 @@ parser (``parse``) of its message, so the device and the host cannot drift apart
 :func:`parse_reply` check every field's type and range and raise :class:`ProtocolError`
 (``bad_request``, carrying the request's id) naming the field.
 
-Sans-IO and sans-bytes: messages here are the maps :func:`~device_runtime.wire.protocol.decode`
+Sans-IO and sans-bytes: messages here are the maps :func:`~device_runtime.wire._protocol.decode`
 returns (a tensor already a numpy array) and ``parts`` returns what
-:func:`~device_runtime.wire.protocol.encode` takes. ``infer`` is parsed per request at tens of
+:func:`~device_runtime.wire._protocol.encode` takes. ``infer`` is parsed per request at tens of
 thousands a second: parsers are plain checks on a dict, with no reflection per call, and the
 dataclasses are not frozen (a frozen one's ``__init__`` goes through ``object.__setattr__`` for
 every field: a quarter of what typing the ops cost per round trip, measured with callgrind).
@@ -83,7 +83,7 @@ DEFAULT_PROFILE_REPEATS = 10
 _FIELDS = Fields(ProtocolError)  # raises ProtocolError("<field path>: expected ..., got ...")
 _NO_TENSOR_FIELDS: Mapping[str, Any] = MappingProxyType({})
 
-#: What :func:`~device_runtime.wire.protocol.encode` takes: the map without its tensor, the tensor
+#: What :func:`~device_runtime.wire._protocol.encode` takes: the map without its tensor, the tensor
 #: (None: none) and the tensor's own fields (``scale``, ``zero_point``).
 Parts = tuple[dict[str, Any], Optional[np.ndarray], Mapping[str, Any]]
 
@@ -412,7 +412,7 @@ OPS = tuple(REQUESTS)
 
 
 def parse_request(message: Mapping[str, Any]) -> Request:
-    """The typed request in a decoded frame (:func:`~device_runtime.wire.protocol.decode`'s map).
+    """The typed request in a decoded frame (:func:`~device_runtime.wire._protocol.decode`'s map).
 
     Raises :class:`ProtocolError` (``bad_request``, with the request's id) for an unknown op or
     a field of the wrong type or out of range. What only the host can judge (is the bundle

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from zeroconf import IPVersion
 from zeroconf.asyncio import AsyncZeroconf
 
-from device_runtime.wire.protocol import PROTOCOL_VERSION
+from device_runtime.wire._protocol import PROTOCOL_VERSION
 
 __all__ = ["MAX_BUNDLES", "SERVICE_TYPE", "TxtRecord", "open_zeroconf", "parse_txt", "txt_record"]
 

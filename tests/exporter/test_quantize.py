@@ -15,7 +15,7 @@ from device_runtime.engine import INT8_MARGIN  # noqa: E402
 from device_runtime.engine.backend import OnnxBackend  # noqa: E402
 from device_runtime.engine.runner import DeviceRunner  # noqa: E402
 from device_runtime.link import HostClient  # noqa: E402
-from device_runtime.wire.quantization import quantize  # noqa: E402
+from device_runtime.wire._quantization import quantize  # noqa: E402
 from exporter.cli import main  # noqa: E402
 from exporter.datasets import FASHION_MNIST_DIR, load_images  # noqa: E402
 from tests.conftest import start_host  # noqa: E402

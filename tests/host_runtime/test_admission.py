@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from device_runtime.bundle import Bundle
-from device_runtime.wire.protocol import encode_bytes
+from device_runtime.wire._protocol import encode_bytes
 from host_runtime.batcher import BatchConfig
 from tests.conftest import TEST_SPLITS, start_host
 from tests.host_runtime.helpers import Held, cut, infer, run_with_client, unbatched

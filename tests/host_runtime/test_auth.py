@@ -23,9 +23,9 @@ from device_runtime.bundle import Bundle
 from device_runtime.link import Credentials, HostClient
 from device_runtime.hosts.connect import connect_host
 from device_runtime.hosts.discovery import discover
-from device_runtime.wire.auth import DeviceAuth
-from device_runtime.wire.protocol import decode, encode
-from device_runtime.wire.tls import client_context, server_context
+from device_runtime.wire._auth import DeviceAuth
+from device_runtime.wire._protocol import decode, encode
+from device_runtime.wire._tls import client_context, server_context
 from host_runtime.advertise import Advertiser
 from splitedge.errors import AuthenticationError, HostUnavailableError
 from tests.conftest import TEST_SPLITS, RunningHost, start_host

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from device_runtime.wire.framing import FrameBudget, FrameDecoder, Oversized
+from device_runtime.wire._framing import FrameBudget, FrameDecoder, Oversized
 
 
 def started(decoder: FrameDecoder, length: int, have: int = 10) -> list:

@@ -57,8 +57,8 @@ from hypothesis import strategies as st
 
 from device_runtime.bundle import Bundle
 from device_runtime.engine.backend import OnnxBackend
-from device_runtime.wire.protocol import DTYPES, ERROR_CODES, MAX_NDIM, OPS, PROTOCOL_VERSION
-from device_runtime.wire.quantization import dequantize
+from device_runtime.wire._protocol import DTYPES, ERROR_CODES, MAX_NDIM, OPS, PROTOCOL_VERSION
+from device_runtime.wire._quantization import dequantize
 from tests.conftest import TEST_SPLITS
 from tests.host_runtime.helpers import port_from_log, serve_process
 
@@ -943,8 +943,8 @@ READ_SLACK_BYTES = 1 << 20
 
 
 def _read_frames(stream: bytes) -> list[Any]:
-    from device_runtime.wire.framing import FrameDecoder
-    from device_runtime.wire.protocol import REQUEST_LIMITS, decode
+    from device_runtime.wire._framing import FrameDecoder
+    from device_runtime.wire._protocol import REQUEST_LIMITS, decode
     from splitedge import ProtocolError
 
     results: list[Any] = []

@@ -12,7 +12,7 @@ import pytest
 
 from device_runtime.link import HostClient
 from device_runtime.wire.ops import HelloReply
-from device_runtime.wire.protocol import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION, encode_message
+from device_runtime.wire._protocol import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION, encode_message
 from host_runtime.cli import build_parser
 from splitedge.errors import HostUnavailableError
 from tests.conftest import start_host

@@ -15,7 +15,7 @@ import pytest
 from device_runtime.bundle import LOCAL, Bundle
 from device_runtime.engine.backend import OnnxBackend
 from device_runtime.link import HostClient
-from device_runtime.wire.protocol import decode, encode_bytes
+from device_runtime.wire._protocol import decode, encode_bytes
 from splitedge.errors import RemoteError
 from tests.conftest import TEST_CHAIN, TEST_SPLITS, RunningHost, start_host
 
@@ -258,7 +258,7 @@ def test_stats_count_requests_and_tail_times(host: RunningHost, bundle: Bundle) 
 def test_frame_in_small_segments_costs_few_reads(host: RunningHost, monkeypatch) -> None:
     """SO_RCVLOWAT: a 250 KB frame trickling in as 1460-byte segments wakes the host a few
     times, not once per segment (172 reads without it, measured)."""
-    from device_runtime.wire.connection import FramedProtocol
+    from device_runtime.wire._connection import FramedProtocol
 
     reads = []
     original = FramedProtocol.buffer_updated
@@ -276,7 +276,7 @@ def test_frame_in_small_segments_costs_few_reads(host: RunningHost, monkeypatch)
 def test_uint8_transmission_is_dequantized_before_the_tail(host: RunningHost, bundle: Bundle) -> None:
     """The board sends the cut as uint8 with scale and zero point; the host's answer matches
     the float32 one within what 8 bits can say, and top-1 is unchanged."""
-    from device_runtime.wire.quantization import affine_params, quantize
+    from device_runtime.wire._quantization import affine_params, quantize
 
     cut, expected = cut_tensor(bundle, TEST_SPLITS[1], 3)
     scale, zero_point = affine_params(cut.min(), cut.max())
@@ -303,7 +303,7 @@ def test_uint8_is_dequantized_on_a_worker_not_the_event_loop(host: RunningHost, 
     import threading
 
     import host_runtime.batcher as batcher
-    from device_runtime.wire.quantization import affine_params, quantize
+    from device_runtime.wire._quantization import affine_params, quantize
 
     threads = []
     original = batcher.dequantize

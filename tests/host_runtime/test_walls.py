@@ -29,7 +29,7 @@ import pytest
 
 from device_runtime.bundle import OFFLOAD, Bundle
 from device_runtime.link import Credentials, HostClient
-from device_runtime.wire.protocol import decode, encode_bytes
+from device_runtime.wire._protocol import decode, encode_bytes
 from host_runtime import limits
 from host_runtime.cli import main
 from host_runtime.limits import ACCEPT_WARNING_PERIOD_S, AcceptFailures

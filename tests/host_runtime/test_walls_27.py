@@ -31,9 +31,8 @@ import pytest
 
 from device_runtime import OFFLOAD, Bundle
 from device_runtime.link import ClientPool
-from device_runtime.wire import (
-    HelloReply, MAX_LINKS_REQUEST_BYTES, PROTOCOL_VERSION, ProfileRequest, encode_bytes, encode_message,
-)
+from device_runtime.wire import PROTOCOL_VERSION, encode_bytes, encode_message
+from device_runtime.wire.ops import HelloReply, MAX_LINKS_REQUEST_BYTES, ProfileRequest
 from host_runtime.profiling import Costs, ProfileStopped, plan_profile, run_profile
 from host_runtime.tails import TailRegistry
 from splitedge import HostUnavailableError

@@ -26,7 +26,7 @@ import pytest
 from device_runtime import Bundle
 from device_runtime.link import Credentials
 from device_runtime.wire import server_context
-from device_runtime.wire.tls import client_context
+from device_runtime.wire._tls import client_context
 from host_runtime.cli import _Stop
 from host_runtime.profiling import Costs, ProfilePlan, probe, run_profile
 from host_runtime.server import teardown_reserve

@@ -19,7 +19,7 @@ pytest.importorskip("ai_edge_litert")
 
 from device_runtime.engine.backend import load_backend  # noqa: E402
 from device_runtime.engine.litert_backend import LiteRTBackend  # noqa: E402
-from device_runtime.wire.quantization import dequantize, quantize  # noqa: E402
+from device_runtime.wire._quantization import dequantize, quantize  # noqa: E402
 from splitedge.errors import BackendError  # noqa: E402
 
 

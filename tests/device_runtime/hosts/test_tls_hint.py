@@ -17,8 +17,8 @@ import pytest
 
 from device_runtime.link import Credentials, HostClient
 from device_runtime.wire.ops import HelloReply
-from device_runtime.wire.protocol import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION, encode_message
-from device_runtime.wire.tls import client_context, server_context
+from device_runtime.wire._protocol import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION, encode_message
+from device_runtime.wire._tls import client_context, server_context
 from splitedge.errors import AuthenticationError, HostUnavailableError
 from tests.conftest import start_host
 from tests.host_runtime.test_auth import make_cert

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from zeroconf.asyncio import AsyncServiceInfo
 
 from device_runtime.hosts.discovery import discover
-from device_runtime.wire.protocol import PROTOCOL_VERSION
+from device_runtime.wire._protocol import PROTOCOL_VERSION
 from device_runtime.wire.txt import MAX_BUNDLES, SERVICE_TYPE, TxtRecord, open_zeroconf, parse_txt, txt_record
 from host_runtime.advertise import Advertiser
 

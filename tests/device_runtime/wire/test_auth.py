@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from device_runtime.wire.auth import (
+from device_runtime.wire._auth import (
     ENVELOPE,
     LABEL,
     MARK,
@@ -24,7 +24,7 @@ from device_runtime.wire.auth import (
     HostAuth,
     load_key,
 )
-from device_runtime.wire.protocol import FrameDecoder, Oversized, decode, encode, error_reply
+from device_runtime.wire._protocol import FrameDecoder, Oversized, decode, encode, error_reply
 from splitedge.errors import CredentialsError, FrameRefused
 
 KEY = b"0123456789abcdef0123456789abcdef"

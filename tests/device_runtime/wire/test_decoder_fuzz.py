@@ -29,10 +29,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from device_runtime.wire import (
-    ERROR_CODES, PROTOCOL_VERSION, REPLY_LIMITS, REQUEST_LIMITS, ErrorReply, FrameDecoder, HelloReply, HelloRequest,
-    Hop, InferReply, InferRequest, LinksReply, LinksRequest, Oversized, PingReply, PingRequest, ProfileReply,
-    ProfileRequest, Quantization, StatsReply, StatsRequest, decode, dequantize, encode_message, parse_reply,
-    parse_request
+    FrameDecoder, Oversized, PROTOCOL_VERSION, REPLY_LIMITS, REQUEST_LIMITS, decode, dequantize, encode_message,
+)
+from device_runtime.wire.ops import (
+    ERROR_CODES, ErrorReply, HelloReply, HelloRequest, Hop, InferReply, InferRequest, LinksReply, LinksRequest,
+    PingReply, PingRequest, ProfileReply, ProfileRequest, Quantization, StatsReply, StatsRequest, parse_reply,
+    parse_request,
 )
 from splitedge import ProtocolError
 

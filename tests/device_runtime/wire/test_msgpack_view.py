@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 import time
 
-from device_runtime.wire.msgpack_view import DecodeLimits, unpack
-from device_runtime.wire.protocol import REQUEST_LIMITS
+from device_runtime.wire._msgpack_view import DecodeLimits, unpack
+from device_runtime.wire._protocol import REQUEST_LIMITS
 from splitedge.errors import ProtocolError
 
 scalars = (
@@ -155,9 +155,9 @@ def test_the_usual_request_is_read_in_one_call_not_entry_by_entry(monkeypatch) -
     """An infer request as a board's encoder writes it never reaches the reader (17 µs against 4)."""
     import numpy as np
 
-    from device_runtime.wire import msgpack_view
+    from device_runtime.wire import _msgpack_view as msgpack_view
     from device_runtime.wire.ops import Hop, InferRequest
-    from device_runtime.wire.protocol import decode, encode_bytes
+    from device_runtime.wire._protocol import decode, encode_bytes
 
     cut = np.arange(160 * 49, dtype=np.float32).reshape(1, 160, 7, 7)  # 31 KB, the test bundle's late cut
     route = (Hop("10.0.0.2:7767", "c", 2),)

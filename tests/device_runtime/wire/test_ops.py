@@ -40,7 +40,7 @@ from device_runtime.wire.ops import (
     parse_reply,
     parse_request,
 )
-from device_runtime.wire.protocol import FrameDecoder, decode, encode_bytes, encode_message
+from device_runtime.wire._protocol import FrameDecoder, decode, encode_bytes, encode_message
 from splitedge.errors import ProtocolError
 
 CUT = np.arange(24, dtype=np.float32).reshape(2, 3, 4)

@@ -6,7 +6,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from device_runtime.wire.protocol import LENGTH, FrameDecoder, Oversized, decode, encode, encode_bytes
+from device_runtime.wire._protocol import LENGTH, FrameDecoder, Oversized, decode, encode, encode_bytes
 from splitedge.errors import ProtocolError
 
 SHAPES = [(1, 32, 112, 112), (1, 1280, 7, 7), (3, 10), (7,), (2, 0, 4), ()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from device_runtime.wire.quantization import affine_params, dequantize, quantize
+from device_runtime.wire._quantization import affine_params, dequantize, quantize
 
 
 @pytest.mark.parametrize(("low", "high"), [(-3.0, 5.0), (0.0, 6.0), (-2.0, -1.0), (0.0, 0.0), (1.5, 9.0)])

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from device_runtime.wire.protocol import DTYPES, MAX_ELEMENTS, MAX_NDIM, decode, decode_tensor
+from device_runtime.wire._protocol import DTYPES, MAX_ELEMENTS, MAX_NDIM, decode, decode_tensor
 from splitedge.errors import ProtocolError
 
 #: Dimensions a peer may claim: small ones (so that some maps are valid), zeros, and the edges

@@ -48,7 +48,7 @@ def _is_array(byte: int) -> bool:
 @dataclass(frozen=True)
 class DecodeLimits:
     """What one frame may hold, outside its tensor's data. The host reads requests with small
-    limits fit to the ops (:data:`~device_runtime.wire.protocol.REQUEST_LIMITS`); a device reads
+    limits fit to the ops (:data:`~device_runtime.wire._protocol.REQUEST_LIMITS`); a device reads
     replies, whose ``stats`` and ``hello`` maps are larger, with larger ones."""
 
     header_bytes: int  # bytes the unpacker is given at most: the frame outside its views
@@ -292,7 +292,7 @@ def _settle(message: dict[Any, Any], limits: DecodeLimits, depth: int) -> None:
 
 
 #: How this protocol's encoders end a frame with a tensor: the tensor map's last key, ``data`` (a
-#: fixstr), then its bin's header and bytes to the frame's end (device_runtime.wire.protocol.encode).
+#: fixstr), then its bin's header and bytes to the frame's end (device_runtime.wire._protocol.encode).
 _DATA_KEY = b"\xa4data"
 _EMPTY_BIN = b"\xc4\x00"
 

@@ -1,7 +1,7 @@
 """Per-frame authentication with a pre-shared key: HMAC-SHA256, bound to the connection and direction.
 
 Sans-IO, like the codec: :class:`HostAuth` and :class:`DeviceAuth` hold one connection's state
-and turn frames into frames; :class:`~device_runtime.wire.connection.FramedProtocol` feeds them.
+and turn frames into frames; :class:`~device_runtime.wire._connection.FramedProtocol` feeds them.
 The layout and the handshake are specified in ``docs/protocol.md`` ("Authentication"):
 
 1. On connect the host sends one plain frame, ``{op: challenge, nonce: Nh}`` (16 random bytes).
@@ -30,8 +30,8 @@ import struct
 from pathlib import Path
 from typing import Any, Iterable, Sequence, Union
 
-from device_runtime.wire.framing import LENGTH
-from device_runtime.wire.msgpack_view import unpack
+from device_runtime.wire._framing import LENGTH
+from device_runtime.wire._msgpack_view import unpack
 from device_runtime.wire.ops import ErrorCode
 from splitedge import CredentialsError, FrameRefused, ProtocolError
 

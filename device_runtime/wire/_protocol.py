@@ -7,8 +7,8 @@ of the tensor, so an encoded frame is ``prefix + raw tensor bytes``: :func:`enco
 the prefix and a memoryview of the array itself, and the transport writes both without
 joining them — the tensor is never copied in user space on the way out.
 
-Frames are cut by :class:`~device_runtime.wire.framing.FrameDecoder` and read by
-:mod:`~device_runtime.wire.msgpack_view`, whose bins are views: a received tensor is a view of
+Frames are cut by :class:`~device_runtime.wire._framing.FrameDecoder` and read by
+:mod:`~device_runtime.wire._msgpack_view`, whose bins are views: a received tensor is a view of
 the buffer the socket wrote into. The asyncio code on both sides only feeds them.
 
 This module turns bytes into maps and back; :mod:`~device_runtime.wire.ops` turns maps into
@@ -24,8 +24,8 @@ from typing import Any, Union
 import msgpack
 import numpy as np
 
-from device_runtime.wire.framing import DEFAULT_MAX_FRAME_BYTES, LENGTH, FrameDecoder, Oversized  # noqa: F401 (re-exported)
-from device_runtime.wire.msgpack_view import DecodeLimits, unpack
+from device_runtime.wire._framing import DEFAULT_MAX_FRAME_BYTES, LENGTH, FrameDecoder, Oversized  # noqa: F401 (re-exported)
+from device_runtime.wire._msgpack_view import DecodeLimits, unpack
 from device_runtime.wire.ops import (  # noqa: F401 (re-exported)
     ERROR_CODES,
     MAX_PROFILE_BATCH,

@@ -7,7 +7,7 @@ kernel not to wake us until the rest of it is there: a 250 KB frame arriving as 
 Wi-Fi-sized segments costs 2 reads instead of 172 (measured on loopback with paced sends).
 Writing sends the codec's prefix and the tensor's own memory without joining them.
 
-With a pre-shared key, a :class:`~device_runtime.wire.auth.FrameAuth` seals every frame on the way
+With a pre-shared key, a :class:`~device_runtime.wire._auth.FrameAuth` seals every frame on the way
 out and opens it on the way in (sans-IO, like the codec); a frame that does not verify goes to
 :meth:`FramedProtocol.refused` and nothing read after it on that connection is looked at. Until
 the handshake is complete only handshake-sized frames are taken (a larger length prefix is
@@ -16,7 +16,7 @@ cannot make the other side hold a frame buffer.
 
 Reading stops for a reason and resumes when every reason has gone (:meth:`FramedProtocol.pause`):
 a host stops reading a connection with too many requests in flight, and any side stops while
-a frame waits for the host-wide :class:`~device_runtime.wire.framing.FrameBudget`.
+a frame waits for the host-wide :class:`~device_runtime.wire._framing.FrameBudget`.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Any, cast
 
 import numpy as np
 
-from device_runtime.wire.auth import MAX_HANDSHAKE_BYTES, FrameAuth
-from device_runtime.wire.framing import FrameBudget
-from device_runtime.wire.protocol import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, Oversized, encode
+from device_runtime.wire._auth import MAX_HANDSHAKE_BYTES, FrameAuth
+from device_runtime.wire._framing import FrameBudget
+from device_runtime.wire._protocol import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, Oversized, encode
 from splitedge import FrameRefused
 
 #: Since Python 3.12 a selector transport's ``writelines`` sends a list of buffers with one
