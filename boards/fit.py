@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from boards.profile import BoardProfile
-from splitedge import BoardFitError
+from splitedge.errors import BoardFitError
 
 _MB = 2**20
 

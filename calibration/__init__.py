@@ -21,7 +21,7 @@ from calibration.rate import MIN_SAMPLE_BYTES, RateEstimator
 from calibration.switching import Decision, SplitSelector, decision_cost_us
 from calibration.table import POINTS_PER_DECADE, RATE_MAX_BPS, RATE_MIN_BPS, SplitTable
 from calibration.timing import RunningTimes, Spread, measure_ms, measure_round_robin
-from splitedge import CalibrationError
+from splitedge.errors import CalibrationError
 
 from calibration.timing import WIDE_MIN_MS, WIDE_RATIO, widest
 

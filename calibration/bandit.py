@@ -64,7 +64,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from splitedge import CalibrationError, Fields, read_text_bounded, shown, write_atomically
+from splitedge import Fields, shown, write_atomically
+from splitedge.errors import CalibrationError
+from splitedge.reading import read_text_bounded
 
 __all__ = [
     "ARMS", "BANDIT_FILENAME", "BANDIT_SCHEMA", "CONTEXTS", "HIGH", "LAYER", "LEARN", "LOW", "MODES", "RUN",

@@ -31,9 +31,9 @@ from typing import Any
 from calibration.latency import LatencyModel, _batch_key
 from calibration.table import SplitTable
 from calibration.timing import Spread
-from splitedge import (
-    FORMATS, PRECISIONS, CalibrationError, Fields, join, read_text_bounded, shown, write_atomically,
-)
+from splitedge import FORMATS, Fields, PRECISIONS, join, shown, write_atomically
+from splitedge.errors import CalibrationError
+from splitedge.reading import read_text_bounded
 
 _fields = Fields(CalibrationError)  # field checks raising this package's error
 

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from calibration.latency import SplitTimings
-from splitedge import CalibrationError
+from splitedge.errors import CalibrationError
 
 __all__ = ["MAX_PLACEMENTS", "ChainStage", "HostView", "Placement", "chain_timings", "place"]
 

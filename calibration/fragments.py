@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 from calibration.chains import MAX_PLACEMENTS, HostView, _link_ms, _stage_ms
 from calibration.latency import SplitTimings
-from splitedge import CalibrationError, Fields
+from splitedge import Fields
+from splitedge.errors import CalibrationError
 
 __all__ = ["FragmentPlacement", "fragment_names", "place_fragments", "semantic_cost_ms", "semantic_timings",
            "unserved"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from calibration.latency import LatencyModel
-from splitedge import CalibrationError
+from splitedge.errors import CalibrationError
 
 Policy = Callable[[int, float], str]  # (batch size, rate in bit/s) -> split name
 

@@ -24,7 +24,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from splitedge import LOCAL, CalibrationError, Fields, join, shown
+from splitedge import Fields, LOCAL, join, shown
+from splitedge.errors import CalibrationError
 
 _fields = Fields(CalibrationError)  # field checks raising this package's error
 

@@ -13,7 +13,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from splitedge import CalibrationError, Fields
+from splitedge import Fields
+from splitedge.errors import CalibrationError
 
 _fields = Fields(CalibrationError)  # field checks raising this package's error
 

@@ -19,7 +19,8 @@ from typing import ClassVar
 
 from calibration.latency import LatencyModel
 from calibration.table import SplitTable
-from splitedge import LOCAL, CalibrationError, Fields
+from splitedge import Fields, LOCAL
+from splitedge.errors import CalibrationError
 
 _fields = Fields(CalibrationError)  # field checks raising this package's error
 

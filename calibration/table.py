@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calibration.latency import LatencyModel
-from splitedge import CalibrationError, Fields, join, shown
+from splitedge import Fields, join, shown
+from splitedge.errors import CalibrationError
 
 _fields = Fields(CalibrationError)  # field checks raising this package's error
 

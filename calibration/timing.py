@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from calibration.latency import LatencyModel
-from splitedge import CalibrationError, Fields, join
+from splitedge import Fields, join
+from splitedge.errors import CalibrationError
 
 _fields = Fields(CalibrationError)  # field checks raising this package's error
 

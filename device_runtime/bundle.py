@@ -3,7 +3,7 @@
 Every runtime reads bundles through this module and the exporter writes them through it,
 so the format is defined once, and so are its words: roles, formats, precisions, split kinds
 and the artifacts' tensor names are constants here (formats and precisions, like LOCAL and
-OFFLOAD, live in :mod:`splitedge.words` because calibration needs them; this module
+OFFLOAD, live in :mod:`splitedge._words` because calibration needs them; this module
 re-exports them). Loading verifies the schema version, every required field, the manifest's
 identity (a manifest edited after export is refused) and the sha256 of every artifact the
 caller is going to use; a bundle that fails is refused with a :class:`BundleError` naming
@@ -31,7 +31,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from splitedge import FLOAT32, FORMATS, INT8, LOCAL, OFFLOAD, ONNX, PRECISIONS, TFLITE, BundleError, Fields, file_kind, join, read_text_bounded
+from splitedge import FLOAT32, FORMATS, Fields, INT8, LOCAL, OFFLOAD, ONNX, PRECISIONS, TFLITE, join
+from splitedge.errors import BundleError
+from splitedge.reading import file_kind, read_text_bounded
 
 __all__ = [
     "BOARD_PART",

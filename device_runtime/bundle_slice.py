@@ -40,7 +40,8 @@ from device_runtime.bundle import (
     artifacts_of,
     write_manifest,
 )
-from splitedge import BundleError, signals_held
+from splitedge.errors import BundleError
+from splitedge.lifecycle import signals_held
 
 __all__ = ["SliceResult", "slice_bundle"]
 

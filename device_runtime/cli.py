@@ -25,7 +25,9 @@ from device_runtime.engine import AUTO, PRECISIONS, PREPROCESS_PATHS
 from device_runtime.live import live_flag
 from device_runtime.run import DEFAULT, QUIET, VERBOSE, Output, calibrate_board, run_stream, table_text
 from device_runtime.link import kernel_timing_support
-from splitedge import SplitEdgeError, add_report_arguments, exit_on_signals, run_command
+from splitedge import SplitEdgeError
+from splitedge.lifecycle import exit_on_signals, run_command
+from splitedge.reading import add_report_arguments
 
 EXAMPLES = """\
 examples:

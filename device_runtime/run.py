@@ -46,7 +46,9 @@ from device_runtime.stream import (
 )
 from device_runtime.link import Credentials, HostClient
 from device_runtime.wire import client_context, load_key
-from splitedge import BundleError, CameraError, HostUnavailableError, SplitEdgeError, notify, stop_on_signals
+from splitedge import SplitEdgeError
+from splitedge.errors import BundleError, CameraError, HostUnavailableError
+from splitedge.lifecycle import notify, stop_on_signals
 
 __all__ = ["DEFAULT", "Output", "QUIET", "VERBOSE", "calibrate_board", "drop_forecast", "run_stream", "table_text"]
 

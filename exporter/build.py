@@ -77,7 +77,10 @@ from exporter.train import accuracy
 from exporter.validate import (
     RTOL, Agreement, Case, Chain, Emitted, Handing, OnnxRunner, Runner, TfliteRunner, check_sizes, torch_cases, validate,
 )
-from splitedge import BackendError, BoardFitError, CutPointError, ExportError, ModelSpecError, ValidationError, signals_held
+from splitedge.errors import (
+    BackendError, BoardFitError, CutPointError, ExportError, ModelSpecError, ValidationError,
+)
+from splitedge.lifecycle import signals_held
 
 __all__ = ["VALIDATION_BATCHES", "BuildSpec", "build_bundle", "check_board", "select_splits", "staged"]
 

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 from boards import BOARDS
 from device_runtime import FORMATS, HEAD, INT8, ONNX, PARTS, PRECISIONS, Artifact, Manifest, TensorSpec, slice_bundle
 from exporter.deploy import add_deploy_command
-from splitedge import Bounds, SettingError, SplitEdgeError, as_flag_type, exit_on_signals
+from splitedge import Bounds, SettingError, SplitEdgeError, as_flag_type
+from splitedge.lifecycle import exit_on_signals
 
 if TYPE_CHECKING:
     from exporter.graph import CutPoint
@@ -34,7 +35,7 @@ SEMANTIC_IMAGES = 10_000
 
 PROG = "split-export"
 
-# The bounds of every number split-export takes (splitedge.numbers), each maximum with why: NaN,
+# The bounds of every number split-export takes (splitedge._numbers), each maximum with why: NaN,
 # the infinities, a negative and anything past the maximum are a usage error naming the flag and
 # its range, exit status 2, before torch is imported (issue 45). Finer rules that need the model
 # or the data (2 fragments up to the number of labels, 32 calibration images or more, a width of

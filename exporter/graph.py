@@ -41,7 +41,7 @@ from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
 from device_runtime import CUT
 from exporter.blocks import block_of, block_units
-from splitedge import CutPointError
+from splitedge.errors import CutPointError
 
 __all__ = ["CutPoint", "TracedModel", "cut_blockers", "find_cut_points", "fold_shapes", "get_chain", "get_cut_point",
            "name_calls_by_module", "split_at", "split_chain", "trace"]

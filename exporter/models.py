@@ -34,7 +34,7 @@ import torchvision
 
 from device_runtime import Preprocess
 from exporter.preprocessing import LABELS, PREPROCESSING, PreprocessFlags, carried, declared, guessed, resolve
-from splitedge import ModelSpecError
+from splitedge.errors import ModelSpecError
 
 __all__ = ["LoadedModel", "FACTORY_KWARGS", "load_model", "load_state_dict", "read_labels"]
 

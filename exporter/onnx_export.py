@@ -20,7 +20,7 @@ import torch
 
 from device_runtime import IO_NAMES
 from exporter.fold import described
-from splitedge import ExportError, brief
+from splitedge.errors import ExportError, brief
 
 __all__ = ["OPSET", "export_onnx", "onnx_bytes"]
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from device_runtime import Preprocess
-from splitedge import ModelSpecError
+from splitedge.errors import ModelSpecError
 
 __all__ = ["LABELS", "PREPROCESSING", "PreprocessFlags", "carried", "declared", "guessed", "resolve"]
 

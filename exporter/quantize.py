@@ -22,7 +22,7 @@ from device_runtime import Quantization
 from device_runtime.wire import affine_params
 from exporter.datasets import ImageSet, hold_out
 from exporter.validate import OnnxRunner
-from splitedge import ExportError
+from splitedge.errors import ExportError
 
 __all__ = ["HELD_OUT_SAMPLES", "MIN_CALIBRATION_SAMPLES", "MIN_HELD_OUT", "CalibrationSets", "calibration_sets",
            "cut_quantization", "quantize_onnx"]

@@ -31,7 +31,7 @@ from tqdm import tqdm
 from device_runtime import CUT, LOGITS
 from exporter.datasets import ImageSet
 from exporter.graph import CutPoint, TracedModel, get_cut_point, split_at
-from splitedge import CutPointError, ExportError
+from splitedge.errors import CutPointError, ExportError
 
 __all__ = [
     "FragmentTraining", "Merged", "SemanticModel", "SemanticOptions", "SemanticParts", "check_fragment_count",

@@ -40,7 +40,7 @@ import torch
 
 from device_runtime import FLOAT32, IO_NAMES, PRECISIONS
 from exporter.fold import described
-from splitedge import ExportError, brief
+from splitedge.errors import ExportError, brief
 
 __all__ = ["MIN_CALIBRATION_SAMPLES", "MAX_BATCH", "export_tflite", "tflite_bytes"]
 

@@ -20,7 +20,7 @@ import onnxruntime as ort
 import torch
 
 from device_runtime import TensorSpec
-from splitedge import BundleError, ValidationError
+from splitedge.errors import BundleError, ValidationError
 
 __all__ = ["RTOL", "FLOAT32_EPS_FLOOR", "Agreement", "Case", "Runner", "OnnxRunner", "TfliteRunner", "Chain", "Emitted",
            "Handing", "check_sizes", "torch_cases", "compare", "validate"]

@@ -15,7 +15,8 @@ from fieldtrial.compare import format_comparison, write_comparison
 from fieldtrial.page import PAGE
 from fieldtrial.plots import plot_table
 from fieldtrial.report import format_summary
-from splitedge import add_report_arguments, exit_on_signals
+from splitedge.lifecycle import exit_on_signals
+from splitedge.reading import add_report_arguments
 
 __all__ = ["main", "plot_plan", "report"]
 

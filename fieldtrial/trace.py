@@ -1,6 +1,6 @@
 """Read a trace written by ``split-device run --trace`` (:mod:`device_runtime.stream.trace`) for a report.
 
-Its records come from the one reader of a trace (:func:`splitedge.trace_records`, strict: a line
+Its records come from the one reader of a trace (:func:`splitedge.reading.trace_records`, strict: a line
 that is no JSON object is an error); what is here is what a report keeps of them and the checks of
 the fields it reads.
 
@@ -20,7 +20,8 @@ from typing import Any
 
 from device_runtime.stream import TRACE_SCHEMA
 from fieldtrial.tally import MAX_KEPT, MAX_SHOWN, OTHER, Sample, Tally
-from splitedge import FRAME, LINK_RATE, MAX_LINE_BYTES, SplitEdgeError, shown, trace_records
+from splitedge import SplitEdgeError, shown
+from splitedge.reading import FRAME, LINK_RATE, MAX_LINE_BYTES, trace_records
 
 __all__ = [
     "MAX_KEPT", "MAX_LINE_BYTES", "MAX_NAME", "MAX_SHOWN", "OTHER", "TRACE_SCHEMA_1", "TRACE_SCHEMA_2",

@@ -51,7 +51,7 @@ from device_runtime.engine import Backend
 from host_runtime.tails import bucket_for, can_pad, run_batch
 from device_runtime.wire import ErrorCode, dequantize
 from device_runtime.wire.ops import Quantization
-from splitedge import ProtocolError
+from splitedge.errors import ProtocolError
 
 log = logging.getLogger("splitedge.host")
 

@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import Any, Callable, Sequence
 
-from splitedge import run_command
+from splitedge.lifecycle import run_command
 from device_runtime.live import live_flag
 from device_runtime.wire import DEFAULT_MAX_FRAME_BYTES, load_key, server_context
 from device_runtime.wire.ops import split_address

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
-from splitedge import Runner, SplitEdgeError
+from splitedge import SplitEdgeError
+from splitedge.lifecycle import Runner
 
 __all__ = ["LOOPS", "loop_runner"]
 

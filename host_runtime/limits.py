@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from device_runtime.wire import ErrorCode
-from splitedge import ProtocolError
+from splitedge.errors import ProtocolError
 
 log = logging.getLogger("splitedge.host")
 

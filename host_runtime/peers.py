@@ -27,7 +27,8 @@ from typing import Any
 from device_runtime.link import ClientPool, Credentials, Deadline, Leg
 from device_runtime.wire import ErrorCode
 from device_runtime.wire.ops import HopTiming, InferRequest, LinksRequest
-from splitedge import ProtocolError, RemoteError, SplitEdgeError
+from splitedge import SplitEdgeError
+from splitedge.errors import ProtocolError, RemoteError
 
 __all__ = ["MAX_PEERS", "Peers"]
 
@@ -63,7 +64,7 @@ class Peers(ClientPool):
     async def forward(self, request: InferRequest, output: Any, deadline: float | None) -> tuple[Any, tuple[HopTiming, ...]]:
         """Send this stage's ``output`` to the next hop with the rest of the route, within what is
         left of ``deadline`` (``time.perf_counter``); returns the last stage's output and the times of
-        every hop from the next one on. A hop that fails raises :class:`~splitedge.ProtocolError`
+        every hop from the next one on. A hop that fails raises :class:`~splitedge.errors.ProtocolError`
         with its own code (``hop_failed`` where it could not be reached), the message naming the
         hop, so the board knows where the chain broke."""
         hop, rest = request.route[0], request.route[1:]

@@ -46,7 +46,7 @@ from device_runtime.engine import Backend
 from device_runtime.wire import ErrorCode
 from device_runtime.wire.ops import ProfileRequest
 from host_runtime.tails import TailRegistry
-from splitedge import ProtocolError
+from splitedge.errors import ProtocolError
 
 #: Untimed runs before each batch size's timed ones (onnxruntime plans its memory on the first).
 PROFILE_WARMUP = 1

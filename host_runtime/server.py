@@ -69,7 +69,8 @@ from host_runtime.metrics_http import endpoint_token
 from host_runtime.peers import Peers
 from host_runtime.profiling import DEFAULT_PROFILE_BUDGET_S, Profiler, ProfilePlan, plan_profile
 from host_runtime.tails import TailRegistry, warm_up
-from splitedge import FrameRefused, ProtocolError, SplitEdgeError
+from splitedge import SplitEdgeError
+from splitedge.errors import FrameRefused, ProtocolError
 
 log = logging.getLogger("splitedge.host")
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from device_runtime import FULL, TAIL, Bundle
 from device_runtime.wire import load_key
 from host_runtime.settings import HostSettings
-from splitedge import UNIT_DIR, Credential, ServiceUnit, SplitEdgeError, enable_unit, write_unit
+from splitedge import SplitEdgeError
+from splitedge.units import Credential, ServiceUnit, UNIT_DIR, enable_unit, write_unit
 
 __all__ = ["SERVICE_EXAMPLES", "ServiceOptions", "install_service", "host_unit", "service_arguments"]
 

@@ -46,7 +46,7 @@ import numpy as np
 from device_runtime import FULL, LOCAL, OFFLOAD, TAIL, Bundle, stage_id
 from device_runtime.engine import Backend, OnnxBackend, check_input, session_options
 from device_runtime.wire import ErrorCode
-from splitedge import BackendError, BundleError, ProtocolError
+from splitedge.errors import BackendError, BundleError, ProtocolError
 
 DEVICES = ("auto", "cpu", "cuda")
 CUDA = "CUDAExecutionProvider"

@@ -9,6 +9,13 @@ so that callers catch one family.
 from __future__ import annotations
 
 
+__all__ = [
+    "AuthenticationError", "BackendError", "BoardFitError", "BundleError", "CalibrationError", "CameraError",
+    "ConfigError", "CredentialsError", "CutPointError", "DeployError", "ExportError", "FrameRefused",
+    "HostUnavailableError", "ModelSpecError", "ProtocolError", "RemoteError", "SplitEdgeError", "ValidationError",
+    "brief",
+]
+
 class SplitEdgeError(Exception):
     """Base of every error splitedge raises on purpose."""
 

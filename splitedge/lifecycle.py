@@ -26,6 +26,8 @@ from typing import Callable, Coroutine, Iterator
 from splitedge.errors import SplitEdgeError
 
 #: The exit status of a command a signal stopped: 128 + the signal's number, as a shell reports it.
+__all__ = ["SIGNAL_EXIT", "Runner", "Stopped", "exit_on_signals", "notify", "run_command", "signals_held", "stop_on_signals"]
+
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 _SAID = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
 

@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from splitedge import exit_on_signals
+from splitedge.lifecycle import exit_on_signals
 from testbed import replay
 
 

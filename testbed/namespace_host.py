@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from splitedge import HostUnavailableError
+from splitedge.errors import HostUnavailableError
 from testbed.kernel_link import EmulatedLink
 
 __all__ = ["relay_in", "running_host", "serve_in", "wait_listening"]

@@ -58,7 +58,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from splitedge import FRAME, HEAD_TIMES, LINK_RATE, MAX_LINE_BYTES, SplitEdgeError, shown, trace_records
+from splitedge import SplitEdgeError, shown
+from splitedge.reading import FRAME, HEAD_TIMES, LINK_RATE, MAX_LINE_BYTES, trace_records
 from testbed.kernel_link import EmulatedLink, unavailable_reason
 from testbed.namespace_host import DEFAULT_PORT, own_peer, serve_in
 from testbed.schedule import RateSchedule, RateStep, trace_steps
@@ -102,7 +103,7 @@ class RecordedLink:
 def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """The run record, frame records and ``link_rate`` records of a trace: what a replay needs of it.
 
-    Read by the one reader of a trace (:func:`splitedge.trace_records`, as the board and the report
+    Read by the one reader of a trace (:func:`splitedge.reading.trace_records`, as the board and the report
     read one): a line cut short at the end (a run that lost power) is left out, any other bad line
     is an error. A trace is untrusted input: each field a replay reads is checked here
     (:func:`_checked`, in the bounds a replay can schedule), and a bad one is an error naming its

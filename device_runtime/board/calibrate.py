@@ -57,7 +57,7 @@ from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle
 from device_runtime.engine import DeviceRunner
 from device_runtime.link import HostClient
 from device_runtime.wire.ops import MAX_PROFILE_REPEATS
-from splitedge import BundleError, RemoteError
+from splitedge.errors import BundleError, RemoteError
 
 __all__ = [
     "DEFAULT_BATCHES", "DEFAULT_FRAME", "BoardTimes", "calibrate", "calibration_for", "calibrations_for",

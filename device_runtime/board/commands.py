@@ -25,7 +25,8 @@ from device_runtime.board.settings import (
     write_settings,
 )
 from device_runtime.board.status import board_status, check_root, format_status, status_exit_code, verify_report
-from splitedge import BundleError, ConfigError, as_flag_type
+from splitedge import as_flag_type
+from splitedge.errors import BundleError, ConfigError
 
 __all__ = ["ADMIN_EXAMPLES", "add_commands", "handler", "settings_for"]
 

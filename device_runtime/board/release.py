@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from device_runtime.bundle import MANIFEST_NAME, Manifest, artifact_path, artifacts_of, check_name, verify_files
-from splitedge import BundleError, SplitEdgeError, signals_held
+from splitedge import SplitEdgeError
+from splitedge.errors import BundleError
+from splitedge.lifecycle import signals_held
 
 __all__ = ["DEFAULT_KEEP", "Layout", "UpdateDeferred", "default_root"]
 

@@ -21,7 +21,8 @@ from device_runtime.board.calibrate import DEFAULT_BATCHES, DEFAULT_FRAME
 from device_runtime.bundle import FORMATS
 from device_runtime.engine import AUTO, PRECISIONS, PREPROCESS_PATHS
 from device_runtime.hosts import host_address
-from splitedge import LOCAL, Bounds, HostUnavailableError, SettingError, as_flag_type
+from splitedge import Bounds, LOCAL, SettingError, as_flag_type
+from splitedge.errors import HostUnavailableError
 
 __all__ = [
     "AUTO", "BATCH", "CalibrateSettings", "Connection", "FPS", "FRAMES", "FRAME_SIDE", "KEEP", "KEYS", "Key", "QUEUE",
@@ -44,7 +45,7 @@ def text(value: str) -> str:
     return value
 
 
-# The bounds of every number the board's commands take (splitedge.numbers), each maximum with why.
+# The bounds of every number the board's commands take (splitedge._numbers), each maximum with why.
 # A file may be written on another machine than the board that reads it (a deploy writes
 # /etc/splitedge/device.toml), so no bound is this machine's CPU count or memory.
 

@@ -22,7 +22,8 @@ from device_runtime.board.release import CURRENT
 from device_runtime.board.run_settings import START_TIMEOUT
 from device_runtime.board.settings import load_settings, run_checker
 from device_runtime.board.status import SERVICE
-from splitedge import UNIT_DIR, ServiceUnit, SplitEdgeError, as_flag_type, enable_unit, write_unit
+from splitedge import SplitEdgeError, as_flag_type
+from splitedge.units import ServiceUnit, UNIT_DIR, enable_unit, write_unit
 
 __all__ = ["SERVICE_EXAMPLES", "add_service_command", "device_unit", "install_service"]
 

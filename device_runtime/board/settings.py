@@ -31,7 +31,9 @@ from typing import Any
 import tomli_w
 
 from device_runtime.board.run_settings import KEYS, Key, SettingError
-from splitedge import ConfigError, read_bounded, read_text_bounded, shown, write_atomically
+from splitedge import shown, write_atomically
+from splitedge.errors import ConfigError
+from splitedge.reading import read_bounded, read_text_bounded
 
 __all__ = ["FILENAME", "KEYS", "Setting", "Settings", "apply_settings", "config_files", "load_settings",
            "run_checker", "write_settings"]
@@ -85,7 +87,7 @@ def _toml(path: Path) -> dict[str, Any]:
     except RecursionError:
         raise ConfigError(f"{path}: nested too deep to be a settings file: correct it, or rewrite it with "
                           f"split-device config --file {path} --set KEY=VALUE") from None
-    except OSError as exc:  # splitedge.NotReadable too: not a regular file, or longer than MAX_FILE_BYTES
+    except OSError as exc:  # splitedge.reading.NotReadable too: not a regular file, or longer than MAX_FILE_BYTES
         raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
 
 

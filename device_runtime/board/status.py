@@ -18,7 +18,8 @@ from typing import Any, Protocol
 
 from device_runtime.board.release import Layout
 from device_runtime.bundle import MANIFEST_NAME, Bundle, artifacts_of, verify_files
-from splitedge import SplitEdgeError, read_text_bounded, write_atomically
+from splitedge import SplitEdgeError, write_atomically
+from splitedge.reading import read_text_bounded
 
 __all__ = ["LAST_RUN", "SERVICE", "LastRun", "board_status", "format_status", "service_state", "verify_report"]
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from device_runtime.bundle import FORMATS, ONNX, TFLITE
 from device_runtime.engine.cpus import session_options
-from splitedge import BackendError
+from splitedge.errors import BackendError
 
 
 class Backend(Protocol):

@@ -24,7 +24,7 @@ import numpy as np
 
 from device_runtime.bundle import Preprocess
 from device_runtime.engine.preprocess import check_frame, crop_origin, model_input, resized_size
-from splitedge import BackendError
+from splitedge.errors import BackendError
 
 __all__ = ["fast_pixels", "fast_preprocess", "opencv_available"]
 

@@ -32,7 +32,7 @@ import numpy as np
 from device_runtime.engine.backend import check_input
 from device_runtime.engine.cpus import usable_cpus
 from device_runtime.wire import dequantize, quantize
-from splitedge import BackendError
+from splitedge.errors import BackendError
 
 __all__ = ["LiteRTBackend", "load_interpreter_class"]
 

@@ -17,7 +17,7 @@ from device_runtime.bundle import (
 from device_runtime.engine.backend import Backend, load_backend
 from device_runtime.engine.preprocess_path import preprocess_path, preprocessor
 from device_runtime.wire import quantize
-from splitedge import BundleError
+from splitedge.errors import BundleError
 
 AUTO = "auto"
 #: How much top-1 (as a fraction) ``auto`` gives up for an int8 artifact: one point.

@@ -7,7 +7,7 @@ from typing import Sequence
 from device_runtime.bundle import Bundle
 from device_runtime.link import Credentials, HostClient
 from device_runtime.hosts.discovery import discover
-from splitedge import HostUnavailableError
+from splitedge.errors import HostUnavailableError
 
 __all__ = ["connect_host", "host_address"]
 

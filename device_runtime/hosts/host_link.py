@@ -16,7 +16,7 @@ from typing import Sequence
 from device_runtime.bundle import Bundle
 from device_runtime.link import Credentials, HostClient
 from device_runtime.hosts.connect import connect_host, host_address
-from splitedge import HostUnavailableError
+from splitedge.errors import HostUnavailableError
 
 __all__ = ["HostLink"]
 

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from calibration import MIN_SAMPLE_BYTES, RateEstimator
 from device_runtime.link import InferResult, UploadTiming
 from device_runtime.wire import ErrorCode
-from splitedge import HostUnavailableError, RemoteError
+from splitedge.errors import HostUnavailableError, RemoteError
 
 __all__ = ["LinkMeter", "probe_bytes"]
 

@@ -49,7 +49,7 @@ from device_runtime.wire.ops import (
     StatsRequest,
     parse_reply,
 )
-from splitedge import AuthenticationError, FrameRefused, HostUnavailableError, ProtocolError, RemoteError
+from splitedge.errors import AuthenticationError, FrameRefused, HostUnavailableError, ProtocolError, RemoteError
 
 #: A request as it goes out: its message, its tensor (None: none) and the tensor's fields.
 _Parts = tuple[dict[str, Any], Optional[np.ndarray], Mapping[str, Any]]

@@ -21,7 +21,7 @@ from collections import OrderedDict
 
 from device_runtime.link._client import Credentials, HostClient
 from device_runtime.wire.ops import split_address
-from splitedge import HostUnavailableError
+from splitedge.errors import HostUnavailableError
 
 __all__ = ["MAX_CONNECTIONS", "ClientPool"]
 

@@ -23,7 +23,7 @@ from device_runtime.stream.pace import PREPROCESS, BoardPace
 from device_runtime.stream.reason import DEADLINE, FALLBACK, Reason
 from device_runtime.stream.results import FrameResult
 from device_runtime.wire import ErrorCode
-from splitedge import RemoteError
+from splitedge.errors import RemoteError
 
 __all__ = ["BoardEngine"]
 

@@ -30,7 +30,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from splitedge import CameraError
+from splitedge.errors import CameraError
 
 #: How much larger each further size asked of an OpenCV camera is, when its driver gave one too small.
 _STEP = 1.25

@@ -17,7 +17,7 @@ from typing import Iterator
 import numpy as np
 
 from device_runtime.stream.camera import Frame, FrameSource
-from splitedge import CameraError
+from splitedge.errors import CameraError
 
 __all__ = ["CameraLoad"]
 

@@ -30,7 +30,7 @@ from device_runtime.stream.config import PipelineConfig
 from device_runtime.stream.handoff import HeadDone, InFlight
 from device_runtime.stream.results import FrameResult
 from device_runtime.link import ClientPool, Credentials, Deadline, HostClient, InferResult, Leg
-from splitedge import HostUnavailableError, RemoteError
+from splitedge.errors import HostUnavailableError, RemoteError
 
 __all__ = ["FragmentAnswers", "FragmentRequest", "FragmentTiming", "Gathered", "merge"]
 

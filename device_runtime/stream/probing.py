@@ -13,7 +13,7 @@ from device_runtime.hosts import HostLink, LinkMeter, probe_bytes
 from device_runtime.stream.config import PipelineConfig
 from device_runtime.stream.handoff import InFlight
 from device_runtime.link import HostClient
-from splitedge import HostUnavailableError, RemoteError
+from splitedge.errors import HostUnavailableError, RemoteError
 
 __all__ = ["LinkProber"]
 

@@ -24,7 +24,7 @@ from device_runtime.stream.results import FrameResult
 from device_runtime.link import Deadline, HostClient, InferResult, Leg
 from device_runtime.wire import ErrorCode
 from device_runtime.wire.ops import Hop
-from splitedge import HostUnavailableError, RemoteError
+from splitedge.errors import HostUnavailableError, RemoteError
 
 __all__ = ["HostAnswers"]
 

@@ -1,7 +1,7 @@
 """``--trace FILE.jsonl``: one JSON record per frame, for ``split-device report`` and for users' own tools.
 
 The writer lives with the stream (a board writes traces); the one reader of a trace is
-:func:`splitedge.trace_records` (the run record first, the records of the kinds asked for), which
+:func:`splitedge.reading.trace_records` (the run record first, the records of the kinds asked for), which
 the board (``--head-times``, ``--pace``), the report in ``fieldtrial`` (anywhere: it reads what
 :data:`TRACE_SCHEMA` names) and ``testbed replay`` use; the kinds of record are named there once.
 
@@ -53,7 +53,8 @@ from typing import Any, TextIO
 
 from device_runtime.stream.policy import HeadTimes
 from device_runtime.stream.results import FrameResult
-from splitedge import FRAME, HEAD_TIMES, LINK_RATE, RUN, SplitEdgeError, trace_records
+from splitedge import SplitEdgeError
+from splitedge.reading import FRAME, HEAD_TIMES, LINK_RATE, RUN, trace_records
 
 __all__ = [
     "HEAD_TIMES", "LINK_RATE", "TRACE_SCHEMA", "TraceWriter", "append_link_rate", "frame_record", "read_head_times",
@@ -139,7 +140,7 @@ def append_link_rate(path: str | Path, rate_bps: float, set_by: str) -> None:
 
 
 def read_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
-    """A trace's records with their line numbers, the run record first (:func:`splitedge.trace_records`,
+    """A trace's records with their line numbers, the run record first (:func:`splitedge.reading.trace_records`,
     the one reader: a line at a time, each at most ``MAX_LINE_BYTES``); records that are no object are left out."""
     return list(trace_records(path))
 

@@ -33,7 +33,7 @@ from typing import Any, Iterable, Sequence, Union
 from device_runtime.wire._framing import LENGTH
 from device_runtime.wire._msgpack_view import unpack
 from device_runtime.wire.ops import ErrorCode
-from splitedge import CredentialsError, FrameRefused, ProtocolError
+from splitedge.errors import CredentialsError, FrameRefused, ProtocolError
 
 __all__ = [
     "DeviceAuth", "FrameAuth", "HostAuth", "load_key", "MAX_HANDSHAKE_BYTES", "MIN_KEY_BYTES", "REFUSAL_KINDS", "SCHEME",

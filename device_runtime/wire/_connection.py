@@ -31,7 +31,7 @@ import numpy as np
 from device_runtime.wire._auth import MAX_HANDSHAKE_BYTES, FrameAuth
 from device_runtime.wire._framing import FrameBudget
 from device_runtime.wire._protocol import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, Oversized, encode
-from splitedge import FrameRefused
+from splitedge.errors import FrameRefused
 
 #: Since Python 3.12 a selector transport's ``writelines`` sends a list of buffers with one
 #: ``sendmsg`` and copies nothing (CPython gh-91166); before, it joins them into one bytes.

@@ -30,7 +30,7 @@ from typing import Any
 
 import msgpack
 
-from splitedge import ProtocolError
+from splitedge.errors import ProtocolError
 
 __all__ = ["DecodeLimits", "unpack"]
 

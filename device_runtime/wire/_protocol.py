@@ -35,7 +35,8 @@ from device_runtime.wire.ops import (  # noqa: F401 (re-exported)
     Message,
     error_reply,
 )
-from splitedge import ProtocolError, shown
+from splitedge import shown
+from splitedge.errors import ProtocolError
 
 DTYPES = ("float32", "float16", "uint8", "int8", "int32", "int64")
 MAX_NDIM = 8

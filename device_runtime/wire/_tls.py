@@ -15,7 +15,7 @@ import ssl
 from collections.abc import Callable
 from pathlib import Path
 
-from splitedge import CredentialsError
+from splitedge.errors import CredentialsError
 
 __all__ = ["accept_tls", "client_context", "server_context"]
 

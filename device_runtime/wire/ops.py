@@ -29,7 +29,8 @@ from typing import Any, ClassVar, Optional, Union
 
 import numpy as np
 
-from splitedge import Fields, ProtocolError, shown
+from splitedge import Fields, shown
+from splitedge.errors import ProtocolError
 
 #: The messages, a public sub-face of :mod:`device_runtime.wire` (``from device_runtime.wire.ops import
 #: InferRequest``); the protocol's version and its error codes are on the wire's face itself.
@@ -88,7 +89,7 @@ _NO_TENSOR_FIELDS: Mapping[str, Any] = MappingProxyType({})
 Parts = tuple[dict[str, Any], Optional[np.ndarray], Mapping[str, Any]]
 
 
-# -- field checks beyond splitedge.fields -------------------------------------------------------
+# -- field checks beyond splitedge._fields -------------------------------------------------------
 # ``infer``'s parsers test the usual case inline and call a checker only to word the error.
 
 

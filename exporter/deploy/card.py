@@ -24,7 +24,9 @@ from device_runtime.board import SERVICE, Layout, write_settings
 from device_runtime import BOARD_PART, slice_bundle
 from device_runtime.board import CAMERA_GROUP, START_TIMEOUT_S, device_unit, run_checker
 from exporter.deploy.remote_board import BoardResult
-from splitedge import DeployError, SplitEdgeError, enable_offline, write_unit
+from splitedge import SplitEdgeError
+from splitedge.errors import DeployError
+from splitedge.units import enable_offline, write_unit
 
 __all__ = ["CardUser", "card_user", "deploy_card"]
 

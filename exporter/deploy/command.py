@@ -47,7 +47,7 @@ stopped); the lines above go to stderr.
 """
 
 
-# The bounds of deploy's numbers (splitedge.numbers), each maximum with why (issue 45).
+# The bounds of deploy's numbers (splitedge._numbers), each maximum with why (issue 45).
 
 #: Releases kept on each board: the board's own bound, as each board runs `split-device switch
 #: --keep` with it (tests/test_numeric_flags.py holds them equal).

@@ -20,7 +20,8 @@ from exporter.deploy.remote_board import (
     NO_SUDO, BoardResult, Release, ServiceOptions, deploy_board, elevation, probe, rollback_board,
 )
 from exporter.deploy.remote import Remote
-from splitedge import DeployError, SplitEdgeError
+from splitedge import SplitEdgeError
+from splitedge.errors import DeployError
 
 __all__ = ["Fleet", "FleetPlan", "FleetResult", "parse_max_fail"]
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from splitedge import DeployError
+from splitedge.errors import DeployError
 
 __all__ = ["Remote", "UploadStats"]
 

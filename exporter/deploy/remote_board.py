@@ -33,7 +33,7 @@ from typing import Any
 from device_runtime import Manifest
 from device_runtime.board import SERVICE, Layout
 from exporter.deploy.remote import Remote, UploadStats
-from splitedge import DeployError
+from splitedge.errors import DeployError
 
 __all__ = ["NO_SUDO", "BoardFacts", "BoardResult", "Release", "ServiceOptions", "board_steps", "deploy_board",
            "elevation", "probe", "rollback_board"]

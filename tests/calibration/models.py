@@ -7,7 +7,7 @@ Units: times in ms, sizes in bytes, rates in bit/s. A split's transfer takes
 from __future__ import annotations
 
 from calibration import LatencyModel, SplitTimings
-from splitedge.words import LOCAL, OFFLOAD
+from splitedge._words import LOCAL, OFFLOAD
 
 #: Where TWO_CUTS' two splits take equal time at B = 1 (and at every B while times are linear in B).
 #: T_early - T_late = (2 + 10) - (20 + 1) + 8 * (100_000 - 10_000) * 1 * 1000 / r = -9 + 7.2e8 / r,

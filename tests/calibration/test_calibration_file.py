@@ -22,7 +22,7 @@ from calibration import (
     load_all,
     save,
 )
-from splitedge.words import LOCAL
+from splitedge._words import LOCAL
 from tests.calibration.models import corners, preprocessed
 
 SHA = "ab" * 32

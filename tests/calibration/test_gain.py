@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from calibration import CalibrationError, LatencyModel, SplitTable, SplitTimings, gains_over_static, relative_gain
-from splitedge.words import LOCAL, OFFLOAD
+from splitedge._words import LOCAL, OFFLOAD
 from tests.calibration.models import corners
 
 # Two states of the CORNERS model (times from its docstring):

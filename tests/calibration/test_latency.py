@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from calibration import CalibrationError, LatencyModel, SplitTimings, drop_share
-from splitedge.words import LOCAL, OFFLOAD
+from splitedge._words import LOCAL, OFFLOAD
 from tests.calibration.models import corners, preprocessed, two_cuts
 
 

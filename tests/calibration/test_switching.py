@@ -6,7 +6,7 @@ import pytest
 
 from calibration import CalibrationError, LatencyModel, SplitSelector, SplitTable, SplitTimings
 from calibration.switching import Decision, decision_cost_us
-from splitedge.words import LOCAL, OFFLOAD
+from splitedge._words import LOCAL, OFFLOAD
 from tests.calibration.models import corners, two_cuts
 
 

@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from calibration import CalibrationError, LatencyModel, SplitTable, SplitTimings
-from splitedge.words import LOCAL, OFFLOAD
+from splitedge._words import LOCAL, OFFLOAD
 from tests.calibration.models import CROSSOVER_BPS, LOCAL_MID_BPS, MID_OFFLOAD_BPS, corners, preprocessed, two_cuts
 
 HALF_STEP = 0.5 / 20  # in decades: a reported boundary is the log-midpoint of two grid rates

@@ -10,7 +10,7 @@ import pytest
 
 from calibration import CalibrationError, RunningTimes, Spread, measure_ms, measure_round_robin
 from calibration.timing import FRESH, MIN_SAMPLES, WIDE_MIN_MS, WIDE_RATIO, WINDOW, widest
-from splitedge.words import LOCAL, OFFLOAD
+from splitedge._words import LOCAL, OFFLOAD
 from tests.calibration.models import corners, preprocessed
 
 

@@ -26,7 +26,7 @@ from device_runtime.bundle import (
     BOARD_PART, FULL, HOST_PART, MANIFEST_NAME, TAIL, Bundle, manifest_digest, verify_files,
 )
 from device_runtime.bundle_slice import slice_bundle
-from splitedge import BundleError
+from splitedge.errors import BundleError
 from tests.device_runtime.test_bundle_slice import fake_bundle
 
 ROOT = Path(__file__).resolve().parents[2]

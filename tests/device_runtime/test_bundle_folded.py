@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from device_runtime.bundle import FOLDED_SCHEMA, MANIFEST_NAME, Bundle, manifest_digest, parse_manifest, write_manifest
-from splitedge import BundleError
+from splitedge.errors import BundleError
 
 
 def _copy(mobilenet_bundle: Path, tmp_path: Path) -> Path:

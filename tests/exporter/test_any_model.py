@@ -19,7 +19,7 @@ from exporter.graph import find_cut_points, split_at, trace  # noqa: E402
 from exporter.models import load_model  # noqa: E402
 from exporter.onnx_export import onnx_bytes  # noqa: E402
 from exporter.validate import RTOL, Chain, OnnxRunner, torch_cases, validate  # noqa: E402
-from splitedge import ValidationError  # noqa: E402
+from splitedge.errors import ValidationError  # noqa: E402
 
 USER_NETS = '''
 import torch
@@ -319,7 +319,7 @@ def test_a_tflite_file_the_interpreter_cannot_load_is_left_out_and_logged_whole(
     """What the interpreter refuses (XNNPack failing to prepare a converted file) is left out as a
     conversion that failed is, its whole error logged for --debug, not the end of the build."""
     from exporter.build import _optional_tflite
-    from splitedge import BackendError
+    from splitedge.errors import BackendError
 
     (tmp_path / "head").mkdir()
     (tmp_path / "head" / "x.tflite").write_bytes(b"converted")

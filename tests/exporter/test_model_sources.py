@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 from exporter.build import _labels  # noqa: E402
 from exporter.models import load_model  # noqa: E402
-from splitedge import ModelSpecError  # noqa: E402
+from splitedge.errors import ModelSpecError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SPLIT_EXPORT = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin" / "split-export"

@@ -18,7 +18,7 @@ from device_runtime import Bundle, TensorSpec  # noqa: E402
 from exporter.build import VALIDATION_BATCHES, BuildSpec, build_bundle  # noqa: E402
 from exporter.graph import find_cut_points  # noqa: E402
 from exporter.validate import Emitted, OnnxRunner, check_sizes  # noqa: E402
-from splitedge import ValidationError  # noqa: E402
+from splitedge.errors import ValidationError  # noqa: E402
 
 MODEL = BuildSpec("exporter.zoo:fmnist_vgg", input_shape=(1, 28, 28), splits=["_4"])  # _4: 16x28x28, 50,176 B
 

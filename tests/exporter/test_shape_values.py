@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from exporter.graph import find_cut_points, split_at, trace
-from splitedge import CutPointError
+from splitedge.errors import CutPointError
 
 SHAPE = (3, 32, 32)
 

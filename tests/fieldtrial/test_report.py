@@ -351,7 +351,7 @@ def test_split_device_report_and_split_trial_report_take_the_one_definition_of_i
 
     from device_runtime.cli import build_parser as device_parser
     from fieldtrial.commands import build_parser as trial_parser
-    from splitedge import add_report_arguments
+    from splitedge.reading import add_report_arguments
 
     def arguments(parser: argparse.ArgumentParser) -> list[tuple[Any, ...]]:
         return [(a.dest, tuple(a.option_strings), a.help, a.metavar, a.nargs, a.required, type(a).__name__)

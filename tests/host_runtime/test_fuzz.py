@@ -945,7 +945,7 @@ READ_SLACK_BYTES = 1 << 20
 def _read_frames(stream: bytes) -> list[Any]:
     from device_runtime.wire._framing import FrameDecoder
     from device_runtime.wire._protocol import REQUEST_LIMITS, decode
-    from splitedge import ProtocolError
+    from splitedge.errors import ProtocolError
 
     results: list[Any] = []
     for event_ in FrameDecoder(max_frame_bytes=MAX_FRAME_BYTES).feed(stream):

@@ -30,7 +30,7 @@ from device_runtime.wire._tls import client_context
 from host_runtime.cli import _Stop
 from host_runtime.profiling import Costs, ProfilePlan, probe, run_profile
 from host_runtime.server import teardown_reserve
-from splitedge import ProtocolError
+from splitedge.errors import ProtocolError
 from tests.conftest import TEST_SPLITS, start_host
 from tests.host_runtime.test_auth import certs, with_client  # noqa: F401 (a fixture)
 from tests.host_runtime.test_walls import BOUND_S, closed_by_host, connect_from, eventually, served

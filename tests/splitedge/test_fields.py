@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from splitedge.errors import BundleError, CalibrationError
-from splitedge.fields import Fields, join, shown
+from splitedge._fields import Fields, join, shown
 
 bundle_fields = Fields(BundleError)
 calibration_fields = Fields(CalibrationError)

@@ -1,4 +1,4 @@
-"""splitedge.numbers: a number is refused where it enters unless finite and within its bounds, in
+"""splitedge._numbers: a number is refused where it enters unless finite and within its bounds, in
 one line that says the range; any text whatever is a number in range or that line, nothing else.
 Property-based (hypothesis, pinned in the dev extra)."""
 

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from device_runtime.board import KEYS, SettingError, batches, run_checker, write_settings
 from device_runtime.board.run_settings import FRAME_SIDE, THREADS
 from device_runtime.board.settings import load_settings
-from splitedge import ConfigError, bounds_of
+from splitedge import bounds_of
+from splitedge.errors import ConfigError
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

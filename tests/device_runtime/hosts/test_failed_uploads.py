@@ -12,7 +12,7 @@ import pytest
 from calibration import RateEstimator
 from device_runtime.hosts.link_meter import LinkMeter
 from device_runtime.wire import ErrorCode
-from splitedge import HostUnavailableError, RemoteError
+from splitedge.errors import HostUnavailableError, RemoteError
 from tests.calibration.test_timing import ManualClock
 
 FAST = 49e6

@@ -28,7 +28,7 @@ from device_runtime.stream.results import FrameResult
 from device_runtime.link import Credentials
 from device_runtime.wire import ErrorCode
 from device_runtime.link import Probe
-from splitedge import RemoteError
+from splitedge.errors import RemoteError
 from tests.calibration.test_timing import ManualClock
 
 CUT = "cut"

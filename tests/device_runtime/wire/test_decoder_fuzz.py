@@ -36,7 +36,7 @@ from device_runtime.wire.ops import (
     PingReply, PingRequest, ProfileReply, ProfileRequest, Quantization, StatsReply, StatsRequest, parse_reply,
     parse_request,
 )
-from splitedge import ProtocolError
+from splitedge.errors import ProtocolError
 
 FUZZ = settings(max_examples=100, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
