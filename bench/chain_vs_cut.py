@@ -47,7 +47,8 @@ from pathlib import Path
 import numpy as np
 from three_tiers import Network, cancelled_by_sigterm, run_board, three_tiers
 
-from calibration import ChainStage, HostView, LatencyModel, SplitTimings, place
+from calibration import LatencyModel, SplitTimings
+from calibration.chains import ChainStage, HostView, place
 from device_runtime.bundle import FULL, HEAD, LOCAL, TAIL, Bundle
 from device_runtime.engine.backend import OnnxBackend
 from testbed import unavailable_reason

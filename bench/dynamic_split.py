@@ -60,7 +60,8 @@ from typing import Callable, Sequence, TypeVar
 import numpy as np
 from slow_board import cpu_s, slowed_cpu
 
-from calibration import SplitSelector, decision_cost_us, load
+from calibration import SplitSelector, decision_cost_us
+from calibration.calibration_file import load
 from device_runtime.bundle import LOCAL, OFFLOAD
 from device_runtime.link import HostClient
 from fieldtrial.trace import read_trace

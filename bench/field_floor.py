@@ -43,7 +43,7 @@ from typing import Iterator
 import numpy as np
 from dynamic_split import HOST_ARGS, PINNED, PORT, build_bundles, device, frames_in_window, on_schedule, run_device
 
-from calibration import load
+from calibration.calibration_file import load
 from testbed import DelayRelay, EmulatedLink, RateSchedule, unavailable_reason
 from testbed.namespace_host import serve_in
 

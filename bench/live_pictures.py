@@ -30,7 +30,7 @@ from live_cost import chromium  # noqa: E402
 from replay_fidelity import BOARD_CPU, HOST_CPU, PINNED, PORT, auto_schedule, calibrate, device, fresh_work, make_video  # noqa: E402
 from slow_board import slowed_cpu  # noqa: E402
 
-from calibration import load  # noqa: E402
+from calibration.calibration_file import load  # noqa: E402
 from testbed import EmulatedLink, trace_steps  # noqa: E402
 from testbed.namespace_host import serve_in  # noqa: E402
 

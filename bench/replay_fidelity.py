@@ -60,7 +60,7 @@ from typing import Any, Sequence
 
 from slow_board import slowed_cpu
 
-from calibration import load
+from calibration.calibration_file import load
 from fieldtrial.compare import agreement, write_comparison
 from fieldtrial.trace import load_trace
 from testbed import EmulatedLink, RateSchedule, trace_steps, unavailable_reason

@@ -57,7 +57,7 @@ import cv2
 from dynamic_split import BOARD_CPU, HOST_CPU, PINNED, PORT, build_bundles, device, on_schedule, run_device
 from slow_board import slowed_cpu
 
-from calibration import Calibration, load
+from calibration.calibration_file import Calibration, load
 from fieldtrial import write_report
 from testbed import EmulatedLink, RateSchedule, unavailable_reason
 from testbed.namespace_host import relay_in, serve_in

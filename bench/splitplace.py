@@ -53,7 +53,9 @@ import numpy as np
 from three_tiers import HOST_ARGS, PORT, cancelled_by_sigterm, tier_command
 from tier import slow_down
 
-from calibration import LAYER, SEMANTIC, Bandit, HostView, place_fragments, reward
+from calibration.bandit import Bandit, LAYER, SEMANTIC, reward
+from calibration.chains import HostView
+from calibration.fragments import place_fragments
 from device_runtime.bundle import Bundle
 from device_runtime.engine.runner import DeviceRunner
 from device_runtime.hosts.host_link import HostLink

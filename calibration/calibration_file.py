@@ -28,12 +28,14 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from calibration.latency import LatencyModel, _batch_key
-from calibration.table import SplitTable
-from calibration.timing import Spread
+from calibration._latency import LatencyModel, _batch_key
+from calibration._table import SplitTable
+from calibration._timing import Spread
 from splitedge import FORMATS, Fields, PRECISIONS, join, shown, write_atomically
 from splitedge.errors import CalibrationError
 from splitedge.reading import read_text_bounded
+
+__all__ = ["FILENAME", "SCHEMA", "Calibration", "Calibrations", "Preprocessing", "load", "load_all", "save"]
 
 _fields = Fields(CalibrationError)  # field checks raising this package's error
 
@@ -51,6 +53,7 @@ _SCHEMA_1 = f"{_SCHEMA_NAME}/1"  # one table, no spread: read as a list of one
 _PLAIN_FIELDS = (
     "bundle_id", "manifest_sha256", "created", "board", "backend", "precision", "threads", "repeats", "link"
 )
+
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 

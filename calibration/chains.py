@@ -10,7 +10,7 @@ whose rate moves by the second, and the hosts' links to each other, which a host
                   + Σ_k (stage_k(B) + queue_k(B))                       (the hosts' work)
 
 Only the first line depends on the board's link, so for one placement everything after it is
-one number per batch size: the chain is a :class:`~calibration.latency.SplitTimings` whose
+one number per batch size: the chain is a :class:`~calibration._latency.SplitTimings` whose
 ``tail_ms`` is that sum, and it enters the board's latency model and rate × batch table beside
 the single cuts, switched with the same hysteresis (:func:`chain_timings`). Two stages on one
 host cross no link (``r = ∞``, no round trip).
@@ -33,7 +33,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from calibration.latency import SplitTimings
+from calibration._latency import SplitTimings
 from splitedge.errors import CalibrationError
 
 __all__ = ["MAX_PLACEMENTS", "ChainStage", "HostView", "Placement", "chain_timings", "place"]

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from calibration.chains import MAX_PLACEMENTS, HostView, _link_ms, _stage_ms
-from calibration.latency import SplitTimings
+from calibration._latency import SplitTimings
 from splitedge import Fields
 from splitedge.errors import CalibrationError
 

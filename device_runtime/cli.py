@@ -14,7 +14,7 @@ from dataclasses import asdict
 from importlib.metadata import entry_points
 from typing import Any, Callable, Sequence
 
-from calibration import BANDIT_FILENAME, Bandit
+from calibration.bandit import BANDIT_FILENAME, Bandit
 from device_runtime.board import (
     BATCH, DEFAULT_BATCHES, DEFAULT_FRAME, FPS, FRAMES, KEYS, QUEUE, REPEATS, SUMMARY_EVERY, DetectedBoard,
     InstalledBackend, add_commands, add_service_command, as_flag_type, batches, calibrate_settings, calibration_for,

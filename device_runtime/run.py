@@ -28,9 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from calibration import (
-    BANDIT_FILENAME, FILENAME, Bandit, Calibration, Calibrations, HostView, SplitTable, place_fragments, save,
-)
+from calibration import SplitTable
+from calibration.bandit import BANDIT_FILENAME, Bandit
+from calibration.calibration_file import Calibration, Calibrations, FILENAME, save
+from calibration.chains import HostView
+from calibration.fragments import place_fragments
 from device_runtime.board import (
     CalibrateSettings, Connection, DetectedBoard, LastRun, Rounds, RunSettings, Runtime, Scene, calibrate, calibrations_for,
     detect_board, installed_backends, precision_of, resolve_backend, spread_warning,

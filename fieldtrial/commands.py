@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from calibration import Calibration, load_all
+from calibration.calibration_file import Calibration, load_all
 from fieldtrial.compare import format_comparison, write_comparison
 from fieldtrial.page import PAGE
 from fieldtrial.plots import plot_table

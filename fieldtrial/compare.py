@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from calibration import Calibrations
+from calibration.calibration_file import Calibrations
 from fieldtrial import compare_plots, page
 from fieldtrial.plots import readable
 from fieldtrial.report import SUMMARY_FILE, strict_json, write_report

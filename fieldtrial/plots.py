@@ -19,7 +19,7 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from calibration import Calibration
+from calibration.calibration_file import Calibration
 from device_runtime import LOCAL, OFFLOAD
 from fieldtrial import timeline
 from fieldtrial.bounds import ESTIMATE, Bound

@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
-import calibration as cal
-from calibration import Calibration, CalibrationError, Calibrations, gains_over_static
+from calibration.calibration_file import load_all
+from calibration import CalibrationError, gains_over_static
+from calibration.calibration_file import Calibration, Calibrations
 from device_runtime import LOCAL
 from fieldtrial import bounds, plots, timeline
 from fieldtrial.tally import MAX_KEPT, Tally
@@ -349,7 +350,7 @@ def _calibration_for(
     recorded = run.get("calibration")
     if tables is None and isinstance(recorded, str) and recorded and Path(recorded).exists():
         try:
-            tables = cal.load_all(recorded)
+            tables = load_all(recorded)
         except CalibrationError as exc:
             raise SplitEdgeError(f"{trace_path}: the run's calibration {shown(recorded)}: {exc}") from exc
     if tables is not None and tables.bundle_id != run.get("bundle_id"):

@@ -4,7 +4,7 @@ listed here (``device_runtime.wire.ops``: a group that belongs together, with it
 as ``zeroconf.asyncio`` is zeroconf's).
 
 A name added to or dropped from a face is a change to what users import; it should be made
-here on purpose, not by accident. ``calibration`` and ``boards`` pin theirs in their own tests.
+here on purpose, not by accident (``boards`` pins its own in its tests).
 A package's other modules are its own business, and in the packages listed in ``PRIVATE`` their
 names say so (``device_runtime/wire/_framing.py``): code in another package that imports one of
 them (``from device_runtime.wire._framing import ...``) is refused below, so they can change
@@ -40,6 +40,23 @@ FACES = {
     "splitedge.units": [
         "SYSTEMD_RUNNING", "UNIT_DIR", "Credential", "ServiceUnit", "enable_offline", "enable_unit", "exec_line",
         "needs_home", "write_unit",
+    ],
+    "calibration": [
+        "CalibrationError", "Decision", "LatencyModel", "MIN_SAMPLE_BYTES", "POINTS_PER_DECADE", "RATE_MAX_BPS",
+        "RATE_MIN_BPS", "RateEstimator", "RunningTimes", "SplitSelector", "SplitTable", "SplitTimings", "Spread",
+        "WIDE_MIN_MS", "WIDE_RATIO", "decision_cost_us", "drop_share", "gains_over_static", "measure_ms",
+        "measure_round_robin", "relative_gain", "widest",
+    ],
+    "calibration.calibration_file": [
+        "FILENAME", "SCHEMA", "Calibration", "Calibrations", "Preprocessing", "load", "load_all", "save",
+    ],
+    "calibration.chains": ["MAX_PLACEMENTS", "ChainStage", "HostView", "Placement", "chain_timings", "place"],
+    "calibration.fragments": [
+        "FragmentPlacement", "fragment_names", "place_fragments", "semantic_cost_ms", "semantic_timings", "unserved",
+    ],
+    "calibration.bandit": [
+        "ARMS", "BANDIT_FILENAME", "BANDIT_SCHEMA", "CONTEXTS", "HIGH", "LAYER", "LEARN", "LOW", "MODES", "RUN",
+        "SEMANTIC", "ArmStats", "Bandit", "reward",
     ],
     "device_runtime": [
         "Artifact", "BOARD_PART", "BOTTLENECK", "Bundle", "CHAIN", "CHAIN_JOIN", "CUT", "FLOAT32", "FORMATS",
@@ -177,7 +194,7 @@ MAX_NAMES = 30
 #: Packages whose modules are their face, a sub-face in FACES, or private (a leading underscore).
 #: Modules started by name (``python -m``, entry points) that keep their names.
 LAUNCHED: dict[str, tuple[str, ...]] = {}
-PRIVATE = ("splitedge", "device_runtime.wire", "device_runtime.link")
+PRIVATE = ("splitedge", "calibration", "device_runtime.wire", "device_runtime.link")
 #: Faces not yet cut to MAX_NAMES (issue 46, one package at a time).
 STILL_WIDE = {"device_runtime", "device_runtime.board", "device_runtime.stream"}
 

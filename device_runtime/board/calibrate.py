@@ -33,25 +33,9 @@ from typing import Any, Awaitable, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from calibration import (
-    FILENAME,
-    Calibration,
-    CalibrationError,
-    Calibrations,
-    ChainStage,
-    HostView,
-    LatencyModel,
-    Placement,
-    Preprocessing,
-    SplitTable,
-    SplitTimings,
-    Spread,
-    chain_timings,
-    load,
-    load_all,
-    measure_round_robin,
-    place,
-)
+from calibration import CalibrationError, LatencyModel, SplitTable, SplitTimings, Spread, measure_round_robin
+from calibration.calibration_file import Calibration, Calibrations, FILENAME, Preprocessing, load, load_all
+from calibration.chains import ChainStage, HostView, Placement, chain_timings, place
 from calibration import WIDE_MIN_MS, WIDE_RATIO, widest
 from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle
 from device_runtime.engine import DeviceRunner

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from calibration import HostView, place_fragments
+from calibration.chains import HostView
+from calibration.fragments import place_fragments
 from device_runtime.bundle import Split, stage_id
 from device_runtime.hosts import HostLink, LinkMeter
 from device_runtime.stream.board_engine import BoardEngine

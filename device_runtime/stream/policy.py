@@ -24,9 +24,9 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Collection, Mapping, Protocol, Sequence
 
-from calibration import (
-    LAYER, SEMANTIC, Bandit, Calibration, Decision, LatencyModel, RunningTimes, SplitSelector, SplitTable,
-)
+from calibration import Decision, LatencyModel, RunningTimes, SplitSelector, SplitTable
+from calibration.bandit import Bandit, LAYER, SEMANTIC
+from calibration.calibration_file import Calibration
 from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
 from device_runtime.stream.reason import (
     BANDIT, FIXED, HOLD, NO_HOST, NO_RATE, REFINED, TABLE, UPLOAD_CAP, Choice, Reason,

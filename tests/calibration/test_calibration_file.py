@@ -8,19 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from calibration import (
-    FILENAME,
-    SCHEMA,
-    Calibration,
-    CalibrationError,
-    Calibrations,
-    LatencyModel,
-    Preprocessing,
-    SplitTable,
-    Spread,
-    load,
-    load_all,
-    save,
+from calibration import CalibrationError, LatencyModel, SplitTable, Spread
+from calibration.calibration_file import (
+    Calibration, Calibrations, FILENAME, Preprocessing, SCHEMA, load, load_all, save,
 )
 from splitedge._words import LOCAL
 from tests.calibration.models import corners, preprocessed

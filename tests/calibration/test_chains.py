@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from calibration.chains import MAX_PLACEMENTS, ChainStage, HostView, chain_timings, place
-from calibration.latency import LatencyModel, SplitTimings
+from calibration._latency import LatencyModel, SplitTimings
 from splitedge.errors import CalibrationError
 
 CHAIN = "a+b"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from calibration import CalibrationError, LatencyModel, SplitSelector, SplitTable, SplitTimings
-from calibration.switching import Decision, decision_cost_us
+from calibration._switching import Decision, decision_cost_us
 from splitedge._words import LOCAL, OFFLOAD
 from tests.calibration.models import corners, two_cuts
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from calibration import CalibrationError, RunningTimes, Spread, measure_ms, measure_round_robin
-from calibration.timing import FRESH, MIN_SAMPLES, WIDE_MIN_MS, WIDE_RATIO, WINDOW, widest
+from calibration._timing import FRESH, MIN_SAMPLES, WIDE_MIN_MS, WIDE_RATIO, WINDOW, widest
 from splitedge._words import LOCAL, OFFLOAD
 from tests.calibration.models import corners, preprocessed
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calibration import FILENAME
+from calibration.calibration_file import FILENAME
 from device_runtime.board import RunSettings
 from device_runtime.cli import main
 from device_runtime.run import DEFAULT, QUIET, VERBOSE, Output, run_stream

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import calibration as cal
+from calibration import calibration_file as cal
 from device_runtime import cli as device_cli
 from device_runtime.bundle import LOCAL, OFFLOAD
 from fieldtrial import commands

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 import calibration as cal
-from calibration import Calibration, LatencyModel, SplitTable, SplitTimings
+from calibration import calibration_file
+from calibration import LatencyModel, SplitTable, SplitTimings
+from calibration.calibration_file import Calibration
 from device_runtime.bundle import LOCAL, OFFLOAD
 from device_runtime.stream.results import FrameResult
 from device_runtime.stream.trace import TRACE_SCHEMA, TraceWriter
@@ -176,7 +178,7 @@ def test_a_calibration_that_timed_preprocessing_is_compared_stage_by_stage() -> 
     """calibrate's preprocessing term (issue 29.3) is a modelled stage like the others: predicted,
     in the prediction's sum, and no longer listed as missing."""
     model = LatencyModel(tiny_model().splits, tiny_model().rtt_ms, preprocess_ms=1.5)
-    timed = cal.Preprocessing("fast", 640, 480, cal.Spread(1.0, 1.5, 2.5))
+    timed = calibration_file.Preprocessing("fast", 640, 480, cal.Spread(1.0, 1.5, 2.5))
     calibration = Calibration(**{**{f: getattr(tiny_calibration(), f) for f in Calibration.__dataclass_fields__},
                                  "model": model, "preprocess": timed,
                                  "table": SplitTable.build(model, [1, 4], points_per_decade=5)})
@@ -252,7 +254,7 @@ def test_write_report_files_and_round_trip(tmp_path: Path) -> None:
 
 
 def test_write_report_loads_the_runs_calibration(tmp_path: Path) -> None:
-    cal.save(tiny_calibration(), tmp_path / "calibration.json")
+    calibration_file.save(tiny_calibration(), tmp_path / "calibration.json")
     trace = write_jsonl(tmp_path / "run.jsonl", [run_record(str(tmp_path / "calibration.json"))] + known_frames())
     summary = write_report(trace, tmp_path / "out")
     assert summary["calibration"]["bundle_id"] == BUNDLE
@@ -263,12 +265,12 @@ def test_the_report_compares_with_the_table_the_run_used(tmp_path: Path) -> None
     from dataclasses import replace
 
     path = tmp_path / "calibration.json"
-    cal.save(tiny_calibration(), path)  # onnx/float32: the run's
-    cal.save(replace(tiny_calibration(), backend="tflite", precision="int8", created="2025-06-01T12:00:00+00:00"), path)
+    calibration_file.save(tiny_calibration(), path)  # onnx/float32: the run's
+    calibration_file.save(replace(tiny_calibration(), backend="tflite", precision="int8", created="2025-06-01T12:00:00+00:00"), path)
     record = {**run_record(str(path)), "calibration_key": ["onnx", "float32"]}
     trace = write_jsonl(tmp_path / "run.jsonl", [record] + known_frames())
     assert write_report(trace, tmp_path / "out")["calibration"]["backend"] == "onnx"
-    given = write_report(trace, tmp_path / "out", calibration=cal.load_all(path))
+    given = write_report(trace, tmp_path / "out", calibration=calibration_file.load_all(path))
     assert (given["calibration"]["backend"], given["calibration"]["precision"]) == ("onnx", "float32")
     # A run that recorded no table (older traces): the latest.
     trace = write_jsonl(tmp_path / "old.jsonl", [run_record(str(path))] + known_frames())
@@ -313,7 +315,7 @@ def test_empty_trace(tmp_path: Path) -> None:
 
 
 def test_calibration_of_another_bundle(tmp_path: Path) -> None:
-    cal.save(tiny_calibration("other-bundle"), tmp_path / "calibration.json")
+    calibration_file.save(tiny_calibration("other-bundle"), tmp_path / "calibration.json")
     trace = write_jsonl(tmp_path / "run.jsonl", [run_record(str(tmp_path / "calibration.json"))] + known_frames())
     with pytest.raises(SplitEdgeError, match=f"other-bundle.*{BUNDLE}"):
         write_report(trace, tmp_path / "out")

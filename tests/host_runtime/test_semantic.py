@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calibration import LAYER, SEMANTIC, Bandit
+from calibration.bandit import Bandit, LAYER, SEMANTIC
 from device_runtime.bundle import HEAD, Bundle
 from device_runtime.engine.backend import OnnxBackend
 from device_runtime.engine.runner import DeviceRunner

@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from calibration import FILENAME, Spread, load, load_all
+from calibration import Spread
+from calibration.calibration_file import FILENAME, load, load_all
 from device_runtime.board.calibrate import (
     Rounds,
     Scene,

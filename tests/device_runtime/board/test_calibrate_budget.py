@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from calibration import load
+from calibration.calibration_file import load
 from device_runtime.board.calibrate import Rounds, profile_host
 from device_runtime.bundle import OFFLOAD, Bundle
 from device_runtime.cli import main

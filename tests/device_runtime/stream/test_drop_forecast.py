@@ -16,7 +16,8 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from calibration import Calibration, LatencyModel, Preprocessing, SplitTable, SplitTimings, Spread, save
+from calibration import LatencyModel, SplitTable, SplitTimings, Spread
+from calibration.calibration_file import Calibration, Preprocessing, save
 from device_runtime.board.calibrate import manifest_sha256, precision_of
 from device_runtime.bundle import LOCAL, Bundle
 from device_runtime.cli import main

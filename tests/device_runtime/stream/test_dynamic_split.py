@@ -24,7 +24,8 @@ from typing import Awaitable, Callable, Collection, Iterator, TypeVar
 import numpy as np
 import pytest
 
-from calibration import FILENAME, Calibration, LatencyModel, RateEstimator, SplitTable, SplitTimings, save
+from calibration import LatencyModel, RateEstimator, SplitTable, SplitTimings
+from calibration.calibration_file import Calibration, FILENAME, save
 from device_runtime.board.calibrate import calibration_for, manifest_sha256
 from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
 from device_runtime.engine.runner import DeviceRunner

@@ -14,7 +14,8 @@ from typing import Callable
 
 import pytest
 
-from calibration import Calibration, LatencyModel, SplitTable, SplitTimings
+from calibration import LatencyModel, SplitTable, SplitTimings
+from calibration.calibration_file import Calibration
 from device_runtime.bundle import LOCAL, Bundle
 from device_runtime.engine.runner import DeviceRunner
 from device_runtime.stream import HEAD_TIMES, HeadTimes, TraceWriter, read_head_times

@@ -17,7 +17,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from calibration import Calibration, LatencyModel, RateEstimator, SplitTable, SplitTimings
+from calibration import LatencyModel, RateEstimator, SplitTable, SplitTimings
+from calibration.calibration_file import Calibration
 from device_runtime.bundle import LOCAL
 from device_runtime.hosts import LinkMeter
 from device_runtime.stream.camera import Frame, FrameSource

@@ -9,7 +9,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from calibration import Calibration, LatencyModel, Preprocessing, SplitTable, SplitTimings, Spread
+from calibration import LatencyModel, SplitTable, SplitTimings, Spread
+from calibration.calibration_file import Calibration, Preprocessing
 from device_runtime.bundle import LOCAL, OFFLOAD
 from device_runtime.stream.policy import REFINE_MIN_S, AutoPolicy, HeadTimes, StaticPolicy
 from device_runtime.stream.reason import (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from calibration.latency import LatencyModel
+from calibration._latency import LatencyModel
 from splitedge.errors import CalibrationError
 
 Policy = Callable[[int, float], str]  # (batch size, rate in bit/s) -> split name

@@ -17,8 +17,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import ClassVar
 
-from calibration.latency import LatencyModel
-from calibration.table import SplitTable
+from calibration._latency import LatencyModel
+from calibration._table import SplitTable
 from splitedge import Fields, LOCAL
 from splitedge.errors import CalibrationError
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from calibration.latency import LatencyModel
+from calibration._latency import LatencyModel
 from splitedge import Fields, join
 from splitedge.errors import CalibrationError
 

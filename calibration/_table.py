@@ -20,7 +20,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from calibration.latency import LatencyModel
+from calibration._latency import LatencyModel
 from splitedge import Fields, join, shown
 from splitedge.errors import CalibrationError
 
