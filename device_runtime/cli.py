@@ -16,9 +16,12 @@ from typing import Any, Callable, Sequence
 
 from calibration.bandit import BANDIT_FILENAME, Bandit
 from device_runtime.board import (
-    BATCH, DEFAULT_BATCHES, DEFAULT_FRAME, FPS, FRAMES, KEYS, QUEUE, REPEATS, SUMMARY_EVERY, DetectedBoard,
-    InstalledBackend, add_commands, add_service_command, as_flag_type, batches, calibrate_settings, calibration_for,
-    calibrations_for, detect_board, handler, install_service, installed_backends, run_settings, settings_for,
+    DEFAULT_BATCHES, DEFAULT_FRAME, DetectedBoard, InstalledBackend, add_commands, add_service_command,
+    calibration_for, calibrations_for, detect_board, handler, install_service, installed_backends, settings_for,
+)
+from device_runtime.board.run_settings import (
+    BATCH, FPS, FRAMES, KEYS, QUEUE, REPEATS, SUMMARY_EVERY, as_flag_type, batches, calibrate_settings,
+    run_settings,
 )
 from device_runtime.bundle import FORMATS, Bundle
 from device_runtime.engine import AUTO, PRECISIONS, PREPROCESS_PATHS

@@ -34,9 +34,10 @@ from calibration.calibration_file import Calibration, Calibrations, FILENAME, sa
 from calibration.chains import HostView
 from calibration.fragments import place_fragments
 from device_runtime.board import (
-    CalibrateSettings, Connection, DetectedBoard, LastRun, Rounds, RunSettings, Runtime, Scene, calibrate, calibrations_for,
-    detect_board, installed_backends, precision_of, resolve_backend, spread_warning,
+    DetectedBoard, LastRun, Rounds, Scene, calibrate, calibrations_for, detect_board, installed_backends,
+    precision_of, resolve_backend, spread_warning,
 )
+from device_runtime.board.run_settings import CalibrateSettings, Connection, RunSettings, Runtime
 from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle
 from device_runtime.engine import AUTO, DeviceRunner, default_split, usable_cpus
 from device_runtime.hosts import HostLink, LinkMeter, connect_host, discover

@@ -62,7 +62,7 @@ BOARD_ROOMS: dict[str, set[str]] = {
     "cli": {"bundle", "bundle_slice", "wire", "link", "engine", "hosts", "stream", "board", "live", "run"},
 }
 #: Launched, not imported: the board's systemd unit runs ``python -m device_runtime.cli run``.
-LAUNCHED = {("device_runtime.board.service", "device_runtime.cli")}
+LAUNCHED = {("device_runtime.board._service", "device_runtime.cli")}
 #: The host imports the two contracts, the engine for its sessions, and the live pages' server
 #: (``split-host serve --live``: one page server for the board and the host).
 HOST_SEES = {"bundle", "wire", "engine", "live"}

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from device_runtime.board.calibrate import DEFAULT_BATCHES, DEFAULT_FRAME
+from device_runtime.board._calibrate import DEFAULT_BATCHES, DEFAULT_FRAME
 from device_runtime.bundle import FORMATS
 from device_runtime.engine import AUTO, PRECISIONS, PREPROCESS_PATHS
 from device_runtime.hosts import host_address
@@ -27,7 +27,7 @@ from splitedge.errors import HostUnavailableError
 __all__ = [
     "AUTO", "BATCH", "CalibrateSettings", "Connection", "FPS", "FRAMES", "FRAME_SIDE", "KEEP", "KEYS", "Key", "QUEUE",
     "REPEATS", "RunSettings", "Runtime", "SUMMARY_EVERY", "SettingError", "START_TIMEOUT", "THREADS", "as_flag_type",
-    "calibrate_settings", "run_settings",
+    "batches", "calibrate_settings", "run_settings",
 ]
 
 ENV_PREFIX = "SPLITEDGE_"

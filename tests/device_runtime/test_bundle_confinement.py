@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from device_runtime.board.release import Layout
+from device_runtime.board._release import Layout
 from device_runtime.bundle import (
     BOARD_PART, FULL, HOST_PART, MANIFEST_NAME, TAIL, Bundle, manifest_digest, verify_files,
 )

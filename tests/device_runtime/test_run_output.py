@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from calibration.calibration_file import FILENAME
-from device_runtime.board import RunSettings
+from device_runtime.board.run_settings import RunSettings
 from device_runtime.cli import main
 from device_runtime.run import DEFAULT, QUIET, VERBOSE, Output, run_stream
 

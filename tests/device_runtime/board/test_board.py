@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-import device_runtime.board.detect as board_module
+import device_runtime.board._detect as board_module
 import device_runtime.cli as cli
 from boards import BOARDS
-from device_runtime.board.detect import DetectedBoard, detect_board, installed_backends
+from device_runtime.board._detect import DetectedBoard, detect_board, installed_backends
 
 GB_KB = 2**20  # /proc/meminfo counts in kB
 

@@ -16,7 +16,7 @@ import pytest
 
 from calibration import Spread
 from calibration.calibration_file import FILENAME, load, load_all
-from device_runtime.board.calibrate import (
+from device_runtime.board._calibrate import (
     Rounds,
     Scene,
     calibration_for,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from calibration.calibration_file import load
-from device_runtime.board.calibrate import Rounds, profile_host
+from device_runtime.board._calibrate import Rounds, profile_host
 from device_runtime.bundle import OFFLOAD, Bundle
 from device_runtime.cli import main
 from device_runtime.wire.ops import HelloReply

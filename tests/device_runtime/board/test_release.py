@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from device_runtime.board.release import Layout, UpdateDeferred, default_root
+from device_runtime.board._release import Layout, UpdateDeferred, default_root
 from device_runtime.bundle import Bundle, verify_files
 from splitedge.errors import BundleError
 from tests.device_runtime.test_bundle_slice import fake_bundle
@@ -95,7 +95,7 @@ def test_killed_at_each_step_of_a_switch_current_still_works(layout: Layout, two
     code = (
         "import os, signal, sys\n"
         "from pathlib import Path\n"
-        "from device_runtime.board.release import Layout\n"
+        "from device_runtime.board._release import Layout\n"
         f"for _, step in Layout(Path({str(layout.root)!r})).switch_steps({new!r})[:{steps_run}]:\n"
         "    step()\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"

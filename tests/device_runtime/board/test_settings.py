@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from device_runtime import cli
-from device_runtime.board.settings import apply_settings, config_files
+from device_runtime.board._settings import apply_settings, config_files
 from device_runtime.bundle import BOARD_PART
 from device_runtime.bundle_slice import slice_bundle
 from splitedge.errors import ConfigError
@@ -234,7 +234,7 @@ def test_set_writes_text_a_reader_loads_back(dirs) -> None:
 def test_deadline_ms_0_is_none_in_the_settings(dirs, where: list[str] | str, expected: float | str | None) -> None:
     """``--deadline-ms 0`` (from a flag, a file or the environment) reaches the run as None, converted
     once by run_settings: nothing after it reads 0 as "none" (on the wire 0 is a budget already spent)."""
-    from device_runtime.board import run_settings
+    from device_runtime.board.run_settings import run_settings
     from device_runtime.stream.pipeline import PipelineConfig
 
     system, user = dirs

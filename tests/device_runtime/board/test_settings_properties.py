@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from device_runtime.board import KEYS, SettingError, batches, run_checker, write_settings
+from device_runtime.board import run_checker, write_settings
+from device_runtime.board.run_settings import KEYS, SettingError, batches
 from device_runtime.board.run_settings import FRAME_SIDE, THREADS
-from device_runtime.board.settings import load_settings
+from device_runtime.board._settings import load_settings
 from splitedge import bounds_of
 from splitedge.errors import ConfigError
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from device_runtime.board.release import Layout
-from device_runtime.board.status import LAST_RUN, NO_SYSTEMD, _last_run, service_state
+from device_runtime.board._release import Layout
+from device_runtime.board._status import LAST_RUN, NO_SYSTEMD, _last_run, service_state
 from device_runtime.bundle import BOARD_PART, MANIFEST_NAME
 from device_runtime.bundle_slice import slice_bundle
 from tests.device_runtime.test_bundle_slice import fake_bundle

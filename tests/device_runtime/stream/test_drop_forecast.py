@@ -18,7 +18,7 @@ import pytest
 
 from calibration import LatencyModel, SplitTable, SplitTimings, Spread
 from calibration.calibration_file import Calibration, Preprocessing, save
-from device_runtime.board.calibrate import manifest_sha256, precision_of
+from device_runtime.board._calibrate import manifest_sha256, precision_of
 from device_runtime.bundle import LOCAL, Bundle
 from device_runtime.cli import main
 from device_runtime.engine.runner import DeviceRunner

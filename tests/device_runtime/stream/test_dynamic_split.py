@@ -26,7 +26,7 @@ import pytest
 
 from calibration import LatencyModel, RateEstimator, SplitTable, SplitTimings
 from calibration.calibration_file import Calibration, FILENAME, save
-from device_runtime.board.calibrate import calibration_for, manifest_sha256
+from device_runtime.board._calibrate import calibration_for, manifest_sha256
 from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
 from device_runtime.engine.runner import DeviceRunner
 from device_runtime.link import HostClient

@@ -2,7 +2,7 @@
 
 ``split-device verify`` checks every file of a bundle against its manifest (for scripts and
 deploys: every problem at once, one line each); ``split-device status`` reads the release
-layout (:mod:`device_runtime.board.release`), asks systemd about the service, and reads
+layout (:mod:`device_runtime.board._release`), asks systemd about the service, and reads
 ``last-run.json``, which every ``split-device run`` writes beside its bundle when it ends.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from device_runtime.board.release import Layout
+from device_runtime.board._release import Layout
 from device_runtime.bundle import MANIFEST_NAME, Bundle, artifacts_of, verify_files
 from splitedge import SplitEdgeError, write_atomically
 from splitedge.reading import read_text_bounded

@@ -13,9 +13,9 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from device_runtime.board.release import DEFAULT_KEEP, Layout, UpdateDeferred, default_root
+from device_runtime.board._release import DEFAULT_KEEP, Layout, UpdateDeferred, default_root
 from device_runtime.board.run_settings import KEEP
-from device_runtime.board.settings import (
+from device_runtime.board._settings import (
     apply_settings,
     run_checker,
     config_files,
@@ -24,7 +24,7 @@ from device_runtime.board.settings import (
     run_defaults,
     write_settings,
 )
-from device_runtime.board.status import board_status, check_root, format_status, status_exit_code, verify_report
+from device_runtime.board._status import board_status, check_root, format_status, status_exit_code, verify_report
 from splitedge import as_flag_type
 from splitedge.errors import BundleError, ConfigError
 

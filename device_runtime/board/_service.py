@@ -18,10 +18,10 @@ import pwd
 import sys
 from pathlib import Path
 
-from device_runtime.board.release import CURRENT
+from device_runtime.board._release import CURRENT
 from device_runtime.board.run_settings import START_TIMEOUT
-from device_runtime.board.settings import load_settings, run_checker
-from device_runtime.board.status import SERVICE
+from device_runtime.board._settings import load_settings, run_checker
+from device_runtime.board._status import SERVICE
 from splitedge import SplitEdgeError, as_flag_type
 from splitedge.units import ServiceUnit, UNIT_DIR, enable_unit, write_unit
 
