@@ -2,59 +2,21 @@
 
 ``bundle`` (contract 1: manifest, artifacts, verification, the shared words) and ``wire``
 (contract 2: the protocol) are what the host and the exporter import; ``engine`` runs
-networks, ``hosts`` talks to hosts, ``stream`` is the camera-to-answer pipeline, ``board``
-knows this board; ``cli`` is ``split-device``. Importing this package loads only the bundle
-contract.
+networks, ``link`` and ``hosts`` talk to hosts, ``stream`` is the camera-to-answer pipeline,
+``board`` knows this board; ``cli`` is ``split-device``. Importing this package loads only the
+bundle contract. The face holds the contract's types and the words every part uses; the rest of
+its words (roles, formats, precisions, tensor names) are the public sub-face
+:mod:`device_runtime.bundle`.
 """
 
-from device_runtime.bundle import LOCAL, OFFLOAD, Bundle, Manifest
-
+from device_runtime._bundle_slice import slice_bundle
 from device_runtime.bundle import (
-    Artifact, BOARD_PART, BOTTLENECK, CHAIN, CHAIN_JOIN, CUT, FLOAT32, FORMATS, FULL, Fragment, HEAD, INT8,
-    IO_NAMES, LAYER, LOGITS, MIDDLE_STAGE_IO, ModelInfo, ONNX, PARTS, PRECISIONS, Preprocess, Quantization,
-    SEMANTIC, Split, Stage, TAIL, TFLITE, TensorSpec, artifacts_of, check_name, make_artifact, semantic_id,
-    stage_id, write_manifest,
+    FULL, HEAD, LOCAL, OFFLOAD, TAIL, Artifact, Bundle, Fragment, Manifest, ModelInfo, Preprocess, Quantization, Split,
+    Stage, TensorSpec, artifacts_of, check_name, make_artifact, semantic_id, stage_id, write_manifest,
 )
-from device_runtime.bundle_slice import slice_bundle
 
 __all__ = [
-    "Artifact",
-    "BOARD_PART",
-    "BOTTLENECK",
-    "Bundle",
-    "CHAIN",
-    "CHAIN_JOIN",
-    "CUT",
-    "FLOAT32",
-    "FORMATS",
-    "FULL",
-    "Fragment",
-    "HEAD",
-    "INT8",
-    "IO_NAMES",
-    "LAYER",
-    "LOCAL",
-    "LOGITS",
-    "MIDDLE_STAGE_IO",
-    "Manifest",
-    "ModelInfo",
-    "OFFLOAD",
-    "ONNX",
-    "PARTS",
-    "PRECISIONS",
-    "Preprocess",
-    "Quantization",
-    "SEMANTIC",
-    "Split",
-    "Stage",
-    "TAIL",
-    "TFLITE",
-    "TensorSpec",
-    "artifacts_of",
-    "check_name",
-    "make_artifact",
-    "semantic_id",
-    "slice_bundle",
-    "stage_id",
-    "write_manifest",
+    "Artifact", "Bundle", "FULL", "Fragment", "HEAD", "LOCAL", "Manifest", "ModelInfo", "OFFLOAD", "Preprocess",
+    "Quantization", "Split", "Stage", "TAIL", "TensorSpec", "artifacts_of", "check_name", "make_artifact",
+    "semantic_id", "slice_bundle", "stage_id", "write_manifest",
 ]

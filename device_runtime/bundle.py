@@ -35,67 +35,13 @@ from splitedge import FLOAT32, FORMATS, Fields, INT8, LOCAL, OFFLOAD, ONNX, PREC
 from splitedge.errors import BundleError
 from splitedge.reading import file_kind, read_text_bounded
 
+#: A public sub-face of ``device_runtime``: the contract's words (splits, roles, formats, precisions,
+#: tensor names) and the helpers that write a bundle, for the exporter. The types (:class:`Bundle`,
+#: :class:`Manifest`, ...) are on the package's face.
 __all__ = [
-    "BOARD_PART",
-    "BOTTLENECK",
-    "CHAIN",
-    "CHAIN_JOIN",
-    "CHAIN_SCHEMA",
-    "CUT",
-    "FLOAT32",
-    "FOLDED_SCHEMA",
-    "FORMATS",
-    "FRAGMENT_MARK",
-    "FULL",
-    "HEAD",
-    "HOST_PART",
-    "IDENTITY_FIELDS",
-    "ID_DIGITS",
-    "INPUT",
-    "INT8",
-    "IO_NAMES",
-    "LAYER",
-    "LOCAL",
-    "LOGITS",
-    "MANIFEST_NAME",
-    "MIDDLE_STAGE_IO",
-    "NEXT_CUT",
-    "OFFLOAD",
-    "ONNX",
-    "PARTS",
-    "PRECISIONS",
-    "ROLES",
-    "SCHEMA_VERSION",
-    "SEMANTIC",
-    "SPLIT_KINDS",
-    "STAGE_MARK",
-    "TAIL",
-    "TFLITE",
-    "Artifact",
-    "Bundle",
-    "Fragment",
-    "Manifest",
-    "ModelInfo",
-    "Preprocess",
-    "Quantization",
-    "SliceSource",
-    "Split",
-    "Stage",
-    "TensorSpec",
-    "NAME_PATTERN",
-    "artifact_path",
-    "artifacts_of",
-    "bundle_id",
-    "check_name",
-    "check_relpath",
-    "file_sha256",
-    "make_artifact",
-    "manifest_digest",
-    "parse_manifest",
-    "semantic_id",
-    "stage_id",
-    "verify_files",
-    "write_manifest",
+    "BOARD_PART", "BOTTLENECK", "CHAIN", "CHAIN_JOIN", "CUT", "FLOAT32", "FORMATS", "FULL", "HEAD", "INT8", "IO_NAMES",
+    "LAYER", "LOCAL", "LOGITS", "MIDDLE_STAGE_IO", "OFFLOAD", "ONNX", "PARTS", "PRECISIONS", "SEMANTIC", "TAIL", "TFLITE",
+    "artifacts_of", "check_name", "make_artifact", "semantic_id", "stage_id", "write_manifest",
 ]
 
 #: Schema 2 adds chains (``kind: chain`` with ``stages``) and semantic splits (``kind: semantic``
@@ -371,7 +317,7 @@ class ModelInfo:
     output: str | None = None  # a model of several outputs: the one the bundle answers with, in words
 
 
-#: The parts a slice is cut for (:mod:`device_runtime.bundle_slice`): what a board runs, what a host serves.
+#: The parts a slice is cut for (:mod:`device_runtime._bundle_slice`): what a board runs, what a host serves.
 BOARD_PART, HOST_PART = "board", "host"
 PARTS = (BOARD_PART, HOST_PART)
 

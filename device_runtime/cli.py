@@ -26,7 +26,7 @@ from device_runtime.board.run_settings import (
 from device_runtime.bundle import FORMATS, Bundle
 from device_runtime.engine import AUTO, PRECISIONS, PREPROCESS_PATHS
 from device_runtime.live import live_flag
-from device_runtime.run import DEFAULT, QUIET, VERBOSE, Output, calibrate_board, run_stream, table_text
+from device_runtime._run import DEFAULT, QUIET, VERBOSE, Output, calibrate_board, run_stream, table_text
 from device_runtime.link import kernel_timing_support
 from splitedge import SplitEdgeError
 from splitedge.lifecycle import exit_on_signals, run_command

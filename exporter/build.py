@@ -29,35 +29,12 @@ from tqdm import tqdm
 
 from boards import BOARDS, check_fits
 from device_runtime import (
-    BOTTLENECK,
-    CHAIN,
-    CHAIN_JOIN,
-    FLOAT32,
-    FORMATS,
-    FULL,
-    HEAD,
-    INT8,
-    IO_NAMES,
-    LAYER,
-    MIDDLE_STAGE_IO,
-    ONNX,
-    SEMANTIC,
-    TAIL,
+    Artifact, FULL, Fragment, HEAD, Manifest, ModelInfo, Preprocess, Quantization, Split, Stage, TAIL, TensorSpec,
+    artifacts_of, check_name, make_artifact, semantic_id, write_manifest,
+)
+from device_runtime.bundle import (
+    BOTTLENECK, CHAIN, CHAIN_JOIN, FLOAT32, FORMATS, INT8, IO_NAMES, LAYER, MIDDLE_STAGE_IO, ONNX, SEMANTIC,
     TFLITE,
-    Artifact,
-    Fragment,
-    Manifest,
-    ModelInfo,
-    Preprocess,
-    Quantization,
-    Split,
-    Stage,
-    TensorSpec,
-    artifacts_of,
-    check_name,
-    make_artifact,
-    semantic_id,
-    write_manifest,
 )
 from device_runtime.wire import dequantize, quantize
 from exporter.bottleneck import BottleneckOptions, SplitModel, make_autoencoder, train_bottleneck

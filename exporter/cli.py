@@ -18,7 +18,8 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Sequence
 
 from boards import BOARDS
-from device_runtime import FORMATS, HEAD, INT8, ONNX, PARTS, PRECISIONS, Artifact, Manifest, TensorSpec, slice_bundle
+from device_runtime import Artifact, HEAD, Manifest, TensorSpec, slice_bundle
+from device_runtime.bundle import FORMATS, INT8, ONNX, PARTS, PRECISIONS
 from exporter.deploy import add_deploy_command
 from splitedge import Bounds, SettingError, SplitEdgeError, as_flag_type
 from splitedge.lifecycle import exit_on_signals

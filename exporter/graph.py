@@ -39,7 +39,7 @@ import torch
 from torch import fx
 from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
-from device_runtime import CUT
+from device_runtime.bundle import CUT
 from exporter.blocks import block_of, block_units
 from splitedge.errors import CutPointError
 

@@ -18,7 +18,7 @@ from typing import BinaryIO, Iterator
 
 import torch
 
-from device_runtime import IO_NAMES
+from device_runtime.bundle import IO_NAMES
 from exporter.fold import described
 from splitedge.errors import ExportError, brief
 

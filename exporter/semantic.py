@@ -28,7 +28,7 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 from tqdm import tqdm
 
-from device_runtime import CUT, LOGITS
+from device_runtime.bundle import CUT, LOGITS
 from exporter.datasets import ImageSet
 from exporter.graph import CutPoint, TracedModel, get_cut_point, split_at
 from splitedge.errors import CutPointError, ExportError

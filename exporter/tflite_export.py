@@ -38,7 +38,7 @@ from typing import Any, BinaryIO, Iterator
 import numpy as np
 import torch
 
-from device_runtime import FLOAT32, IO_NAMES, PRECISIONS
+from device_runtime.bundle import FLOAT32, IO_NAMES, PRECISIONS
 from exporter.fold import described
 from splitedge.errors import ExportError, brief
 

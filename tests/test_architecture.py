@@ -133,7 +133,8 @@ def board_room(dotted: str) -> str | None:
     if len(parts) < 2 or parts[0] != "device_runtime":
         return None
     room = ROOT / "device_runtime" / parts[1]
-    return parts[1] if room.is_dir() or room.with_suffix(".py").is_file() else "bundle"
+    # a private module is the room of its name (``device_runtime._run``: ``run``)
+    return parts[1].lstrip("_") if room.is_dir() or room.with_suffix(".py").is_file() else "bundle"
 
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))

@@ -5,7 +5,7 @@ A value means the same wherever it comes from: the flag's argparse ``type``, a k
 check in :data:`KEYS` (a batch of 0, a timeout of ``nan``, 100,000 threads or text that is not
 UTF-8 is refused where it enters, not when ``run`` trips over it); every number is a
 :class:`splitedge.Bounds` with its maximum stated below. :class:`RunSettings` and
-:class:`CalibrateSettings` are what the library (``device_runtime.run``) takes; the CLI only
+:class:`CalibrateSettings` are what the library (``device_runtime._run``) takes; the CLI only
 builds them.
 """
 

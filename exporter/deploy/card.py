@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from device_runtime.board import SERVICE, Layout, write_settings
-from device_runtime import BOARD_PART, slice_bundle
+from device_runtime import slice_bundle
+from device_runtime.bundle import BOARD_PART
 from device_runtime.board import CAMERA_GROUP, START_TIMEOUT_S, device_unit, run_checker
 from exporter.deploy.remote_board import BoardResult
 from splitedge import SplitEdgeError

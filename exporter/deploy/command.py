@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from device_runtime import PRECISIONS
+from device_runtime.bundle import PRECISIONS
 from exporter.deploy.remote_board import ServiceOptions
 from exporter.deploy.card import deploy_card
 from exporter.deploy.fleet import Fleet, FleetResult, parse_max_fail

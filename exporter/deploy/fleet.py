@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from device_runtime import BOARD_PART, slice_bundle
+from device_runtime import slice_bundle
+from device_runtime.bundle import BOARD_PART
 from exporter.deploy.remote_board import (
     NO_SUDO, BoardResult, Release, ServiceOptions, deploy_board, elevation, probe, rollback_board,
 )

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from device_runtime.bundle import BOARD_PART, HEAD, Bundle, write_manifest
-from device_runtime.bundle_slice import slice_manifest
+from device_runtime._bundle_slice import slice_manifest
 from exporter.deploy import Fleet, board_steps, probe
 from exporter.deploy.remote_board import BoardResult
 from splitedge.errors import DeployError

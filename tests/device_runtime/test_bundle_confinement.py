@@ -25,7 +25,7 @@ from device_runtime.board._release import Layout
 from device_runtime.bundle import (
     BOARD_PART, FULL, HOST_PART, MANIFEST_NAME, TAIL, Bundle, manifest_digest, verify_files,
 )
-from device_runtime.bundle_slice import slice_bundle
+from device_runtime._bundle_slice import slice_bundle
 from splitedge.errors import BundleError
 from tests.device_runtime.test_bundle_slice import fake_bundle
 

@@ -32,7 +32,7 @@ from device_runtime.bundle import (
     make_artifact,
     write_manifest,
 )
-from device_runtime.bundle_slice import slice_bundle
+from device_runtime._bundle_slice import slice_bundle
 from splitedge.errors import BundleError
 from tests.conftest import TEST_SPLITS, run_stream, start_host
 

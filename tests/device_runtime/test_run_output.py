@@ -21,7 +21,7 @@ import pytest
 from calibration.calibration_file import FILENAME
 from device_runtime.board.run_settings import RunSettings
 from device_runtime.cli import main
-from device_runtime.run import DEFAULT, QUIET, VERBOSE, Output, run_stream
+from device_runtime._run import DEFAULT, QUIET, VERBOSE, Output, run_stream
 
 FRAMES = 40
 
@@ -119,7 +119,7 @@ def test_a_line_per_frame_by_default_where_the_run_ends_by_itself(
     """By default a run prints each answer where it ends by itself (a person classifying ten photos
     expects ten answers) and not for a live camera (a service's log); ``--verbose`` prints them for
     any source, ``--quiet`` for none, and ``--json`` only with ``--verbose`` (a program asks for them)."""
-    from device_runtime.run import _says_each_frame
+    from device_runtime._run import _says_each_frame
     from device_runtime.stream.camera import open_source
 
     settings = RunSettings(bundle="b/", camera=camera, frames=frames, loop=loop)

@@ -13,7 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from device_runtime import FULL, IO_NAMES, Bundle  # noqa: E402
+from device_runtime import Bundle, FULL  # noqa: E402
+from device_runtime.bundle import IO_NAMES  # noqa: E402
 from exporter.cli import main  # noqa: E402
 from exporter.graph import find_cut_points, split_at, trace  # noqa: E402
 from exporter.models import load_model  # noqa: E402

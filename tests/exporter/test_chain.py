@@ -35,7 +35,7 @@ from device_runtime.bundle import (  # noqa: E402
     Split,
     TensorSpec,
 )
-from device_runtime.bundle_slice import slice_bundle  # noqa: E402
+from device_runtime._bundle_slice import slice_bundle  # noqa: E402
 from device_runtime.engine import OnnxBackend, preprocess  # noqa: E402
 from exporter.build import BuildSpec, build_bundle  # noqa: E402
 from exporter.cli import main  # noqa: E402

@@ -10,7 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from device_runtime import HEAD, IO_NAMES, Bundle, Preprocess  # noqa: E402
+from device_runtime import Bundle, HEAD, Preprocess  # noqa: E402
+from device_runtime.bundle import IO_NAMES  # noqa: E402
 from device_runtime.engine import FAST_AGREEMENT  # noqa: E402
 from exporter.build import Variants  # noqa: E402
 from exporter.fold import normalise, pixels  # noqa: E402

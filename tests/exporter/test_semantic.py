@@ -32,7 +32,7 @@ from device_runtime.bundle import (  # noqa: E402
     Bundle,
     semantic_id,
 )
-from device_runtime.bundle_slice import slice_bundle  # noqa: E402
+from device_runtime._bundle_slice import slice_bundle  # noqa: E402
 from exporter import build as build_module  # noqa: E402
 from exporter.build import BuildSpec, build_bundle  # noqa: E402
 from exporter.cli import AE_EPOCHS, SEMANTIC_IMAGES, SEMANTIC_WIDTH, main  # noqa: E402

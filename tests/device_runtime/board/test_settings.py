@@ -13,7 +13,7 @@ import pytest
 from device_runtime import cli
 from device_runtime.board._settings import apply_settings, config_files
 from device_runtime.bundle import BOARD_PART
-from device_runtime.bundle_slice import slice_bundle
+from device_runtime._bundle_slice import slice_bundle
 from splitedge.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]

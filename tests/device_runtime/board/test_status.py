@@ -13,7 +13,7 @@ import pytest
 from device_runtime.board._release import Layout
 from device_runtime.board._status import LAST_RUN, NO_SYSTEMD, _last_run, service_state
 from device_runtime.bundle import BOARD_PART, MANIFEST_NAME
-from device_runtime.bundle_slice import slice_bundle
+from device_runtime._bundle_slice import slice_bundle
 from tests.device_runtime.test_bundle_slice import fake_bundle
 
 ROOT = Path(__file__).resolve().parents[3]

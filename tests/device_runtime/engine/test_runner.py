@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from device_runtime.bundle import LOCAL, Bundle, write_manifest
-from device_runtime.bundle_slice import slice_bundle
+from device_runtime._bundle_slice import slice_bundle
 from device_runtime.engine import INT8_MARGIN, prefers_int8
 from device_runtime.engine.runner import DeviceRunner, default_split
 from device_runtime.hosts.connect import connect_host

@@ -22,7 +22,7 @@ from device_runtime.board._calibrate import manifest_sha256, precision_of
 from device_runtime.bundle import LOCAL, Bundle
 from device_runtime.cli import main
 from device_runtime.engine.runner import DeviceRunner
-from device_runtime.run import drop_forecast
+from device_runtime._run import drop_forecast
 from device_runtime.stream.camera import Frame, FrameSource
 from device_runtime.stream.pipeline import Pipeline, PipelineConfig
 from device_runtime.stream.policy import StaticPolicy

@@ -15,7 +15,7 @@ import tracemalloc
 import pytest
 
 from device_runtime.bundle import LOCAL
-from device_runtime.run import _event_line, drop_forecast
+from device_runtime._run import _event_line, drop_forecast
 from device_runtime.stream import DropForecast, FrameResult, FrameSource
 from device_runtime.stream.reason import TABLE, Reason
 from device_runtime.stream.results import DROP_QUEUE_FULL

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from device_runtime import cli as device_cli
-from device_runtime import run as device_run
+from device_runtime import _run as device_run
 from device_runtime.board._detect import DetectedBoard
 from device_runtime.stream.camera import open_source
 from device_runtime.stream.picamera import FORMAT, LORES_FORMAT, PiCamera, open_picamera, pi_camera_absent
