@@ -55,9 +55,8 @@ from device_runtime.engine.runner import DeviceRunner
 from device_runtime.link import HostClient
 from device_runtime.hosts.host_link import HostLink
 from device_runtime.hosts.link_meter import LinkMeter
-from device_runtime.stream.camera import Synthetic
-from device_runtime.stream.pipeline import Pipeline, PipelineConfig
-from device_runtime.stream.policy import StaticPolicy
+from device_runtime.stream import Pipeline, PipelineConfig, StaticPolicy
+from device_runtime.stream._camera import Synthetic
 from testbed import EmulatedLink, free_port, unavailable_reason
 from testbed.namespace_host import running_host, serve_in
 

@@ -59,11 +59,10 @@ from calibration.fragments import place_fragments
 from device_runtime.bundle import Bundle
 from device_runtime.engine.runner import DeviceRunner
 from device_runtime.hosts.host_link import HostLink
-from device_runtime.stream.camera import Frame, FrameSource
-from device_runtime.stream.pipeline import Pipeline, PipelineConfig
-from device_runtime.stream.policy import BanditPolicy, SplitPolicy, StaticPolicy
-from device_runtime.stream.reason import FIXED, Choice, Reason
-from device_runtime.stream.results import FrameResult
+from device_runtime.stream import (
+    BanditPolicy, Choice, Frame, FrameResult, FrameSource, Pipeline, PipelineConfig, Reason, SplitPolicy, StaticPolicy,
+)
+from device_runtime.stream._reason import FIXED
 from testbed import DelayRelay, EmulatedLink, unavailable_reason
 from testbed.namespace_host import running_host
 

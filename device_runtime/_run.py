@@ -7,7 +7,7 @@ trace. The CLI parses flags into :class:`RunSettings` and prints what :class:`Ou
 
 What ``run`` prints (:class:`Output`): by default its start, a line for each change of the split
 answering frames (from, to and why), a summary every ``summary_every_s`` seconds and a final
-one (:class:`~device_runtime.stream.summary.RunEvents`), and a line per frame where the run ends
+one (:class:`~device_runtime.stream._summary.RunEvents`), and a line per frame where the run ends
 by itself (``--frames N``, a folder of images not looped, a video file: a person reads those
 answers) but not for a live camera's (a service's log would fill with them); ``verbose`` adds a
 line per frame for any source, ``quiet`` leaves only the final summary and warnings; ``json``
@@ -43,10 +43,10 @@ from device_runtime.engine import AUTO, DeviceRunner, default_split, usable_cpus
 from device_runtime.hosts import HostLink, LinkMeter, connect_host, discover
 from device_runtime.live import LiveBoard, LiveServer
 from device_runtime.stream import (
-    AutoPolicy, BanditPolicy, CameraLoad, DropForecast, FrameSource, Pipeline, PipelineConfig, PipelineStats, Reason,
-    RunEvents, SplitPolicy, StaticPolicy, TraceWriter, frame_record, open_source, pi_camera_absent, read_head_times,
-    read_pace,
+    AutoPolicy, BanditPolicy, CameraLoad, DropForecast, FrameSource, Pipeline, PipelineConfig, PipelineStats,
+    Reason, RunEvents, SplitPolicy, StaticPolicy, open_source, pi_camera_absent, read_pace,
 )
+from device_runtime.stream.trace import TraceWriter, frame_record, read_head_times
 from device_runtime.link import Credentials, HostClient
 from device_runtime.wire import client_context, load_key
 from splitedge import SplitEdgeError
@@ -265,7 +265,7 @@ def _start_event(
 
 
 def _event_line(event: dict[str, Any]) -> str:
-    """A run's event as the line a person reads (:class:`~device_runtime.stream.summary.RunEvents`)."""
+    """A run's event as the line a person reads (:class:`~device_runtime.stream._summary.RunEvents`)."""
     if event["event"] == "split_change":
         reason = Reason.from_dict(event["reason"]).text() if event["reason"] else "unknown"
         was = f" (was {event['from']})" if event["from"] is not None else ""

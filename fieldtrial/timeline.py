@@ -54,7 +54,7 @@ def drops_by_reason(frames: Sequence[dict[str, Any]]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
-#: A split reason's kind (trace schema 4: ``device_runtime.stream.reason``) in words.
+#: A split reason's kind (trace schema 4: ``device_runtime.stream._reason``) in words.
 _SPLIT_REASON_LABELS = {
     "fixed": "fixed (--split, or no table)",
     "table": "the table's cell for the rate",
@@ -88,7 +88,7 @@ def split_reasons(frames: Sequence[dict[str, Any]]) -> dict[str, int]:
 #: ``no_host``, ``upload_cap``, ...); the host refused it for its deadline (reason ``deadline``);
 #: the host failed (reason ``fallback``); or it fell back in a trace that does not say why (an
 #: ``error`` without either reason: traces before schema 4, where a deadline refusal fell back
-#: like a failure). The two causes are named by their reason's kind (``device_runtime.stream.reason``).
+#: like a failure). The two causes are named by their reason's kind (``device_runtime.stream._reason``).
 BY_CHOICE, AFTER_DEADLINE, AFTER_FAILURE, NOT_TOLD = "by_choice", "deadline", "fallback", "refused_or_failed"
 LOCAL_CAUSES = (BY_CHOICE, AFTER_DEADLINE, AFTER_FAILURE, NOT_TOLD)
 _LOCAL_CAUSE_LABELS = {  # (in a legend, in a table's row under local)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from device_runtime.stream import TRACE_SCHEMA
+from device_runtime.stream.trace import TRACE_SCHEMA
 from fieldtrial.tally import MAX_KEPT, MAX_SHOWN, OTHER, Sample, Tally
 from splitedge import SplitEdgeError, shown
 from splitedge.reading import FRAME, LINK_RATE, MAX_LINE_BYTES, trace_records

@@ -118,7 +118,7 @@ def trace_steps(trace: str | Path, set_by: str = SET_BY) -> Callable[[float, flo
     the records say set the rate (a replay names the trace it replays)."""
     # Imported here: `make` builds the board in a box with the system's python3, which has only the
     # standard library, and `python -m testbed.board_box` imports this package's face.
-    from device_runtime.stream import append_link_rate
+    from device_runtime.stream.trace import append_link_rate
 
     def on_change(elapsed_s: float, rate_mbit: float) -> None:
         append_link_rate(trace, rate_mbit * _BITS_PER_MBIT, set_by)

@@ -180,9 +180,9 @@ def run_stream(
 ) -> list:
     """Every result of a pipeline with a fixed split over ``source``, against ``host`` if given."""
     from device_runtime.hosts.host_link import HostLink
-    from device_runtime.stream.camera import open_source
-    from device_runtime.stream.pipeline import Pipeline, PipelineConfig
-    from device_runtime.stream.policy import StaticPolicy
+    from device_runtime.stream._camera import open_source
+    from device_runtime.stream._pipeline import Pipeline, PipelineConfig
+    from device_runtime.stream._policy import StaticPolicy
 
     async def go():
         hosts = None

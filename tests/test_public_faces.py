@@ -101,10 +101,14 @@ FACES = {
         "HostAdvert", "HostLink", "LinkMeter", "connect_host", "discover", "host_address", "probe_bytes",
     ],
     "device_runtime.stream": [
-        "AutoPolicy", "BanditPolicy", "BoardPace", "CameraLoad", "Choice", "DROP_QUEUE_FULL", "DropForecast", "Frame", "FrameQueue", "FrameResult", "FrameSource",
-        "HEAD_TIMES", "HeadTimes", "IMAGE_SUFFIXES", "LINK_RATE", "Pipeline", "PipelineConfig", "PipelineStats", "Reason",
-        "RunEvents", "SplitPolicy", "StaticPolicy", "TRACE_SCHEMA", "TraceWriter", "append_link_rate", "frame_record",
-        "open_source", "pi_camera_absent", "read_head_times", "read_pace", "top1",
+        "AutoPolicy", "BanditPolicy", "BoardPace", "CameraLoad", "Choice", "DROP_QUEUE_FULL", "DropForecast", "Frame",
+        "FrameQueue", "FrameResult", "FrameSource", "HeadTimes", "IMAGE_SUFFIXES", "Pipeline", "PipelineConfig",
+        "PipelineStats", "Reason", "RunEvents", "SplitPolicy", "StaticPolicy", "open_source", "pi_camera_absent",
+        "read_pace", "top1",
+    ],
+    "device_runtime.stream.trace": [
+        "HEAD_TIMES", "LINK_RATE", "TRACE_SCHEMA", "TraceWriter", "append_link_rate", "frame_record", "read_head_times",
+        "read_records",
     ],
     "device_runtime.board": [
         "CAMERA_GROUP", "DEFAULT_BATCHES", "DEFAULT_FRAME", "DetectedBoard", "InstalledBackend", "LastRun", "Layout",
@@ -188,27 +192,24 @@ def test_code_outside_a_package_imports_only_its_face() -> None:
 def test_the_face_check_sees_a_deep_import(tmp_path: Path) -> None:
     """The walker itself: it must find the module of a ``from`` import wherever it stands."""
     probe = tmp_path / "probe.py"
-    probe.write_text("def go():\n    from device_runtime.wire.ops import OPS\n")
-    assert _imports(probe) == [(2, "device_runtime.wire.ops")]
-    assert _package_of("device_runtime.wire.ops") == "device_runtime.wire"
+    probe.write_text("def go():\n    from device_runtime.wire._framing import FrameDecoder\n")
+    assert _imports(probe) == [(2, "device_runtime.wire._framing")]
+    assert _package_of("device_runtime.wire._framing") == "device_runtime.wire"
+    assert "device_runtime.wire._framing" not in FACES and "device_runtime.wire.ops" in FACES  # refused; a sub-face
     assert _package_of("device_runtime.Bundle") == "device_runtime"
 
 
 #: No face (nor sub-face) exports more than this: python-zeroconf, the anchor, exports 23.
 MAX_NAMES = 30
-#: Packages whose modules are their face, a sub-face in FACES, or private (a leading underscore).
 #: Modules started by name (``python -m``, entry points) that keep their names.
 LAUNCHED: dict[str, tuple[str, ...]] = {"device_runtime": ("cli",)}
+#: Packages whose modules are their face, a sub-face in FACES, or private (a leading underscore).
 PRIVATE = ("splitedge", "calibration", "device_runtime", "device_runtime.wire", "device_runtime.link",
-           "device_runtime.board")
-#: Faces not yet cut to MAX_NAMES (issue 46, one package at a time).
-STILL_WIDE = {"device_runtime.stream"}
+           "device_runtime.board", "device_runtime.stream")
 
 
 @pytest.mark.parametrize("face", sorted(FACES))
 def test_no_face_exports_more_than_thirty_names(face: str) -> None:
-    if face in STILL_WIDE:
-        pytest.skip("not yet cut")
     assert len(FACES[face]) <= MAX_NAMES, f"{face} exports {len(FACES[face])} names"
 
 

@@ -125,7 +125,7 @@ class BoardTimes(NamedTuple):
 
 def _camera_frame(width: int, height: int) -> np.ndarray:
     """A (height, width, 3) RGB frame laid out as an OpenCV camera hands it over: BGR memory read
-    with the channel axis reversed (:mod:`device_runtime.stream.camera`), since preprocessing's
+    with the channel axis reversed (:mod:`device_runtime.stream._camera`), since preprocessing's
     cost depends on how it reads the frame, not on what the frame shows."""
     bgr = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
     return bgr[..., ::-1]

@@ -97,7 +97,7 @@ frame_size.template = "{}x480"  # type: ignore[attr-defined]
 #: camera a board takes (``synthetic:nan`` was taken for a rate); the Pi camera's is above 0.
 CAMERA_FPS = Bounds(float, 0, 1000, "frames per second", "15", zero="as fast as it can")
 PICAM_FPS = Bounds(float, 0, 1000, "frames per second", "15", low_open=True)
-#: ``picam[N][:WIDTHxHEIGHT][@FPS]``, as device_runtime.stream.picamera reads it.
+#: ``picam[N][:WIDTHxHEIGHT][@FPS]``, as device_runtime.stream._picamera reads it.
 _PICAM = re.compile(r"picam(?P<num>\d*)(?::(?P<w>\d+)x(?P<h>\d+))?(?:@(?P<fps>\d+(?:\.\d+)?))?")
 
 

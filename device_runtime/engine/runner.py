@@ -1,7 +1,7 @@
 """What the board runs: its sessions (heads, the full model) and the link payload.
 
 Sessions are created once per artifact and kept for the run. The stream that drives them
-(capture, batching, overlap, fallback) is :mod:`device_runtime.stream.pipeline`. With
+(capture, batching, overlap, fallback) is :mod:`device_runtime.stream._pipeline`. With
 ``split == "local"`` the full model runs on the board and no host is needed.
 """
 

@@ -2,7 +2,7 @@
 
 Whoever talks to more than one host at once needs this: a host passing a chain's stage on to the
 next hop (:mod:`host_runtime.peers`), and a board scattering a semantic split's fragments over a
-fleet (:mod:`device_runtime.stream.fragments`). One connection per host, shared by every request
+fleet (:mod:`device_runtime.stream._fragments`). One connection per host, shared by every request
 to it, never one per request; two callers asking for the same host at once share one connect.
 
 A host is known by its *resolved* address, not by how a request spelled it: ``127.0.0.1:07767``,

@@ -14,11 +14,11 @@ tail is the host's compute alone), the waits (``queue_ms`` in the board's queue 
 head, ``slot_ms`` for an in-flight slot, ``host_queue_ms`` in the host's queue), the total
 ms from capture to answer, whether it was dropped, local or remote, the host, and the error
 that made a remote batch fall back, and for a dropped frame why (``drop_reason``:
-:data:`~device_runtime.stream.results.DROP_QUEUE_FULL`, ...), and for an answered one why its
+:data:`~device_runtime.stream._results.DROP_QUEUE_FULL`, ...), and for an answered one why its
 batch took its split (``reason``: an object with ``kind`` — fixed, table, refined, hold, no_rate,
 no_host, upload_cap, fallback, deadline, bandit — and the fields that kind fills: the table's
 cell ``lo_bps``/``hi_bps`` around the estimate, the split the table wanted, the uncapped
-estimate, the error, the bandit's arm and score; :mod:`device_runtime.stream.reason`). Lines are
+estimate, the error, the bandit's arm and score; :mod:`device_runtime.stream._reason`). Lines are
 flushed as they are written, so a run cut short (a Pi losing power) leaves a readable trace.
 
 A rehearsal on a shaped link adds the link's real rate (``type: link_rate``: ``t`` in the
@@ -30,7 +30,7 @@ the writer opens the file for appending, so their lines land between the frames'
 over them. Records are in the order written, not sorted by ``t``.
 
 A run with ``--split auto`` also records what its policy decided with (``type: head_times``:
-``t``, and :class:`~device_runtime.stream.policy.HeadTimes`' fields: ``source`` — calibrated,
+``t``, and :class:`~device_runtime.stream._policy.HeadTimes`' fields: ``source`` — calibrated,
 refined or recorded —, ``index``, the last frame chosen for before they were taken up (null at
 the start), ``observed``, ``head_ms`` split -> batch -> ms, and ``edges`` batch -> the table's
 ``[rate_bps, below, above]``): one at the start and one at each refinement. :func:`read_head_times`
@@ -51,8 +51,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
-from device_runtime.stream.policy import HeadTimes
-from device_runtime.stream.results import FrameResult
+from device_runtime.stream._policy import HeadTimes
+from device_runtime.stream._results import FrameResult
 from splitedge import SplitEdgeError
 from splitedge.reading import FRAME, HEAD_TIMES, LINK_RATE, RUN, trace_records
 
@@ -98,7 +98,7 @@ class TraceWriter:
 
     def head_times(self, times: HeadTimes) -> None:
         """What the split policy decides with from now on (:meth:`AutoPolicy.watch
-        <device_runtime.stream.policy.AutoPolicy.watch>` calls this)."""
+        <device_runtime.stream._policy.AutoPolicy.watch>` calls this)."""
         self._write({"type": HEAD_TIMES, "t": time.monotonic() - self._t0, **times.as_dict()})
 
     def _write(self, record: dict[str, Any]) -> None:

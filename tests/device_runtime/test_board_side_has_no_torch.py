@@ -18,10 +18,10 @@ import asyncio, json, sys
 import numpy as np
 import device_runtime, device_runtime.cli, host_runtime.cli
 from device_runtime.bundle import Bundle
-from device_runtime.stream.camera import open_source
+from device_runtime.stream._camera import open_source
 from device_runtime.engine.runner import DeviceRunner
-from device_runtime.stream.pipeline import Pipeline
-from device_runtime.stream.policy import StaticPolicy
+from device_runtime.stream._pipeline import Pipeline
+from device_runtime.stream._policy import StaticPolicy
 bundle = Bundle.load(sys.argv[1], roles=("head", "full"))
 runner = DeviceRunner(bundle, threads=1)
 async def go():

@@ -120,7 +120,7 @@ def test_a_line_per_frame_by_default_where_the_run_ends_by_itself(
     expects ten answers) and not for a live camera (a service's log); ``--verbose`` prints them for
     any source, ``--quiet`` for none, and ``--json`` only with ``--verbose`` (a program asks for them)."""
     from device_runtime._run import _says_each_frame
-    from device_runtime.stream.camera import open_source
+    from device_runtime.stream._camera import open_source
 
     settings = RunSettings(bundle="b/", camera=camera, frames=frames, loop=loop)
     with open_source(str(photos_dir) if camera == "photos" else camera, loop=loop) as source:
@@ -132,7 +132,7 @@ def test_a_line_per_frame_by_default_where_the_run_ends_by_itself(
 
 
 def test_a_video_file_ends_by_itself_paced_or_not(tmp_path: Path) -> None:
-    from device_runtime.stream.camera import VideoCapture
+    from device_runtime.stream._camera import VideoCapture
 
     cv2 = pytest.importorskip("cv2")
     path = tmp_path / "clip.avi"

@@ -17,7 +17,7 @@ from calibration import calibration_file
 from calibration import LatencyModel, SplitTable, SplitTimings
 from calibration.calibration_file import Calibration
 from device_runtime.bundle import LOCAL, OFFLOAD
-from device_runtime.stream.results import FrameResult
+from device_runtime.stream._results import FrameResult
 from device_runtime.stream.trace import TRACE_SCHEMA, TraceWriter
 from fieldtrial import plots
 from fieldtrial.report import MODEL_PLOT, NOT_CALIBRATED, PLOTS, SUMMARY_FILE, format_summary, summarize, write_report

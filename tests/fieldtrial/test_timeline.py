@@ -13,7 +13,8 @@ import pytest
 
 from calibration import LatencyModel
 from device_runtime.bundle import LOCAL
-from device_runtime.stream import DROP_QUEUE_FULL, LINK_RATE, TRACE_SCHEMA, FrameResult, TraceWriter, append_link_rate
+from device_runtime.stream import DROP_QUEUE_FULL, FrameResult
+from device_runtime.stream.trace import LINK_RATE, TRACE_SCHEMA, TraceWriter, append_link_rate
 from fieldtrial.report import MODEL_PLOT, NOT_CALIBRATED, PLOTS, SUMMARY_FILE, format_summary, write_report
 from fieldtrial.timeline import NOT_RECORDED
 from fieldtrial.trace import TRACE_SCHEMA_2, load_trace, read_trace

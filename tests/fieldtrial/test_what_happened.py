@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from device_runtime.bundle import LOCAL, OFFLOAD
-from device_runtime.stream import LINK_RATE, FrameResult, Reason, RunEvents, TraceWriter
-from device_runtime.stream.reason import DEADLINE, FALLBACK, TABLE
+from device_runtime.stream import FrameResult, Reason, RunEvents
+from device_runtime.stream.trace import LINK_RATE, TraceWriter
+from device_runtime.stream._reason import DEADLINE, FALLBACK, TABLE
 from fieldtrial import bounds, commands, plots
 from fieldtrial.page import PAGE
 from fieldtrial.report import SUMMARY_FILE, format_summary, summarize, write_report

@@ -19,9 +19,9 @@ from device_runtime.engine.backend import OnnxBackend
 from device_runtime.engine.runner import DeviceRunner
 from device_runtime.link import Credentials, HostClient, Leg
 from device_runtime.hosts.host_link import HostLink
-from device_runtime.stream.camera import open_source
-from device_runtime.stream.pipeline import Pipeline, PipelineConfig
-from device_runtime.stream.policy import StaticPolicy
+from device_runtime.stream._camera import open_source
+from device_runtime.stream._pipeline import Pipeline, PipelineConfig
+from device_runtime.stream._policy import StaticPolicy
 from device_runtime.wire.ops import Hop
 from splitedge.errors import RemoteError
 from tests.conftest import TEST_CHAIN, TEST_SPLITS, RunningHost, run_stream, start_host

@@ -22,11 +22,11 @@ from device_runtime.engine.backend import OnnxBackend
 from device_runtime.engine.runner import DeviceRunner
 from device_runtime.hosts.host_link import HostLink
 from device_runtime.link import ClientPool
-from device_runtime.stream.camera import Frame, FrameSource, open_source
-from device_runtime.stream.fragments import FragmentRequest, merge
-from device_runtime.stream.pipeline import Pipeline, PipelineConfig
-from device_runtime.stream.policy import BanditPolicy, StaticPolicy
-from device_runtime.stream.reason import BANDIT, FIXED
+from device_runtime.stream._camera import Frame, FrameSource, open_source
+from device_runtime.stream._fragments import FragmentRequest, merge
+from device_runtime.stream._pipeline import Pipeline, PipelineConfig
+from device_runtime.stream._policy import BanditPolicy, StaticPolicy
+from device_runtime.stream._reason import BANDIT, FIXED
 from splitedge.errors import HostUnavailableError
 from tests.conftest import SEMANTIC_CUT, SEMANTIC_SPLIT, RunningHost, start_host
 from tests.host_runtime.helpers import Held

@@ -17,7 +17,7 @@ from unittest import mock
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from device_runtime.stream import TRACE_SCHEMA
+from device_runtime.stream.trace import TRACE_SCHEMA
 from fieldtrial.report import strict_json, summarize
 from fieldtrial.trace import load_trace, records_waits
 from splitedge import SplitEdgeError, reading

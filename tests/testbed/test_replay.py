@@ -17,7 +17,8 @@ import pytest
 
 from device_runtime import cli as device_cli
 from device_runtime.bundle import Bundle
-from device_runtime.stream import LINK_RATE, FrameResult, TraceWriter
+from device_runtime.stream import FrameResult
+from device_runtime.stream.trace import LINK_RATE, TraceWriter
 from fieldtrial.compare import write_comparison
 from splitedge.errors import SplitEdgeError
 from testbed import RateSchedule, unavailable_reason

@@ -29,7 +29,7 @@ from device_runtime.board._calibrate import (
 from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle, write_manifest
 from device_runtime.cli import main
 from device_runtime.engine.runner import DeviceRunner
-from device_runtime.stream.reason import FALLBACK, KINDS, REFINED, TABLE
+from device_runtime.stream._reason import FALLBACK, KINDS, REFINED, TABLE
 from device_runtime.wire.ops import HelloReply
 from splitedge.errors import BundleError, RemoteError
 from tests.conftest import TEST_CHAIN, TEST_SPLITS, RunningHost

@@ -235,7 +235,7 @@ def test_deadline_ms_0_is_none_in_the_settings(dirs, where: list[str] | str, exp
     """``--deadline-ms 0`` (from a flag, a file or the environment) reaches the run as None, converted
     once by run_settings: nothing after it reads 0 as "none" (on the wire 0 is a budget already spent)."""
     from device_runtime.board.run_settings import run_settings
-    from device_runtime.stream.pipeline import PipelineConfig
+    from device_runtime.stream._pipeline import PipelineConfig
 
     system, user = dirs
     variables: dict[str, str] = {}
@@ -255,7 +255,7 @@ def test_deadline_ms_0_is_none_in_the_settings(dirs, where: list[str] | str, exp
 def test_the_pipeline_takes_no_0_for_none(spent: float) -> None:
     """A deadline of 0 in the code is a budget already spent, not "none": the pipeline refuses it
     rather than send every frame to be refused."""
-    from device_runtime.stream.pipeline import PipelineConfig
+    from device_runtime.stream._pipeline import PipelineConfig
 
     with pytest.raises(ValueError, match="deadline_ms must be above 0 ms"):
         PipelineConfig(deadline_ms=spent)

@@ -13,7 +13,7 @@ from device_runtime._bundle_slice import slice_bundle
 from device_runtime.engine import INT8_MARGIN, prefers_int8
 from device_runtime.engine.runner import DeviceRunner, default_split
 from device_runtime.hosts.connect import connect_host
-from device_runtime.stream.camera import open_source
+from device_runtime.stream._camera import open_source
 from splitedge.errors import BundleError, HostUnavailableError
 from tests.conftest import TEST_SPLITS, RunningHost, run_stream, until
 from tests.device_runtime.test_bundle_slice import fake_bundle

@@ -1,6 +1,6 @@
 """The board's live page says the run's drops against their forecast from the stage times measured,
 and the stage behind them (issue 43.5), as the summaries do: the state the page reads carries the
-run's :class:`~device_runtime.stream.summary.DropWatch` state, and the page shows it as text."""
+run's :class:`~device_runtime.stream._summary.DropWatch` state, and the page shows it as text."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from device_runtime.bundle import LOCAL
 from device_runtime.live import LiveBoard
 from device_runtime.stream import FrameResult, RunEvents
-from device_runtime.stream.results import DROP_QUEUE_FULL
+from device_runtime.stream._results import DROP_QUEUE_FULL
 from tests.device_runtime.live.browser import browser, read, until  # noqa: F401 (browser: a fixture)
 
 SHOWN = {"forecast": "forecast", "bottleneck": "bottleneck", "index": "index"}

@@ -25,8 +25,9 @@ from device_runtime.engine import DeviceRunner
 from device_runtime.hosts import HostLink
 from device_runtime.live import LiveBoard, live_token
 from device_runtime.stream import (
-    Frame, FrameResult, FrameSource, Pipeline, PipelineConfig, Reason, StaticPolicy, TraceWriter, open_source,
+    Frame, FrameResult, FrameSource, Pipeline, PipelineConfig, Reason, StaticPolicy, open_source,
 )
+from device_runtime.stream.trace import TraceWriter
 from tests.conftest import TEST_SPLITS, RunningHost
 from tests.device_runtime.live.browser import browser, read, until  # noqa: F401 (browser: a fixture)
 

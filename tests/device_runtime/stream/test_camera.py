@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from device_runtime.stream.camera import IMAGE_SUFFIXES, Synthetic, VideoCapture, model_size, open_source
+from device_runtime.stream._camera import IMAGE_SUFFIXES, Synthetic, VideoCapture, model_size, open_source
 from splitedge.errors import CameraError
 from tests.calibration.test_timing import ManualClock
 

@@ -17,10 +17,10 @@ from device_runtime import cli as device_cli
 from device_runtime.bundle import LOCAL, Bundle
 from device_runtime.engine.runner import DeviceRunner
 from device_runtime.hosts.host_link import HostLink
-from device_runtime.stream.camera import FrameSource, Synthetic, open_source
-from device_runtime.stream.pipeline import Pipeline, PipelineConfig
-from device_runtime.stream.policy import StaticPolicy
-from device_runtime.stream.results import FrameResult
+from device_runtime.stream._camera import FrameSource, Synthetic, open_source
+from device_runtime.stream._pipeline import Pipeline, PipelineConfig
+from device_runtime.stream._policy import StaticPolicy
+from device_runtime.stream._results import FrameResult
 from tests.conftest import TEST_SPLITS, RunningHost, run_stream, start_host
 
 SPLIT = TEST_SPLITS[-1]

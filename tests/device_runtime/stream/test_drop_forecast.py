@@ -23,9 +23,9 @@ from device_runtime.bundle import LOCAL, Bundle
 from device_runtime.cli import main
 from device_runtime.engine.runner import DeviceRunner
 from device_runtime._run import drop_forecast
-from device_runtime.stream.camera import Frame, FrameSource
-from device_runtime.stream.pipeline import Pipeline, PipelineConfig
-from device_runtime.stream.policy import StaticPolicy
+from device_runtime.stream._camera import Frame, FrameSource
+from device_runtime.stream._pipeline import Pipeline, PipelineConfig
+from device_runtime.stream._policy import StaticPolicy
 
 FPS = 10.0  # the camera's: a frame every 100 ms
 K = 3  # frame intervals the board's preprocessing and head take: it answers 1 frame in 3

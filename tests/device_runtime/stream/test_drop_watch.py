@@ -17,10 +17,10 @@ import pytest
 from device_runtime.bundle import LOCAL
 from device_runtime._run import _event_line, drop_forecast
 from device_runtime.stream import DropForecast, FrameResult, FrameSource
-from device_runtime.stream.reason import TABLE, Reason
-from device_runtime.stream.results import DROP_QUEUE_FULL
-from device_runtime.stream import summary as summary_module
-from device_runtime.stream.summary import FORECAST_FRAMES, DropWatch, RunEvents
+from device_runtime.stream._reason import TABLE, Reason
+from device_runtime.stream._results import DROP_QUEUE_FULL
+from device_runtime.stream import _summary as summary_module
+from device_runtime.stream._summary import FORECAST_FRAMES, DropWatch, RunEvents
 from tests.device_runtime.stream.test_drop_forecast import calibrated
 
 INTERVAL_S = 0.06  # the camera's: 16.7 fps

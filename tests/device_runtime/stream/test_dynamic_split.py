@@ -32,11 +32,11 @@ from device_runtime.engine.runner import DeviceRunner
 from device_runtime.link import HostClient
 from device_runtime.hosts.host_link import HostLink
 from device_runtime.hosts.link_meter import LinkMeter
-from device_runtime.stream.camera import Synthetic
-from device_runtime.stream.pipeline import Pipeline, PipelineConfig
-from device_runtime.stream.policy import AutoPolicy, StaticPolicy
-from device_runtime.stream.reason import TABLE, UPLOAD_CAP, Choice
-from device_runtime.stream.results import FrameResult
+from device_runtime.stream._camera import Synthetic
+from device_runtime.stream._pipeline import Pipeline, PipelineConfig
+from device_runtime.stream._policy import AutoPolicy, StaticPolicy
+from device_runtime.stream._reason import TABLE, UPLOAD_CAP, Choice
+from device_runtime.stream._results import FrameResult
 from device_runtime.link import InferResult
 from device_runtime.link import UploadTiming
 from testbed import DelayRelay, EmulatedLink, unavailable_reason

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from device_runtime.bundle import SEMANTIC, Fragment, Split, TensorSpec
-from device_runtime.stream.fragments import merge
-from device_runtime.stream.results import top1
+from device_runtime.stream._fragments import merge
+from device_runtime.stream._results import top1
 from splitedge.errors import HostUnavailableError
 
 GROUPS = ((3, 0, 7), (1, 2), (4, 5, 6))

@@ -18,10 +18,11 @@ from calibration import LatencyModel, SplitTable, SplitTimings
 from calibration.calibration_file import Calibration
 from device_runtime.bundle import LOCAL, Bundle
 from device_runtime.engine.runner import DeviceRunner
-from device_runtime.stream import HEAD_TIMES, HeadTimes, TraceWriter, read_head_times
-from device_runtime.stream.camera import open_source
-from device_runtime.stream.pipeline import Pipeline, PipelineConfig
-from device_runtime.stream.policy import CALIBRATED, RECORDED, REFINED_TIMES, AutoPolicy, StaticPolicy
+from device_runtime.stream import HeadTimes
+from device_runtime.stream.trace import HEAD_TIMES, TraceWriter, read_head_times
+from device_runtime.stream._camera import open_source
+from device_runtime.stream._pipeline import Pipeline, PipelineConfig
+from device_runtime.stream._policy import CALIBRATED, RECORDED, REFINED_TIMES, AutoPolicy, StaticPolicy
 from splitedge.errors import SplitEdgeError
 
 CUT = "cut"

@@ -21,11 +21,11 @@ from calibration import LatencyModel, RateEstimator, SplitTable, SplitTimings
 from calibration.calibration_file import Calibration
 from device_runtime.bundle import LOCAL
 from device_runtime.hosts import LinkMeter
-from device_runtime.stream.camera import Frame, FrameSource
-from device_runtime.stream.pipeline import Pipeline, PipelineConfig
-from device_runtime.stream.policy import AutoPolicy
-from device_runtime.stream.reason import UPLOAD_CAP
-from device_runtime.stream.results import FrameResult
+from device_runtime.stream._camera import Frame, FrameSource
+from device_runtime.stream._pipeline import Pipeline, PipelineConfig
+from device_runtime.stream._policy import AutoPolicy
+from device_runtime.stream._reason import UPLOAD_CAP
+from device_runtime.stream._results import FrameResult
 from device_runtime.link import Credentials
 from device_runtime.wire import ErrorCode
 from device_runtime.link import Probe

@@ -16,8 +16,8 @@ import pytest
 from device_runtime.bundle import LOCAL
 from device_runtime.cli import main
 from device_runtime.stream import BoardPace, read_pace
-from device_runtime.stream.pace import PREPROCESS
-from device_runtime.stream.reason import FALLBACK, TABLE
+from device_runtime.stream._pace import PREPROCESS
+from device_runtime.stream._reason import FALLBACK, TABLE
 from splitedge.errors import SplitEdgeError
 
 RUN = {"type": "run", "schema": "splitedge.trace/5", "started_unix": 0.0, "policy": "local", "bundle_id": "b"}

@@ -16,8 +16,8 @@ import pytest
 
 from device_runtime.bundle import LOCAL
 from device_runtime.stream import BoardPace, read_pace
-from device_runtime.stream import pace as pace_module
-from device_runtime.stream.pace import MAX_HOLD_MS, PREPROCESS
+from device_runtime.stream import _pace as pace_module
+from device_runtime.stream._pace import MAX_HOLD_MS, PREPROCESS
 from splitedge.errors import SplitEdgeError
 from tests.device_runtime.stream.test_pace import record, write
 from tests.signals import sigterm_ends_it

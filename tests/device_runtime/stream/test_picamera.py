@@ -17,8 +17,8 @@ import pytest
 from device_runtime import cli as device_cli
 from device_runtime import _run as device_run
 from device_runtime.board._detect import DetectedBoard
-from device_runtime.stream.camera import open_source
-from device_runtime.stream.picamera import FORMAT, LORES_FORMAT, PiCamera, open_picamera, pi_camera_absent
+from device_runtime.stream._camera import open_source
+from device_runtime.stream._picamera import FORMAT, LORES_FORMAT, PiCamera, open_picamera, pi_camera_absent
 from splitedge.errors import CameraError
 from tests.calibration.test_timing import ManualClock
 

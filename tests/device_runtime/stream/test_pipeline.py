@@ -15,11 +15,11 @@ import pytest
 from device_runtime.bundle import LOCAL, Bundle
 from device_runtime.engine.runner import DeviceRunner
 from device_runtime.hosts.host_link import HostLink
-from device_runtime.stream.camera import Frame, FrameSource, Synthetic
-from device_runtime.stream.frame_queue import FrameQueue
-from device_runtime.stream.pipeline import Pipeline, PipelineConfig
-from device_runtime.stream.policy import StaticPolicy
-from device_runtime.stream.reason import DEADLINE, FALLBACK, FIXED, NO_HOST, Reason
+from device_runtime.stream._camera import Frame, FrameSource, Synthetic
+from device_runtime.stream._frame_queue import FrameQueue
+from device_runtime.stream._pipeline import Pipeline, PipelineConfig
+from device_runtime.stream._policy import StaticPolicy
+from device_runtime.stream._reason import DEADLINE, FALLBACK, FIXED, NO_HOST, Reason
 from splitedge.errors import BundleError
 from tests.conftest import TEST_SPLITS, run_stream, start_host, until
 

@@ -12,8 +12,8 @@ import pytest
 from calibration import LatencyModel, SplitTable, SplitTimings, Spread
 from calibration.calibration_file import Calibration, Preprocessing
 from device_runtime.bundle import LOCAL, OFFLOAD
-from device_runtime.stream.policy import REFINE_MIN_S, AutoPolicy, HeadTimes, StaticPolicy
-from device_runtime.stream.reason import (
+from device_runtime.stream._policy import REFINE_MIN_S, AutoPolicy, HeadTimes, StaticPolicy
+from device_runtime.stream._reason import (
     FALLBACK, FIXED, HOLD, NO_HOST, NO_RATE, REFINED, TABLE, UPLOAD_CAP, Choice, Reason,
 )
 from splitedge.errors import BundleError

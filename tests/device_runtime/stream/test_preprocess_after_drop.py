@@ -12,10 +12,10 @@ import numpy as np
 
 from device_runtime.bundle import LOCAL, Bundle
 from device_runtime.engine.runner import DeviceRunner
-from device_runtime.stream.camera import Frame, FrameSource
-from device_runtime.stream.pipeline import Pipeline, PipelineConfig
-from device_runtime.stream.policy import StaticPolicy
-from device_runtime.stream.results import DROP_QUEUE_FULL
+from device_runtime.stream._camera import Frame, FrameSource
+from device_runtime.stream._pipeline import Pipeline, PipelineConfig
+from device_runtime.stream._policy import StaticPolicy
+from device_runtime.stream._results import DROP_QUEUE_FULL
 
 FRAMES = 12
 

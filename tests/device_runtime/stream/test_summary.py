@@ -7,9 +7,9 @@ import json
 import pytest
 
 from device_runtime.bundle import LOCAL
-from device_runtime.stream.reason import FALLBACK, TABLE, Reason
-from device_runtime.stream.results import DROP_QUEUE_FULL, FrameResult
-from device_runtime.stream.summary import LatencyHistogram, RunEvents
+from device_runtime.stream._reason import FALLBACK, TABLE, Reason
+from device_runtime.stream._results import DROP_QUEUE_FULL, FrameResult
+from device_runtime.stream._summary import LatencyHistogram, RunEvents
 from tests.calibration.test_timing import ManualClock
 
 CUT = "features_14_conv_2"

@@ -26,10 +26,10 @@ from calibration.chains import HostView
 from calibration.fragments import place_fragments
 from device_runtime.bundle import Split, stage_id
 from device_runtime.hosts import HostLink, LinkMeter
-from device_runtime.stream.board_engine import BoardEngine
-from device_runtime.stream.config import PipelineConfig
-from device_runtime.stream.handoff import HeadDone, InFlight
-from device_runtime.stream.results import FrameResult
+from device_runtime.stream._board_engine import BoardEngine
+from device_runtime.stream._config import PipelineConfig
+from device_runtime.stream._handoff import HeadDone, InFlight
+from device_runtime.stream._results import FrameResult
 from device_runtime.link import ClientPool, Credentials, Deadline, HostClient, InferResult, Leg
 from splitedge.errors import HostUnavailableError, RemoteError
 

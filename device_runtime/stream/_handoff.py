@@ -1,10 +1,10 @@
 """What the stream loop hands over once a head is done, and how a batch's answer becomes its frames' results.
 
-The loop (:mod:`device_runtime.stream.pipeline`) captures, queues, chooses and runs the head; a batch
+The loop (:mod:`device_runtime.stream._pipeline`) captures, queues, chooses and runs the head; a batch
 that goes on to a host leaves it as one frozen :class:`HeadDone`, taken by whoever answers it: the
-connected host (:mod:`device_runtime.stream.remote`), a semantic split's fragments
-(:mod:`device_runtime.stream.fragments`), or the board again when they fail
-(:meth:`~device_runtime.stream.board_engine.BoardEngine.fallback`). Each of them says how it
+connected host (:mod:`device_runtime.stream._remote`), a semantic split's fragments
+(:mod:`device_runtime.stream._fragments`), or the board again when they fail
+(:meth:`~device_runtime.stream._board_engine.BoardEngine.fallback`). Each of them says how it
 answered in an :class:`Answer`, which every frame of the batch shares.
 """
 
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from device_runtime.stream.camera import Frame
-from device_runtime.stream.reason import Reason
-from device_runtime.stream.results import FrameResult, top1
+from device_runtime.stream._camera import Frame
+from device_runtime.stream._reason import Reason
+from device_runtime.stream._results import FrameResult, top1
 
 __all__ = ["Answer", "Captured", "HeadDone", "InFlight"]
 

@@ -16,7 +16,7 @@ from typing import Iterator
 
 import numpy as np
 
-from device_runtime.stream.camera import Frame, FrameSource
+from device_runtime.stream._camera import Frame, FrameSource
 from splitedge.errors import CameraError
 
 __all__ = ["CameraLoad"]

@@ -6,7 +6,7 @@ device on exit (they are context managers). A camera that stops delivering raise
 mistaken for the end of the stream. The synthetic source paces itself at its frame rate,
 like a real camera, so pipelines and drop policies see realistic timing in tests; a video
 file can be paced at its own frame rate (``realtime``), so a recording replays like a live
-camera. The Pi camera (Picamera2) is :mod:`device_runtime.stream.picamera`.
+camera. The Pi camera (Picamera2) is :mod:`device_runtime.stream._picamera`.
 
 A camera is asked for frames at the size the model wants (``resize``, the shorter side the
 model's preprocessing scales a frame to): a frame whose shorter side is already ``resize``
@@ -335,7 +335,7 @@ class Synthetic(FrameSource):
 
 def open_source(spec: str, loop: bool = False, realtime: bool = False, resize: int | None = None) -> FrameSource:
     """``synthetic[:FPS]`` (FPS 0: as fast as it can), a camera index (``0``), the Pi camera
-    (``picam[N][:WxH][@FPS]``, see :func:`device_runtime.stream.picamera.open_picamera`), a video
+    (``picam[N][:WxH][@FPS]``, see :func:`device_runtime.stream._picamera.open_picamera`), a video
     file (``realtime``: paced at its own frame rate), or a folder of images.
 
     ``resize``: the model's (the shorter side its preprocessing scales a frame to). The cameras
@@ -353,7 +353,7 @@ def open_source(spec: str, loop: bool = False, realtime: bool = False, resize: i
             raise CameraError(f"camera source {spec!r}: the frame rate cannot be negative")
         return Synthetic(fps=fps)
     if spec.startswith("picam"):
-        from device_runtime.stream.picamera import open_picamera  # Picamera2 only where asked for
+        from device_runtime.stream._picamera import open_picamera  # Picamera2 only where asked for
 
         return open_picamera(spec, resize)
     if spec.isdigit():

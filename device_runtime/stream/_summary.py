@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calibration import drop_share
-from device_runtime.stream.results import FrameResult
+from device_runtime.stream._results import FrameResult
 
 __all__ = ["DropForecast", "DropWatch", "FORECAST_FRAMES", "LatencyHistogram", "RunEvents"]
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import logging
 
 from device_runtime.hosts import HostLink, LinkMeter
-from device_runtime.stream.board_engine import BoardEngine
-from device_runtime.stream.config import PipelineConfig
-from device_runtime.stream.handoff import HeadDone, InFlight
-from device_runtime.stream.policy import SplitPolicy
-from device_runtime.stream.results import FrameResult
+from device_runtime.stream._board_engine import BoardEngine
+from device_runtime.stream._config import PipelineConfig
+from device_runtime.stream._handoff import HeadDone, InFlight
+from device_runtime.stream._policy import SplitPolicy
+from device_runtime.stream._results import FrameResult
 from device_runtime.link import Deadline, HostClient, InferResult, Leg
 from device_runtime.wire import ErrorCode
 from device_runtime.wire.ops import Hop

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from device_runtime.stream.reason import Reason
+from device_runtime.stream._reason import Reason
 
 __all__ = ["DROP_QUEUE_FULL", "FrameResult", "top1"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 
 from device_runtime.hosts import HostLink, LinkMeter, probe_bytes
-from device_runtime.stream.config import PipelineConfig
-from device_runtime.stream.handoff import InFlight
+from device_runtime.stream._config import PipelineConfig
+from device_runtime.stream._handoff import InFlight
 from device_runtime.link import HostClient
 from splitedge.errors import HostUnavailableError, RemoteError
 

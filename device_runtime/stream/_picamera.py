@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from device_runtime.stream.camera import Frame, FrameSource, model_size, opencv
+from device_runtime.stream._camera import Frame, FrameSource, model_size, opencv
 from splitedge.errors import CameraError
 
 __all__ = ["FORMAT", "INSTALL", "LORES_FORMAT", "PiCamera", "open_picamera", "pi_camera_absent"]

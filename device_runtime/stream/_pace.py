@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from device_runtime.stream.reason import DEADLINE, FALLBACK
+from device_runtime.stream._reason import DEADLINE, FALLBACK
 from device_runtime.stream.trace import read_records
 from splitedge import SplitEdgeError
 

@@ -4,8 +4,8 @@
 host is connected. A split that is not available falls back to ``local`` at once, so a lost
 host never costs a frame (the pipeline re-runs in-flight batches locally too).
 
-Each policy answers with a :class:`~device_runtime.stream.reason.Choice`: the split and why
-(:class:`~device_runtime.stream.reason.Reason`), which the frame's result, its printed line and
+Each policy answers with a :class:`~device_runtime.stream._reason.Choice`: the split and why
+(:class:`~device_runtime.stream._reason.Reason`), which the frame's result, its printed line and
 its trace record carry on.
 
 :class:`AutoPolicy` also says what it decides with (:class:`HeadTimes`: the board's head times
@@ -28,10 +28,10 @@ from calibration import Decision, LatencyModel, RunningTimes, SplitSelector, Spl
 from calibration.bandit import Bandit, LAYER, SEMANTIC
 from calibration.calibration_file import Calibration
 from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
-from device_runtime.stream.reason import (
+from device_runtime.stream._reason import (
     BANDIT, FIXED, HOLD, NO_HOST, NO_RATE, REFINED, TABLE, UPLOAD_CAP, Choice, Reason,
 )
-from device_runtime.stream.results import FrameResult
+from device_runtime.stream._results import FrameResult
 from splitedge import Fields, SplitEdgeError
 
 __all__ = ["AutoPolicy", "BanditPolicy", "CALIBRATED", "HeadTimes", "RECORDED", "REFINED_TIMES", "SplitPolicy",
@@ -140,7 +140,7 @@ class SplitPolicy(Protocol):
         self, batch: int, rate_bps: float | None, available: Collection[str], link_busy: bool = False,
         deadline_ms: float | None = None, uncapped_bps: float | None = None,
     ) -> Choice:
-        """The split for the next batch and why (:class:`~device_runtime.stream.reason.Reason`).
+        """The split for the next batch and why (:class:`~device_runtime.stream._reason.Reason`).
 
         ``rate_bps``: the rate estimate, capped while an upload is overdue or crossing slowly
         (:attr:`device_runtime.hosts.link_meter.LinkMeter.rate_bps`), ``uncapped_bps`` the estimate

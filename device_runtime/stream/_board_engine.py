@@ -17,11 +17,11 @@ import numpy as np
 
 from device_runtime.bundle import LOCAL
 from device_runtime.engine import DeviceRunner
-from device_runtime.stream.camera import Frame
-from device_runtime.stream.handoff import Answer, Captured, HeadDone
-from device_runtime.stream.pace import PREPROCESS, BoardPace
-from device_runtime.stream.reason import DEADLINE, FALLBACK, Reason
-from device_runtime.stream.results import FrameResult
+from device_runtime.stream._camera import Frame
+from device_runtime.stream._handoff import Answer, Captured, HeadDone
+from device_runtime.stream._pace import PREPROCESS, BoardPace
+from device_runtime.stream._reason import DEADLINE, FALLBACK, Reason
+from device_runtime.stream._results import FrameResult
 from device_runtime.wire import ErrorCode
 from splitedge.errors import RemoteError
 

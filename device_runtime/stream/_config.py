@@ -1,6 +1,6 @@
 """How the stream runs: ``split-device run``'s stream flags, as :class:`PipelineConfig`.
 
-Read by the loop (:mod:`device_runtime.stream.pipeline`) and by those it hands heads to: the
+Read by the loop (:mod:`device_runtime.stream._pipeline`) and by those it hands heads to: the
 connected host's answers (routes, the request timeout), the fragments' (placements) and the prober.
 """
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from device_runtime.engine import AUTO
-from device_runtime.stream.camera import FrameSource
-from device_runtime.stream.pace import BoardPace
+from device_runtime.stream._camera import FrameSource
+from device_runtime.stream._pace import BoardPace
 
 __all__ = ["PipelineConfig"]
 
@@ -43,7 +43,7 @@ class PipelineConfig:
     # fragment whose host goes away is placed again on the others (calibration.place_fragments).
     fragments: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # A trial's stage times to hold the board to (``--pace``: a replay run at the trial's board's
-    # speed, :mod:`device_runtime.stream.pace`); None: the board runs at its own.
+    # speed, :mod:`device_runtime.stream._pace`); None: the board runs at its own.
     pace: BoardPace | None = None
 
     def __post_init__(self) -> None:

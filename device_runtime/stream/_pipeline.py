@@ -18,17 +18,17 @@ Only remote batches count against ``in_flight``: the board keeps running local b
 while the link is slow, and a live source's results come out as soon as each is known
 (a recorded source's in capture order).
 
-This module is the loop. A finished head leaves it as one :class:`~device_runtime.stream.handoff.HeadDone`
+This module is the loop. A finished head leaves it as one :class:`~device_runtime.stream._handoff.HeadDone`
 for whoever answers it: the connected host, a chain's with its route
-(:class:`~device_runtime.stream.remote.HostAnswers`), or a semantic split's fragments' hosts
-(:class:`~device_runtime.stream.fragments.FragmentAnswers`); the board answers what they could not
-(:class:`~device_runtime.stream.board_engine.BoardEngine`), and the link is probed while idle
-(:class:`~device_runtime.stream.probing.LinkProber`).
+(:class:`~device_runtime.stream._remote.HostAnswers`), or a semantic split's fragments' hosts
+(:class:`~device_runtime.stream._fragments.FragmentAnswers`); the board answers what they could not
+(:class:`~device_runtime.stream._board_engine.BoardEngine`), and the link is probed while idle
+(:class:`~device_runtime.stream._probing.LinkProber`).
 
-Which split each batch takes is the policy's (:mod:`device_runtime.stream.policy`): fixed, or the
+Which split each batch takes is the policy's (:mod:`device_runtime.stream._policy`): fixed, or the
 calibration table's choice for the current rate estimate (:mod:`device_runtime.hosts.link_meter`),
 which comes from the stream's own transfers and, while nothing is offloaded, from probes. The
-policy says why (:class:`~device_runtime.stream.reason.Reason`), and each frame's result carries
+policy says why (:class:`~device_runtime.stream._reason.Reason`), and each frame's result carries
 it; a batch the board answers instead says so (``fallback``, ``deadline``, ``no_host``).
 """
 
@@ -47,17 +47,17 @@ import numpy as np
 from device_runtime.bundle import LOCAL, OFFLOAD, stage_id
 from device_runtime.engine import DeviceRunner
 from device_runtime.hosts import HostLink, LinkMeter
-from device_runtime.stream.board_engine import BoardEngine
-from device_runtime.stream.camera import Frame, FrameSource
-from device_runtime.stream.config import PipelineConfig
-from device_runtime.stream.fragments import FragmentAnswers
-from device_runtime.stream.frame_queue import FrameQueue
-from device_runtime.stream.handoff import Answer, Captured, HeadDone, InFlight
-from device_runtime.stream.policy import SplitPolicy
-from device_runtime.stream.probing import LinkProber
-from device_runtime.stream.reason import NO_HOST, Reason
-from device_runtime.stream.remote import HostAnswers
-from device_runtime.stream.results import DROP_QUEUE_FULL, FrameResult
+from device_runtime.stream._board_engine import BoardEngine
+from device_runtime.stream._camera import Frame, FrameSource
+from device_runtime.stream._config import PipelineConfig
+from device_runtime.stream._fragments import FragmentAnswers
+from device_runtime.stream._frame_queue import FrameQueue
+from device_runtime.stream._handoff import Answer, Captured, HeadDone, InFlight
+from device_runtime.stream._policy import SplitPolicy
+from device_runtime.stream._probing import LinkProber
+from device_runtime.stream._reason import NO_HOST, Reason
+from device_runtime.stream._remote import HostAnswers
+from device_runtime.stream._results import DROP_QUEUE_FULL, FrameResult
 from device_runtime.link import HostClient
 
 __all__ = ["Pipeline", "PipelineConfig", "PipelineStats"]
