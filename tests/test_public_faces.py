@@ -208,21 +208,31 @@ PRIVATE = ("splitedge", "calibration", "device_runtime", "device_runtime.wire", 
            "device_runtime.board", "device_runtime.stream")
 
 
+def _inside(here: str, face: str) -> bool:
+    package = _package_of(face)
+    return here == package or here.startswith(f"{package}.")
+
+
 @pytest.mark.parametrize("face", sorted(FACES))
 def test_no_face_exports_more_than_thirty_names(face: str) -> None:
     assert len(FACES[face]) <= MAX_NAMES, f"{face} exports {len(FACES[face])} names"
 
 
 def test_every_name_imported_from_a_face_is_on_it() -> None:
-    """``from device_runtime.wire import X`` outside the package: X is in the face's ``__all__``
-    (a name left off a face is not the package's to give, even where the module has it)."""
+    """``from device_runtime.wire import X`` outside the package, or ``import calibration as cal``
+    and ``cal.X``: X is in the face's ``__all__`` (a name left off a face is not the package's to
+    give, even where the module has it)."""
     offences = []
     for top in PRODUCT:
         for path in sorted((ROOT / top).rglob("*.py")):
             parts = path.relative_to(ROOT).with_suffix("").parts
             here = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             tree = ast.parse(path.read_text(), filename=str(path))
+            aliases: dict[str, str] = {}  # local name -> the face ``import face as name`` bound it to
             for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    aliases.update({alias.asname: alias.name for alias in node.names
+                                    if alias.asname and alias.name in FACES})
                 if not (isinstance(node, ast.ImportFrom) and not node.level and node.module in FACES):
                     continue
                 package = _package_of(node.module)
@@ -230,6 +240,11 @@ def test_every_name_imported_from_a_face_is_on_it() -> None:
                     continue
                 offences += [f"{path.relative_to(ROOT)}:{node.lineno} {alias.name} from {node.module}"
                              for alias in node.names if alias.name not in FACES[node.module]]
+            offences += [f"{path.relative_to(ROOT)}:{node.lineno} {node.attr} of {aliases[node.value.id]}"
+                         for node in ast.walk(tree)
+                         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                         and node.value.id in aliases and not _inside(here, aliases[node.value.id])
+                         and node.attr not in FACES[aliases[node.value.id]]]
     assert offences == []
 
 
