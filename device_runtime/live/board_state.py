@@ -135,7 +135,7 @@ class LiveBoard:
 
     def drops(self, state: Callable[[], dict[str, Any]]) -> None:
         """Where the page reads the run's drops so far and their forecast from the stage times the
-        stream measures (:class:`~device_runtime.stream.summary.DropWatch`'s ``state``: a fixed
+        stream measures (:class:`~device_runtime.stream._summary.DropWatch`'s ``state``: a fixed
         set of fields, read once per state asked for); the page says what the summaries say."""
         self._drops = state
 
