@@ -33,7 +33,8 @@ BOARDS_SHOWN = 100
 #: one-minute charts lose nothing at two points a second (at ten, the page with 1,000 boards and
 #: 20 pollers raised a loaded host's infer p99 by a median 35 %: docs/benchmarks.md, issue 45).
 STATE_EVERY_S = 0.5
-#: The board's page walls, at the host's watchers' share of a core (:data:`host_runtime.metrics_http.MAX_DUTY`).
+#: The host's page walls: the board's page's, at the host's watchers' share of a core
+#: (:data:`host_runtime.metrics_http.MAX_DUTY`, 2 % against the board's 5 %).
 HOST_WALLS = replace(LIVE_WALLS, max_duty=MAX_DUTY)
 _LAST_READ = operator.attrgetter("activity.last_read")  # in C: 1,000 boards ranked without a Python call each
 

@@ -44,7 +44,7 @@ CACHE_S = 1.0  # scrapes within this of a render get its text
 #: took. Scrapers in a loop wait in the kernel's queue meanwhile; a Prometheus scraping every few
 #: seconds never notices. A board's page may take 5 %; the host, which every board's frames wait
 #: on, gives its watchers 2 % (at 5 %, 20 scrapers raised its infer p99 by a median 17 % on a
-#: loaded 2-core machine; at 2 %, 2 %: docs/benchmarks.md, issue 45).
+#: loaded 2-core machine; at 2 %, 1-10 % in four runs: docs/benchmarks.md, issue 45).
 MAX_DUTY = 0.02
 #: The endpoint's walls, from the constants above.
 METRICS_WALLS = Walls(max_connections=MAX_CONNECTIONS, request_timeout=REQUEST_TIMEOUT_S, max_duty=MAX_DUTY,
