@@ -21,6 +21,7 @@ import json
 import math
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -95,6 +96,10 @@ class LiveBoard:
         self._picture_lock = threading.Lock()
         self._picture: tuple[int, bytes] | None = None  # (frame index, JPEG) last encoded
         self._encoded_at = -math.inf
+        # seq -> (record, its JSON's bytes), made once per result, not once per window built: a new
+        # page's window of 600 records, built each second, was 600 records made and encoded a
+        # second, holding the GIL the stream's threads need (issue 45). Read by the page's thread only.
+        self._records: OrderedDict[int, tuple[dict[str, Any], int]] = OrderedDict()
 
     def serve(self, where: str, key: bytes | None = None) -> LiveServer:
         """The board's page on ``where`` (``[ADDRESS:]PORT``: 127.0.0.1 unless an address is
@@ -154,8 +159,8 @@ class LiveBoard:
         frames: list[dict[str, Any]] = []
         size = 0
         for n in range(len(results) - 1, -1, -1):  # the newest first, while they fit
-            record = _record(first + n, results[n])
-            size += len(json.dumps(record, separators=(",", ":"), default=str)) + 1
+            record, length = self._made(first + n, results[n])
+            size += length
             if size > FRAMES_SENT_BYTES:
                 break
             frames.append(record)
@@ -165,6 +170,16 @@ class LiveBoard:
             "drops": None if self._drops is None else _plain(self._drops()),
             "frames": frames,
         }, cursor
+
+    def _made(self, seq: int, result: FrameResult) -> tuple[dict[str, Any], int]:
+        """Result ``seq`` as a record and the bytes it takes in a state, made at its first state."""
+        made = self._records.get(seq)
+        if made is None:
+            record = _record(seq, result)
+            made = self._records[seq] = (record, len(json.dumps(record, separators=(",", ":"), default=str)) + 1)
+            if len(self._records) > 2 * FRAMES_SENT:
+                self._records.popitem(last=False)  # the oldest made: out of every window by now
+        return made
 
     def picture(self) -> tuple[bytes, dict[str, str]] | None:
         """The latest answered frame as a JPEG (its index in ``X-Frame-Index``), encoded at most
