@@ -29,7 +29,7 @@ from device_runtime.board._calibrate import (
 from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle, write_manifest
 from device_runtime.cli import main
 from device_runtime.engine.runner import DeviceRunner
-from device_runtime.stream._reason import FALLBACK, KINDS, REFINED, TABLE
+from device_runtime.stream._reason import FALLBACK, KINDS, REFINED, TABLE, UPLOAD_CAP
 from device_runtime.wire.ops import HelloReply
 from splitedge.errors import BundleError, RemoteError
 from tests.conftest import TEST_CHAIN, TEST_SPLITS, RunningHost
@@ -235,7 +235,9 @@ def test_auto_runs_from_the_table_and_traces(calibrated: Path, tmp_path: Path, c
     assert lines[0]["schema"] == "splitedge.trace/5" and all(f["reason"]["kind"] in KINDS for f in frames)
     chosen = [(f["reason"], f["split"]) if f["reason"]["kind"] != FALLBACK else (f["reason"]["chosen"],
               f["reason"]["wanted"]) for f in frames]
-    assert chosen[0][0]["kind"] == TABLE
+    # The table's cell, at the estimate or at the estimate an upload capped (a first upload that crossed
+    # slowly on a busy machine caps it: the product promises the table's choice, not an uncapped one).
+    assert chosen[0][0]["kind"] in (TABLE, UPLOAD_CAP)
     for reason, split in chosen:
         if reason["kind"] == TABLE:
             assert reason["lo_bps"] <= reason["rate_bps"] < reason.get("hi_bps", math.inf), reason
