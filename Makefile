@@ -74,7 +74,7 @@ $(BUILD)/test-bundle/manifest.json: $(VENV)/.installed $(BUILD)/export.sources
 # split of 3 fragments (tests/conftest.py's semantic_bundle; bench/splitplace.py builds its own).
 SEMANTIC_CUT := _14
 # What a zoo model's training is made of: retrained when one of these changes.
-TRAINING_SOURCES := exporter/zoo.py exporter/train.py exporter/datasets.py
+TRAINING_SOURCES := exporter/zoo.py exporter/_train.py exporter/_datasets.py
 $(BUILD)/fmnist-camera.pt: $(VENV)/.installed $(FASHION_MNIST) $(TRAINING_SOURCES)
 	$(VENV)/bin/python -m exporter.zoo fmnist_camera --images 10000 --epochs 1 --out $@
 

@@ -125,7 +125,7 @@ def options() -> list[Option]:
 def build(root: Path, random_weights: bool, epochs: int) -> tuple[Path, dict]:
     """The bundle (both single cuts and the eight chains), with the model trained on Fashion-MNIST
     unless ``random_weights``; cached in ``root``. Returns it and what is known of the model."""
-    from exporter.build import BuildSpec, build_bundle
+    from exporter._build import BuildSpec, build_bundle
 
     weights, info_path, bundle = root / "weights.pt", root / "model.json", root / "bundle"
     if not random_weights and not weights.is_file():

@@ -50,7 +50,7 @@ from three_tiers import Network, cancelled_by_sigterm, run_board, three_tiers
 from calibration import LatencyModel, SplitTimings
 from calibration.chains import ChainStage, HostView, place
 from device_runtime.bundle import FULL, HEAD, LOCAL, TAIL, Bundle
-from device_runtime.engine.backend import OnnxBackend
+from device_runtime.engine._backend import OnnxBackend
 from testbed import unavailable_reason
 
 NETWORK = Network(rates_mbit=(30.0, 500.0, 500.0), board_edge_ms=5.0, edge_cloud_ms=2.0)

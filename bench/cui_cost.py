@@ -3,7 +3,7 @@
 For VGG16 and MobileNetV2 at 224x224 (random weights, seed 0; the cost does not depend on
 the weight values), on the same images in the same run:
 
-- one pass: ``exporter.cui.CuiProbe`` on a batch (one forward, one backward, Grad-CAM at
+- one pass: ``exporter._cui.CuiProbe`` on a batch (one forward, one backward, Grad-CAM at
   every cut point);
 - plain, weights: one forward and ``backward()`` of the same target scores with the
   parameters trainable (what a training step's backward costs);
@@ -31,9 +31,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from exporter.cui import CuiProbe, probe_module
-from exporter.graph import find_cut_points, trace
-from exporter.models import load_model
+from exporter._cui import CuiProbe, probe_module
+from exporter._graph import find_cut_points, trace
+from exporter._models import load_model
 
 
 def median_time(fn: Callable[[], object], repeats: int) -> float:

@@ -4,7 +4,7 @@ On Fashion-MNIST, for a VGG-style and a residual CNN (``exporter.zoo``), trained
 
 1. the CUI curve (I-SPLIT Eq. 1–2) at every cut point, on held-out test images;
 2. at every candidate cut point, the bottleneck of I-SPLIT injected and trained the same way
-   (``exporter.bottleneck``, latent 10%), and its test accuracy. Candidates are the outputs
+   (``exporter._bottleneck``, latent 10%), and its test accuracy. Candidates are the outputs
    of activations, pooling, residual additions and linear layers: a convolution's and its
    batch norm's outputs have the size of the ReLU that follows them, so the ReLU stands for
    the three (and keeps the bottleneck count, hence the run time, in check);
@@ -36,11 +36,11 @@ import torch  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from exporter.bottleneck import BottleneckTraining, SplitModel, make_autoencoder, train_bottleneck  # noqa: E402
-from exporter.cui import cui_per_image  # noqa: E402
-from exporter.datasets import load_images  # noqa: E402
-from exporter.graph import find_cut_points, split_at, trace  # noqa: E402
-from exporter.train import accuracy, train_classifier  # noqa: E402
+from exporter._bottleneck import BottleneckTraining, SplitModel, make_autoencoder, train_bottleneck  # noqa: E402
+from exporter._cui import cui_per_image  # noqa: E402
+from exporter._datasets import load_images  # noqa: E402
+from exporter._graph import find_cut_points, split_at, trace  # noqa: E402
+from exporter._train import accuracy, train_classifier  # noqa: E402
 from exporter.zoo import fmnist_resnet, fmnist_vgg  # noqa: E402
 
 SHAPE = (1, 28, 28)

@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from exporter.build import BuildSpec, build_bundle
-from exporter.graph import find_cut_points, trace
-from exporter.models import load_model
-from exporter.validate import OnnxRunner
+from exporter._build import BuildSpec, build_bundle
+from exporter._graph import find_cut_points, trace
+from exporter._models import load_model
+from exporter._validate import OnnxRunner
 
 MODEL = "torchvision:mobilenet_v2"
 #: Non-compressive cuts for contrast: after the stem, a residual sum, inside the last

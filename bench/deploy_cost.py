@@ -1,10 +1,10 @@
 """Deploy cost: bytes sent and time for a first deploy and a redeploy, three boards in parallel on loopback.
 
-The boards are real OpenSSH servers on 127.0.0.1 (:mod:`testbed.ssh_boards`), each with its own
+The boards are real OpenSSH servers on 127.0.0.1 (:mod:`testbed._ssh_boards`), each with its own
 user, running splitedge installed from its wheel. Measured in the same run:
 
 - ``split-export deploy`` (the library's :class:`exporter.deploy.Fleet`): a first deploy of the
-  bundle, then a redeploy where one head changed (:func:`testbed.ssh_boards.one_head_changed`):
+  bundle, then a redeploy where one head changed (:func:`testbed._ssh_boards.one_head_changed`):
   rsync hard-links every file the release in use has and sends the head and the manifest;
 - baseline "by hand": the whole bundle (tails included) copied with ``scp -r`` to each board
   in parallel, the way users did it before: bytes are the files' sizes (scp sends them whole);
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))  # this checkout, whatever the interpreter has ins
 
 from exporter.deploy import Fleet  # noqa: E402
 from testbed.board_box import build_wheel  # noqa: E402
-from testbed.ssh_boards import SshBoards, install_board_venv, one_head_changed, unavailable_reason  # noqa: E402
+from testbed._ssh_boards import SshBoards, install_board_venv, one_head_changed, unavailable_reason  # noqa: E402
 
 BOARDS = ("board1", "board2", "board3")
 

@@ -64,9 +64,9 @@ from calibration import SplitSelector, decision_cost_us
 from calibration.calibration_file import load
 from device_runtime.bundle import LOCAL, OFFLOAD
 from device_runtime.link import HostClient
-from fieldtrial.trace import read_trace
+from fieldtrial._trace import read_trace
 from testbed import EmulatedLink, RateSchedule, trace_steps, unavailable_reason
-from testbed.namespace_host import serve_in
+from testbed._namespace_host import serve_in
 
 T = TypeVar("T")
 PORT = 7767
@@ -98,7 +98,7 @@ def build_bundles(weights: str, root: Path, models: Sequence[str] = ("mobilenet_
         spec, w = bundles[name]
         path = root / name
         if not (path / "manifest.json").is_file():
-            from exporter.build import BuildSpec, build_bundle  # torch: only to build
+            from exporter._build import BuildSpec, build_bundle  # torch: only to build
 
             build_bundle(BuildSpec(spec, weights=w, splits="auto"), path, progress=True)
         out[name] = path

@@ -45,7 +45,7 @@ from dynamic_split import HOST_ARGS, PINNED, PORT, build_bundles, device, frames
 
 from calibration.calibration_file import load
 from testbed import DelayRelay, EmulatedLink, RateSchedule, unavailable_reason
-from testbed.namespace_host import serve_in
+from testbed._namespace_host import serve_in
 
 VIDEO = Path("/usr/share/doc/opencv-doc/examples/data/vtest.avi")
 HOST_CPU = 0

@@ -23,9 +23,9 @@ import numpy as np
 
 from device_runtime.wire.ops import InferRequest
 from device_runtime.wire import encode_bytes
-from host_runtime.batcher import BatchConfig
-from host_runtime.server import HostServer, ServerConfig, _HostProtocol
-from host_runtime.tails import TailRegistry
+from host_runtime._batcher import BatchConfig
+from host_runtime._server import HostServer, ServerConfig, _HostProtocol
+from host_runtime._tails import TailRegistry
 
 CUT = (1, 160, 7, 7)  # features_14_conv_2's cut: 31,360 bytes of float32
 

@@ -2,7 +2,7 @@
 size costs on a session of its own, which buckets cover ``--max-batch`` with little padding, the GPU
 memory the sessions hold, and what ``--tf32`` costs.
 
-All on the tail of ``--split`` as the host builds it (:class:`~host_runtime.tails.TailSession`, I/O
+All on the tail of ``--split`` as the host builds it (:class:`~host_runtime._tails.TailSession`, I/O
 binding on CUDA, one caller thread, a cut of seeded noise):
 
 - **shape changes**: one session fed batches of 8 and 16 in turn (both warmed first), as a host
@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from device_runtime import FULL, HEAD, LOCAL, TAIL, Bundle
-from device_runtime.engine.backend import OnnxBackend
-from host_runtime.tails import TailRegistry, TailSession, bucket_for, cuda_memory, providers_for
+from device_runtime.engine._backend import OnnxBackend
+from host_runtime._tails import TailRegistry, TailSession, bucket_for, cuda_memory, providers_for
 
 SPLIT = "features_14_conv_2"
 #: Bucket sets compared; ``max`` is replaced by --max-batch.

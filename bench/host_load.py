@@ -64,10 +64,10 @@ from typing import Any
 import numpy as np
 
 from device_runtime.bundle import Bundle
-from device_runtime.engine.backend import Backend, OnnxBackend
+from device_runtime.engine._backend import Backend, OnnxBackend
 from device_runtime.link import HostClient
-from host_runtime.event_loop import LOOPS, loop_runner
-from host_runtime.tails import TF32_ERROR, TailRegistry
+from host_runtime._event_loop import LOOPS, loop_runner
+from host_runtime._tails import TF32_ERROR, TailRegistry
 from splitedge.errors import HostUnavailableError, RemoteError
 
 SPLIT = "features_14_conv_2"  # the test bundle's late compressive cut: 31 KB on the link, a 2.4 ms tail
@@ -86,7 +86,7 @@ NOISE = 0.05
 def tolerance(device: str, tf32: bool) -> float:
     """How far the host's answer may be from onnxruntime's on the CPU: the CPU's own batching noise,
     CUDA without TF32 (the host's default, 1e-5 measured on an H100), CUDA with ``--tf32`` (as measured,
-    :data:`~host_runtime.tails.TF32_ERROR`)."""
+    :data:`~host_runtime._tails.TF32_ERROR`)."""
     if device == "cpu":
         return EXACT
     return TF32_ERROR if tf32 else 1e-4
@@ -102,7 +102,7 @@ def ensure_bundle(path: Path, split: str, weights: Path | None, source: Path | N
         return path
     if source is not None:
         return one_split(source, split, path)
-    from exporter.build import BuildSpec, build_bundle  # needs torch: only when the bundle is not there yet
+    from exporter._build import BuildSpec, build_bundle  # needs torch: only when the bundle is not there yet
 
     if weights is None:
         raise SystemExit(f"no bundle at {path}: pass --weights mobilenet_v2-b0353104.pth to export one")

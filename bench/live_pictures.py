@@ -32,7 +32,7 @@ from slow_board import slowed_cpu  # noqa: E402
 
 from calibration.calibration_file import load  # noqa: E402
 from testbed import EmulatedLink, trace_steps  # noqa: E402
-from testbed.namespace_host import serve_in  # noqa: E402
+from testbed._namespace_host import serve_in  # noqa: E402
 
 LIVE_PORT = 8099
 WITHIN_S = 120.0

@@ -2,8 +2,8 @@
 
 In one run, on one CPU left at ``--share`` of its time (``bench/slow_board.py``: a real-time process
 takes the rest of every millisecond; a quarter, as ``bench/dynamic_split.py`` gives the board):
-the exact preprocessing (PIL's resize in numpy, :func:`device_runtime.engine.preprocess`) and the
-fast one (OpenCV in uint8, :func:`device_runtime.engine.fast_preprocess`) of a 640×480 camera frame
+the exact preprocessing (PIL's resize in numpy, :func:`device_runtime.engine._preprocess`) and the
+fast one (OpenCV in uint8, :func:`device_runtime.engine._fast_preprocess`) of a 640×480 camera frame
 (a scikit-image photo as the camera hands it over: an RGB view of BGR memory) for the bundle's 224
 crop, and the bundle's full model, one thread, batch 1 (the "local head"). Each is timed
 round-robin within every round, so the machine's load moves them alike; medians are reported, and

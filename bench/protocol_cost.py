@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from device_runtime.link import HostClient
-from host_runtime.server import HostServer, ServerConfig
-from host_runtime.tails import TailRegistry
+from host_runtime._server import HostServer, ServerConfig
+from host_runtime._tails import TailRegistry
 
 SHAPES = {"1x32x112x112": (1, 32, 112, 112), "1x1280x7x7": (1, 1280, 7, 7)}
 

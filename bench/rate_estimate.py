@@ -51,14 +51,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from device_runtime.bundle import LOCAL, OFFLOAD, Bundle  # noqa: E402
-from device_runtime.engine.runner import DeviceRunner
+from device_runtime.engine._runner import DeviceRunner
 from device_runtime.link import HostClient
-from device_runtime.hosts.host_link import HostLink
-from device_runtime.hosts.link_meter import LinkMeter
+from device_runtime.hosts._host_link import HostLink
+from device_runtime.hosts._link_meter import LinkMeter
 from device_runtime.stream import Pipeline, PipelineConfig, StaticPolicy
 from device_runtime.stream._camera import Synthetic
 from testbed import EmulatedLink, free_port, unavailable_reason
-from testbed.namespace_host import running_host, serve_in
+from testbed._namespace_host import running_host, serve_in
 
 BOARD_CPU, HOST_CPU = 1, 0
 PINNED = {BOARD_CPU, HOST_CPU} <= os.sched_getaffinity(0)

@@ -22,7 +22,7 @@ least 90 % of frames and its p50 latency within 10 %. On one machine (as root):
   batch 1, at the geometric middle of the cell's rates (the open ends at 10 times their edge,
   within 0.5-800 Mbit/s; none in a cell narrower than the hysteresis' margin, see
   :data:`NARROWEST_CELL`), high to low, then up and down again ``--sweeps`` times, ``--step-s`` each;
-* the **replay**: :func:`testbed.replay.replay` of that trace with the same bundle and policy
+* the **replay**: :func:`testbed._replay.replay` of that trace with the same bundle and policy
   (its own link and host, set up afresh); its board decides with the head times the original
   recorded (``--board-times``, default recorded: the replay's own default for the trial's bundle)
   or, with ``--board-times measured``, with its own; and it runs at the original board's speed
@@ -33,7 +33,7 @@ least 90 % of frames and its p50 latency within 10 %. On one machine (as root):
   room (the stages it ran slower are counted in its log, ``board.log``), while what the board does
   beside its stages (decoding the video, its event loop, its trace) runs at about the original's
   speed: with half a core it did that faster, and its frames waited less (1.6 against 4.3 ms);
-* the **figures**: :func:`fieldtrial.compare.agreement` (frames matched by index: the share of
+* the **figures**: :func:`fieldtrial._compare.agreement` (frames matched by index: the share of
   the original's answered frames the replay answered on the same split, and the ratio of the
   p50 latencies), printed and written to ``--out``; ``--report DIR`` also writes
   ``split-device report`` of the two (the pictures of docs/fieldtrial.md).
@@ -61,11 +61,11 @@ from typing import Any, Sequence
 from slow_board import slowed_cpu
 
 from calibration.calibration_file import load
-from fieldtrial.compare import agreement, write_comparison
-from fieldtrial.trace import load_trace
+from fieldtrial._compare import agreement, write_comparison
+from fieldtrial._trace import load_trace
 from testbed import EmulatedLink, RateSchedule, trace_steps, unavailable_reason
-from testbed.namespace_host import own_peer, serve_in
-from testbed.replay import BOARD_LOG, MEASURED, OWN, RECORDED, TRACE_FILE, replay
+from testbed._namespace_host import own_peer, serve_in
+from testbed._replay import BOARD_LOG, MEASURED, OWN, RECORDED, TRACE_FILE, replay
 
 PORT = 7767
 BOARD_CPU, HOST_CPU = 1, 0

@@ -23,7 +23,7 @@ is ambiguous or Keras and torch differ, what was chosen:
   variance), torch two parameters and two buffers: :func:`keras_params` counts them as Keras
   does. Keras's epsilon (1e-3) and momentum (0.99, torch's 0.01).
 
-:func:`train` fits it on Fashion-MNIST (``exporter.datasets.load_images``) and saves a state
+:func:`train` fits it on Fashion-MNIST (``exporter._datasets.load_images``) and saves a state
 dict for ``split-export build bench.seed003_cnn:make --weights FILE``.
 """
 
@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from exporter.datasets import FASHION_MNIST_CLASSES, load_images
-from exporter.train import accuracy, train_classifier
+from exporter._datasets import FASHION_MNIST_CLASSES, load_images
+from exporter._train import accuracy, train_classifier
 from exporter.zoo import Grey
 
 __all__ = ["CUT_AFTER", "INPUT_SHAPE", "TABLE_1", "keras_params", "make", "train"]

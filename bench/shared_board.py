@@ -11,7 +11,7 @@ Issue 43's field trial, on one machine, with the product's defaults (threads inc
   processes spinning beside it, unpinned (the shared board, and the shared machine its host is on);
 * the host (one worker, product threads) is in a network namespace behind a ``tbf``-shaped veth and
   a :class:`testbed.DelayRelay` in the namespace (``--delay-ms`` each way:
-  :func:`testbed.namespace_host.relay_in`); the link steps from the schedule's first
+  :func:`testbed._namespace_host.relay_in`); the link steps from the schedule's first
   rate to its second halfway through the video (``--schedules``: 20→3 and 50→0.5 Mbit/s), the
   steps written into each trace;
 * each (video, board) is calibrated once, over the link at the first schedule's first rate (a
@@ -19,7 +19,7 @@ Issue 43's field trial, on one machine, with the product's defaults (threads inc
   static option of the table run the same frames on the same schedule, each with its report
   (``split-device report``'s plots and ``summary.json`` beside its trace).
 
-Per run, from its trace as ``split-device report`` reads it (:mod:`fieldtrial.bounds`):
+Per run, from its trace as ``split-device report`` reads it (:mod:`fieldtrial._bounds`):
 
 * **floor**: each answered frame's own compute, as measured in the run: preprocessing + head
   + its bytes ÷ the link's real rate when it was captured + tail (the queues and the round trip
@@ -60,7 +60,7 @@ from slow_board import slowed_cpu
 from calibration.calibration_file import Calibration, load
 from fieldtrial import write_report
 from testbed import EmulatedLink, RateSchedule, unavailable_reason
-from testbed.namespace_host import relay_in, serve_in
+from testbed._namespace_host import relay_in, serve_in
 
 DATA = Path("/usr/share/doc/opencv-doc/examples/data")
 VIDEOS = (DATA / "Megamind.avi", DATA / "vtest.avi")
@@ -107,7 +107,7 @@ def calibrate(bundle: Path, host: str, video: Path) -> Calibration:
 
 def figures(trace: Path, calibration: Calibration, out: Path) -> dict:
     """A run's figures, as ``split-device report`` gives them (its floor and oracle are the module
-    docstring's: :mod:`fieldtrial.bounds`), with the report's plots and summary.json in ``out``."""
+    docstring's: :mod:`fieldtrial._bounds`), with the report's plots and summary.json in ``out``."""
     summary = write_report(trace, out, calibration)
     floor, oracle = summary["floor"] or {}, summary["oracle"] or {}
     heads = {split: c["calibrated_over_measured"].get("head")

@@ -57,14 +57,14 @@ from calibration.bandit import Bandit, LAYER, SEMANTIC, reward
 from calibration.chains import HostView
 from calibration.fragments import place_fragments
 from device_runtime.bundle import Bundle
-from device_runtime.engine.runner import DeviceRunner
-from device_runtime.hosts.host_link import HostLink
+from device_runtime.engine._runner import DeviceRunner
+from device_runtime.hosts._host_link import HostLink
 from device_runtime.stream import (
     BanditPolicy, Choice, Frame, FrameResult, FrameSource, Pipeline, PipelineConfig, Reason, SplitPolicy, StaticPolicy,
 )
 from device_runtime.stream._reason import FIXED
 from testbed import DelayRelay, EmulatedLink, unavailable_reason
-from testbed.namespace_host import running_host
+from testbed._namespace_host import running_host
 
 CUT, FRAGMENTS = "_14", 3
 SEMANTIC_SPLIT = f"{CUT}~{FRAGMENTS}"
@@ -96,10 +96,10 @@ def build(root: Path, epochs: int, images: int | None) -> Path:
     """The model trained and cut (cached in ``root``)."""
     import torch
 
-    from exporter.build import BuildSpec, build_bundle
-    from exporter.datasets import load_images
-    from exporter.semantic import SemanticOptions
-    from exporter.train import accuracy, train_classifier
+    from exporter._build import BuildSpec, build_bundle
+    from exporter._datasets import load_images
+    from exporter._semantic import SemanticOptions
+    from exporter._train import accuracy, train_classifier
     from exporter.zoo import fmnist_camera
 
     weights, bundle = root / "fmnist-camera.pt", root / "bundle"
@@ -118,7 +118,7 @@ def write_frames(folder: Path, count: int) -> list[Path]:
     """The first ``count`` Fashion-MNIST test images as PNG files named ``<index>_<label>.png``."""
     import cv2
 
-    from exporter.datasets import load_images
+    from exporter._datasets import load_images
 
     folder.mkdir(parents=True, exist_ok=True)
     test = load_images("fashion-mnist:test", (1, 28, 28))

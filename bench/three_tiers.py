@@ -34,9 +34,9 @@ from typing import Any, AsyncIterator, Coroutine, Mapping, Sequence, TypeVar
 
 import numpy as np
 
-from fieldtrial.trace import read_trace
+from fieldtrial._trace import read_trace
 from testbed import DelayRelay, EmulatedLink
-from testbed.namespace_host import running_host
+from testbed._namespace_host import running_host
 
 __all__ = ["HOST_ARGS", "PORT", "Network", "Tiers", "cancelled_by_sigterm", "run_board", "summarise", "three_tiers",
            "tier_command"]

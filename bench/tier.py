@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from device_runtime.engine.backend import OnnxBackend
+from device_runtime.engine._backend import OnnxBackend
 from device_runtime.link import HostClient, InferResult
 
 

@@ -3,7 +3,7 @@
 For MobileNetV2 (real ImageNet weights) at each compressive bottleneck: every variant's
 head latency at batch 1 on this machine (median of ``--repeats`` rounds after warm-up, the
 variants timed round-robin within each round, each run by the board's own backend,
-``device_runtime.engine.backend.load_backend``) and file size, as ratios to
+``device_runtime.engine._backend.load_backend``) and file size, as ratios to
 the float32 ONNX head of the same split measured in the same run; and the bytes the cut
 tensor puts on the link as float32 and as uint8.
 
@@ -29,13 +29,13 @@ import skimage.data
 import torch
 from tqdm import tqdm
 
-from device_runtime.engine.backend import load_backend
-from device_runtime.engine.preprocess import preprocess
-from exporter.build import BuildSpec, build_bundle
-from exporter.graph import split_at, trace
-from exporter.models import load_model
-from exporter.quantize import quantize_onnx
-from exporter.tflite_export import export_tflite
+from device_runtime.engine._backend import load_backend
+from device_runtime.engine._preprocess import preprocess
+from exporter._build import BuildSpec, build_bundle
+from exporter._graph import split_at, trace
+from exporter._models import load_model
+from exporter._quantize import quantize_onnx
+from exporter._tflite_export import export_tflite
 from splitedge.errors import SplitEdgeError
 
 PHOTOS = ("coffee", "chelsea", "astronaut", "rocket")

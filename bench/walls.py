@@ -74,7 +74,7 @@ from device_runtime import OFFLOAD, Bundle  # noqa: E402
 from device_runtime.link import Credentials, HostClient, Leg  # noqa: E402
 from device_runtime.wire import PROTOCOL_VERSION, client_context, encode_bytes, encode_message  # noqa: E402
 from device_runtime.wire.ops import HelloReply, Hop  # noqa: E402
-from host_runtime.metrics import stats_from  # noqa: E402
+from host_runtime._metrics import stats_from  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from walls_pages import ROOT, alternate, board_fps, first_answer_s, observers, summary  # noqa: E402
 

@@ -6,10 +6,10 @@ and the board itself all read the same profiles, so this package sits below ever
 the project convert them to ``SplitEdgeError`` where they enter.
 """
 
-from boards.fit import LOAD_FACTOR, SESSION_MB, ArtifactEstimate, BoardFitError, FitReport, check_fits
-from boards.identify import identify, model_family
-from boards.profile import BACKENDS, RASPBERRY_PI_OS_PYTHONS, BoardProfile
-from boards.registry import BOARDS
+from boards._fit import LOAD_FACTOR, SESSION_MB, ArtifactEstimate, BoardFitError, FitReport, check_fits
+from boards._identify import identify, model_family
+from boards._profile import BACKENDS, RASPBERRY_PI_OS_PYTHONS, BoardProfile
+from boards._registry import BOARDS
 
 __all__ = [
     "BACKENDS",

@@ -39,7 +39,7 @@ hand. tests/test_cli_docs.py fails when this page and the parsers differ. -->
 Every command and subcommand, with every flag's help, as `--help` prints them (this page is
 generated from the same parsers). Flags given as numbers are checked against a stated range
 where they enter; the ranges and why each maximum is where it is:
-`device_runtime/board/run_settings.py` (the board's) and `host_runtime/flags.py` (the host's).
+`device_runtime/board/run_settings.py` (the board's) and `host_runtime/_flags.py` (the host's).
 """
 
 

@@ -11,18 +11,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from exporter.build import BuildSpec, build_bundle, select_splits
-    from exporter.graph import CutPoint, TracedModel, find_cut_points, get_cut_point, split_at, trace
-    from exporter.models import LoadedModel, load_model
-    from exporter.onnx_export import export_onnx
-    from exporter.validate import Case, Chain, OnnxRunner, Runner, compare, validate
+    from exporter._build import BuildSpec, build_bundle, select_splits
+    from exporter._graph import CutPoint, TracedModel, find_cut_points, get_cut_point, split_at, trace
+    from exporter._models import LoadedModel, load_model
+    from exporter._onnx_export import export_onnx
+    from exporter._validate import Case, Chain, OnnxRunner, Runner, compare, validate
 
 _HOMES = {
-    "exporter.build": ("BuildSpec", "build_bundle", "select_splits"),
-    "exporter.graph": ("CutPoint", "TracedModel", "find_cut_points", "get_cut_point", "split_at", "trace"),
-    "exporter.models": ("LoadedModel", "load_model"),
-    "exporter.onnx_export": ("export_onnx",),
-    "exporter.validate": ("Case", "Chain", "OnnxRunner", "Runner", "compare", "validate"),
+    "exporter._build": ("BuildSpec", "build_bundle", "select_splits"),
+    "exporter._graph": ("CutPoint", "TracedModel", "find_cut_points", "get_cut_point", "split_at", "trace"),
+    "exporter._models": ("LoadedModel", "load_model"),
+    "exporter._onnx_export": ("export_onnx",),
+    "exporter._validate": ("Case", "Chain", "OnnxRunner", "Runner", "compare", "validate"),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 

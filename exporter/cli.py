@@ -25,11 +25,11 @@ from splitedge import Bounds, SettingError, SplitEdgeError, as_flag_type
 from splitedge.lifecycle import exit_on_signals
 
 if TYPE_CHECKING:
-    from exporter.graph import CutPoint
+    from exporter._graph import CutPoint
 
 # The commands that need torch import it when they run: `slice` runs where torch is absent (a deploy).
-AE_EPOCHS = 2  # exporter.bottleneck.BottleneckTraining.ae_epochs, checked by tests/exporter/test_cli.py
-# exporter.semantic's defaults (FragmentTraining.epochs == AE_EPOCHS, SemanticOptions.width and
+AE_EPOCHS = 2  # exporter._bottleneck.BottleneckTraining.ae_epochs, checked by tests/exporter/test_cli.py
+# exporter._semantic's defaults (FragmentTraining.epochs == AE_EPOCHS, SemanticOptions.width and
 # .train_images), checked by tests/exporter/test_semantic.py
 SEMANTIC_WIDTH = 0.5
 SEMANTIC_IMAGES = 10_000
@@ -53,7 +53,7 @@ WIDTH = Bounds(float, 0, 16, "a width (a fraction of the tail's)", str(SEMANTIC_
 #: the build asks at least 32.
 CALIB_SAMPLES = Bounds(int, 1, 10_000, "a number of images", "64")
 #: The autoencoder's latent, a share of the cut tensor: a bottleneck is smaller than the cut
-#: (exporter.bottleneck takes (0, 1); 1 itself once ended the build in a ValueError).
+#: (exporter._bottleneck takes (0, 1); 1 itself once ended the build in a ValueError).
 LATENT_RATIO = Bounds(float, 0, 0.99, "a share of the cut tensor", "0.1", low_open=True)
 #: Images drawn from a data set: more than the set takes them all, and 100 million is past any
 #: set a workstation trains on or analyses in memory (ImageNet-21k is 14 million).
@@ -279,9 +279,9 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _points(args: argparse.Namespace) -> int:
-    from exporter.blocks import count_blocks
-    from exporter.graph import cut_blockers, find_cut_points, trace
-    from exporter.models import load_model
+    from exporter._blocks import count_blocks
+    from exporter._graph import cut_blockers, find_cut_points, trace
+    from exporter._models import load_model
 
     with contextlib.redirect_stdout(sys.stderr):  # stdout is the tool's own: what the model prints goes aside
         loaded = load_model(args.model, args.weights, _preprocessing(args), args.input_shape, output=args.output)
@@ -297,8 +297,8 @@ def _points(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from exporter.bottleneck import BottleneckOptions, BottleneckTraining
-    from exporter.build import BuildSpec, build_bundle
+    from exporter._bottleneck import BottleneckOptions, BottleneckTraining
+    from exporter._build import BuildSpec, build_bundle
 
     if args.splits is None and not args.chains and args.semantic is None:
         raise SplitEdgeError("build needs --splits (auto or cut ids), --chain ID,ID[,ID...], or both; "
@@ -410,7 +410,7 @@ def _semantic_options(args: argparse.Namespace):
         if args.cut is not None:
             raise SplitEdgeError("--cut names where a semantic split cuts: give --semantic K with it")
         return None
-    from exporter.semantic import FragmentTraining, SemanticOptions
+    from exporter._semantic import FragmentTraining, SemanticOptions
 
     if args.semantic < 2:
         raise SplitEdgeError(f"--semantic {args.semantic}: a semantic split has 2 fragments or more, one group of "
@@ -436,7 +436,7 @@ def _semantic_summary(split) -> str:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from exporter.analysis import AnalysisSpec, analyze, summary_text
+    from exporter._analysis import AnalysisSpec, analyze, summary_text
 
     spec = AnalysisSpec(
         args.model, args.data, weights=args.weights, classes=args.classes, images=args.images, target=args.target,
@@ -495,7 +495,7 @@ def _channels(bounds: Bounds):
 
 
 def _preprocessing(args: argparse.Namespace):
-    from exporter.preprocessing import PreprocessFlags
+    from exporter._preprocessing import PreprocessFlags
 
     return PreprocessFlags(resize=args.resize, crop=args.crop, mean=args.mean, std=args.std, color=args.color)
 

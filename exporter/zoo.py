@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from exporter.datasets import FASHION_MNIST_CLASSES
+from exporter._datasets import FASHION_MNIST_CLASSES
 
 __all__ = ["Grey", "fmnist_camera", "fmnist_resnet", "fmnist_vgg"]
 
@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     save its state dict, for ``split-export build exporter.zoo:fmnist_vgg --weights weights.pt``."""
     import argparse
 
-    from exporter.datasets import load_images
-    from exporter.train import accuracy, train_classifier
+    from exporter._datasets import load_images
+    from exporter._train import accuracy, train_classifier
 
     factories = {f.__name__: f for f in (fmnist_vgg, fmnist_resnet, fmnist_camera)}
     parser = argparse.ArgumentParser(

@@ -5,15 +5,15 @@ it and plots it. The plots need matplotlib, the ``report`` extra (``pip install
 'splitedge[report]'``), so a board installs none; importing this package does not need it.
 """
 
-from fieldtrial.plots import (
+from fieldtrial._plots import (
     plot_drop_rate,
     plot_latency_cdf,
     plot_latency_over_time,
     plot_measured_vs_model,
     plot_table,
 )
-from fieldtrial.report import format_summary, summarize, write_report
-from fieldtrial.trace import Trace, load_trace, read_trace
+from fieldtrial._report import format_summary, summarize, write_report
+from fieldtrial._trace import Trace, load_trace, read_trace
 
 __all__ = [
     "Trace",

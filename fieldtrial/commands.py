@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Sequence
 
 from calibration.calibration_file import Calibration, load_all
-from fieldtrial.compare import format_comparison, write_comparison
-from fieldtrial.page import PAGE
-from fieldtrial.plots import plot_table
-from fieldtrial.report import format_summary
+from fieldtrial._compare import format_comparison, write_comparison
+from fieldtrial._page import PAGE
+from fieldtrial._plots import plot_table
+from fieldtrial._report import format_summary
 from splitedge.lifecycle import exit_on_signals
 from splitedge.reading import add_report_arguments
 

@@ -14,20 +14,20 @@ from splitedge.lifecycle import run_command
 from device_runtime.live import live_flag
 from device_runtime.wire import DEFAULT_MAX_FRAME_BYTES, load_key, server_context
 from device_runtime.wire.ops import split_address
-from host_runtime.advertise import Advertiser, local_address_for
-from host_runtime.batcher import BatchConfig
-from host_runtime.event_loop import LOOPS, loop_runner
-from host_runtime.flags import BOUNDS, flag, procs_flag, sizes_flag
-from host_runtime.limits import fit_fd_limit
-from host_runtime.live import serve_live
-from host_runtime.metrics import MetricsEndpoint
-from host_runtime.metrics_http import endpoint_token, read_token_file
-from host_runtime.procs import (AUTO, CPU_CORES_PER_PROC, MAX_CUDA_PROCS, Child, Supervisor, auto_procs, child_setup,
+from host_runtime._advertise import Advertiser, local_address_for
+from host_runtime._batcher import BatchConfig
+from host_runtime._event_loop import LOOPS, loop_runner
+from host_runtime._flags import BOUNDS, flag, procs_flag, sizes_flag
+from host_runtime._limits import fit_fd_limit
+from host_runtime._live import serve_live
+from host_runtime._metrics import MetricsEndpoint
+from host_runtime._metrics_http import endpoint_token, read_token_file
+from host_runtime._procs import (AUTO, CPU_CORES_PER_PROC, MAX_CUDA_PROCS, Child, Supervisor, auto_procs, child_setup,
                                 serve_summed_metrics, supervise, usable_cores)
-from host_runtime.server import HostServer, ServerConfig
-from host_runtime.service import SERVICE_EXAMPLES, ServiceOptions, install_service, service_arguments
-from host_runtime.settings import LIVE_ONE_PROCESS, SHARE_QUEUE, HostSettings
-from host_runtime.tails import (BUCKETS_AUTO, BUCKETS_OFF, DEVICES, TF32_ERROR_H100, TailRegistry, bucket_sizes,
+from host_runtime._server import HostServer, ServerConfig
+from host_runtime._service import SERVICE_EXAMPLES, ServiceOptions, install_service, service_arguments
+from host_runtime._settings import LIVE_ONE_PROCESS, SHARE_QUEUE, HostSettings
+from host_runtime._tails import (BUCKETS_AUTO, BUCKETS_OFF, DEVICES, TF32_ERROR_H100, TailRegistry, bucket_sizes,
                                 on_cuda)
 from splitedge import SettingError, SplitEdgeError
 
@@ -392,7 +392,7 @@ def _serve_child(settings: HostSettings, child: Child) -> None:
 
 
 async def serve_procs(settings: HostSettings, caught: list[signal.Signals]) -> None:
-    """``--procs N``: the parent, which supervises N children on one port (:mod:`host_runtime.procs`)."""
+    """``--procs N``: the parent, which supervises N children on one port (:mod:`host_runtime._procs`)."""
     if settings.key_file:
         load_key(settings.key_file)  # a bad key is one line from the parent, before any child starts
     stop = asyncio.Event()

@@ -22,8 +22,8 @@ The pieces, standard library only:
   it as a script does not import it twice). Emulated: its timings mean nothing.
 """
 
-from testbed import kernel_link
-from testbed.kernel_link import (
+from testbed import _kernel_link as kernel_link
+from testbed._kernel_link import (
     EmulatedLink,
     LinkEmulationError,
     LinkEmulationUnavailable,
@@ -31,10 +31,10 @@ from testbed.kernel_link import (
     tbf_parameters,
     unavailable_reason,
 )
-from testbed.namespace_host import own_peer, serve_in
-from testbed.ports import free_port
-from testbed.relay import DelayRelay
-from testbed.schedule import RateSchedule, RateStep, trace_steps
+from testbed._namespace_host import own_peer, serve_in
+from testbed._ports import free_port
+from testbed._relay import DelayRelay
+from testbed._schedule import RateSchedule, RateStep, trace_steps
 
 __all__ = [
     "DelayRelay",

@@ -1,5 +1,5 @@
 """``python -m testbed COMMAND``: the testbed's commands (as root). ``replay``: a trace's link, run again
-(:mod:`testbed.replay`). The board in a box has its own: ``python -m testbed.board_box``."""
+(:mod:`testbed._replay`). The board in a box has its own: ``python -m testbed.board_box``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from splitedge.lifecycle import exit_on_signals
-from testbed import replay
+from testbed import _replay as replay
 
 
 def build_parser() -> argparse.ArgumentParser:

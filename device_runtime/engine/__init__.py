@@ -6,13 +6,13 @@ fraction of the cost with OpenCV (:func:`fast_preprocess`) where the bundle meas
 answer alike (:func:`preprocess_path`).
 """
 
-from device_runtime.engine.backend import Backend, OnnxBackend, check_input, load_backend
-from device_runtime.engine.cpus import session_options, usable_cpus
-from device_runtime.engine.litert_backend import LiteRTBackend
-from device_runtime.engine.fast_preprocess import fast_preprocess
-from device_runtime.engine.preprocess import preprocess
-from device_runtime.engine.preprocess_path import EXACT, FAST, FAST_AGREEMENT, PREPROCESS_PATHS, preprocess_path
-from device_runtime.engine.runner import AUTO, INT8_MARGIN, PRECISIONS, DeviceRunner, default_split, prefers_int8
+from device_runtime.engine._backend import Backend, OnnxBackend, check_input, load_backend
+from device_runtime.engine._cpus import session_options, usable_cpus
+from device_runtime.engine._litert_backend import LiteRTBackend
+from device_runtime.engine._fast_preprocess import fast_preprocess
+from device_runtime.engine._preprocess import preprocess
+from device_runtime.engine._preprocess_path import EXACT, FAST, FAST_AGREEMENT, PREPROCESS_PATHS, preprocess_path
+from device_runtime.engine._runner import AUTO, INT8_MARGIN, PRECISIONS, DeviceRunner, default_split, prefers_int8
 
 __all__ = [
     "AUTO",

@@ -7,7 +7,7 @@ transfer stamps (``TCP_INFO``, ACK and receive stamps: :func:`kernel_timing_supp
 :class:`UploadTiming`) time each upload for the link estimate.
 
 This room sits on the contract (:mod:`device_runtime.wire`) and is no part of it: the board's
-rooms use it, and the host imports it only where it dials its peers (``host_runtime/peers.py``:
+rooms use it, and the host imports it only where it dials its peers (``host_runtime/_peers.py``:
 a chain's next hops and the links measured to them).
 """
 

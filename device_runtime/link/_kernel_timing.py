@@ -26,7 +26,7 @@ Each ``tcp_info`` field is read only if the kernel's struct is long enough to ha
 (``tcpi_bytes_acked`` since Linux 4.1, ``tcpi_min_rtt`` 4.6, ``tcpi_delivery_rate`` 4.9,
 ``tcpi_rwnd_limited`` 4.10): an older kernel's missing fields are None, and where a piece is
 missing (not Linux, TLS, an old kernel) the device's own timing stands in
-(:class:`~device_runtime.hosts.link_meter.LinkMeter`); ``split-device info`` says which.
+(:class:`~device_runtime.hosts._link_meter.LinkMeter`); ``split-device info`` says which.
 """
 
 from __future__ import annotations

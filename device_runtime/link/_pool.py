@@ -1,7 +1,7 @@
 """Connections to several hosts by address, made on first use, kept, bounded, and made again after a failure.
 
 Whoever talks to more than one host at once needs this: a host passing a chain's stage on to the
-next hop (:mod:`host_runtime.peers`), and a board scattering a semantic split's fragments over a
+next hop (:mod:`host_runtime._peers`), and a board scattering a semantic split's fragments over a
 fleet (:mod:`device_runtime.stream._fragments`). One connection per host, shared by every request
 to it, never one per request; two callers asking for the same host at once share one connect.
 

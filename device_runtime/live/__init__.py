@@ -10,10 +10,10 @@ Nothing here reaches the network beyond the address it is given, and nothing on 
 from elsewhere.
 """
 
-from device_runtime.live.board_state import LiveBoard
-from device_runtime.live.http import HttpConnection, HttpRequest, WalledServer, Walls
-from device_runtime.live.page import page
-from device_runtime.live.server import LIVE_WALLS, LiveServer, LiveSource, live_flag, live_token, parse_live_address
+from device_runtime.live._board_state import LiveBoard
+from device_runtime.live._http import HttpConnection, HttpRequest, WalledServer, Walls
+from device_runtime.live._page import page
+from device_runtime.live._server import LIVE_WALLS, LiveServer, LiveSource, live_flag, live_token, parse_live_address
 
 __all__ = [
     "LIVE_WALLS", "HttpConnection", "HttpRequest", "LiveBoard", "LiveServer", "LiveSource", "WalledServer", "Walls", "live_flag",

@@ -16,7 +16,7 @@ aspect; each camera says what it asked for and what it got (:meth:`FrameSource.n
 
 OpenCV decodes to BGR; the RGB image is a view of the decoded one with the channel axis
 reversed (``[..., ::-1]``), not a copy: preprocessing reads it once to resize it (through
-the memory as it lies, :mod:`device_runtime.engine.preprocess`), and a copy would cost a
+the memory as it lies, :mod:`device_runtime.engine._preprocess`), and a copy would cost a
 frame's worth of memory traffic for nothing.
 """
 

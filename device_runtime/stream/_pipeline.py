@@ -26,7 +26,7 @@ for whoever answers it: the connected host, a chain's with its route
 (:class:`~device_runtime.stream._probing.LinkProber`).
 
 Which split each batch takes is the policy's (:mod:`device_runtime.stream._policy`): fixed, or the
-calibration table's choice for the current rate estimate (:mod:`device_runtime.hosts.link_meter`),
+calibration table's choice for the current rate estimate (:mod:`device_runtime.hosts._link_meter`),
 which comes from the stream's own transfers and, while nothing is offloaded, from probes. The
 policy says why (:class:`~device_runtime.stream._reason.Reason`), and each frame's result carries
 it; a batch the board answers instead says so (``fallback``, ``deadline``, ``no_host``).

@@ -143,8 +143,8 @@ class SplitPolicy(Protocol):
         """The split for the next batch and why (:class:`~device_runtime.stream._reason.Reason`).
 
         ``rate_bps``: the rate estimate, capped while an upload is overdue or crossing slowly
-        (:attr:`device_runtime.hosts.link_meter.LinkMeter.rate_bps`), ``uncapped_bps`` the estimate
-        without the cap; ``link_busy``: an upload is overdue (:meth:`~device_runtime.hosts.link_meter.LinkMeter.overdue`);
+        (:attr:`device_runtime.hosts._link_meter.LinkMeter.rate_bps`), ``uncapped_bps`` the estimate
+        without the cap; ``link_busy``: an upload is overdue (:meth:`~device_runtime.hosts._link_meter.LinkMeter.overdue`);
         ``deadline_ms``: the batch's deadline, capture to answer (None: none)."""
         ...
 

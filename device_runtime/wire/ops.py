@@ -666,7 +666,7 @@ class ErrorReply:
 @dataclass(slots=True)
 class LinksReply:
     """``links``: address -> (rate bit/s, round trip ms) for each peer measured; ``failed``: address ->
-    why, for each that could not be (unreachable, not allowed: :mod:`host_runtime.peers`)."""
+    why, for each that could not be (unreachable, not allowed: :mod:`host_runtime._peers`)."""
 
     id: Any
     links: dict[str, tuple[float, float]]

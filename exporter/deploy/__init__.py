@@ -2,14 +2,14 @@
 
 No torch: ``split-export deploy`` runs wherever splitedge's runtimes are installed. A
 :class:`Fleet` slices a bundle for a board once and deploys it in rolling batches; each board's
-steps (:mod:`exporter.deploy.remote_board`) leave it on a working release whatever fails.
+steps (:mod:`exporter.deploy._remote_board`) leave it on a working release whatever fails.
 """
 
-from exporter.deploy.remote_board import BoardFacts, BoardResult, Release, board_steps, deploy_board, probe, rollback_board
-from exporter.deploy.fleet import Fleet, FleetResult, parse_max_fail
-from exporter.deploy.remote import Remote, UploadStats
+from exporter.deploy._remote_board import BoardFacts, BoardResult, Release, board_steps, deploy_board, probe, rollback_board
+from exporter.deploy._fleet import Fleet, FleetResult, parse_max_fail
+from exporter.deploy._remote import Remote, UploadStats
 
-from exporter.deploy.command import add_deploy_command
+from exporter.deploy._command import add_deploy_command
 
 __all__ = [
     "BoardFacts",

@@ -1,4 +1,4 @@
-"""Boards for deploys: real OpenSSH servers on 127.0.0.1 (:mod:`testbed.ssh_boards`), one per board."""
+"""Boards for deploys: real OpenSSH servers on 127.0.0.1 (:mod:`testbed._ssh_boards`), one per board."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.ssh_boards import SshBoards, install_board_venv, unavailable_reason
+from testbed._ssh_boards import SshBoards, install_board_venv, unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -22,7 +22,7 @@ import pytest
 from device_runtime.bundle import BOARD_PART, Bundle, write_manifest
 from device_runtime._bundle_slice import slice_manifest
 from testbed.board_box import VENV, BoardBox
-from testbed.ssh_boards import one_head_changed
+from testbed._ssh_boards import one_head_changed
 from tests.deploy.conftest import split_export
 
 BOX = os.environ.get("SPLITEDGE_BOARD_ROOT")

@@ -22,10 +22,10 @@ import pytest
 from device_runtime.bundle import BOARD_PART, HEAD, Bundle, write_manifest
 from device_runtime._bundle_slice import slice_manifest
 from exporter.deploy import Fleet, board_steps, probe
-from exporter.deploy.remote_board import BoardResult
+from exporter.deploy._remote_board import BoardResult
 from splitedge.errors import DeployError
 from tests.conftest import start_host
-from testbed.ssh_boards import SshBoards, one_head_changed
+from testbed._ssh_boards import SshBoards, one_head_changed
 from tests.deploy.conftest import needs_boards, split_export
 
 pytestmark = needs_boards
@@ -374,7 +374,7 @@ def test_a_file_changed_within_the_same_second_is_sent_not_linked(make_boards, t
     """rsync's quick check compares size and time; at its default, whole seconds. A release sliced
     within the second of the last one, whose manifest had the same size, once had the old
     manifest hard-linked in (and failed the board's verification): the upload must send it."""
-    from exporter.deploy.remote import Remote
+    from exporter.deploy._remote import Remote
 
     boards = make_boards(board1={})
     home = boards["board1"].home

@@ -19,7 +19,7 @@ import numpy as np
 import device_runtime, device_runtime.cli, host_runtime.cli
 from device_runtime.bundle import Bundle
 from device_runtime.stream._camera import open_source
-from device_runtime.engine.runner import DeviceRunner
+from device_runtime.engine._runner import DeviceRunner
 from device_runtime.stream._pipeline import Pipeline
 from device_runtime.stream._policy import StaticPolicy
 bundle = Bundle.load(sys.argv[1], roles=("head", "full"))

@@ -177,7 +177,7 @@ def test_split_export_slice_runs_without_torch(mobilenet_bundle: Path, tmp_path:
 def test_host_slice_serves_board_slice_with_the_full_bundles_answers(
     mobilenet_bundle: Path, photos_dir: Path, tmp_path: Path,
 ) -> None:
-    from device_runtime.engine.runner import DeviceRunner
+    from device_runtime.engine._runner import DeviceRunner
 
     board = Bundle.load(slice_bundle(mobilenet_bundle, tmp_path / "board", BOARD_PART).out, roles=(HEAD, FULL))
     host_dir = slice_bundle(mobilenet_bundle, tmp_path / "host", HOST_PART).out

@@ -13,10 +13,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from exporter.datasets import load_images  # noqa: E402
-from exporter.graph import CutPoint, TracedModel, find_cut_points, trace  # noqa: E402
-from exporter.models import LoadedModel, load_model  # noqa: E402
-from exporter.train import train_classifier  # noqa: E402
+from exporter._datasets import load_images  # noqa: E402
+from exporter._graph import CutPoint, TracedModel, find_cut_points, trace  # noqa: E402
+from exporter._models import LoadedModel, load_model  # noqa: E402
+from exporter._train import train_classifier  # noqa: E402
 from exporter.zoo import fmnist_vgg  # noqa: E402
 
 SEED = 0

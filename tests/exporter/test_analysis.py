@@ -11,11 +11,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from exporter.analysis import AnalysisSpec, analyze  # noqa: E402
+from exporter._analysis import AnalysisSpec, analyze  # noqa: E402
 from exporter.cli import main  # noqa: E402
-from exporter.datasets import FASHION_MNIST_DIR, DataError, load_images, read_synonyms  # noqa: E402
-from exporter.models import IMAGENET_PREPROCESS, load_model  # noqa: E402
-from exporter.report_schema import ReportError, read_report  # noqa: E402
+from exporter._datasets import FASHION_MNIST_DIR, DataError, load_images, read_synonyms  # noqa: E402
+from exporter._models import IMAGENET_PREPROCESS, load_model  # noqa: E402
+from exporter._report_schema import ReportError, read_report  # noqa: E402
 from exporter.zoo import fmnist_vgg  # noqa: E402
 
 HAVE_FMNIST = (FASHION_MNIST_DIR / "t10k-images-idx3-ubyte.gz").is_file()

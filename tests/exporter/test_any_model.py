@@ -16,10 +16,10 @@ torch = pytest.importorskip("torch")
 from device_runtime import Bundle, FULL  # noqa: E402
 from device_runtime.bundle import IO_NAMES  # noqa: E402
 from exporter.cli import main  # noqa: E402
-from exporter.graph import find_cut_points, split_at, trace  # noqa: E402
-from exporter.models import load_model  # noqa: E402
-from exporter.onnx_export import onnx_bytes  # noqa: E402
-from exporter.validate import RTOL, Chain, OnnxRunner, torch_cases, validate  # noqa: E402
+from exporter._graph import find_cut_points, split_at, trace  # noqa: E402
+from exporter._models import load_model  # noqa: E402
+from exporter._onnx_export import onnx_bytes  # noqa: E402
+from exporter._validate import RTOL, Chain, OnnxRunner, torch_cases, validate  # noqa: E402
 from splitedge.errors import ValidationError  # noqa: E402
 
 USER_NETS = '''
@@ -183,7 +183,7 @@ def test_a_users_transformer_encoder_builds_with_a_cut_after_each_encoder_layer(
 
 def test_block_view_counts_each_encoder_layer_of_vit() -> None:
     """torchvision's vit_b_16: its 12 encoder layers are 12 blocks (the block view said 6 blocks in all)."""
-    from exporter.blocks import block_units
+    from exporter._blocks import block_units
 
     vit = pytest.importorskip("torchvision").models.vit_b_16(weights=None)
     units = block_units(vit)
@@ -319,7 +319,7 @@ def test_a_part_litert_cannot_convert_is_left_out_naming_the_op_and_the_rest_is_
 def test_a_tflite_file_the_interpreter_cannot_load_is_left_out_and_logged_whole(tmp_path: Path, capsys, caplog) -> None:
     """What the interpreter refuses (XNNPack failing to prepare a converted file) is left out as a
     conversion that failed is, its whole error logged for --debug, not the end of the build."""
-    from exporter.build import _optional_tflite
+    from exporter._build import _optional_tflite
     from splitedge.errors import BackendError
 
     (tmp_path / "head").mkdir()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.blocks import block_units, count_blocks
+from exporter._blocks import block_units, count_blocks
 from exporter.cli import main
 
 

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("torch")
 
 from device_runtime.bundle import Bundle  # noqa: E402
-from exporter.build import check_board  # noqa: E402
+from exporter._build import check_board  # noqa: E402
 from exporter.cli import board_formats, main  # noqa: E402
 from splitedge.errors import BoardFitError  # noqa: E402
 
@@ -34,7 +34,7 @@ def test_a_vgg16_sized_head_is_refused_on_the_zero_2w(mobilenet_bundle: Path) ->
 
 
 def test_cli_refuses_and_writes_no_manifest(tmp_path: Path, capsys, monkeypatch) -> None:
-    import exporter.build as build
+    import exporter._build as build
 
     # The size estimate is the real one; only the board is shrunk (to its system's share and 1 MB),
     # so that a small network's export (ONNX and TFLite) shows it, not a VGG16's.

@@ -10,13 +10,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from device_runtime.bundle import Bundle  # noqa: E402
-from device_runtime.engine.backend import OnnxBackend  # noqa: E402
-from exporter.bottleneck import make_autoencoder  # noqa: E402
+from device_runtime.engine._backend import OnnxBackend  # noqa: E402
+from exporter._bottleneck import make_autoencoder  # noqa: E402
 from exporter.cli import main  # noqa: E402
-from exporter.datasets import FASHION_MNIST_DIR, load_images  # noqa: E402
+from exporter._datasets import FASHION_MNIST_DIR, load_images  # noqa: E402
 
 #: The split model may lose at most this much test accuracy against the model it was cut from,
-#: with the default recipe (exporter.bottleneck.BottleneckTraining) on 5000 images, at the
+#: with the default recipe (exporter._bottleneck.BottleneckTraining) on 5000 images, at the
 #: cuts after the first and second pooling stages (latents of 10%).
 ACCURACY_MARGIN = 0.03
 

@@ -37,9 +37,9 @@ from device_runtime.bundle import (  # noqa: E402
 )
 from device_runtime._bundle_slice import slice_bundle  # noqa: E402
 from device_runtime.engine import OnnxBackend, preprocess  # noqa: E402
-from exporter.build import BuildSpec, build_bundle  # noqa: E402
+from exporter._build import BuildSpec, build_bundle  # noqa: E402
 from exporter.cli import main  # noqa: E402
-from exporter.datasets import FASHION_MNIST_DIR  # noqa: E402
+from exporter._datasets import FASHION_MNIST_DIR  # noqa: E402
 from tests.conftest import PHOTOS, TEST_SPLITS  # noqa: E402
 
 CHAIN_ID = "+".join(TEST_SPLITS)  # features_4_conv_2+features_14_conv_2

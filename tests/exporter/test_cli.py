@@ -82,8 +82,8 @@ def test_unknown_model(capsys) -> None:
     [
         ("resnet18", "bad model spec 'resnet18': expected torchvision:NAME or package.module:factory"),
         ("no_such_pkg.models:make", "bad model spec 'no_such_pkg.models:make': cannot import 'no_such_pkg.models'"),
-        ("exporter.models:nothing_here", "exporter.models has no callable 'nothing_here'"),
-        ("exporter.models:IMAGENET_PREPROCESS", "exporter.models has no callable 'IMAGENET_PREPROCESS'"),
+        ("exporter._models:nothing_here", "exporter._models has no callable 'nothing_here'"),
+        ("exporter._models:IMAGENET_PREPROCESS", "exporter._models has no callable 'IMAGENET_PREPROCESS'"),
     ],
 )
 def test_bad_specs(capsys, spec: str, message: str) -> None:
@@ -137,7 +137,7 @@ def test_help_has_examples(capsys) -> None:
 
 def test_the_epochs_default_is_the_trainings_own() -> None:
     """split-export's parser names --epochs' default without importing torch (slice runs without it)."""
-    from exporter.bottleneck import BottleneckTraining
+    from exporter._bottleneck import BottleneckTraining
     from exporter.cli import AE_EPOCHS
 
     assert AE_EPOCHS == BottleneckTraining.ae_epochs

@@ -7,10 +7,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from exporter.cui import CuiChoices, cui_per_image, local_maxima  # noqa: E402
-from exporter.datasets import FASHION_MNIST_DIR, ImageSet, load_images  # noqa: E402
-from exporter.graph import find_cut_points, trace  # noqa: E402
-from exporter.train import accuracy  # noqa: E402
+from exporter._cui import CuiChoices, cui_per_image, local_maxima  # noqa: E402
+from exporter._datasets import FASHION_MNIST_DIR, ImageSet, load_images  # noqa: E402
+from exporter._graph import find_cut_points, trace  # noqa: E402
+from exporter._train import accuracy  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not (FASHION_MNIST_DIR / "t10k-images-idx3-ubyte.gz").is_file(),

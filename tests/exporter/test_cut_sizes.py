@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from exporter.graph import find_cut_points, split_at, split_chain, trace
+from exporter._graph import find_cut_points, split_at, split_chain, trace
 
 SHAPE = (3, 64, 64)
 

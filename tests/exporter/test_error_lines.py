@@ -11,9 +11,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-import exporter.build  # noqa: E402
+import exporter._build  # noqa: E402
 from exporter.cli import main  # noqa: E402
-from exporter.graph import find_cut_points  # noqa: E402
+from exporter._graph import find_cut_points  # noqa: E402
 
 
 def test_a_build_failing_under_its_progress_bar_prints_its_error_on_a_line_of_its_own(
@@ -21,7 +21,7 @@ def test_a_build_failing_under_its_progress_bar_prints_its_error_on_a_line_of_it
 ) -> None:
     def wrong(traced):  # a record the head contradicts: the build fails inside the splits' bar
         return [dataclasses.replace(c, bytes_per_sample=1) if c.id == "_4" else c for c in find_cut_points(traced)]
-    monkeypatch.setattr(exporter.build, "find_cut_points", wrong)
+    monkeypatch.setattr(exporter._build, "find_cut_points", wrong)
     assert main(["build", "exporter.zoo:fmnist_vgg", "--input-shape", "1,28,28", "--splits", "_4",
                  "--out", str(tmp_path / "bundle")]) == 2
     err = capsys.readouterr().err

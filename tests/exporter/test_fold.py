@@ -13,10 +13,10 @@ torch = pytest.importorskip("torch")
 from device_runtime import Bundle, HEAD, Preprocess  # noqa: E402
 from device_runtime.bundle import IO_NAMES  # noqa: E402
 from device_runtime.engine import FAST_AGREEMENT  # noqa: E402
-from exporter.build import Variants  # noqa: E402
-from exporter.fold import normalise, pixels  # noqa: E402
-from exporter.onnx_export import onnx_bytes  # noqa: E402
-from exporter.validate import RTOL, OnnxRunner, compare, validate  # noqa: E402
+from exporter._build import Variants  # noqa: E402
+from exporter._fold import normalise, pixels  # noqa: E402
+from exporter._onnx_export import onnx_bytes  # noqa: E402
+from exporter._validate import RTOL, OnnxRunner, compare, validate  # noqa: E402
 from splitedge.errors import ValidationError  # noqa: E402
 
 SPEC = Preprocess(resize=36, crop=32, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))

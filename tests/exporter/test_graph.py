@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from exporter.graph import split_at  # noqa: E402
+from exporter._graph import split_at  # noqa: E402
 from splitedge.errors import CutPointError  # noqa: E402
 
 # The cut after the logits is not counted: it is local-only inference, which every bundle

@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 
 from device_runtime.bundle import FLOAT32, FULL, HEAD, INT8, MANIFEST_NAME, ONNX, Bundle  # noqa: E402
 from exporter import BuildSpec, build_bundle  # noqa: E402
-from exporter.quantize import MIN_CALIBRATION_SAMPLES, MIN_HELD_OUT  # noqa: E402
+from exporter._quantize import MIN_CALIBRATION_SAMPLES, MIN_HELD_OUT  # noqa: E402
 from splitedge.errors import ExportError  # noqa: E402
 from tests.exporter.test_preprocessing import FACTORY  # noqa: E402
 
@@ -104,18 +104,18 @@ def test_a_calibration_set_too_small_says_what_it_needs_and_leaves_the_old_bundl
 def test_a_build_that_fails_midway_leaves_the_last_good_bundle(
     factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import exporter.build
+    import exporter._build
 
     out = tmp_path / "bundle"
     good = build_bundle(BuildSpec(factory, splits=["a"]), out, progress=False)
-    real = exporter.build.validate
+    real = exporter._build.validate
 
     def failing_on_the_tail(runner, cases, atol, what):
         if "followed by tail" in what:
             raise ExportError(f"{what}: differs from the model")
         return real(runner, cases, atol, what)
 
-    monkeypatch.setattr(exporter.build, "validate", failing_on_the_tail)
+    monkeypatch.setattr(exporter._build, "validate", failing_on_the_tail)
     with pytest.raises(ExportError, match="followed by tail"):
         build_bundle(BuildSpec(factory, splits=["a", "b"]), out, progress=False)
     assert Bundle.load(out).manifest == good

@@ -17,8 +17,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from exporter.build import _labels  # noqa: E402
-from exporter.models import load_model  # noqa: E402
+from exporter._build import _labels  # noqa: E402
+from exporter._models import load_model  # noqa: E402
 from splitedge.errors import ModelSpecError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """Outputs that hardly vary (issue 44): held to RTOL of their spread alone, a correct float32
 artifact of outputs near 1 that vary by 1e-7 was refused for a rounding of one unit in the last
-place. Beside RTOL, validation allows :data:`~exporter.validate.FLOAT32_EPS_FLOOR` float32
+place. Beside RTOL, validation allows :data:`~exporter._validate.FLOAT32_EPS_FLOOR` float32
 epsilons of the outputs' magnitude, and a wrong tail still fails, off by the magnitude or, where
 the spread is above float32's rounding, by the spread."""
 
@@ -15,8 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from exporter.build import VALIDATION_BATCHES, BuildSpec, build_bundle  # noqa: E402
-from exporter.validate import FLOAT32_EPS_FLOOR, RTOL, Case, compare, torch_cases  # noqa: E402
+from exporter._build import VALIDATION_BATCHES, BuildSpec, build_bundle  # noqa: E402
+from exporter._validate import FLOAT32_EPS_FLOOR, RTOL, Case, compare, torch_cases  # noqa: E402
 
 SHAPE = (3, 32, 32)
 EPS = float(np.finfo(np.float32).eps)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from device_runtime.bundle import Preprocess
-from exporter.models import IMAGENET_PREPROCESS, load_model
-from exporter.preprocessing import PreprocessFlags, resolve
+from exporter._models import IMAGENET_PREPROCESS, load_model
+from exporter._preprocessing import PreprocessFlags, resolve
 from splitedge.errors import ModelSpecError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +68,7 @@ def test_a_vit_is_built_for_the_crop_of_the_weights_it_takes(monkeypatch, tmp_pa
     """torchvision builds ViT-B/16 for 224 without weights; its SWAG weights are for 384 (577 position
     embeddings): a file of those is loaded into a model built for 384, its input 384 square."""
     shapes = []
-    monkeypatch.setattr("exporter.models.load_state_dict",
+    monkeypatch.setattr("exporter._models.load_state_dict",
                         lambda module, path: shapes.append(tuple(module.encoder.pos_embedding.shape)))
     loaded = load_model("torchvision:vit_b_16", tmp_path / "vit_b_16_swag-9ac1b537.pth")  # the file's name picks the entry
     assert shapes == [(1, 577, 768)]

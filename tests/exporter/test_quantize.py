@@ -12,12 +12,12 @@ pytest.importorskip("torch")
 
 from device_runtime.bundle import LOCAL, Bundle  # noqa: E402
 from device_runtime.engine import INT8_MARGIN  # noqa: E402
-from device_runtime.engine.backend import OnnxBackend  # noqa: E402
-from device_runtime.engine.runner import DeviceRunner  # noqa: E402
+from device_runtime.engine._backend import OnnxBackend  # noqa: E402
+from device_runtime.engine._runner import DeviceRunner  # noqa: E402
 from device_runtime.link import HostClient  # noqa: E402
 from device_runtime.wire._quantization import quantize  # noqa: E402
 from exporter.cli import main  # noqa: E402
-from exporter.datasets import FASHION_MNIST_DIR, load_images  # noqa: E402
+from exporter._datasets import FASHION_MNIST_DIR, load_images  # noqa: E402
 from tests.conftest import start_host  # noqa: E402
 
 pytestmark = pytest.mark.skipif(

@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 skimage_data = pytest.importorskip("skimage.data")
 
-from exporter.build import BuildSpec, build_bundle  # noqa: E402
-from exporter.fold import pixels  # noqa: E402
-from exporter.validate import Chain, OnnxRunner  # noqa: E402
+from exporter._build import BuildSpec, build_bundle  # noqa: E402
+from exporter._fold import pixels  # noqa: E402
+from exporter._validate import Chain, OnnxRunner  # noqa: E402
 from tests.conftest import PHOTOS  # noqa: E402
 
 

@@ -13,11 +13,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-import exporter.build  # noqa: E402
+import exporter._build  # noqa: E402
 from device_runtime import Bundle, TensorSpec  # noqa: E402
-from exporter.build import VALIDATION_BATCHES, BuildSpec, build_bundle  # noqa: E402
-from exporter.graph import find_cut_points  # noqa: E402
-from exporter.validate import Emitted, OnnxRunner, check_sizes  # noqa: E402
+from exporter._build import VALIDATION_BATCHES, BuildSpec, build_bundle  # noqa: E402
+from exporter._graph import find_cut_points  # noqa: E402
+from exporter._validate import Emitted, OnnxRunner, check_sizes  # noqa: E402
 from splitedge.errors import ValidationError  # noqa: E402
 
 MODEL = BuildSpec("exporter.zoo:fmnist_vgg", input_shape=(1, 28, 28), splits=["_4"])  # _4: 16x28x28, 50,176 B
@@ -30,7 +30,7 @@ def _recorded_as_windows(monkeypatch: pytest.MonkeyPatch, cut_id: str) -> None:
     def wrong(traced):
         return [dataclasses.replace(c, shape=(4, *c.shape[1:]), bytes_per_sample=c.bytes_per_sample // 4)
                 if c.id == cut_id else c for c in find_cut_points(traced)]
-    monkeypatch.setattr(exporter.build, "find_cut_points", wrong)
+    monkeypatch.setattr(exporter._build, "find_cut_points", wrong)
 
 
 def test_a_split_recorded_smaller_than_its_head_emits_fails_in_one_line(

@@ -3,7 +3,7 @@
 This is the exporter's reference test (as minGPT compares its logits with the reference):
 it checks the cut analysis, ``split_at`` and the ONNX export together, in onnxruntime,
 at batch 1 and batch 3 from the same exported files so that the dynamic batch is proven.
-The check here is written out (max abs error) rather than through ``exporter.validate``,
+The check here is written out (max abs error) rather than through ``exporter._validate``,
 so that a bug in the validator cannot hide a bug in the export.
 
 VGG16 runs narrow: torchvision's ``VGG`` built from its configuration "D" (13 convolutions and
@@ -34,9 +34,9 @@ torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 torchvision = pytest.importorskip("torchvision")
 
-from exporter.graph import CutPoint, TracedModel, find_cut_points, split_at, trace  # noqa: E402
-from exporter.models import IMAGENET_PREPROCESS, LoadedModel  # noqa: E402
-from exporter.onnx_export import onnx_bytes  # noqa: E402
+from exporter._graph import CutPoint, TracedModel, find_cut_points, split_at, trace  # noqa: E402
+from exporter._models import IMAGENET_PREPROCESS, LoadedModel  # noqa: E402
+from exporter._onnx_export import onnx_bytes  # noqa: E402
 from tests.exporter.conftest import SEED  # noqa: E402
 
 ATOL = 1e-4

@@ -19,9 +19,9 @@ from torch import nn  # noqa: E402
 from bench.seed003_cnn import CUT_AFTER, INPUT_SHAPE, TABLE_1, keras_params, make  # noqa: E402
 from device_runtime.bundle import FULL, HEAD, LOCAL, Bundle  # noqa: E402
 from device_runtime.engine import OnnxBackend  # noqa: E402
-from exporter.build import BuildSpec, build_bundle  # noqa: E402
-from exporter.fold import pixels  # noqa: E402
-from exporter.graph import find_cut_points, trace  # noqa: E402
+from exporter._build import BuildSpec, build_bundle  # noqa: E402
+from exporter._fold import pixels  # noqa: E402
+from exporter._graph import find_cut_points, trace  # noqa: E402
 
 #: Keras's layer types as torch builds them (a Conv2D or the first Dense with its ReLU).
 KERAS_TYPES = {"Conv2D": nn.Conv2d, "MaxPooling2D": nn.MaxPool2d, "BatchNormalization": nn.modules.batchnorm._BatchNorm,

@@ -33,19 +33,19 @@ from device_runtime.bundle import (  # noqa: E402
     semantic_id,
 )
 from device_runtime._bundle_slice import slice_bundle  # noqa: E402
-from exporter import build as build_module  # noqa: E402
-from exporter.build import BuildSpec, build_bundle  # noqa: E402
+from exporter import _build as build_module  # noqa: E402
+from exporter._build import BuildSpec, build_bundle  # noqa: E402
 from exporter.cli import AE_EPOCHS, SEMANTIC_IMAGES, SEMANTIC_WIDTH, main  # noqa: E402
-from exporter.datasets import FASHION_MNIST_DIR, load_images  # noqa: E402
-from exporter.graph import split_at, trace  # noqa: E402
-from exporter.semantic import (  # noqa: E402
+from exporter._datasets import FASHION_MNIST_DIR, load_images  # noqa: E402
+from exporter._graph import split_at, trace  # noqa: E402
+from exporter._semantic import (  # noqa: E402
     FragmentTraining,
     SemanticOptions,
     group_classes,
     kept_confusion,
     narrow_tail,
 )
-from exporter.train import train_classifier  # noqa: E402
+from exporter._train import train_classifier  # noqa: E402
 from exporter.zoo import fmnist_resnet, fmnist_vgg  # noqa: E402
 from splitedge.errors import ExportError  # noqa: E402
 

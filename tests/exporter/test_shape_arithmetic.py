@@ -8,7 +8,7 @@ import io
 import pytest
 import torch
 
-from exporter.graph import cut_blockers, find_cut_points, split_at, trace
+from exporter._graph import cut_blockers, find_cut_points, split_at, trace
 
 
 class SizesEverywhere(torch.nn.Module):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from exporter.graph import find_cut_points, split_at, trace
+from exporter._graph import find_cut_points, split_at, trace
 from splitedge.errors import CutPointError
 
 SHAPE = (3, 32, 32)

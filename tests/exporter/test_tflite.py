@@ -28,11 +28,11 @@ torchvision = pytest.importorskip("torchvision")
 skimage_data = pytest.importorskip("skimage.data")
 
 from device_runtime.bundle import FULL, HEAD, INT8, IO_NAMES, LOCAL, TAIL, TFLITE, Bundle  # noqa: E402
-from exporter.fold import normalise, pixels  # noqa: E402
-from exporter.graph import split_at, trace  # noqa: E402
-from exporter.onnx_export import export_onnx  # noqa: E402
-from exporter.tflite_export import export_tflite  # noqa: E402
-from exporter.validate import RTOL, Case, Chain, OnnxRunner, TfliteRunner, compare, torch_cases, validate  # noqa: E402
+from exporter._fold import normalise, pixels  # noqa: E402
+from exporter._graph import split_at, trace  # noqa: E402
+from exporter._onnx_export import export_onnx  # noqa: E402
+from exporter._tflite_export import export_tflite  # noqa: E402
+from exporter._validate import RTOL, Case, Chain, OnnxRunner, TfliteRunner, compare, torch_cases, validate  # noqa: E402
 from splitedge.errors import ExportError  # noqa: E402
 from tests.conftest import PHOTOS, TEST_SPLITS  # noqa: E402
 from tests.exporter.conftest import BOARD_SPLIT  # noqa: E402
@@ -204,7 +204,7 @@ def test_a_conversion_prints_nothing_of_its_libraries() -> None:
     """A user converting a model sees splitedge's lines only: TensorFlow's oneDNN note, absl's
     warning about its own set-up, the converter's operation counts and torch's pytree deprecation
     came with every TFLite build. In a process of its own: they print as the libraries first load."""
-    code = ("import torch\nfrom exporter.tflite_export import tflite_bytes\n"
+    code = ("import torch\nfrom exporter._tflite_export import tflite_bytes\n"
             "print(len(tflite_bytes(torch.nn.Conv2d(3, 4, 3), 'head', torch.zeros(1, 3, 8, 8))) > 0)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}  # as a user's shell has them
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,

@@ -14,7 +14,7 @@ pytest.importorskip("litert_torch")
 pytest.importorskip("ai_edge_litert")
 
 from device_runtime.bundle import LOCAL, Bundle  # noqa: E402
-from device_runtime.engine.runner import DeviceRunner  # noqa: E402
+from device_runtime.engine._runner import DeviceRunner  # noqa: E402
 from tests.conftest import run_stream, start_host  # noqa: E402
 from tests.exporter.conftest import BOARD_SPLIT as SPLIT  # noqa: E402
 

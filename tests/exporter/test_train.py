@@ -1,4 +1,4 @@
-"""``exporter.train.train_classifier``: what trains the zoo's Fashion-MNIST networks (make trains the
+"""``exporter._train.train_classifier``: what trains the zoo's Fashion-MNIST networks (make trains the
 suite's once, with ``python -m exporter.zoo``), checked here on a small subset."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from exporter.datasets import FASHION_MNIST_DIR, load_images  # noqa: E402
-from exporter.train import accuracy, train_classifier  # noqa: E402
+from exporter._datasets import FASHION_MNIST_DIR, load_images  # noqa: E402
+from exporter._train import accuracy, train_classifier  # noqa: E402
 from exporter.zoo import fmnist_vgg  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (FASHION_MNIST_DIR / "t10k-images-idx3-ubyte.gz").is_file(),

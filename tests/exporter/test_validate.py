@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from exporter.validate import RTOL, Case, Chain, compare, validate  # noqa: E402
+from exporter._validate import RTOL, Case, Chain, compare, validate  # noqa: E402
 from splitedge.errors import ValidationError  # noqa: E402
 
 

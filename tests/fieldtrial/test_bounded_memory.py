@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from device_runtime.bundle import LOCAL, OFFLOAD
-from fieldtrial import compare
-from fieldtrial import tally as tallying
-from fieldtrial.page import PAGE
-from fieldtrial.report import ESTIMATED, format_summary, summarize, write_report
-from fieldtrial.tally import OTHER, REORDER_WINDOW, Counted, Sample, Tally
-from fieldtrial.trace import MAX_KEPT, MAX_NAME, load_trace
+from fieldtrial import _compare as compare
+from fieldtrial import _tally as tallying
+from fieldtrial._page import PAGE
+from fieldtrial._report import ESTIMATED, format_summary, summarize, write_report
+from fieldtrial._tally import OTHER, REORDER_WINDOW, Counted, Sample, Tally
+from fieldtrial._trace import MAX_KEPT, MAX_NAME, load_trace
 from splitedge import SplitEdgeError
 from tests.fieldtrial.make_big_trace import records
 from tests.fieldtrial.test_report import known_frames, run_record, write_jsonl

@@ -13,10 +13,10 @@ from calibration import calibration_file as cal
 from device_runtime import cli as device_cli
 from device_runtime.bundle import LOCAL, OFFLOAD
 from fieldtrial import commands
-from fieldtrial.compare import COMPARISON_PLOTS, agreement, default_labels, trace_paths, write_comparison
-from fieldtrial.page import PAGE
-from fieldtrial.report import MODEL_PLOT, PLOTS, SUMMARY_FILE, summarize, write_report
-from fieldtrial.trace import TRACE_SCHEMA_4, load_trace
+from fieldtrial._compare import COMPARISON_PLOTS, agreement, default_labels, trace_paths, write_comparison
+from fieldtrial._page import PAGE
+from fieldtrial._report import MODEL_PLOT, PLOTS, SUMMARY_FILE, summarize, write_report
+from fieldtrial._trace import TRACE_SCHEMA_4, load_trace
 from splitedge.errors import SplitEdgeError
 from tests.fieldtrial.test_report import (
     BUNDLE, PNG_MAGIC, assert_png, frame_record, known_frames, run_record, tiny_calibration, write_jsonl,

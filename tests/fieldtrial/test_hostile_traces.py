@@ -16,8 +16,8 @@ import pytest
 
 from device_runtime.bundle import LOCAL
 from fieldtrial import commands
-from fieldtrial.report import SUMMARY_FILE
-from fieldtrial.trace import MAX_LINE_BYTES, MAX_SHOWN, OTHER, load_trace
+from fieldtrial._report import SUMMARY_FILE
+from fieldtrial._trace import MAX_LINE_BYTES, MAX_SHOWN, OTHER, load_trace
 from tests.fieldtrial.test_report import known_frames, run_record, write_jsonl
 from tests.signals import sigterm_ends_it
 

@@ -19,10 +19,10 @@ from calibration.calibration_file import Calibration
 from device_runtime.bundle import LOCAL, OFFLOAD
 from device_runtime.stream._results import FrameResult
 from device_runtime.stream.trace import TRACE_SCHEMA, TraceWriter
-from fieldtrial import plots
-from fieldtrial.report import MODEL_PLOT, NOT_CALIBRATED, PLOTS, SUMMARY_FILE, format_summary, summarize, write_report
-from fieldtrial.timeline import BY_CHOICE, NOT_TOLD
-from fieldtrial.trace import TRACE_SCHEMA_1
+from fieldtrial import _plots as plots
+from fieldtrial._report import MODEL_PLOT, NOT_CALIBRATED, PLOTS, SUMMARY_FILE, format_summary, summarize, write_report
+from fieldtrial._timeline import BY_CHOICE, NOT_TOLD
+from fieldtrial._trace import TRACE_SCHEMA_1
 from splitedge.errors import SplitEdgeError
 
 BUNDLE = "tiny-0123456789ab"
@@ -340,7 +340,7 @@ def test_missing_matplotlib_is_a_clear_error(tmp_path: Path, monkeypatch: pytest
 
 
 def test_importing_the_report_does_not_import_matplotlib() -> None:
-    code = "import sys, fieldtrial.report; print('matplotlib' in sys.modules)"
+    code = "import sys, fieldtrial._report; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "False"

@@ -15,12 +15,12 @@ from calibration import LatencyModel
 from device_runtime.bundle import LOCAL
 from device_runtime.stream import DROP_QUEUE_FULL, FrameResult
 from device_runtime.stream.trace import LINK_RATE, TRACE_SCHEMA, TraceWriter, append_link_rate
-from fieldtrial.report import MODEL_PLOT, NOT_CALIBRATED, PLOTS, SUMMARY_FILE, format_summary, write_report
-from fieldtrial.timeline import NOT_RECORDED
-from fieldtrial.trace import TRACE_SCHEMA_2, load_trace, read_trace
+from fieldtrial._report import MODEL_PLOT, NOT_CALIBRATED, PLOTS, SUMMARY_FILE, format_summary, write_report
+from fieldtrial._timeline import NOT_RECORDED
+from fieldtrial._trace import TRACE_SCHEMA_2, load_trace, read_trace
 from splitedge.errors import SplitEdgeError
 from testbed import RateSchedule, trace_steps
-from testbed.schedule import SET_BY
+from testbed._schedule import SET_BY
 from tests.fieldtrial.test_report import BUNDLE, assert_png, frame_record, run_record, tiny_calibration, write_jsonl
 
 RUN = {"bundle_id": BUNDLE, "policy": "auto", "batch": 1, "calibration": None, "source": "synthetic:10"}

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from fieldtrial.compare import write_comparison
-from fieldtrial.page import PAGE
-from fieldtrial.report import SUMMARY_FILE
+from fieldtrial._compare import write_comparison
+from fieldtrial._page import PAGE
+from fieldtrial._report import SUMMARY_FILE
 from tests.fieldtrial.test_hostile_traces import one_line, report
 from tests.fieldtrial.test_report import known_frames, run_record, write_jsonl
 

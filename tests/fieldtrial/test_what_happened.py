@@ -17,10 +17,10 @@ from device_runtime.bundle import LOCAL, OFFLOAD
 from device_runtime.stream import FrameResult, Reason, RunEvents
 from device_runtime.stream.trace import LINK_RATE, TraceWriter
 from device_runtime.stream._reason import DEADLINE, FALLBACK, TABLE
-from fieldtrial import bounds, commands, plots
-from fieldtrial.page import PAGE
-from fieldtrial.report import SUMMARY_FILE, format_summary, summarize, write_report
-from fieldtrial.timeline import AFTER_DEADLINE, AFTER_FAILURE, BY_CHOICE, local_cause_label, real_rate_steps
+from fieldtrial import _bounds as bounds, commands, _plots as plots
+from fieldtrial._page import PAGE
+from fieldtrial._report import SUMMARY_FILE, format_summary, summarize, write_report
+from fieldtrial._timeline import AFTER_DEADLINE, AFTER_FAILURE, BY_CHOICE, local_cause_label, real_rate_steps
 from tests.fieldtrial.test_compare import _saved
 from tests.fieldtrial.test_report import frame_record, queued_frames, run_record, tiny_calibration, write_jsonl
 

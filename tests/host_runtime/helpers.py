@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from device_runtime.bundle import Bundle
-from device_runtime.engine.backend import OnnxBackend
+from device_runtime.engine._backend import OnnxBackend
 from device_runtime.link import HostClient
 from splitedge.errors import RemoteError
 from tests.conftest import RunningHost

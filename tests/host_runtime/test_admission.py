@@ -12,7 +12,7 @@ import pytest
 
 from device_runtime.bundle import Bundle
 from device_runtime.wire._protocol import encode_bytes
-from host_runtime.batcher import BatchConfig
+from host_runtime._batcher import BatchConfig
 from tests.conftest import TEST_SPLITS, start_host
 from tests.host_runtime.helpers import Held, cut, infer, run_with_client, unbatched
 from tests.host_runtime.test_server import raw_connection, read_reply
@@ -276,8 +276,8 @@ def test_a_worker_takes_its_share_of_the_queue_and_leaves_the_rest_to_the_next(
 def test_a_host_shares_its_queue_among_workers_on_the_cpu_and_not_on_cuda(mobilenet_bundle) -> None:
     """Unless told, the host decides by its tails' device: on CUDA a launch costs about as much
     whatever its batch, so a worker takes all it may there."""
-    from host_runtime.server import HostServer, ServerConfig
-    from host_runtime.tails import TailRegistry
+    from host_runtime._server import HostServer, ServerConfig
+    from host_runtime._tails import TailRegistry
 
     registry = TailRegistry.from_paths([mobilenet_bundle], threads=1, device="cpu")
     assert HostServer(registry, ServerConfig()).batcher.config.share is True

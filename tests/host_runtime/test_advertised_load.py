@@ -9,9 +9,9 @@ import pytest
 
 from device_runtime.bundle import Bundle
 from device_runtime.link import HostClient
-from device_runtime.hosts.discovery import HostAdvert, discover
-from host_runtime.advertise import Advertiser
-from host_runtime.batcher import BatchConfig, LoadMeter
+from device_runtime.hosts._discovery import HostAdvert, discover
+from host_runtime._advertise import Advertiser
+from host_runtime._batcher import BatchConfig, LoadMeter
 from tests.conftest import TEST_SPLITS, RunningHost, start_host
 from tests.host_runtime.helpers import Held, cut
 

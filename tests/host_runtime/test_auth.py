@@ -21,12 +21,12 @@ import pytest
 
 from device_runtime.bundle import Bundle
 from device_runtime.link import Credentials, HostClient
-from device_runtime.hosts.connect import connect_host
-from device_runtime.hosts.discovery import discover
+from device_runtime.hosts._connect import connect_host
+from device_runtime.hosts._discovery import discover
 from device_runtime.wire._auth import DeviceAuth
 from device_runtime.wire._protocol import decode, encode
 from device_runtime.wire._tls import client_context, server_context
-from host_runtime.advertise import Advertiser
+from host_runtime._advertise import Advertiser
 from splitedge.errors import AuthenticationError, HostUnavailableError
 from tests.conftest import TEST_SPLITS, RunningHost, start_host
 from tests.host_runtime.test_server import ATOL, cut_tensor

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from device_runtime.bundle import Bundle, write_manifest
-from host_runtime.batcher import BatchConfig
+from host_runtime._batcher import BatchConfig
 from tests.conftest import TEST_SPLITS, start_host
 from tests.host_runtime.helpers import cut, infer, port_from_log, run_with_client, serve_process, unbatched
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from device_runtime.bundle import FULL, HEAD, LOCAL, Bundle
-from device_runtime.engine.backend import OnnxBackend
-from device_runtime.engine.runner import DeviceRunner
+from device_runtime.engine._backend import OnnxBackend
+from device_runtime.engine._runner import DeviceRunner
 from device_runtime.link import Credentials, HostClient, Leg
-from device_runtime.hosts.host_link import HostLink
+from device_runtime.hosts._host_link import HostLink
 from device_runtime.stream._camera import open_source
 from device_runtime.stream._pipeline import Pipeline, PipelineConfig
 from device_runtime.stream._policy import StaticPolicy

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from host_runtime.cli import main
-from host_runtime.event_loop import loop_runner
+from host_runtime._event_loop import loop_runner
 from splitedge.errors import SplitEdgeError
 
 

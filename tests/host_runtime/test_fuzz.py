@@ -56,7 +56,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from device_runtime.bundle import Bundle
-from device_runtime.engine.backend import OnnxBackend
+from device_runtime.engine._backend import OnnxBackend
 from device_runtime.wire._protocol import DTYPES, ERROR_CODES, MAX_NDIM, OPS, PROTOCOL_VERSION
 from device_runtime.wire._quantization import dequantize
 from tests.conftest import TEST_SPLITS

@@ -18,8 +18,8 @@ import pytest
 
 from device_runtime.bundle import Bundle
 from host_runtime import cli as host_cli
-from host_runtime.batcher import BatchConfig
-from host_runtime.tails import (
+from host_runtime._batcher import BatchConfig
+from host_runtime._tails import (
     CPU,
     CUDA,
     TF32_ERROR,
@@ -204,7 +204,7 @@ class Counting:
 
 def counting_host(mobilenet_bundle, **batching):
     """A host whose tails count their runs, started (and warmed) only once they count."""
-    from host_runtime.server import HostServer, ServerConfig
+    from host_runtime._server import HostServer, ServerConfig
 
     registry = TailRegistry.from_paths([mobilenet_bundle], threads=1, device="cpu")
     registry.tails = {key: Counting(tail) for key, tail in registry.tails.items()}
@@ -375,7 +375,7 @@ def test_each_worker_thread_binds_each_session_once(bundle) -> None:
 def test_the_host_warms_and_runs_each_bucket_on_its_own_session(mobilenet_bundle, bundle) -> None:
     """The host as it runs on CUDA, forced on the CPU: its warm-up runs every bucket's session once, and
     a request of 3 samples then runs on the session of 4, answered with its own rows only."""
-    from host_runtime.server import HostServer, ServerConfig
+    from host_runtime._server import HostServer, ServerConfig
     from device_runtime.link import HostClient
 
     registry = TailRegistry([bundle], threads=1, device="cpu", buckets=BUCKETS, per_bucket=True)

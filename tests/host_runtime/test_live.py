@@ -17,7 +17,7 @@ import pytest
 from device_runtime.bundle import Bundle
 from device_runtime.live import live_token
 from device_runtime.link import HostClient
-from host_runtime.live import serve_live
+from host_runtime._live import serve_live
 from tests.conftest import TEST_SPLITS, RunningHost, start_host
 from tests.e2e.test_cli import script, wait_for_line
 from tests.device_runtime.live.browser import browser, read, until  # noqa: F401 (browser: a fixture)

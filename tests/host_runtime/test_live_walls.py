@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from host_runtime.limits import Activity
-from host_runtime.live import BOARDS_SHOWN, STATE_EVERY_S, HostLive
+from host_runtime._limits import Activity
+from host_runtime._live import BOARDS_SHOWN, STATE_EVERY_S, HostLive
 from tests.device_runtime.live.sockets import Clock
 
 

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from device_runtime.bundle import Bundle
 from device_runtime.wire.ops import OPS
-from host_runtime.metrics import stats_from
+from host_runtime._metrics import stats_from
 from tests.conftest import TEST_SPLITS, start_host
 from tests.host_runtime.helpers import cut, infer, run_with_client
 

@@ -27,10 +27,10 @@ import pytest
 
 from host_runtime.cli import build_parser, main
 from device_runtime.live import Walls
-from host_runtime.metrics_http import (METRICS_WALLS, MetricsEndpoint, endpoint_token, is_loopback, metrics_token,
+from host_runtime._metrics_http import (METRICS_WALLS, MetricsEndpoint, endpoint_token, is_loopback, metrics_token,
                                        read_token_file)
-from host_runtime.procs import serve_summed_metrics
-from host_runtime.server import ServerConfig
+from host_runtime._procs import serve_summed_metrics
+from host_runtime._server import ServerConfig
 from splitedge import SplitEdgeError
 from tests.conftest import start_host
 from tests.device_runtime.live.sockets import GENEROUS_S, Clock, closed_by_peer, exchange, wait_for

@@ -23,10 +23,10 @@ from device_runtime.link import HostClient
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from host_runtime.metrics import HostStats
+from host_runtime._metrics import HostStats
 from host_runtime import cli as host_cli
 from host_runtime.cli import build_parser
-from host_runtime.procs import AUTO, auto_procs, sum_scrapes
+from host_runtime._procs import AUTO, auto_procs, sum_scrapes
 from tests.conftest import TEST_SPLITS
 from tests.host_runtime.helpers import cut, port_from_log, serve_process, unbatched
 

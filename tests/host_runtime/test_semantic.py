@@ -18,9 +18,9 @@ import pytest
 
 from calibration.bandit import Bandit, LAYER, SEMANTIC
 from device_runtime.bundle import HEAD, Bundle
-from device_runtime.engine.backend import OnnxBackend
-from device_runtime.engine.runner import DeviceRunner
-from device_runtime.hosts.host_link import HostLink
+from device_runtime.engine._backend import OnnxBackend
+from device_runtime.engine._runner import DeviceRunner
+from device_runtime.hosts._host_link import HostLink
 from device_runtime.link import ClientPool
 from device_runtime.stream._camera import Frame, FrameSource, open_source
 from device_runtime.stream._fragments import FragmentRequest, merge

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from device_runtime.bundle import LOCAL, Bundle
-from device_runtime.engine.backend import OnnxBackend
+from device_runtime.engine._backend import OnnxBackend
 from device_runtime.link import HostClient
 from device_runtime.wire._protocol import decode, encode_bytes
 from splitedge.errors import RemoteError
@@ -302,7 +302,7 @@ def test_uint8_is_dequantized_on_a_worker_not_the_event_loop(host: RunningHost, 
     (issue 45): it is dequantized where the tail runs, and a wrong shape is still refused at once."""
     import threading
 
-    import host_runtime.batcher as batcher
+    import host_runtime._batcher as batcher
     from device_runtime.wire._quantization import affine_params, quantize
 
     threads = []

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from host_runtime import cli as host_cli
-from host_runtime.settings import HostSettings
+from host_runtime._settings import HostSettings
 from tests.device_runtime.test_bundle_slice import fake_bundle
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from host_runtime.cli import build_parser
-from host_runtime.settings import HostSettings
+from host_runtime._settings import HostSettings
 from splitedge import SettingError
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from device_runtime.bundle import Bundle
 from host_runtime import cli as host_cli
-from host_runtime.tails import TailRegistry
+from host_runtime._tails import TailRegistry
 from splitedge.errors import BackendError
 from tests.host_runtime.helpers import run_with_client
 

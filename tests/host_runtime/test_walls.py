@@ -30,10 +30,10 @@ import pytest
 from device_runtime.bundle import OFFLOAD, Bundle
 from device_runtime.link import Credentials, HostClient
 from device_runtime.wire._protocol import decode, encode_bytes
-from host_runtime import limits
+from host_runtime import _limits as limits
 from host_runtime.cli import main
-from host_runtime.limits import ACCEPT_WARNING_PERIOD_S, AcceptFailures
-from host_runtime.profiling import MAX_PROFILE_SAMPLES, PROFILE_WARMUP
+from host_runtime._limits import ACCEPT_WARNING_PERIOD_S, AcceptFailures
+from host_runtime._profiling import MAX_PROFILE_SAMPLES, PROFILE_WARMUP
 from splitedge.errors import HostUnavailableError
 from tests.conftest import TEST_SPLITS, RunningHost, start_host
 from tests.host_runtime.helpers import cut, port_from_log, serve_process
@@ -243,7 +243,7 @@ def test_a_profile_counts_against_admission_and_load_like_other_work() -> None:
     load while it runs: refused when the queue is full, counted in ``load()`` meanwhile."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from host_runtime.batcher import BatchConfig, Batcher
+    from host_runtime._batcher import BatchConfig, Batcher
     from splitedge.errors import ProtocolError
 
     with ThreadPoolExecutor(1) as executor:

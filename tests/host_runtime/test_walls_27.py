@@ -33,8 +33,8 @@ from device_runtime import OFFLOAD, Bundle
 from device_runtime.link import ClientPool
 from device_runtime.wire import PROTOCOL_VERSION, encode_bytes, encode_message
 from device_runtime.wire.ops import HelloReply, MAX_LINKS_REQUEST_BYTES, ProfileRequest
-from host_runtime.profiling import Costs, ProfileStopped, plan_profile, run_profile
-from host_runtime.tails import TailRegistry
+from host_runtime._profiling import Costs, ProfileStopped, plan_profile, run_profile
+from host_runtime._tails import TailRegistry
 from splitedge.errors import HostUnavailableError
 from tests.conftest import TEST_SPLITS, RunningHost, start_host
 from tests.host_runtime.helpers import Held, cut

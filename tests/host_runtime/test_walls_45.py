@@ -28,8 +28,8 @@ from device_runtime.link import Credentials
 from device_runtime.wire import server_context
 from device_runtime.wire._tls import client_context
 from host_runtime.cli import _Stop
-from host_runtime.profiling import Costs, ProfilePlan, probe, run_profile
-from host_runtime.server import teardown_reserve
+from host_runtime._profiling import Costs, ProfilePlan, probe, run_profile
+from host_runtime._server import teardown_reserve
 from splitedge.errors import ProtocolError
 from tests.conftest import TEST_SPLITS, start_host
 from tests.host_runtime.test_auth import certs, with_client  # noqa: F401 (a fixture)

@@ -1,7 +1,7 @@
 """The trace readers fuzzed (issue 45: traces are untrusted input): whatever bytes a trace holds,
 :func:`splitedge.reading.trace_lines`, :func:`~splitedge.reading.trace_json`,
 :func:`~splitedge.reading.trace_records` and the report's reading of records
-(:func:`fieldtrial.trace.load_trace`, then the summary) give records, or a :class:`SplitEdgeError`
+(:func:`fieldtrial._trace.load_trace`, then the summary) give records, or a :class:`SplitEdgeError`
 of one line naming the file and the line; never another exception. Derandomized, and a few hundred
 examples each: the same cases every run, in a few seconds."""
 
@@ -18,8 +18,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from device_runtime.stream.trace import TRACE_SCHEMA
-from fieldtrial.report import strict_json, summarize
-from fieldtrial.trace import load_trace, records_waits
+from fieldtrial._report import strict_json, summarize
+from fieldtrial._trace import load_trace, records_waits
 from splitedge import SplitEdgeError, reading
 
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None)

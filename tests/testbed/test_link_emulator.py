@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import pytest
 
 from splitedge.errors import SplitEdgeError
-from testbed.kernel_link import GSO_MAX_BYTES, GSO_MAX_SEGS, gso_segments
+from testbed._kernel_link import GSO_MAX_BYTES, GSO_MAX_SEGS, gso_segments
 from testbed import (
     FRAME_BYTES,
     DelayRelay,

@@ -19,16 +19,16 @@ from device_runtime import cli as device_cli
 from device_runtime.bundle import Bundle
 from device_runtime.stream import FrameResult
 from device_runtime.stream.trace import LINK_RATE, TraceWriter
-from fieldtrial.compare import write_comparison
+from fieldtrial._compare import write_comparison
 from splitedge.errors import SplitEdgeError
 from testbed import RateSchedule, unavailable_reason
 from testbed import __main__ as testbed_main
-from testbed.replay import (
+from testbed._replay import (
     ESTIMATES, LINK_RATES, MEASURED, OWN, RECORD_FILE, RECORDED, TRACE_FILE, board_argv, board_speed, board_times,
     read_trace,
     recorded_link, remaining, replay, replay_source,
 )
-from testbed.schedule import SET_BY
+from testbed._schedule import SET_BY
 from tests.conftest import TEST_SPLITS
 
 REASON = unavailable_reason()

@@ -18,7 +18,7 @@ import pytest
 from splitedge.errors import SplitEdgeError
 from testbed import __main__ as testbed_main
 from testbed import unavailable_reason
-from testbed.replay import MAX_LINE_BYTES, MAX_T_S, read_trace, recorded_link, replay_source
+from testbed._replay import MAX_LINE_BYTES, MAX_T_S, read_trace, recorded_link, replay_source
 from tests.conftest import TEST_SPLITS
 from tests.signals import sigterm_ends_it
 

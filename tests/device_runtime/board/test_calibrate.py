@@ -28,7 +28,7 @@ from device_runtime.board._calibrate import (
 )
 from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle, write_manifest
 from device_runtime.cli import main
-from device_runtime.engine.runner import DeviceRunner
+from device_runtime.engine._runner import DeviceRunner
 from device_runtime.stream._reason import FALLBACK, KINDS, REFINED, TABLE, UPLOAD_CAP
 from device_runtime.wire.ops import HelloReply
 from splitedge.errors import BundleError, RemoteError

@@ -15,7 +15,7 @@ from device_runtime.board._calibrate import Rounds, profile_host
 from device_runtime.bundle import OFFLOAD, Bundle
 from device_runtime.cli import main
 from device_runtime.wire.ops import HelloReply
-from host_runtime.profiling import PLANNED_SHARE
+from host_runtime._profiling import PLANNED_SHARE
 from splitedge.errors import RemoteError
 from tests.conftest import TEST_CHAIN, TEST_SPLITS, start_host
 from tests.device_runtime.board.test_calibrate import Slow
@@ -23,7 +23,7 @@ from tests.device_runtime.board.test_calibrate import Slow
 
 class BudgetedHost:
     """A host client's stand-in whose one tail costs ``ms_per_sample`` of the host's time a sample,
-    and whose ``profile`` keeps a real host's rules (:func:`host_runtime.profiling.run_profile`):
+    and whose ``profile`` keeps a real host's rules (:func:`host_runtime._profiling.run_profile`):
     a request whose one run of each batch size is over ``budget_ms`` is ``bad_request``; otherwise
     its repeats are trimmed, unseen, to what PLANNED_SHARE of the budget holds after a warm-up run.
     ``announce``: whether its hello says its budget (a host from before it did not)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from device_runtime.engine.cpus import cpu_quota, usable_cpus
+from device_runtime.engine._cpus import cpu_quota, usable_cpus
 
 
 def test_usable_cpus_are_the_affinity_cut_to_the_cgroup_quota() -> None:

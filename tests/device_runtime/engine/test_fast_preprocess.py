@@ -17,8 +17,8 @@ import pytest
 
 from device_runtime.bundle import OFFLOAD, Bundle, Preprocess
 from device_runtime.engine import EXACT, FAST, FAST_AGREEMENT, DeviceRunner, fast_preprocess, preprocess, preprocess_path
-from device_runtime.engine.fast_preprocess import fast_pixels
-from device_runtime.engine.preprocess import exact_pixels, model_input
+from device_runtime.engine._fast_preprocess import fast_pixels
+from device_runtime.engine._preprocess import exact_pixels, model_input
 
 cv2 = pytest.importorskip("cv2")
 

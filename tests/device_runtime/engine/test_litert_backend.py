@@ -17,8 +17,8 @@ import pytest
 
 pytest.importorskip("ai_edge_litert")
 
-from device_runtime.engine.backend import load_backend  # noqa: E402
-from device_runtime.engine.litert_backend import LiteRTBackend  # noqa: E402
+from device_runtime.engine._backend import load_backend  # noqa: E402
+from device_runtime.engine._litert_backend import LiteRTBackend  # noqa: E402
 from device_runtime.wire._quantization import dequantize, quantize  # noqa: E402
 from splitedge.errors import BackendError  # noqa: E402
 
@@ -29,8 +29,8 @@ def head_tflite(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch = pytest.importorskip("torch")
     torchvision = pytest.importorskip("torchvision")
     pytest.importorskip("litert_torch")
-    from exporter.graph import split_at, trace
-    from exporter.tflite_export import export_tflite
+    from exporter._graph import split_at, trace
+    from exporter._tflite_export import export_tflite
 
     torch.manual_seed(0)
     head, _ = split_at(trace(torchvision.models.mobilenet_v2(), (3, 224, 224)), "features_4_conv_2")
@@ -105,7 +105,7 @@ def test_a_board_starting_its_interpreter_prints_nothing_of_litert(head_tflite: 
     """LiteRT's C++ writes 'INFO: Created TensorFlow Lite XNNPACK delegate for CPU.' to stderr as a
     process's first interpreter starts: a line at every start of a board's run, and in its journal.
     In a process of its own, as a board's run is."""
-    code = ("import sys, numpy as np\nfrom device_runtime.engine.litert_backend import LiteRTBackend\n"
+    code = ("import sys, numpy as np\nfrom device_runtime.engine._litert_backend import LiteRTBackend\n"
             "print('before', file=sys.stderr, flush=True)\n"
             f"backend = LiteRTBackend({str(head_tflite)!r}, threads=1)\n"
             "print(backend.run(np.zeros((1, 3, 224, 224), np.float32)).shape)")
@@ -117,7 +117,7 @@ def test_a_board_starting_its_interpreter_prints_nothing_of_litert(head_tflite: 
 
 
 def test_what_else_reaches_stderr_meanwhile_is_passed_on_in_order(capfd: pytest.CaptureFixture[str]) -> None:
-    from device_runtime.engine.litert_backend import _without_delegate_notice
+    from device_runtime.engine._litert_backend import _without_delegate_notice
 
     with _without_delegate_notice():
         os.write(2, b"ERROR: one\nINFO: Created TensorFlow Lite XNNPACK delegate for CPU.\nERROR: two\n")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from device_runtime.bundle import Preprocess
-from device_runtime.engine.preprocess import preprocess, resize_matrix, resize_taps
+from device_runtime.engine._preprocess import preprocess, resize_matrix, resize_taps
 
 IMAGENET = dict(resize=256, crop=224, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
 # torchvision rounds its resized uint8 image; ours rounds a float image computed in another

@@ -11,8 +11,8 @@ import pytest
 from device_runtime.bundle import LOCAL, Bundle, write_manifest
 from device_runtime._bundle_slice import slice_bundle
 from device_runtime.engine import INT8_MARGIN, prefers_int8
-from device_runtime.engine.runner import DeviceRunner, default_split
-from device_runtime.hosts.connect import connect_host
+from device_runtime.engine._runner import DeviceRunner, default_split
+from device_runtime.hosts._connect import connect_host
 from device_runtime.stream._camera import open_source
 from splitedge.errors import BundleError, HostUnavailableError
 from tests.conftest import TEST_SPLITS, RunningHost, run_stream, until

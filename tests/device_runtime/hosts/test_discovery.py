@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from device_runtime.hosts.discovery import discover
-from host_runtime.advertise import Advertiser
+from device_runtime.hosts._discovery import discover
+from host_runtime._advertise import Advertiser
 
 LOOPBACK = ["127.0.0.1"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from calibration import RateEstimator
-from device_runtime.hosts.link_meter import LinkMeter
+from device_runtime.hosts._link_meter import LinkMeter
 from device_runtime.wire import ErrorCode
 from splitedge.errors import HostUnavailableError, RemoteError
 from tests.calibration.test_timing import ManualClock

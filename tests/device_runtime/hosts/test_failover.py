@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from device_runtime.bundle import LOCAL, Bundle
-from device_runtime.engine.runner import DeviceRunner
-from device_runtime.hosts.host_link import HostLink
+from device_runtime.engine._runner import DeviceRunner
+from device_runtime.hosts._host_link import HostLink
 from device_runtime.stream._camera import Frame, Synthetic
 from device_runtime.stream._pipeline import Pipeline, PipelineConfig
 from device_runtime.stream._policy import StaticPolicy
-from host_runtime.advertise import Advertiser
+from host_runtime._advertise import Advertiser
 from splitedge.errors import HostUnavailableError
 from tests.conftest import TEST_SPLITS, run_stream, start_host, until
 

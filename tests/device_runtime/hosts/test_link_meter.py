@@ -10,7 +10,7 @@ import pytest
 from calibration import RateEstimator
 from device_runtime.link import InferResult
 from device_runtime.link import UploadTiming
-from device_runtime.hosts.link_meter import OVERDUE_FACTOR, OVERDUE_SLACK_S, PROBE_MAX_BYTES, LinkMeter, probe_bytes
+from device_runtime.hosts._link_meter import OVERDUE_FACTOR, OVERDUE_SLACK_S, PROBE_MAX_BYTES, LinkMeter, probe_bytes
 from tests.calibration.test_timing import ManualClock
 
 PAYLOAD = 602_112  # a 224x224 float32 image: a full offload

@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from zeroconf.asyncio import AsyncServiceInfo
 
-from device_runtime.hosts.discovery import discover
+from device_runtime.hosts._discovery import discover
 from device_runtime.wire._protocol import PROTOCOL_VERSION
 from device_runtime.wire.txt import MAX_BUNDLES, SERVICE_TYPE, TxtRecord, open_zeroconf, parse_txt, txt_record
-from host_runtime.advertise import Advertiser
+from host_runtime._advertise import Advertiser
 
 LOOPBACK = ["127.0.0.1"]
 GOOD = {b"proto": str(PROTOCOL_VERSION).encode(), b"bundles": b"b1,b2", b"load": b"0.250", b"auth": b"1"}

@@ -332,7 +332,7 @@ def test_an_upload_crossing_slowly_shows_its_rate_before_it_is_done() -> None:
 
 
 def test_the_meter_is_capped_by_an_upload_crossing_slower_than_it_says() -> None:
-    from device_runtime.hosts.link_meter import CROSSING_MIN_S, LinkMeter
+    from device_runtime.hosts._link_meter import CROSSING_MIN_S, LinkMeter
     from calibration import RateEstimator
 
     meter = LinkMeter(RateEstimator(initial_bps=50e6))

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from device_runtime.live import LiveBoard, LiveServer, live_token, parse_live_address
-from device_runtime.live.board_state import FRAMES_SENT, RESULTS_KEPT
-from device_runtime.live.ring import Ring
-from device_runtime.live.server import MAX_STREAMS
+from device_runtime.live._board_state import FRAMES_SENT, RESULTS_KEPT
+from device_runtime.live._ring import Ring
+from device_runtime.live._server import MAX_STREAMS
 from device_runtime.stream import Frame, FrameResult, FrameSource
 from splitedge import SplitEdgeError
 

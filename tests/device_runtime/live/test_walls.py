@@ -15,7 +15,7 @@ import threading
 from dataclasses import replace
 
 from device_runtime.live import LiveServer, live_token
-from device_runtime.live.server import LIVE_WALLS, MAX_CONNECTIONS
+from device_runtime.live._server import LIVE_WALLS, MAX_CONNECTIONS
 from tests.device_runtime.live.sockets import GENEROUS_S, Clock, Counted, closed_by_peer, exchange, half_open, wait_for
 
 POLL = b"GET /state.json HTTP/1.1\r\nHost: x\r\n\r\n"

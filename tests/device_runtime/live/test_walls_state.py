@@ -17,10 +17,10 @@ from dataclasses import replace
 
 import pytest
 
-import device_runtime.live.board_state as board_state
+import device_runtime.live._board_state as board_state
 from device_runtime.live import LiveBoard, LiveServer
-from device_runtime.live.board_state import FRAMES_SENT, FRAMES_SENT_BYTES
-from device_runtime.live.server import LIVE_WALLS, WHOLE_STATE_S
+from device_runtime.live._board_state import FRAMES_SENT, FRAMES_SENT_BYTES
+from device_runtime.live._server import LIVE_WALLS, WHOLE_STATE_S
 from device_runtime.stream import FrameResult
 from tests.device_runtime.live.sockets import GENEROUS_S, Clock, Counted, exchange, wait_for
 

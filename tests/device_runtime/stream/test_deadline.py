@@ -12,11 +12,11 @@ from typing import Callable, Iterator
 
 import pytest
 
-import host_runtime.batcher
+import host_runtime._batcher
 from device_runtime import cli as device_cli
 from device_runtime.bundle import LOCAL, Bundle
-from device_runtime.engine.runner import DeviceRunner
-from device_runtime.hosts.host_link import HostLink
+from device_runtime.engine._runner import DeviceRunner
+from device_runtime.hosts._host_link import HostLink
 from device_runtime.stream._camera import FrameSource, Synthetic, open_source
 from device_runtime.stream._pipeline import Pipeline, PipelineConfig
 from device_runtime.stream._policy import StaticPolicy
@@ -88,13 +88,13 @@ def test_split_device_run_deadline_ms_0_sends_no_deadline(
 @pytest.fixture
 def slow_host(mobilenet_bundle: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningHost]:
     """One worker whose every tail run takes 300 ms: a host whose queue makes frames late."""
-    run_batch = host_runtime.batcher.run_batch
+    run_batch = host_runtime._batcher.run_batch
 
     def slow(*args, **kwargs):
         time.sleep(0.3)
         return run_batch(*args, **kwargs)
 
-    monkeypatch.setattr(host_runtime.batcher, "run_batch", slow)
+    monkeypatch.setattr(host_runtime._batcher, "run_batch", slow)
     yield from start_host([mobilenet_bundle], workers=1)
 
 

@@ -21,7 +21,7 @@ from calibration.calibration_file import Calibration, Preprocessing, save
 from device_runtime.board._calibrate import manifest_sha256, precision_of
 from device_runtime.bundle import LOCAL, Bundle
 from device_runtime.cli import main
-from device_runtime.engine.runner import DeviceRunner
+from device_runtime.engine._runner import DeviceRunner
 from device_runtime._run import drop_forecast
 from device_runtime.stream._camera import Frame, FrameSource
 from device_runtime.stream._pipeline import Pipeline, PipelineConfig

@@ -28,10 +28,10 @@ from calibration import LatencyModel, RateEstimator, SplitTable, SplitTimings
 from calibration.calibration_file import Calibration, FILENAME, save
 from device_runtime.board._calibrate import calibration_for, manifest_sha256
 from device_runtime.bundle import LOCAL, OFFLOAD, Bundle
-from device_runtime.engine.runner import DeviceRunner
+from device_runtime.engine._runner import DeviceRunner
 from device_runtime.link import HostClient
-from device_runtime.hosts.host_link import HostLink
-from device_runtime.hosts.link_meter import LinkMeter
+from device_runtime.hosts._host_link import HostLink
+from device_runtime.hosts._link_meter import LinkMeter
 from device_runtime.stream._camera import Synthetic
 from device_runtime.stream._pipeline import Pipeline, PipelineConfig
 from device_runtime.stream._policy import AutoPolicy, StaticPolicy
@@ -41,7 +41,7 @@ from device_runtime.link import InferResult
 from device_runtime.link import UploadTiming
 from testbed import DelayRelay, EmulatedLink, unavailable_reason
 from tests.calibration.test_timing import ManualClock
-from testbed.namespace_host import running_host, serve_in
+from testbed._namespace_host import running_host, serve_in
 from tests.conftest import TEST_SPLITS, run_stream, start_host, until
 
 needs_netns = pytest.mark.skipif(unavailable_reason() is not None, reason=f"no link emulation: {unavailable_reason()}")

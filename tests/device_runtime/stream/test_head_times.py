@@ -17,7 +17,7 @@ import pytest
 from calibration import LatencyModel, SplitTable, SplitTimings
 from calibration.calibration_file import Calibration
 from device_runtime.bundle import LOCAL, Bundle
-from device_runtime.engine.runner import DeviceRunner
+from device_runtime.engine._runner import DeviceRunner
 from device_runtime.stream import HeadTimes
 from device_runtime.stream.trace import HEAD_TIMES, TraceWriter, read_head_times
 from device_runtime.stream._camera import open_source

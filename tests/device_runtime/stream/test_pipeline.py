@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from device_runtime.bundle import LOCAL, Bundle
-from device_runtime.engine.runner import DeviceRunner
-from device_runtime.hosts.host_link import HostLink
+from device_runtime.engine._runner import DeviceRunner
+from device_runtime.hosts._host_link import HostLink
 from device_runtime.stream._camera import Frame, FrameSource, Synthetic
 from device_runtime.stream._frame_queue import FrameQueue
 from device_runtime.stream._pipeline import Pipeline, PipelineConfig

@@ -11,7 +11,7 @@ from typing import Iterator
 import numpy as np
 
 from device_runtime.bundle import LOCAL, Bundle
-from device_runtime.engine.runner import DeviceRunner
+from device_runtime.engine._runner import DeviceRunner
 from device_runtime.stream._camera import Frame, FrameSource
 from device_runtime.stream._pipeline import Pipeline, PipelineConfig
 from device_runtime.stream._policy import StaticPolicy

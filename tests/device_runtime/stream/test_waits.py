@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from device_runtime.bundle import Bundle
-from device_runtime.engine.runner import DeviceRunner
+from device_runtime.engine._runner import DeviceRunner
 from tests.conftest import TEST_SPLITS, run_stream
 
 SPLIT = TEST_SPLITS[-1]

@@ -1,7 +1,7 @@
 """The wire's decoding, end to end, as a host and a board run it on what a peer sends (issue 45).
 
 A host cuts frames with :class:`FrameDecoder`, reads each with :func:`decode` under
-:data:`REQUEST_LIMITS` and types it with :func:`parse_request` (``host_runtime.server``'s
+:data:`REQUEST_LIMITS` and types it with :func:`parse_request` (``host_runtime._server``'s
 ``frame_received``); a board reads replies under :data:`REPLY_LIMITS` and types them with
 :func:`parse_reply`. Whatever the bytes (arbitrary ones, valid frames cut short or mutated,
 msgpack headers declaring gigabytes, nesting thousands deep, every field of every op given a
