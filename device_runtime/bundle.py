@@ -39,7 +39,7 @@ from splitedge.reading import file_kind, read_text_bounded
 #: tensor names) and the helpers that write a bundle, for the exporter. The types (:class:`Bundle`,
 #: :class:`Manifest`, ...) are on the package's face.
 __all__ = [
-    "BOARD_PART", "BOTTLENECK", "CHAIN", "CHAIN_JOIN", "CUT", "FLOAT32", "FORMATS", "FULL", "HEAD", "INT8", "IO_NAMES",
+    "BOARD_PART", "BOTTLENECK", "CHAIN", "CHAIN_JOIN", "CUT", "CUT_BITS", "Coding", "FLOAT32", "FORMATS", "FULL", "HEAD", "INT8", "IO_NAMES",
     "LAYER", "LOCAL", "LOGITS", "MIDDLE_STAGE_IO", "OFFLOAD", "ONNX", "PARTS", "PRECISIONS", "SEMANTIC", "TAIL", "TFLITE",
     "artifacts_of", "check_name", "make_artifact", "semantic_id", "stage_id", "write_manifest",
 ]
@@ -213,6 +213,31 @@ class Quantization:
     dtype: str = "uint8"
 
 
+#: The bit widths a cut coding may have: eight values of each fill whole bytes (issue 47).
+CUT_BITS = (8, 6, 4, 3, 2)
+
+
+@dataclass(frozen=True)
+class Coding:
+    """A k-bit coding of a split's cut, calibrated at build: ``real = scale[c] * (q - zero[c])``
+    per channel ``c`` (the cut's axis 1), ``q`` sent packed in ``bits`` bits (``wire.coding``), and
+    what the build measured of it (bytes a sample crosses in, and the answers it keeps: top-1 on
+    labelled test data, agreement with the float model on held-out images; None where not measured).
+    A board or host never assumes a coding is good enough: the run chooses by what was measured."""
+
+    bits: int  # one of CUT_BITS
+    scale: tuple[float, ...]  # per channel, positive and finite
+    zero: tuple[int, ...]  # per channel, 0 .. 2**bits - 1
+    bytes_per_sample: int
+    agreement: float | None = None
+    top1: float | None = None
+
+    @property
+    def name(self) -> str:
+        """How a frame, a reason and a table name it: ``k4`` for four bits."""
+        return f"k{self.bits}"
+
+
 @dataclass(frozen=True)
 class Stage:
     """Stage ``index`` (1..n) of a chain: runs on a host from cut ``cut`` (its input, ``tensor``)
@@ -260,6 +285,16 @@ class Split:
     # images: "full" (the model), "layer" (head and tail at this cut), "semantic" (head and fragments).
     grouping: str | None = None
     accuracies: dict[str, float] = field(default_factory=dict)
+    codings: tuple[Coding, ...] = ()  # k-bit codings of the cut, fewest bits last; () for none (issue 47)
+
+    def coding(self, name: str) -> Coding:
+        """The coding a frame names; :class:`BundleError` naming the ones this split has."""
+        for coding in self.codings:
+            if coding.name == name:
+                return coding
+        known = ", ".join(c.name for c in self.codings) or "none"
+        raise BundleError(f"split {self.id} has no cut coding {name!r} (it has: {known}); "
+                          "rebuild the bundle with split-export build --cut-bits")
 
     def stage_id(self, index: int) -> str:
         """How a request names stage or fragment ``index`` of this split (:func:`stage_id`)."""
@@ -387,7 +422,7 @@ def _content(manifest: Manifest) -> dict[str, Any]:
         if preprocess[key] is empty:
             del preprocess[key]  # a bundle built without them reads (and hashes) as before
     for split in data["splits"]:
-        for key, empty in (("stages", ()), ("fragments", ()), ("grouping", None), ("accuracies", {})):
+        for key, empty in (("stages", ()), ("fragments", ()), ("grouping", None), ("accuracies", {}), ("codings", ())):
             if split[key] in (empty, []):
                 del split[key]  # only chains have stages, only semantic splits the rest: others read as in schema 1
     return data
@@ -438,14 +473,47 @@ def _quantization(raw: Any, path: str) -> Quantization:
     )
 
 
+def _coding(raw: Any, path: str, channels: int) -> Coding:
+    obj = _fields.obj(raw, path)
+    bits = _fields.integer(*_at(obj, "bits", path), minimum=1)
+    if bits not in CUT_BITS:
+        raise BundleError(f"{join(path, 'bits')}: a cut coding has {', '.join(map(str, CUT_BITS))} bits, not {bits}")
+    scale, zero = (_fields.array(*_at(obj, key, path)) for key in ("scale", "zero"))
+    if len(scale) != channels or len(zero) != channels:
+        raise BundleError(f"{path}: a coding has one scale and one zero point per channel of the cut ({channels}), "
+                          f"got {len(scale)} and {len(zero)}")
+    scales = tuple(_fields.number(s, f"{join(path, 'scale')}[{i}]") for i, s in enumerate(scale))
+    if not all(0 < s < math.inf for s in scales):
+        raise BundleError(f"{join(path, 'scale')}: every scale must be positive and finite")
+    zeros = tuple(_fields.integer(z, f"{join(path, 'zero')}[{i}]", minimum=0) for i, z in enumerate(zero))
+    if max(zeros, default=0) >= 1 << bits:
+        raise BundleError(f"{join(path, 'zero')}: a {bits}-bit coding's zero points are 0..{(1 << bits) - 1}")
+    return Coding(bits, scales, zeros, _fields.integer(*_at(obj, "bytes_per_sample", path), minimum=0),
+                  _optional_number(obj, "agreement", path), _optional_number(obj, "top1", path))
+
+
+def _codings(split: Mapping[str, Any], tensor: TensorSpec, path: str) -> tuple[Coding, ...]:
+    raw = split.get("codings")
+    if raw is None:
+        return ()
+    where = join(path, "codings")
+    if len(tensor.shape) < 1:
+        raise BundleError(f"{where}: a coded cut needs channels (axis 1), the cut's shape is {list(tensor.shape)}")
+    codings = tuple(_coding(c, f"{where}[{i}]", tensor.shape[0]) for i, c in enumerate(_fields.array(raw, where)))
+    if len({c.bits for c in codings}) != len(codings):
+        raise BundleError(f"{where}: each bit width may be listed once")
+    return codings
+
+
 def _split(raw: Any, path: str) -> Split:
     obj = _fields.obj(raw, path)
     quantization = obj.get("quantization")
+    tensor = _tensor_spec(obj, path)
     return Split(
         id=_fields.text(*_at(obj, "id", path)),
         position=_fields.integer(*_at(obj, "position", path), minimum=0),
         kind=_fields.choice(*_at(obj, "kind", path), SPLIT_KINDS),
-        tensor=_tensor_spec(obj, path),
+        tensor=tensor,
         compression_ratio=_fields.number(*_at(obj, "compression_ratio", path)),
         natural=_fields.flag(*_at(obj, "natural", path)),
         compressive=_fields.flag(*_at(obj, "compressive", path)),
@@ -457,6 +525,7 @@ def _split(raw: Any, path: str) -> Split:
         fragments=_fragments(obj, path),
         grouping=None if obj.get("grouping") is None else _fields.text(*_at(obj, "grouping", path)),
         accuracies=_accuracies(obj, path),
+        codings=_codings(obj, tensor, path),
     )
 
 

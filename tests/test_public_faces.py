@@ -64,7 +64,8 @@ FACES = {
         "semantic_id", "slice_bundle", "stage_id", "write_manifest",
     ],
     "device_runtime.bundle": [
-        "BOARD_PART", "BOTTLENECK", "CHAIN", "CHAIN_JOIN", "CUT", "FLOAT32", "FORMATS", "FULL", "HEAD", "INT8", "IO_NAMES",
+        "BOARD_PART", "BOTTLENECK", "CHAIN", "CHAIN_JOIN", "CUT", "CUT_BITS", "Coding", "FLOAT32", "FORMATS", "FULL", "HEAD",
+        "INT8", "IO_NAMES",
         "LAYER", "LOCAL", "LOGITS", "MIDDLE_STAGE_IO", "OFFLOAD", "ONNX", "PARTS", "PRECISIONS", "SEMANTIC", "TAIL", "TFLITE",
         "artifacts_of", "check_name", "make_artifact", "semantic_id", "stage_id", "write_manifest",
     ],
@@ -74,7 +75,7 @@ FACES = {
         "accept_tls", "affine_params", "client_context", "decode", "decode_tensor", "dequantize", "encode", "encode_bytes",
         "encode_message", "load_key", "quantize", "server_context",
     ],
-    "device_runtime.wire.coding": ["CUT_BITS", "CutCoding", "pack_bits", "packed_bytes", "unpack_bits"],
+    "device_runtime.wire.coding": ["CutCoding", "pack_bits", "packed_bytes", "unpack_bits"],
     "device_runtime.wire.txt": [
         "MAX_BUNDLES", "SERVICE_TYPE", "TxtRecord", "open_zeroconf", "parse_txt", "txt_record",
     ],

@@ -20,12 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from device_runtime.bundle import CUT_BITS, Coding
 from splitedge.errors import ProtocolError
 
-__all__ = ["CUT_BITS", "CutCoding", "pack_bits", "packed_bytes", "unpack_bits"]
+__all__ = ["CutCoding", "pack_bits", "packed_bytes", "unpack_bits"]
 
-#: The bit widths a coding may have: eight values of each fill whole bytes.
-CUT_BITS = (8, 6, 4, 3, 2)
 #: Clipping ratios tried per channel at calibration (of the range seen): fewer bits gain more from
 #: clipping a channel's rare extremes than they lose on them; each channel keeps the one of least
 #: squared error over the calibration samples.
@@ -121,19 +120,15 @@ class CutCoding:
         return cls(bits, best[0], best[1].astype(np.int64))
 
     @classmethod
-    def from_manifest(cls, entry: Any) -> CutCoding:
-        """The coding a manifest's ``codings`` entry describes; ValueError naming what is wrong."""
-        if not isinstance(entry, dict) or set(entry) != {"bits", "scale", "zero"}:
-            raise ValueError("a cut coding is a table of bits, scale and zero")
-        scale, zero = entry["scale"], entry["zero"]
-        if not (isinstance(scale, list) and isinstance(zero, list)):
-            raise ValueError("a cut coding's scale and zero are lists, one number per channel")
-        if not all(type(z) is int for z in zero) or not all(type(s) in (int, float) for s in scale):
-            raise ValueError("a cut coding's scales are numbers and its zero points integers")
-        return cls(entry["bits"], np.asarray(scale, np.float64), np.asarray(zero, np.int64))
+    def of(cls, spec: Coding) -> CutCoding:
+        """The coding a bundle's split lists (its values checked when the manifest was read)."""
+        return cls(spec.bits, np.asarray(spec.scale, np.float32), np.asarray(spec.zero, np.int64))
 
-    def to_manifest(self) -> dict[str, Any]:
-        return {"bits": self.bits, "scale": [float(s) for s in self.scale], "zero": [int(z) for z in self.zero]}
+    def spec(self, values_per_sample: int, agreement: float | None = None, top1: float | None = None) -> Coding:
+        """What the manifest records of it: its values, the bytes a sample of ``values_per_sample``
+        values crosses in, and what the build measured of its answers."""
+        return Coding(self.bits, tuple(float(s) for s in self.scale), tuple(int(z) for z in self.zero),
+                      packed_bytes(values_per_sample, self.bits), agreement, top1)
 
     def encode(self, x: np.ndarray) -> bytes:
         """A cut (``[N, C, ...]`` float32) as packed bits, rounding to nearest and saturating."""

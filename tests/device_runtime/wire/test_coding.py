@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from device_runtime.wire.coding import CUT_BITS, CutCoding, pack_bits, packed_bytes, unpack_bits
+from device_runtime.bundle import CUT_BITS
+from device_runtime.wire.coding import CutCoding, pack_bits, packed_bytes, unpack_bits
 from splitedge.errors import ProtocolError
 
 
@@ -77,28 +78,25 @@ def test_the_decoded_cut_is_a_plain_numpy_dequantization() -> None:
     assert np.array_equal(coding.decode(coding.encode(x), x.shape), expected.astype(np.float32))
 
 
-def test_the_manifest_entry_round_trips() -> None:
+def test_the_manifests_record_round_trips_and_counts_the_bytes_a_sample_crosses_in() -> None:
     coding = CutCoding.calibrate(cut(3), 3)
-    again = CutCoding.from_manifest(coding.to_manifest())
+    spec = coding.spec(16 * 5 * 5, agreement=0.97)
+    assert (spec.name, spec.bytes_per_sample, spec.agreement, spec.top1) == ("k3", 150, 0.97, None)
+    again = CutCoding.of(spec)
     assert again.bits == 3 and np.array_equal(again.scale, coding.scale) and np.array_equal(again.zero, coding.zero)
 
 
-@pytest.mark.parametrize(("entry", "message"), [
-    ({"bits": 5, "scale": [1.0], "zero": [0]}, "8, 6, 4, 3, 2 bits, not 5"),
-    ({"bits": 4, "scale": [float("nan")], "zero": [0]}, "positive and finite"),
-    ({"bits": 4, "scale": [float("inf")], "zero": [0]}, "positive and finite"),
-    ({"bits": 4, "scale": [0.0], "zero": [0]}, "positive and finite"),
-    ({"bits": 4, "scale": [1.0], "zero": [16]}, "integers in 0..15"),
-    ({"bits": 4, "scale": [1.0, 2.0], "zero": [0]}, "one scale and one zero point per channel"),
-    ({"bits": 4, "scale": [], "zero": []}, "one scale and one zero point per channel"),
-    ({"bits": 4, "scale": ["1"], "zero": [0]}, "numbers"),
-    ({"bits": 4, "scale": [1.0], "zero": [0.5]}, "integers"),
-    ({"bits": 4, "scale": 1.0, "zero": 0}, "lists"),
-    ({"bits": 4, "scale": [1.0]}, "bits, scale and zero"),
+@pytest.mark.parametrize(("bits", "scale", "zero", "message"), [
+    (5, [1.0], [0], "8, 6, 4, 3, 2 bits, not 5"),
+    (4, [float("nan")], [0], "positive and finite"),
+    (4, [0.0], [0], "positive and finite"),
+    (4, [1.0], [16], "integers in 0..15"),
+    (4, [1.0, 2.0], [0], "one scale and one zero point per channel"),
+    (4, [], [], "one scale and one zero point per channel"),
 ])
-def test_a_forged_coding_is_refused_naming_what_is_wrong(entry: dict, message: str) -> None:
+def test_a_coding_made_in_code_is_checked_too(bits: int, scale: list, zero: list, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        CutCoding.from_manifest(entry)
+        CutCoding(bits, np.asarray(scale, np.float32), np.asarray(zero, np.int64))
 
 
 def test_a_frame_whose_channels_are_not_the_codings_is_refused() -> None:
