@@ -43,14 +43,16 @@ from collections.abc import Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Union
 
 import numpy as np
 
 from device_runtime.engine import Backend
-from host_runtime._tails import bucket_for, can_pad, run_batch
 from device_runtime.wire import ErrorCode, dequantize
+from device_runtime.wire.coding import CodedCut, CutCoding
 from device_runtime.wire.ops import Quantization
+from host_runtime._tails import bucket_for, can_pad, run_batch
 from splitedge.errors import ProtocolError
 
 log = logging.getLogger("splitedge.host")
@@ -111,23 +113,52 @@ class BatchResult:
 Outcome = Union["BatchResult", ProtocolError, None]
 
 
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """A request's input as it came off the wire, and how a worker makes it the float32 the tail
+    takes: uint8 dequantized, a coded cut's bits unpacked and dequantized (issue 47), float32 as it
+    came. Made on the worker, never on the event loop: a 9.6 MB uint8 frame dequantized there held
+    every other connection's ping for 78-160 ms (issue 45)."""
+
+    tensor: np.ndarray  # as it came: float32, uint8, or a coded cut's packed bits (one dimension)
+    shape: tuple[int, ...]  # (B, ...) as the tail takes it: the tensor's own, or what its bits unpack to
+    real: Callable[[np.ndarray], np.ndarray] | None = None  # on a worker; None: the tensor is what the tail takes
+
+    @classmethod
+    def of(cls, tensor: np.ndarray, quantization: Quantization | None = None) -> Arrival:
+        """A float32 tensor, or an affine uint8 one with its ``quantization``."""
+        if quantization is None:
+            return cls(tensor, tensor.shape)
+        return cls(tensor, tensor.shape, partial(dequantize, scale=quantization.scale, zero_point=quantization.zero_point))
+
+    @classmethod
+    def coded(cls, bits: np.ndarray, cut: CodedCut, coding: CutCoding) -> Arrival:
+        """A cut's packed bits in ``coding``, the split's coding ``cut`` names; its shape checked
+        against the coding here, so that nothing a worker decodes can fail."""
+        coding.check(cut.shape)
+        return cls(bits, cut.shape, partial(coding.decode, shape=cut.shape))
+
+    def seen(self) -> np.ndarray:
+        """What the tail will take, for checking its shape and dtype: the tensor itself, or a
+        float32 view of one value at the shape it will have (nothing computed, nothing allocated)."""
+        return self.tensor if self.real is None else np.broadcast_to(np.float32(0), self.shape)
+
+
 @dataclass(eq=False, slots=True)  # identity equality: deque.remove must find this request, not compare arrays
 class _Request:
-    tensor: np.ndarray  # (B, ...), as it came: uint8 where ``quantization`` says how it maps to float32
+    arrival: Arrival
     received: float  # perf_counter when the frame was fully read
     deadline: float | None  # perf_counter; None for none
     done: Callable[[Outcome], Any]  # called once, on the event loop, with how the request ended
-    quantization: Quantization | None = None
 
     @property
     def samples(self) -> int:
-        return int(self.tensor.shape[0])
+        return int(self.arrival.shape[0])
 
     def real(self) -> np.ndarray:
-        """The tensor the tail takes. Dequantized here, on a worker: a 9.6 MB uint8 frame took the
-        event loop 78-160 ms, while every other connection's ping waited (issue 45)."""
-        q = self.quantization
-        return self.tensor if q is None else dequantize(self.tensor, q.scale, q.zero_point)
+        """The tensor the tail takes, made on a worker."""
+        arrival = self.arrival
+        return arrival.tensor if arrival.real is None else arrival.real(arrival.tensor)
 
 
 @dataclass(eq=False)
@@ -206,20 +237,20 @@ class Batcher:
         self._idle.set()
         self._load = LoadMeter()
 
-    def submit(self, key: TailKey, backend: Backend, tensor: np.ndarray, received: float, deadline: float | None,
-               done: Callable[[Outcome], Any], quantization: Quantization | None = None) -> None:
+    def submit(self, key: TailKey, backend: Backend, arrival: Arrival, received: float, deadline: float | None,
+               done: Callable[[Outcome], Any]) -> None:
         """Admit a request or refuse it at once (:class:`ProtocolError` with the reply's code).
 
         ``deadline`` is perf_counter time, None for none; one already past is refused
         (``deadline_exceeded``), as is one the work queued ahead of it would miss.
 
-        ``tensor`` is (B, ...) and already fits ``backend`` (once dequantized by ``quantization``, on
-        the worker that runs it, where given); ``done`` is called once, on the event
+        ``arrival`` is (B, ...) and already fits ``backend`` (once made float32 on the worker that
+        runs it, where it must be); ``done`` is called once, on the event
         loop, with the request's :class:`BatchResult`, a ``deadline_exceeded`` or ``internal``
         :class:`ProtocolError`, or None if the host stops first. A callback, not a future per
         request: a batch's requests are answered in one pass over them, not one loop turn each.
         """
-        samples = int(tensor.shape[0])
+        samples = int(arrival.shape[0])
         if samples < 1:
             raise ProtocolError("infer needs at least one sample in the batch axis", code=ErrorCode.BAD_REQUEST)
         self._check_room(samples)
@@ -233,7 +264,7 @@ class Batcher:
                 code=ErrorCode.DEADLINE_EXCEEDED,
             )
         with self._lock:
-            tail.queue.append(_Request(tensor, received, deadline, done, quantization))
+            tail.queue.append(_Request(arrival, received, deadline, done))
             self._move(tail, samples, 0)
         self._settle(1)
         # the requests of one board come with deadlines later than those queued: rarely a new timer
@@ -379,7 +410,7 @@ class Batcher:
         while queue:
             request = queue[0]
             if batch and (
-                samples + request.samples > limit or request.tensor.shape[1:] != batch[0].tensor.shape[1:]
+                samples + request.samples > limit or request.arrival.shape[1:] != batch[0].arrival.shape[1:]
             ):
                 break
             queue.popleft()

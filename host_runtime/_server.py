@@ -51,7 +51,7 @@ from device_runtime.wire import (
 )
 from device_runtime.wire.ops import MAX_LINKS_REQUEST_BYTES
 from host_runtime._admission import Admission
-from host_runtime._batcher import BatchConfig, Batcher, BatchResult, Outcome, TailKey
+from host_runtime._batcher import Arrival, BatchConfig, Batcher, BatchResult, Outcome, TailKey
 from host_runtime._limits import (
     DEFAULT_FIRST_FRAME_TIMEOUT_S,
     DEFAULT_FRAME_TIMEOUT_S,
@@ -246,7 +246,6 @@ class _HostProtocol(FramedProtocol):
         self.send_reply(LinksReply(request.id, links, failed))
 
     def on_infer(self, request: InferRequest, received: float) -> None:
-        tensor = request.tensor  # uint8 where the board quantized it: the batcher's worker dequantizes it
         split = request.split if request.stage is None else stage_id(request.split, request.stage)
         key: TailKey = (request.bundle, split)
         # The deadline, or the board's own answer's time where that is later: answering a frame a little
@@ -256,11 +255,10 @@ class _HostProtocol(FramedProtocol):
         try:
             if request.route:
                 self.server.peers.check(request.route[0].address)
-            tail = self.server.registry.lookup_for(request.bundle, split, tensor,
-                                                   dequantized=request.quantization is not None)
-            self.server.batcher.submit(key, tail, tensor, received, deadline,
-                                       partial(self.finish_infer, request, key, received, deadline),
-                                       request.quantization)
+            arrival = self._arrival(request)  # uint8 or packed bits as they came: a worker decodes them
+            tail = self.server.registry.lookup_for(request.bundle, split, arrival.seen())
+            self.server.batcher.submit(key, tail, arrival, received, deadline,
+                                       partial(self.finish_infer, request, key, received, deadline))
         except ProtocolError as exc:  # refused at once: bad, overloaded, too late already, or a hop not allowed
             self.reply_error(request.id, exc.code, str(exc))
             return
@@ -268,6 +266,14 @@ class _HostProtocol(FramedProtocol):
         self.in_flight += 1
         if self.in_flight >= self.server.config.max_in_flight:
             self.pause("in_flight")
+
+    def _arrival(self, request: InferRequest) -> Arrival:
+        """The request's tensor, and how a worker makes it what the tail takes: a coded cut by the
+        split's coding (the split's, whichever of its stages or fragments this host runs)."""
+        coded = request.coding
+        if coded is None:
+            return Arrival.of(request.tensor, request.quantization)
+        return Arrival.coded(request.tensor, coded, self.server.registry.coding(request.bundle, request.split, coded.name))
 
     async def profile(self, request: ProfileRequest, plan: ProfilePlan) -> None:
         """Time tails here for a board's calibration, on the profiler's own thread (bounded and

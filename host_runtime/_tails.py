@@ -46,6 +46,7 @@ import numpy as np
 from device_runtime import FULL, LOCAL, OFFLOAD, TAIL, Bundle, stage_id
 from device_runtime.engine import Backend, OnnxBackend, check_input, session_options
 from device_runtime.wire import ErrorCode
+from device_runtime.wire.coding import CutCoding
 from splitedge.errors import BackendError, BundleError, ProtocolError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -253,6 +254,7 @@ class TailRegistry:
                  buckets: Sequence[int] = (), per_bucket: bool | None = None) -> None:
         self.bundles: dict[str, Bundle] = {}
         self.tails: dict[tuple[str, str], TailSession] = {}
+        self._codings: dict[tuple[str, str, str], CutCoding] = {}
         self.buckets = tuple(buckets)
         providers = providers_for(device, tf32, fixed_shapes)
         bucket_providers = providers_for(device, tf32, fixed_shapes=True)
@@ -330,17 +332,31 @@ class TailRegistry:
             raise ProtocolError(f"split {split_id!r} of bundle {bundle_id} has no tail here; splits: {known}", code=ErrorCode.UNKNOWN_SPLIT)
         return tail
 
-    def lookup_for(self, bundle_id: object, split_id: object, tensor: np.ndarray, dequantized: bool = False) -> Backend:
-        """The tail for a request, after checking the tensor fits it (``bad_request`` if not);
-        ``dequantized``: checked as the float32 it will be once a worker dequantizes it."""
+    def lookup_for(self, bundle_id: object, split_id: object, tensor: np.ndarray) -> Backend:
+        """The tail for a request, after checking the tensor fits it (``bad_request`` if not):
+        ``tensor`` as the tail will take it (``Arrival.seen``)."""
         tail = self.lookup(bundle_id, split_id)
-        if dequantized:  # its shape, as float32: a view of one value, nothing computed
-            tensor = np.broadcast_to(np.float32(0), tensor.shape)
         try:
             check_input(tensor, tail.input_shape, tail.input_dtype, f"tail of split {split_id}")
         except BackendError as exc:
             raise ProtocolError(str(exc), code=ErrorCode.BAD_REQUEST) from exc
         return tail
+
+
+    def coding(self, bundle_id: object, split_id: object, name: str) -> CutCoding:
+        """The coding ``name`` of a split's cut (the split's, whichever of its stages or fragments
+        a request names); ``bad_request`` naming the codings it has where it has not that one (issue 47)."""
+        key = (bundle_id, split_id, name)
+        coding = self._codings.get(key)  # type: ignore[arg-type]
+        if coding is None:
+            if not isinstance(split_id, str) or bundle_id not in self.bundles:
+                self.lookup(bundle_id, split_id)  # raises: not served here
+            try:
+                spec = self.bundles[bundle_id].manifest.split(split_id).coding(name)  # type: ignore[index,arg-type]
+            except BundleError as exc:
+                raise ProtocolError(str(exc), code=ErrorCode.BAD_REQUEST) from exc
+            coding = self._codings[key] = CutCoding.of(spec)  # bounded: the served manifests' codings
+        return coding
 
 
 def can_pad(tail: Backend) -> bool:

@@ -100,6 +100,40 @@ def mobilenet_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+#: The k-bit codings :func:`coded_bundle` gives each of the test splits (issue 47).
+TEST_CODINGS = (8, 4, 2)
+
+
+@pytest.fixture(scope="session")
+def coded_bundle(mobilenet_bundle: Path, photos_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The test bundle with :data:`TEST_CODINGS` on each of its layer splits, calibrated as a build
+    calibrates them: on the cut the head makes of real photos (each photo and its mirror image)."""
+    import shutil
+    from dataclasses import replace
+
+    import cv2
+    import numpy as np
+
+    from device_runtime.bundle import Bundle, write_manifest
+    from device_runtime.engine import DeviceRunner
+    from device_runtime.wire.coding import CutCoding
+
+    root = Path(shutil.copytree(mobilenet_bundle, tmp_path_factory.mktemp("coded") / "bundle"))
+    bundle = Bundle.load(root)
+    runner = DeviceRunner(bundle, threads=1)
+    images = [cv2.cvtColor(cv2.imread(str(path)), cv2.COLOR_BGR2RGB) for path in sorted(photos_dir.glob("*.png"))]
+    x = np.concatenate([runner.preprocess(np.ascontiguousarray(image)) for image in images + [image[:, ::-1] for image in images]])
+    splits = []
+    for split in bundle.manifest.splits:
+        if split.id in TEST_SPLITS:
+            cut = np.concatenate([runner.run_head(split.id, x[i : i + 1])[0] for i in range(len(x))])
+            values = int(np.prod(split.tensor.shape))
+            split = replace(split, codings=tuple(CutCoding.calibrate(cut, bits).spec(values) for bits in TEST_CODINGS))
+        splits.append(split)
+    write_manifest(root, replace(bundle.manifest, splits=tuple(splits)))
+    return root
+
+
 @pytest.fixture(scope="session")
 def semantic_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """:func:`exporter.zoo.fmnist_camera` trained briefly on Fashion-MNIST, cut at :data:`SEMANTIC_CUT`

@@ -8,6 +8,7 @@ Sessions are created once per artifact and kept for the run. The stream that dri
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from device_runtime.bundle import (
 from device_runtime.engine._backend import Backend, load_backend
 from device_runtime.engine._preprocess_path import preprocess_path, preprocessor
 from device_runtime.wire import quantize
+from device_runtime.wire.coding import CodedCut, CutCoding
 from splitedge.errors import BundleError
 
 AUTO = "auto"
@@ -62,9 +64,10 @@ class DeviceRunner:
         self.bundle = bundle
         self.threads = threads
         self.backend = backend  # the artifact format the board runs, one of the bundle's FORMATS
-        self.transmit = transmit  # auto: uint8 where the split has quantization parameters, else float32
+        self.transmit = transmit  # auto: uint8 where the split has quantization parameters, else float32; k4: 4-bit
         self.precision = precision  # auto: int8 where its measured accuracy is within INT8_MARGIN (prefers_int8)
         self._sessions: dict[tuple[str, str], Backend] = {}
+        self._codings: dict[str, CutCoding] = {}  # split id -> the coding ``transmit`` names, made once
         self.labels = bundle.manifest.model.labels
         self.spec = bundle.manifest.model.preprocess
         # auto: OpenCV's where the bundle measured it answering as the exact path does (preprocess_path)
@@ -111,14 +114,21 @@ class DeviceRunner:
         cut = self.session(split_id, HEAD).run(x)
         return cut, (time.perf_counter() - start) * 1000.0
 
-    def payload(self, split_id: str, cut: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
-        """What goes on the link for ``cut``: uint8 with its scale and zero point where the
+    def payload(self, split_id: str, cut: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+        """What goes on the link for ``cut``: its packed bits where ``transmit`` names one of the
+        split's k-bit codings (``k4``, issue 47); uint8 with its scale and zero point where the
         split has quantization parameters (unless ``transmit`` is float32), else the float tensor.
         Full offload of a bundle with the normalisation folded in sends the crop's pixels as they
         are, uint8 (scale 1, zero point 0: the host's dequantize gives the full model its input
         back exactly), a quarter of the float32 bytes."""
         if split_id == OFFLOAD and self.spec.folded and self.transmit != "float32":
             return cut.astype(np.uint8), {"scale": 1.0, "zero_point": 0}
+        if self.transmit.startswith("k") and split_id != OFFLOAD:
+            coding = self._codings.get(split_id)
+            if coding is None:
+                coding = self._codings[split_id] = CutCoding.of(self.bundle.manifest.split(split_id).coding(self.transmit))
+            bits = np.frombuffer(coding.encode(cut), np.uint8)
+            return bits, CodedCut(coding.name, cut.shape).fields()
         quantization = None if split_id == OFFLOAD else self.bundle.manifest.split(split_id).quantization
         if quantization is None:
             if self.transmit == "uint8" and split_id != OFFLOAD:

@@ -29,6 +29,7 @@ import numpy as np
 
 from device_runtime.link._kernel_timing import POLL_FIRST_S, KernelTiming, UploadTiming, UploadWatch
 from device_runtime.wire import DEFAULT_MAX_FRAME_BYTES, DeviceAuth, FramedProtocol, Oversized, decode
+from device_runtime.wire.coding import CodedCut
 from device_runtime.wire.ops import (
     DEFAULT_LINK_BYTES,
     ErrorReply,
@@ -137,6 +138,14 @@ PASS_TLS_CA = "pass its CA certificate with --tls-ca"
 #: A TLS record starts with its content type (change_cipher_spec, alert, handshake, application
 #: data) and the major version 3. As a frame's length prefix it would claim over 335 MB.
 TLS_RECORD_TYPES = range(0x14, 0x18)
+
+
+def _sent_as(fields: Mapping[str, Any]) -> tuple[Quantization | None, CodedCut | None]:
+    """What a tensor's own wire fields say it is: affine uint8 (``scale``, ``zero_point``), or a
+    coded cut's packed bits (``coding`` and the ``shape`` they unpack to, issue 47)."""
+    if "coding" in fields:
+        return None, CodedCut(fields["coding"], tuple(fields["shape"]))
+    return (Quantization(**fields) if fields else None), None
 
 
 def looks_like_tls(first: memoryview) -> bool:
@@ -454,7 +463,8 @@ class HostClient:
         deadline: Deadline | None = None, leg: Leg | None = None, **tensor_fields: Any,
     ) -> InferResult:
         """Run the tail of ``split_id`` on the host for a cut tensor (B, ...); ``tensor_fields``
-        (``scale``, ``zero_point``) for an affine uint8 one.
+        (``scale``, ``zero_point``) for an affine uint8 one, or (``coding``, ``shape``) for a coded
+        cut's packed bits (:meth:`~device_runtime.wire.coding.CodedCut.fields`).
 
         ``deadline`` is the host's budget for the request (its queue and tail; None: none), and
         ``timeout`` how long this device waits for the reply: apart, because a frame's budget is far
@@ -462,12 +472,12 @@ class HostClient:
         it cannot answer in time must not cost the connection. For a chain (or a fragment), ``leg``
         is the stage this host runs and the hosts of the stages after it.
         """
-        quantization = Quantization(**tensor_fields) if tensor_fields else None
+        quantization, coding = _sent_as(tensor_fields)
         deadline_ms = None if deadline is None else deadline.ms
         name, ms = deadline.alternative if deadline is not None and deadline.alternative is not None else (None, None)
         stage, route = (None, ()) if leg is None else (leg.stage, tuple(leg.route))
         request = InferRequest(self._next_id(), bundle_id, split_id, tensor, deadline_ms, quantization, stage,
-                               route, name, ms)
+                               route, name, ms, coding)
         reply, timing = await self._call_timed(request, timeout)
         assert isinstance(reply, InferReply)
         return InferResult(

@@ -26,6 +26,7 @@ import numpy as np
 
 from device_runtime.wire._framing import DEFAULT_MAX_FRAME_BYTES, LENGTH, FrameDecoder, Oversized  # noqa: F401 (re-exported)
 from device_runtime.wire._msgpack_view import DecodeLimits, unpack
+from device_runtime.wire.coding import CodedCut, coding_bits, packed_bytes
 from device_runtime.wire.ops import (  # noqa: F401 (re-exported)
     ERROR_CODES,
     MAX_PROFILE_BATCH,
@@ -145,32 +146,37 @@ def decode(body: Buffer, limits: DecodeLimits = REPLY_LIMITS) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise ProtocolError(f"a frame must hold a msgpack map, got {type(message).__name__}")
     message.pop("quantization", None)  # set below from the tensor's own fields, never taken from the wire
+    message.pop("coding", None)
     if "tensor" in message:
         try:
-            message["tensor"], quantization = decode_tensor(message["tensor"])
+            message["tensor"], fields = decode_tensor(message["tensor"])
         except ProtocolError as exc:
             # The map itself was fine, so the error reply can still carry the request's id.
             exc.request_id = message.get("id")
             raise
-        if quantization is not None:
-            message["quantization"] = quantization
+        if fields is not None:
+            message["coding" if isinstance(fields, CodedCut) else "quantization"] = fields
     return message
 
 
-def decode_tensor(obj: Any) -> tuple[np.ndarray, dict[str, Any] | None]:
+def decode_tensor(obj: Any) -> tuple[np.ndarray, dict[str, Any] | CodedCut | None]:
     """Check a tensor map against its own header before viewing its bytes as an array.
 
     Returns the array (a view of the frame's buffer, no copy) and, for a quantized
-    tensor, its ``{scale, zero_point}``.
+    tensor, its ``{scale, zero_point}``; for a coded one (``coding``: ``k4``), its packed bits
+    (uint8, one dimension) and the :class:`CodedCut` they unpack to.
     """
     if not isinstance(obj, dict):
         raise ProtocolError("tensor must be a map with dtype, shape and data")
     dtype, shape, data = obj.get("dtype"), obj.get("shape"), obj.get("data")
     if dtype not in DTYPES:
         raise ProtocolError(f"tensor dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    expected = _element_count(shape) * _ITEMSIZES[dtype]
+    count = _element_count(shape)
     if not isinstance(data, memoryview):
         raise ProtocolError("tensor data must be msgpack bin")
+    if "coding" in obj:
+        return _coded(obj, dtype, shape, count, data)
+    expected = count * _ITEMSIZES[dtype]
     if expected != len(data):
         raise ProtocolError(f"tensor of shape {shape} {dtype} needs {expected} bytes, frame carries {len(data)}")
     # The array over the frame's bytes, shape and size checked above: a third of frombuffer + reshape.
@@ -185,6 +191,20 @@ def decode_tensor(obj: Any) -> tuple[np.ndarray, dict[str, Any] | None]:
             f"got scale={shown(scale)}, zero_point={shown(zero_point)}"
         )
     return array, {"scale": float(scale), "zero_point": zero_point}
+
+
+def _coded(obj: dict[str, Any], dtype: str, shape: list[int], count: int, data: memoryview) -> tuple[np.ndarray, CodedCut]:
+    """A coded cut's packed bits, exactly as many bytes as its shape's values take at its bits
+    (so unpacking allocates the shape's bound and nothing more)."""
+    name = obj["coding"]
+    bits = coding_bits(name)
+    if dtype != "float32" or "scale" in obj or "zero_point" in obj or len(shape) < 2:
+        raise ProtocolError(f"a {name} tensor decodes to float32 [batch, channels, ...] and carries no scale or "
+                            f"zero_point, got {dtype} {shape}{' with scale/zero_point' if 'scale' in obj else ''}")
+    expected = packed_bytes(count, bits)
+    if expected != len(data):
+        raise ProtocolError(f"a {name} tensor of shape {shape} packs into {expected} bytes, frame carries {len(data)}")
+    return np.frombuffer(data, np.uint8), CodedCut(name, tuple(shape))
 
 
 def _element_count(shape: Any) -> int:

@@ -21,14 +21,41 @@ from typing import Any
 import numpy as np
 
 from device_runtime.bundle import CUT_BITS, Coding
+from splitedge import shown
 from splitedge.errors import ProtocolError
 
-__all__ = ["CutCoding", "pack_bits", "packed_bytes", "unpack_bits"]
+__all__ = ["CodedCut", "CutCoding", "coding_bits", "pack_bits", "packed_bytes", "unpack_bits"]
 
 #: Clipping ratios tried per channel at calibration (of the range seen): fewer bits gain more from
 #: clipping a channel's rare extremes than they lose on them; each channel keeps the one of least
 #: squared error over the calibration samples.
 _CLIPS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4)
+
+
+_BITS_OF = {f"k{bits}": bits for bits in CUT_BITS}
+
+
+def coding_bits(name: object) -> int:
+    """The bits a coding's name (``k4``) stands for; :class:`ProtocolError` for a name this side
+    does not know (a newer peer's, or a forged one), naming it and those it knows."""
+    bits = _BITS_OF.get(name) if type(name) is str else None
+    if bits is None:
+        raise ProtocolError(f"unknown cut coding {shown(name)}: this side knows {', '.join(_BITS_OF)}; "
+                            "update splitedge where it is older, or send the split's uint8 or float32 cut")
+    return bits
+
+
+@dataclass(frozen=True, slots=True)
+class CodedCut:
+    """How a cut sent in a coding is read: its packed bits travel as the frame's tensor (uint8, one
+    dimension) and unpack to the float32 tensor of ``shape`` by the split's coding ``name``."""
+
+    name: str
+    shape: tuple[int, ...]
+
+    def fields(self) -> dict[str, Any]:
+        """The tensor map's own fields for it (what the bits decode to, and by which coding)."""
+        return {"dtype": "float32", "shape": list(self.shape), "coding": self.name}
 
 
 def packed_bytes(count: int, bits: int) -> int:
@@ -136,11 +163,15 @@ class CutCoding:
         q = np.rint(x / self.scale.reshape(shape)) + self.zero.reshape(shape)
         return pack_bits(np.clip(q, 0, (1 << self.bits) - 1).astype(np.uint8), self.bits)
 
+    def check(self, shape: tuple[int, ...]) -> None:
+        """:class:`ProtocolError` unless ``shape`` is a batch of this coding's channels."""
+        if len(shape) < 2 or shape[1] != self.channels:
+            raise ProtocolError(f"a {self.name} cut has {self.channels} channels (axis 1), the frame's shape is {list(shape)}")
+
     def decode(self, data: Any, shape: tuple[int, ...]) -> np.ndarray:
         """The float32 cut of ``shape`` from packed bits; :class:`ProtocolError` for a shape
         whose channels are not this coding's, or bytes that are not its packed length."""
-        if len(shape) < 2 or shape[1] != self.channels:
-            raise ProtocolError(f"a {self.name} cut has {self.channels} channels (axis 1), the frame's shape is {list(shape)}")
+        self.check(shape)
         q = unpack_bits(data, int(np.prod(shape)), self.bits).reshape(shape)
         view = (1, self.channels) + (1,) * (len(shape) - 2)
         return ((q.astype(np.float32) - self.zero.reshape(view)) * self.scale.reshape(view)).astype(np.float32)

@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Optional, Union
 
 import numpy as np
 
+from device_runtime.wire.coding import CodedCut
 from splitedge import Fields, shown
 from splitedge.errors import ProtocolError
 
@@ -254,6 +255,7 @@ class InferRequest:
     # itself for 300-600 ms). None: the board has no estimate, and the deadline alone decides.
     alternative: str | None = None
     alternative_ms: float | None = None
+    coding: CodedCut | None = None  # the tensor is a cut's packed bits in the split's coding (issue 47)
     op: ClassVar[str] = "infer"
 
     @property
@@ -276,7 +278,9 @@ class InferRequest:
         if self.route:
             message["route"] = [hop.as_map() for hop in self.route]
         message["id"] = self.id
-        q = self.quantization
+        q, coded = self.quantization, self.coding
+        if coded is not None:
+            return message, self.tensor, coded.fields()
         return message, self.tensor, (_NO_TENSOR_FIELDS if q is None else {"scale": q.scale, "zero_point": q.zero_point})
 
     @classmethod
@@ -305,6 +309,7 @@ class InferRequest:
             stage,
             _route(message.get("route"), stage),
             *_alternative(message),
+            message.get("coding"),  # decode() sets it from the tensor's own fields, checked there
         )
 
 

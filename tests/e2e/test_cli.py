@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -42,11 +43,10 @@ def wait_for_line(proc: subprocess.Popen, pattern: str, timeout: float = 30) -> 
     raise AssertionError(f"no line matching {pattern!r} within {timeout} s; got: {lines}")
 
 
-@pytest.fixture
-def host_process(mobilenet_bundle: Path):
-    """``split-host serve`` on 127.0.0.1, advertised by zeroconf on loopback only."""
+def serve(bundle: Path):
+    """``split-host serve`` on 127.0.0.1, advertised by zeroconf on loopback only: (process, port)."""
     proc = subprocess.Popen(
-        [*script("split-host"), "serve", str(mobilenet_bundle), "--interface", "127.0.0.1", "--port", "0"],
+        [*script("split-host"), "serve", str(bundle), "--interface", "127.0.0.1", "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     lines = wait_for_line(proc, r"advertised as")
@@ -55,6 +55,11 @@ def host_process(mobilenet_bundle: Path):
     if proc.poll() is None:
         proc.kill()
         proc.wait(10)
+
+
+@pytest.fixture
+def host_process(mobilenet_bundle: Path):
+    yield from serve(mobilenet_bundle)
 
 
 @pytest.mark.parametrize("main", [device_cli.main, host_cli.main])
@@ -79,6 +84,27 @@ def test_device_finds_host_by_zeroconf_and_prints_one_line_per_frame(host_proces
     assert by_name["coffee.png"]["label"] == "espresso"
     assert all(r["split"] == TEST_SPLITS[0] for r in rows)
     assert all(float(r["tail"]) > 0 for r in rows)  # the host's tail time came back
+
+
+def test_a_board_sends_its_cut_in_four_bits_and_traces_the_bytes_that_crossed(coded_bundle, photos_dir,
+                                                                               tmp_path) -> None:
+    """``--transmit k4`` (issue 47): every frame's cut crosses as the bundle's 4-bit coding, an
+    eighth of its float32 bytes, and is answered by the host's tail."""
+    from device_runtime.bundle import Bundle
+
+    split = Bundle.load(coded_bundle, roles=()).manifest.split(TEST_SPLITS[1])
+    for _, port in serve(coded_bundle):
+        out = subprocess.run(
+            [*script("split-device"), "run", str(coded_bundle), "--camera", str(photos_dir), "--host",
+             f"127.0.0.1:{port}", "--split", split.id, "--transmit", "k4", "--trace", str(tmp_path / "t.jsonl")],
+            capture_output=True, text=True, timeout=120,
+        )
+    assert out.returncode == 0, out.stderr
+    rows = [r for r in map(LINE.search, out.stdout.splitlines()) if r]
+    assert len(rows) == 4 and all(r["split"] == split.id and float(r["tail"]) > 0 for r in rows)
+    frames = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    sent = [f["bytes"] for f in frames if f.get("type") == "frame"]
+    assert sent == [split.coding("k4").bytes_per_sample] * 4 == [split.tensor.bytes_per_sample // 8] * 4
 
 
 def test_host_withdraws_and_stops_on_sigterm(host_process) -> None:

@@ -307,7 +307,7 @@ def test_uint8_is_dequantized_on_a_worker_not_the_event_loop(host: RunningHost, 
 
     threads = []
     original = batcher.dequantize
-    monkeypatch.setattr(batcher, "dequantize", lambda *a: (threads.append(threading.current_thread()), original(*a))[1])
+    monkeypatch.setattr(batcher, "dequantize", lambda *a, **k: (threads.append(threading.current_thread()), original(*a, **k))[1])
     cut, expected = cut_tensor(bundle, TEST_SPLITS[1], 2)
     scale, zero_point = affine_params(cut.min(), cut.max())
 
