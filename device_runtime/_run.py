@@ -143,7 +143,8 @@ async def _run(settings: RunSettings, last_run: LastRun, out: Output) -> Pipelin
     recorded = read_head_times(settings.head_times) if settings.head_times is not None else None
     pace = read_pace(settings.pace) if settings.pace is not None else None
     first = default_split(bundle) if settings.auto else settings.split
-    start_split = LOCAL if first == OFFLOAD else first
+    # the split whose head runs first (a coded option's, ``SPLIT@k4``: checked here, before the camera)
+    start_split = LOCAL if first in (LOCAL, OFFLOAD) else bundle.manifest.option(first)[0].id
     tables = _tables(bundle, out) if settings.auto else None
     runtime = settings.runtime
     if tables is not None and runtime.backend == AUTO:

@@ -78,6 +78,9 @@ CHAIN_JOIN, STAGE_MARK = "+", "#"
 #: A semantic split's id is ``<cut>~<K>`` (K fragments after the cut); fragment k is served and
 #: named on the wire like a chain's stage, ``<split>#<k>``.
 FRAGMENT_MARK = "~"
+#: ``<split>@<coding>`` (``features_14_conv_2@k4``): the option of sending a split's cut in one of its
+#: k-bit codings (issue 47); a table, a reason and a trace name it as they name a split.
+CODING_MARK = "@"
 #: The manifest's identity: derived from the rest of it (:func:`manifest_digest`), so not hashed.
 IDENTITY_FIELDS = ("bundle_id", "manifest_sha256")
 ID_DIGITS = 12
@@ -287,6 +290,10 @@ class Split:
     accuracies: dict[str, float] = field(default_factory=dict)
     codings: tuple[Coding, ...] = ()  # k-bit codings of the cut, fewest bits last; () for none (issue 47)
 
+    def option(self, coding: Coding) -> str:
+        """How a table, a reason and a trace name sending this split's cut in ``coding``."""
+        return f"{self.id}{CODING_MARK}{coding.name}"
+
     def coding(self, name: str) -> Coding:
         """The coding a frame names; :class:`BundleError` naming the ones this split has."""
         for coding in self.codings:
@@ -399,6 +406,15 @@ class Manifest:
         data = _content(self)
         leading = {key: data[key] for key in ("schema_version", *IDENTITY_FIELDS)}  # read first by a person
         return json.dumps(leading | data, indent=2)
+
+    def option(self, option_id: str) -> tuple[Split, Coding | None]:
+        """The split an option runs and the coding it sends its cut in (None: the split's usual
+        uint8 or float32), for a split's id or a coded option's (:meth:`Split.option`)."""
+        split_id, mark, coding = option_id.rpartition(CODING_MARK)
+        if not mark:
+            return self.split(option_id), None
+        split = self.split(split_id)
+        return split, split.coding(coding)
 
     def split(self, split_id: str) -> Split:
         for split in self.splits:

@@ -23,7 +23,7 @@ from device_runtime.board.run_settings import (
     BATCH, FPS, FRAMES, KEYS, QUEUE, REPEATS, SUMMARY_EVERY, as_flag_type, batches, calibrate_settings,
     run_settings,
 )
-from device_runtime.bundle import CUT_BITS, FORMATS, Bundle
+from device_runtime.bundle import FORMATS, Bundle
 from device_runtime.engine import AUTO, PRECISIONS, PREPROCESS_PATHS
 from device_runtime.live import live_flag
 from device_runtime._run import DEFAULT, QUIET, VERBOSE, Output, calibrate_board, run_stream, table_text
@@ -103,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     _host_arguments(run)
     run.add_argument(
         "--split", default=AUTO, type=_checked("split"),
-        help="'auto' (default: from calibration.json, moving with the link), a split id, 'local' (the full "
-        "model here) or 'offload' (the full model on the host)",
+        help="'auto' (default: from calibration.json, moving with the link), a split id, a split's k-bit "
+        "coding (SPLIT@k4: its cut in 4 bits a value, where the bundle was built with --cut-bits), 'local' (the "
+        "full model here) or 'offload' (the full model on the host)",
     )
     run.add_argument("--batch", type=_checked("batch"), default=1, help=f"frames per head run, at most {BATCH.high:g} (default 1)")
     run.add_argument("--queue", type=as_flag_type(QUEUE), default=None,
@@ -144,10 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "frame with its label, the split and why, the rate estimate against the table's boundaries, "
                      "each stage's latency over the last minute, drops and the host; with --key-file the page asks "
                      "for a token, and the URL printed at start carries it (default: off)")
-    run.add_argument("--transmit", choices=("auto", "float32", "uint8", *(f"k{bits}" for bits in CUT_BITS)),
-                     default="auto", help="cut tensor on the link: k8 ... k2 send every split's cut in the bundle's "
-                     "k-bit coding (split-export build --cut-bits) (default auto: uint8 where the bundle has its "
-                     "quantization)")
+    run.add_argument("--transmit", choices=("auto", "float32", "uint8"), default="auto",
+                     help="cut tensor on the link (default auto: uint8 where the bundle has its quantization); a "
+                     "split's k-bit codings are options of their own: --split SPLIT@k4")
     said = run.add_mutually_exclusive_group()
     said.add_argument("--verbose", "-v", action="store_true",
                       help="also a line per frame: label, split, stage times, the rate estimate and why that split (the default where the run ends by itself: --frames N, a folder of images, a video file; a live camera's run prints none unless asked)")

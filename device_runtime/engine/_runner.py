@@ -64,10 +64,10 @@ class DeviceRunner:
         self.bundle = bundle
         self.threads = threads
         self.backend = backend  # the artifact format the board runs, one of the bundle's FORMATS
-        self.transmit = transmit  # auto: uint8 where the split has quantization parameters, else float32; k4: 4-bit
+        self.transmit = transmit  # auto: uint8 where the split has quantization parameters, else float32
         self.precision = precision  # auto: int8 where its measured accuracy is within INT8_MARGIN (prefers_int8)
         self._sessions: dict[tuple[str, str], Backend] = {}
-        self._codings: dict[str, CutCoding] = {}  # split id -> the coding ``transmit`` names, made once
+        self._options: dict[str, tuple[str, CutCoding | None]] = {}  # option -> its split, its coding
         self.labels = bundle.manifest.model.labels
         self.spec = bundle.manifest.model.preprocess
         # auto: OpenCV's where the bundle measured it answering as the exact path does (preprocess_path)
@@ -96,7 +96,7 @@ class DeviceRunner:
             return
         role = FULL if split_id == LOCAL else HEAD
         shape = (1, *self.bundle.manifest.model.input_shape)
-        self.session(split_id, role).run(np.zeros(shape, dtype=np.float32))
+        self.session(self.option(split_id)[0], role).run(np.zeros(shape, dtype=np.float32))
 
     def preprocess(self, image: np.ndarray) -> np.ndarray:
         """A camera frame as the model's input, (1, *input_shape) float32, by :attr:`preprocess_path`."""
@@ -108,25 +108,36 @@ class DeviceRunner:
         logits = self.session(LOCAL, FULL).run(x)
         return logits, (time.perf_counter() - start) * 1000.0
 
-    def run_head(self, split_id: str, x: np.ndarray) -> tuple[np.ndarray, float]:
-        """The head of ``split_id``: the cut tensor and ms."""
+    def option(self, option: str) -> tuple[str, CutCoding | None]:
+        """The split an option runs (a split's id, or ``<split>@k4``) and the coding it sends its
+        cut in (None: none); :class:`BundleError` for one the bundle has not."""
+        known = self._options.get(option)
+        if known is None:
+            if option in (LOCAL, OFFLOAD):
+                known = (option, None)
+            else:
+                split, coding = self.bundle.manifest.option(option)
+                known = (split.id, None if coding is None else CutCoding.of(coding))
+            self._options[option] = known
+        return known
+
+    def run_head(self, option: str, x: np.ndarray) -> tuple[np.ndarray, float]:
+        """The head of an option's split: the cut tensor and ms."""
         start = time.perf_counter()
-        cut = self.session(split_id, HEAD).run(x)
+        cut = self.session(self.option(option)[0], HEAD).run(x)
         return cut, (time.perf_counter() - start) * 1000.0
 
     def payload(self, split_id: str, cut: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
-        """What goes on the link for ``cut``: its packed bits where ``transmit`` names one of the
-        split's k-bit codings (``k4``, issue 47); uint8 with its scale and zero point where the
-        split has quantization parameters (unless ``transmit`` is float32), else the float tensor.
+        """What goes on the link for ``cut``: its packed bits for a coded option (``<split>@k4``,
+        issue 47); uint8 with its scale and zero point where the split has quantization parameters
+        (unless ``transmit`` is float32), else the float tensor.
         Full offload of a bundle with the normalisation folded in sends the crop's pixels as they
         are, uint8 (scale 1, zero point 0: the host's dequantize gives the full model its input
         back exactly), a quarter of the float32 bytes."""
         if split_id == OFFLOAD and self.spec.folded and self.transmit != "float32":
             return cut.astype(np.uint8), {"scale": 1.0, "zero_point": 0}
-        if self.transmit.startswith("k") and split_id != OFFLOAD:
-            coding = self._codings.get(split_id)
-            if coding is None:
-                coding = self._codings[split_id] = CutCoding.of(self.bundle.manifest.split(split_id).coding(self.transmit))
+        split_id, coding = self.option(split_id)
+        if coding is not None:
             bits = np.frombuffer(coding.encode(cut), np.uint8)
             return bits, CodedCut(coding.name, cut.shape).fields()
         quantization = None if split_id == OFFLOAD else self.bundle.manifest.split(split_id).quantization

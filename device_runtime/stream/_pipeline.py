@@ -96,6 +96,8 @@ class Pipeline:
         self.runner, self.policy, self.hosts, self.config = runner, policy, hosts, config
         self.meter = meter or LinkMeter()
         self.stats = PipelineStats()
+        # each split's k-bit coded options (issue 47): a host that serves the split decodes them
+        self._coded = {s.id: frozenset(s.option(c) for c in s.codings) for s in runner.bundle.manifest.splits if s.codings}
         self._engine = BoardEngine(runner, config.pace)  # the board's one inference engine
         self._camera = ThreadPoolExecutor(1, thread_name_prefix="capture")
         self._in_flight = InFlight(config.in_flight)  # remote batches outstanding
@@ -106,9 +108,9 @@ class Pipeline:
         self._prober = LinkProber(hosts, self.meter, config, self._in_flight)
 
     def available(self) -> frozenset[str]:
-        """Splits that can run now: ``local`` always, the host's while one is connected, a chain
-        with a route whose first stage the connected host serves, and a semantic split with its
-        fragments' hosts (those on the connected host served by it)."""
+        """Splits that can run now: ``local`` always, the host's while one is connected (each with
+        its coded options), a chain with a route whose first stage the connected host serves, and a
+        semantic split with its fragments' hosts (those on the connected host served by it)."""
         if self.hosts is None or self.hosts.client is None:
             return frozenset((LOCAL,))
         served = self.hosts.served()
@@ -116,7 +118,8 @@ class Pipeline:
         chains = {chain for chain in self.config.routes
                   if stage_id(chain, 1) in served and not self._host.refused(chain, address)}
         semantic = {split for split in self.config.fragments if self._fragments.servable(split, served, address)}
-        return served | chains | semantic | {LOCAL}
+        coded = frozenset().union(*(self._coded[split] for split in served if split in self._coded))
+        return served | coded | chains | semantic | {LOCAL}
 
     async def probe(self, client: HostClient) -> None:
         """Measure the link to ``client`` into the meter (:meth:`LinkProber.probe`)."""

@@ -180,7 +180,7 @@ class StaticPolicy:
 
     def __init__(self, split: str, bundle: Bundle) -> None:
         if split not in (LOCAL, OFFLOAD):
-            bundle.manifest.split(split)  # an unknown split fails before the camera starts
+            bundle.manifest.option(split)  # an unknown split or coding fails before the camera starts
         self.split = split
 
     def choose(

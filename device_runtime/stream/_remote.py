@@ -83,10 +83,10 @@ class HostAnswers:
         route = self._route(done.split, client.address)
         # What the board would do instead, and its time: the host holds the request to the later of the
         # two (InferRequest.give_up_ms), and so may have held a refused one that long.
-        alternative = None if deadline is None else self.policy.alternative(int(tensor.shape[0]))
+        alternative = None if deadline is None else self.policy.alternative(len(done.batch))
         try:
-            return await client.infer(
-                self.engine.runner.bundle.id, done.split, tensor, self.config.request_timeout_s,
+            return await client.infer(  # a coded option's split: its coding travels in the tensor's fields
+                self.engine.runner.bundle.id, self.engine.runner.option(done.split)[0], tensor, self.config.request_timeout_s,
                 None if deadline is None else Deadline(deadline, alternative),
                 None if route is None else Leg(1, route), **done.fields,
             )

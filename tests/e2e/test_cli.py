@@ -88,22 +88,22 @@ def test_device_finds_host_by_zeroconf_and_prints_one_line_per_frame(host_proces
 
 def test_a_board_sends_its_cut_in_four_bits_and_traces_the_bytes_that_crossed(coded_bundle, photos_dir,
                                                                                tmp_path) -> None:
-    """``--transmit k4`` (issue 47): every frame's cut crosses as the bundle's 4-bit coding, an
-    eighth of its float32 bytes, and is answered by the host's tail."""
+    """``--split SPLIT@k4`` (issue 47): every frame's cut crosses in the split's 4-bit coding, an
+    eighth of its float32 bytes, and is answered by the host's tail; the trace names the option."""
     from device_runtime.bundle import Bundle
 
     split = Bundle.load(coded_bundle, roles=()).manifest.split(TEST_SPLITS[1])
     for _, port in serve(coded_bundle):
         out = subprocess.run(
             [*script("split-device"), "run", str(coded_bundle), "--camera", str(photos_dir), "--host",
-             f"127.0.0.1:{port}", "--split", split.id, "--transmit", "k4", "--trace", str(tmp_path / "t.jsonl")],
+             f"127.0.0.1:{port}", "--split", f"{split.id}@k4", "--trace", str(tmp_path / "t.jsonl")],
             capture_output=True, text=True, timeout=120,
         )
     assert out.returncode == 0, out.stderr
     rows = [r for r in map(LINE.search, out.stdout.splitlines()) if r]
-    assert len(rows) == 4 and all(r["split"] == split.id and float(r["tail"]) > 0 for r in rows)
+    assert len(rows) == 4 and all(r["split"] == f"{split.id}@k4" and float(r["tail"]) > 0 for r in rows)
     frames = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
-    sent = [f["bytes"] for f in frames if f.get("type") == "frame"]
+    sent = [f["bytes"] for f in frames if f.get("type") == "frame" and f["split"] == f"{split.id}@k4"]
     assert sent == [split.coding("k4").bytes_per_sample] * 4 == [split.tensor.bytes_per_sample // 8] * 4
 
 

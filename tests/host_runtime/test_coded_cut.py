@@ -18,7 +18,7 @@ from device_runtime.engine import DeviceRunner, OnnxBackend
 from device_runtime.link import HostClient
 from device_runtime.wire import encode_bytes
 from device_runtime.wire.coding import CutCoding, packed_bytes, unpack_bits
-from splitedge.errors import RemoteError
+from splitedge.errors import BundleError, RemoteError
 from tests.conftest import TEST_CODINGS, TEST_SPLITS, RunningHost, start_host
 from tests.host_runtime.test_server import raw_connection, read_reply
 
@@ -56,9 +56,9 @@ def infer(host: RunningHost, bundle: Bundle, split: str, tensor: np.ndarray, **f
 @pytest.mark.parametrize("bits", TEST_CODINGS)
 def test_a_coded_cut_is_answered_as_the_tail_answers_its_numpy_decode(
         coded_host: RunningHost, coded: Bundle, photo_batch: np.ndarray, split_id: str, bits: int) -> None:
-    runner = DeviceRunner(coded, threads=1, transmit=f"k{bits}")
+    runner = DeviceRunner(coded, threads=1)
     cut = OnnxBackend(coded.artifact(split_id, HEAD)).run(photo_batch)
-    sent, fields = runner.payload(split_id, cut)
+    sent, fields = runner.payload(f"{split_id}@k{bits}", cut)
     values = cut.size
     assert sent.dtype == np.uint8 and sent.nbytes == packed_bytes(values, bits) == cut.nbytes * bits // 32
     assert fields == {"dtype": "float32", "shape": list(cut.shape), "coding": f"k{bits}"}
@@ -83,10 +83,9 @@ def test_the_host_decodes_on_a_worker_not_the_event_loop(coded_host: RunningHost
     original = CutCoding.decode
     monkeypatch.setattr(CutCoding, "decode", lambda *a, **k: (threads.append(threading.current_thread()),
                                                                original(*a, **k))[1])
-    runner = DeviceRunner(coded, threads=1, transmit="k4")
     cut = OnnxBackend(coded.artifact(TEST_SPLITS[1], HEAD)).run(photo_batch[:1])
-    infer(coded_host, coded, TEST_SPLITS[1], *[runner.payload(TEST_SPLITS[1], cut)[0]],
-          **runner.payload(TEST_SPLITS[1], cut)[1])
+    sent, fields = DeviceRunner(coded, threads=1).payload(f"{TEST_SPLITS[1]}@k4", cut)
+    infer(coded_host, coded, TEST_SPLITS[1], sent, **fields)
     assert threads and all(t.name != "test-host" for t in threads)  # start_host's loop runs in "test-host"
 
 
@@ -144,9 +143,11 @@ def test_a_coded_cut_to_a_bundle_without_codings_is_refused_naming_what_to_do(ho
 
 
 def test_a_board_asked_for_a_coding_its_bundle_lacks_says_so(mobilenet_bundle: Path) -> None:
-    runner = DeviceRunner(Bundle.load(mobilenet_bundle), threads=1, transmit="k4")
-    with pytest.raises(Exception, match=rf"split {TEST_SPLITS[0]} has no cut coding 'k4' \(it has: none\); rebuild"):
-        runner.payload(TEST_SPLITS[0], np.zeros((1, 32, 28, 28), np.float32))
+    runner = DeviceRunner(Bundle.load(mobilenet_bundle), threads=1)
+    with pytest.raises(BundleError, match=rf"split {TEST_SPLITS[0]} has no cut coding 'k4' \(it has: none\); rebuild"):
+        runner.payload(f"{TEST_SPLITS[0]}@k4", np.zeros((1, 32, 28, 28), np.float32))
+    with pytest.raises(BundleError, match=rf"split {TEST_SPLITS[0]} has no cut coding 'k4'"):
+        runner.run_head(f"{TEST_SPLITS[0]}@k4", np.zeros((1, 3, 224, 224), np.float32))
 
 
 def test_a_forged_top_level_coding_is_not_taken_from_the_wire(coded_host: RunningHost, coded: Bundle,
