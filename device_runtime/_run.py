@@ -553,7 +553,8 @@ async def calibrate_board(settings: CalibrateSettings, out: Output = Output()) -
                 _camera_load(_camera(settings.camera, board)[0], bundle, out))
             fps = settings.fps or (1.0 / camera.source.frame_interval_s if camera is not None else 0.0)
             scene = Scene(fps, settings.frame) if camera is None else Scene(fps, camera.size, camera.latest)
-            result = await calibrate(runner, client, Rounds(settings.batches, settings.repeats, out.progress),
+            rounds = Rounds(settings.batches, settings.repeats, out.progress, settings.floor)
+            result = await calibrate(runner, client, rounds,
                                      board.to_dict(), scene, peers, loads)
             if camera is not None:
                 out.progress(f"camera {camera.source.description}: {camera.frames} frames captured while the board "

@@ -20,8 +20,8 @@ from device_runtime.board import (
     calibration_for, calibrations_for, detect_board, handler, install_service, installed_backends, settings_for,
 )
 from device_runtime.board.run_settings import (
-    BATCH, FPS, FRAMES, KEYS, QUEUE, REPEATS, SUMMARY_EVERY, as_flag_type, batches, calibrate_settings,
-    run_settings,
+    ACCURACY_LOSS, AGREEMENT, BATCH, FPS, FRAMES, KEYS, QUEUE, REPEATS, SUMMARY_EVERY, as_flag_type, batches,
+    calibrate_settings, run_settings,
 )
 from device_runtime.bundle import FORMATS, Bundle
 from device_runtime.engine import AUTO, PRECISIONS, PREPROCESS_PATHS
@@ -173,6 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="time the board's runs F a second at most, as the camera will pace them: a board idle "
                           "between frames runs them at another speed than back to back (default 0: back to back)")
     cal.add_argument("--no-host", action="store_true", help="calibrate the board alone (every choice is local)")
+    cal.add_argument("--min-agreement", type=as_flag_type(AGREEMENT), default=0.97, metavar="SHARE",
+                     help="offer a split's k-bit coding (split-export build --cut-bits) to the table only where the "
+                     "build measured it answering as the float model does on at least this share of held-out "
+                     "images (default 0.97); a coding nothing measured is never offered")
+    cal.add_argument("--max-accuracy-loss", type=as_flag_type(ACCURACY_LOSS), default=1.0, metavar="POINTS",
+                     help="where the build measured top-1 on labelled test data instead: offer a coding that loses at "
+                     "most this many points of the full model's top-1 (default 1)")
     cal.add_argument("--json", action="store_true",
                      help="print the summary as one JSON object on stdout at the end (progress on stderr)")
     cal.add_argument("--frame", type=_checked("frame"), default=DEFAULT_FRAME, metavar="WIDTHxHEIGHT",

@@ -98,7 +98,7 @@ def plan_profile(registry: TailRegistry, request: ProfileRequest) -> ProfilePlan
     served = registry.served()
     if bundle_id not in served:
         registry.lookup(bundle_id, None)  # raises unknown_bundle with the list
-    tails = {split_id: registry.lookup(bundle_id, split_id) for split_id in (served[bundle_id] if splits is None else splits)}
+    tails = {split_id: registry.profiled(bundle_id, split_id) for split_id in (served[bundle_id] if splits is None else splits)}
     for split_id, tail in tails.items():
         if not all(isinstance(d, int) for d in tail.input_shape[1:]):
             raise ProtocolError(f"tail of split {split_id} has a dynamic shape {list(tail.input_shape)}: "

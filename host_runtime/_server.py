@@ -483,7 +483,8 @@ class HostServer:
         self._accept_failures = AcceptFailures(loop.get_exception_handler())
         loop.set_exception_handler(self._accept_failures)
         self._watchdog = asyncio.ensure_future(self.admission.watch())
-        self.profiler.start_probing(self.registry.tails.values())  # what a sample of each tail costs, for profile's budget
+        # what a sample of each tail (and each coded option's decode and tail) costs, for profile's budget
+        self.profiler.start_probing([*self.registry.tails.values(), *self.registry.coded.values()])
         return host, port
 
     async def close(self, deadline: float | None = None) -> None:

@@ -46,7 +46,7 @@ import numpy as np
 from device_runtime import FULL, LOCAL, OFFLOAD, TAIL, Bundle, stage_id
 from device_runtime.engine import Backend, OnnxBackend, check_input, session_options
 from device_runtime.wire import ErrorCode
-from device_runtime.wire.coding import CutCoding
+from device_runtime.wire.coding import CutCoding, packed_bytes
 from splitedge.errors import BackendError, BundleError, ProtocolError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -254,7 +254,10 @@ class TailRegistry:
                  buckets: Sequence[int] = (), per_bucket: bool | None = None) -> None:
         self.bundles: dict[str, Bundle] = {}
         self.tails: dict[tuple[str, str], TailSession] = {}
-        self._codings: dict[tuple[str, str, str], CutCoding] = {}
+        self._codings: dict[tuple[str, str, str], CutCoding] = {}  # (bundle, split, coding name)
+        # (bundle, ``<split>@k4``): what a board's calibration times of a coded option (decode + tail);
+        # never an infer's tail: an infer names the split, and its tensor the coding
+        self.coded: dict[tuple[str, str], CodedTail] = {}
         self.buckets = tuple(buckets)
         providers = providers_for(device, tf32, fixed_shapes)
         bucket_providers = providers_for(device, tf32, fixed_shapes=True)
@@ -277,6 +280,10 @@ class TailRegistry:
                     if part.artifacts:
                         self.tails[(bundle.id, stage_id(split.id, part.index))] = session(
                             bundle.stage_artifact(split.id, part.index))
+                for coding in split.codings:  # issue 47: a cut's k-bit codings, decoded before its tail
+                    cut = self._codings[(bundle.id, split.id, coding.name)] = CutCoding.of(coding)
+                    if (bundle.id, split.id) in self.tails:
+                        self.coded[(bundle.id, split.option(coding))] = CodedTail(self.tails[(bundle.id, split.id)], cut)
             if bundle.has(LOCAL, FULL):
                 self.tails[(bundle.id, OFFLOAD)] = session(bundle.artifact(LOCAL, FULL))
         on_cuda = [CUDA in tail.session.get_providers() for tail in self.tails.values()]
@@ -316,9 +323,14 @@ class TailRegistry:
         """bundle id → split ids with a tail here, and chain stages and semantic fragments as
         ``<split>#<k>`` (what ``hello`` and zeroconf announce)."""
         served: dict[str, list[str]] = {bundle_id: [] for bundle_id in self.bundles}
-        for bundle_id, split_id in self.tails:
+        for bundle_id, split_id in (*self.tails, *self.coded):
             served[bundle_id].append(split_id)
         return served
+
+    def profiled(self, bundle_id: object, split_id: object) -> Backend:
+        """What a ``profile`` times for ``split_id``: its tail, or a coded option's decode and tail."""
+        coded = self.coded.get((bundle_id, split_id)) if isinstance(split_id, str) else None  # type: ignore[arg-type]
+        return coded if coded is not None else self.lookup(bundle_id, split_id)
 
     def lookup(self, bundle_id: object, split_id: object) -> Backend:
         if not isinstance(bundle_id, str) or bundle_id not in self.bundles:
@@ -346,17 +358,30 @@ class TailRegistry:
     def coding(self, bundle_id: object, split_id: object, name: str) -> CutCoding:
         """The coding ``name`` of a split's cut (the split's, whichever of its stages or fragments
         a request names); ``bad_request`` naming the codings it has where it has not that one (issue 47)."""
-        key = (bundle_id, split_id, name)
-        coding = self._codings.get(key)  # type: ignore[arg-type]
-        if coding is None:
-            if not isinstance(split_id, str) or bundle_id not in self.bundles:
-                self.lookup(bundle_id, split_id)  # raises: not served here
-            try:
-                spec = self.bundles[bundle_id].manifest.split(split_id).coding(name)  # type: ignore[index,arg-type]
-            except BundleError as exc:
-                raise ProtocolError(str(exc), code=ErrorCode.BAD_REQUEST) from exc
-            coding = self._codings[key] = CutCoding.of(spec)  # bounded: the served manifests' codings
-        return coding
+        coding = self._codings.get((bundle_id, split_id, name))  # type: ignore[arg-type]
+        if coding is not None:
+            return coding
+        if not isinstance(split_id, str) or bundle_id not in self.bundles:
+            self.lookup(bundle_id, split_id)  # raises: not served here
+        try:
+            self.bundles[bundle_id].manifest.split(split_id).coding(name)  # type: ignore[index]  # raises, naming them
+        except BundleError as exc:
+            raise ProtocolError(str(exc), code=ErrorCode.BAD_REQUEST) from exc
+        raise AssertionError(f"coding {name} of split {split_id} is in the manifest but not kept")
+
+
+class CodedTail:
+    """A tail behind its split's k-bit coding, as a ``profile`` times it for a board's calibration
+    (issue 47): a batch's packed bits unpacked and dequantized, then the tail. The bits are zeros
+    (unpacking and a convolution take as long whatever the values)."""
+
+    def __init__(self, tail: Backend, coding: CutCoding) -> None:
+        self.tail, self.coding = tail, coding
+        self.name, self.input_shape, self.input_dtype = f"{tail.name}@{coding.name}", tail.input_shape, tail.input_dtype
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        bits = np.zeros(packed_bytes(x.size, self.coding.bits), np.uint8)
+        return self.tail.run(self.coding.decode(bits, x.shape))
 
 
 def can_pad(tail: Backend) -> bool:

@@ -120,7 +120,7 @@ FACES = {
         "spread_warning", "write_settings",
     ],
     "device_runtime.board.run_settings": [
-        "AUTO", "BATCH", "CalibrateSettings", "Connection", "FPS", "FRAMES", "FRAME_SIDE", "KEEP", "KEYS", "Key",
+        "ACCURACY_LOSS", "AGREEMENT", "AUTO", "BATCH", "CalibrateSettings", "Connection", "FPS", "FRAMES", "FRAME_SIDE", "KEEP", "KEYS", "Key",
         "QUEUE", "REPEATS", "RunSettings", "Runtime", "START_TIMEOUT", "SUMMARY_EVERY", "SettingError", "THREADS",
         "as_flag_type", "batches", "calibrate_settings", "run_settings",
     ],

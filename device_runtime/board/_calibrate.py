@@ -37,6 +37,7 @@ from calibration import CalibrationError, LatencyModel, SplitTable, SplitTimings
 from calibration.calibration_file import Calibration, Calibrations, FILENAME, Preprocessing, load, load_all
 from calibration.chains import ChainStage, HostView, Placement, chain_timings, place
 from calibration import WIDE_MIN_MS, WIDE_RATIO, widest
+from device_runtime.board._codings import AccuracyFloor
 from device_runtime.bundle import FULL, HEAD, LOCAL, OFFLOAD, Bundle
 from device_runtime.engine import DeviceRunner
 from device_runtime.link import HostClient
@@ -92,12 +93,14 @@ def calibrations_for(bundle: Bundle) -> Calibrations:
 
 @dataclass(frozen=True)
 class Rounds:
-    """What every step of a calibration times: these batch sizes, this many repeats of each, and
-    where it says how it goes (a line at a time)."""
+    """What every step of a calibration times: these batch sizes, this many repeats of each, the
+    coded options whose measured answers clear ``floor`` beside the splits, and where it says how it
+    goes (a line at a time)."""
 
     batches: Sequence[int] = DEFAULT_BATCHES
     repeats: int = 20
     progress: Progress = lambda line: None
+    floor: AccuracyFloor = AccuracyFloor()
 
     def for_host(self) -> Rounds:
         """These rounds as a ``profile`` request may ask them (at most MAX_PROFILE_REPEATS repeats)."""
@@ -117,7 +120,8 @@ class Scene:
 
 class BoardTimes(NamedTuple):
     """What :func:`measure_board` timed: every head's spread (split -> batch -> spread; ``local``
-    is the full model) and one frame's preprocessing."""
+    is the full model; a coded option's, ``SPLIT@k4``, its split's head and its encoding) and one
+    frame's preprocessing."""
 
     heads: dict[str, dict[int, Spread]]
     preprocess: Spread
@@ -151,12 +155,14 @@ def measure_board(
     }
     calls[_PREPROCESS] = functools.partial(runner.preprocess, _camera_frame(*frame)) if camera is None \
         else (lambda: runner.preprocess(camera()))
+    coded = _encodings(runner, rounds, inputs)
+    calls.update(coded)
     quarters = {max(1, round(repeats * q / 4)) for q in (1, 2, 3)}
 
     def cycle_done(cycle: int) -> None:
         if cycle in quarters and cycle < repeats:
             progress(f"board  {cycle}/{repeats} rounds of {len(calls)} runs (every head at every batch size, "
-                     "a frame's preprocessing)")
+                     f"{'each coded option encoding its cut, ' if coded else ''}a frame's preprocessing)")
 
     samples = measure_round_robin(calls, repeats, fps=scene.fps, clock=clock, sleep=sleep, on_cycle=cycle_done)
     preprocess = Spread.of(samples[_PREPROCESS])
@@ -168,7 +174,31 @@ def measure_board(
         progress(f"board  {split_id:24s} " + "  ".join(
             f"B={b}: {s.p50:8.2f} ms ({s.p10:.2f}–{s.p90:.2f})" for b, s in times[split_id].items()
         ))
+    for option in dict.fromkeys(option for option, _ in coded):
+        encode = {batch: Spread.of(samples[(option, batch)]) for batch in batches}
+        times[option] = {batch: times[runner.option(option)[0]][batch].plus(encode[batch]) for batch in batches}
+        progress(f"board  {option + ' encode':24s} " + "  ".join(
+            f"B={b}: {s.p50:8.2f} ms ({s.p10:.2f}–{s.p90:.2f})" for b, s in encode.items()))
     return BoardTimes(times, preprocess)
+
+
+def _encodings(runner: DeviceRunner, rounds: Rounds,
+               inputs: Mapping[int, np.ndarray]) -> dict[tuple[str, int], Callable[[], object]]:
+    """The round robin's calls encoding each offered coded option's cut (its split's head's output
+    on the inputs) at every batch size, keyed (option, batch); a line for each option left out."""
+    offered, left_out = rounds.floor.offered(runner.bundle.manifest)
+    for line in left_out:
+        rounds.progress(line)
+    calls: dict[tuple[str, int], Callable[[], object]] = {}
+    cuts: dict[tuple[str, int], np.ndarray] = {}
+    for split, coding in offered:
+        option = split.option(coding)
+        for batch, x in inputs.items():
+            cut = cuts.get((split.id, batch))
+            if cut is None:
+                cut = cuts[(split.id, batch)] = runner.session(split.id, HEAD).run(x)
+            calls[(option, batch)] = functools.partial(runner.payload, option, cut)
+    return calls
 
 
 def spread_warning(heads: Mapping[str, Mapping[int, Spread]]) -> str | None:
@@ -243,6 +273,10 @@ def latency_model(
                 splits.append(chain)
         elif split.id in tails:  # else the host has no tail for it: not an option
             splits.append(SplitTimings(split.id, sent, heads[split.id], tails[split.id]))
+        for coding in split.codings:  # timed where the floor offered it and the host decodes it
+            option = split.option(coding)
+            if option in heads and option in tails:
+                splits.append(SplitTimings(option, coding.bytes_per_sample, heads[option], tails[option]))
     if OFFLOAD in tails:
         splits.append(SplitTimings(OFFLOAD, input_bytes, {}, tails[OFFLOAD]))
     return LatencyModel(tuple(splits), rtt_ms, preprocess_ms)
@@ -457,7 +491,10 @@ async def calibrate(
     link, link_spread = None, {}
     routes: dict[str, tuple[str, ...]] = {}
     if client is not None:
-        tails = await profile_host(client, runner.bundle.id, rounds)
+        # what the host serves, less the coded options the floor left out (their heads were not timed)
+        coded = {split.option(c) for split in runner.bundle.manifest.splits for c in split.codings}
+        served = [s for s in client.hello.bundles.get(runner.bundle.id, ()) if s not in coded or s in heads]
+        tails = await profile_host(client, runner.bundle.id, rounds, splits=served)
         link, link_spread = await measure_link(client, progress)
     model = latency_model(runner, heads, tails, link["rtt_ms"] if link else 0.0, preprocess.spread.p50)
     if client is not None and peers and link is not None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from device_runtime.board._calibrate import DEFAULT_BATCHES, DEFAULT_FRAME
+from device_runtime.board._codings import AccuracyFloor
 from device_runtime.bundle import FORMATS
 from device_runtime.engine import AUTO, PRECISIONS, PREPROCESS_PATHS
 from device_runtime.hosts import host_address
@@ -25,7 +26,7 @@ from splitedge import Bounds, LOCAL, SettingError, as_flag_type
 from splitedge.errors import HostUnavailableError
 
 __all__ = [
-    "AUTO", "BATCH", "CalibrateSettings", "Connection", "FPS", "FRAMES", "FRAME_SIDE", "KEEP", "KEYS", "Key", "QUEUE",
+    "ACCURACY_LOSS", "AGREEMENT", "AUTO", "BATCH", "CalibrateSettings", "Connection", "FPS", "FRAMES", "FRAME_SIDE", "KEEP", "KEYS", "Key", "QUEUE",
     "REPEATS", "RunSettings", "Runtime", "SUMMARY_EVERY", "SettingError", "START_TIMEOUT", "THREADS", "as_flag_type",
     "batches", "calibrate_settings", "run_settings",
 ]
@@ -57,6 +58,10 @@ THREADS = Bounds(int, 1, 256, example="4")
 BATCH = Bounds(int, 1, 1024, example="4")
 #: Frames waiting before the drop policy applies: 4096 frames of 640x480 are 3.5 GiB.
 QUEUE = Bounds(int, 1, 4096, example="4")
+#: ``calibrate --min-agreement``: the share of answers a coded option must keep equal to the float model's.
+AGREEMENT = Bounds(float, 0.0, 1.0, example="0.97")
+#: ``calibrate --max-accuracy-loss``: the top-1 points a coded option may lose against the full model.
+ACCURACY_LOSS = Bounds(float, 0.0, 100.0, example="1")
 #: Frames before a run stops: over a year at 30 fps (a run without --frames goes on by itself).
 FRAMES = Bounds(int, 1, 10**9, example="300")
 #: Timed runs per calibration measurement: 10,000 runs of a 100 ms head are 17 minutes for one cell.
@@ -276,6 +281,7 @@ class CalibrateSettings:
     no_host: bool = False
     frame: tuple[int, int] = DEFAULT_FRAME  # (width, height) of the camera's frames: preprocessing is timed on one
     camera: str | None = None  # the run's camera, capturing while the board is timed (its frames' size and pace)
+    floor: AccuracyFloor = AccuracyFloor()  # what a coded option must keep of the answers to be offered (issue 47)
 
 
 def _connection(args: argparse.Namespace) -> Connection:
@@ -310,4 +316,5 @@ def calibrate_settings(args: argparse.Namespace) -> CalibrateSettings:
     return CalibrateSettings(
         bundle=args.bundle, connection=_connection(args), runtime=_runtime(args), batches=args.batch,
         repeats=args.repeats, fps=args.fps, no_host=args.no_host, frame=args.frame, camera=args.camera,
+        floor=AccuracyFloor(args.min_agreement, args.max_accuracy_loss),
     )

@@ -127,6 +127,13 @@ class DeviceRunner:
         cut = self.session(self.option(option)[0], HEAD).run(x)
         return cut, (time.perf_counter() - start) * 1000.0
 
+    def board_part(self, option: str, x: np.ndarray) -> tuple[tuple[np.ndarray, dict[str, Any]], float]:
+        """An option's head and what goes on the link of its cut (:meth:`payload`: a coded
+        option's encoding is part of the board's time), and the ms of both."""
+        start = time.perf_counter()
+        sent = self.payload(option, self.session(self.option(option)[0], HEAD).run(x))
+        return sent, (time.perf_counter() - start) * 1000.0
+
     def payload(self, split_id: str, cut: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
         """What goes on the link for ``cut``: its packed bits for a coded option (``<split>@k4``,
         issue 47); uint8 with its scale and zero point where the split has quantization parameters

@@ -96,8 +96,6 @@ class Pipeline:
         self.runner, self.policy, self.hosts, self.config = runner, policy, hosts, config
         self.meter = meter or LinkMeter()
         self.stats = PipelineStats()
-        # each split's k-bit coded options (issue 47): a host that serves the split decodes them
-        self._coded = {s.id: frozenset(s.option(c) for c in s.codings) for s in runner.bundle.manifest.splits if s.codings}
         self._engine = BoardEngine(runner, config.pace)  # the board's one inference engine
         self._camera = ThreadPoolExecutor(1, thread_name_prefix="capture")
         self._in_flight = InFlight(config.in_flight)  # remote batches outstanding
@@ -108,9 +106,10 @@ class Pipeline:
         self._prober = LinkProber(hosts, self.meter, config, self._in_flight)
 
     def available(self) -> frozenset[str]:
-        """Splits that can run now: ``local`` always, the host's while one is connected (each with
-        its coded options), a chain with a route whose first stage the connected host serves, and a
-        semantic split with its fragments' hosts (those on the connected host served by it)."""
+        """Splits that can run now: ``local`` always, the host's while one is connected (a split's
+        coded options among them, ``SPLIT@k4``, where the host decodes them), a chain with a route
+        whose first stage the connected host serves, and a semantic split with its fragments' hosts
+        (those on the connected host served by it)."""
         if self.hosts is None or self.hosts.client is None:
             return frozenset((LOCAL,))
         served = self.hosts.served()
@@ -118,8 +117,7 @@ class Pipeline:
         chains = {chain for chain in self.config.routes
                   if stage_id(chain, 1) in served and not self._host.refused(chain, address)}
         semantic = {split for split in self.config.fragments if self._fragments.servable(split, served, address)}
-        coded = frozenset().union(*(self._coded[split] for split in served if split in self._coded))
-        return served | coded | chains | semantic | {LOCAL}
+        return served | chains | semantic | {LOCAL}
 
     async def probe(self, client: HostClient) -> None:
         """Measure the link to ``client`` into the meter (:meth:`LinkProber.probe`)."""
@@ -266,12 +264,11 @@ class Pipeline:
                 batch, logits, self.runner.labels))
             return done
         if split == OFFLOAD:
-            cut, head_ms = x, 0.0
-        else:
-            cut, head_ms = await self._engine.on(batch, split, partial(self.runner.run_head, split, x))
+            (tensor, fields), head_ms = self.runner.payload(split, x), 0.0
+        else:  # the head, and the cut made what crosses the link (a coded option's encoding: its time too)
+            (tensor, fields), head_ms = await self._engine.on(batch, split, partial(self.runner.board_part, split, x))
             self.policy.observe_head(split, len(batch), head_ms, sending=self._in_flight.count > 0)
         started = time.monotonic() - head_ms / 1e3  # the head's start: the frames' queueing ends there
-        tensor, fields = self.runner.payload(split, cut)
         slot_ms = await self._in_flight.take()  # given back by whoever answers, when its request settles
         head = HeadDone(batch, x, split, tensor, fields, head_ms, rate, reason, started, slot_ms, deadline)
         answers = self._fragments if split in self.config.fragments else self._host

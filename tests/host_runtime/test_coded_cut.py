@@ -161,3 +161,28 @@ def test_a_forged_top_level_coding_is_not_taken_from_the_wire(coded_host: Runnin
         reply = read_reply(sock)
     expected = OnnxBackend(coded.artifact(TEST_SPLITS[1], TAIL)).run(cut)
     assert reply["ok"] is True and np.allclose(reply["tensor"], expected, atol=1e-5)
+
+
+def test_the_host_offers_each_coded_option_and_times_its_decode_with_its_tail(coded_host: RunningHost,
+                                                                                coded: Bundle) -> None:
+    """``hello`` lists ``SPLIT@k4`` beside the split (a board offers what its host decodes), and
+    ``profile`` times it as the host runs it: unpacking and dequantizing, then the tail. An infer
+    still names the split (the coding is the tensor's): one naming the option is refused."""
+    options = [f"{split}@k{bits}" for split in TEST_SPLITS for bits in TEST_CODINGS]
+
+    async def go():
+        client = await HostClient.connect(coded_host.host, coded_host.port)
+        try:
+            served = client.server_info["bundles"][coded.id]
+            times = await client.profile(coded.id, [1, 2], repeats=3, splits=[TEST_SPLITS[1], f"{TEST_SPLITS[1]}@k2"])
+            with pytest.raises(RemoteError, match=rf"split '{TEST_SPLITS[0]}@k4' of bundle .* has no tail here"):
+                await client.infer(coded.id, f"{TEST_SPLITS[0]}@k4",
+                                   np.zeros((1, *coded.manifest.split(TEST_SPLITS[0]).tensor.shape), np.float32))
+            return served, times
+        finally:
+            await client.close()
+
+    served, times = asyncio.run(go())
+    assert set(options) <= set(served)
+    assert set(times) == {TEST_SPLITS[1], f"{TEST_SPLITS[1]}@k2"}
+    assert all(set(t) == {1, 2} and min(t.values()) > 0 for t in times.values())

@@ -22,9 +22,9 @@ CUT = "cut"
 
 
 class _Manifest:
-    def split(self, split_id: str):
-        if split_id != CUT:
-            raise BundleError(f"unknown split {split_id!r}")
+    def option(self, option_id: str):
+        if option_id != CUT:
+            raise BundleError(f"unknown split {option_id!r}")
 
 
 class _Bundle:
