@@ -94,8 +94,12 @@ def _by_split(runs: Sequence[Run]) -> str:
 
 
 def _share(s: dict[str, Any] | None) -> str:
-    """A split's (or a local cause's) share of the answered frames, and its p50."""
-    return "-" if s is None else f"{100.0 * s['share']:.1f} % ({s['frames']}), p50 {_f(s['p50_ms'])} ms"
+    """A split's (or a local cause's) share of the answered frames, its p50, and a split's bytes a frame."""
+    if s is None:
+        return "-"
+    sent = s.get("bytes_per_frame")
+    return (f"{100.0 * s['share']:.1f} % ({s['frames']}), p50 {_f(s['p50_ms'])} ms"
+            + ("" if not sent else f", {sent:,.0f} B a frame"))
 
 
 def _reasons(runs: Sequence[Run]) -> str:

@@ -86,7 +86,8 @@ def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
 
 
 def _per_split(answered: list[dict[str, Any]], tally: Tally) -> dict[str, dict[str, Any]]:
-    """Frames, share of frames, seconds in effect and latency of each split that ran.
+    """Frames, share of frames, seconds in effect, latency and median bytes a frame crossed the link
+    in (a coded option's, ``SPLIT@k4``, its coding's) of each split that ran.
 
     ``seconds`` attributes the time from one answered frame's capture to the next answered
     frame's capture to the split of the first: that split was in effect until the next answer
@@ -97,8 +98,11 @@ def _per_split(answered: list[dict[str, Any]], tally: Tally) -> dict[str, dict[s
     the latencies are over ``answered`` (a sample past :data:`MAX_KEPT`).
     """
     latencies: dict[str, list[float]] = {}  # one pass: a pass per split was quadratic in the splits
+    sent: dict[str, list[float]] = {}  # what each frame crossed the link in, where the trace says
     for f in answered:
         latencies.setdefault(f["split"], []).append(f["total_ms"])
+        if isinstance(f.get("bytes"), (int, float)):
+            sent.setdefault(f["split"], []).append(f["bytes"])
     counts = tally.splits.all()
     out: dict[str, dict[str, Any]] = {}
     for split in plots.graph_order(counts):
@@ -109,6 +113,8 @@ def _per_split(answered: list[dict[str, Any]], tally: Tally) -> dict[str, dict[s
             "seconds": float(tally.seconds.get(split, 0.0)),
             "p50_ms": latency["p50"],
             "p95_ms": latency["p95"],
+            # a frame's bytes on the link (its share of a batch's; 0 on the board; None: not traced)
+            "bytes_per_frame": float(np.median(sent[split])) if split in sent else None,
         }
     return out
 
@@ -438,12 +444,13 @@ def format_summary(summary: dict[str, Any]) -> str:
         *_grouped_lines(summary.get("grouped") or {}),
         *_sample_lines(summary.get("sample")),
         "",
-        f"{'split':28s} {'frames':>7s} {'share':>7s} {'seconds':>8s} {'p50 ms':>8s} {'p95 ms':>8s}",
+        f"{'split':28s} {'frames':>7s} {'share':>7s} {'seconds':>8s} {'p50 ms':>8s} {'p95 ms':>8s} {'B/frame':>9s}",
     ]
     for split, s in summary["per_split"].items():
+        sent = s.get("bytes_per_frame")
         lines.append(
             f"{plots.split_label(split):28s} {s['frames']:7d} {100.0 * s['share']:6.1f}% {s['seconds']:8.2f} "
-            f"{_ms(s['p50_ms']):>8s} {_ms(s['p95_ms']):>8s}"
+            f"{_ms(s['p50_ms']):>8s} {_ms(s['p95_ms']):>8s} {'-' if sent is None else f'{sent:,.0f}':>9s}"
         )
         if split == LOCAL:  # each cause of its frames under it, so a refusal is not read as a choice
             for cause, c in summary["local_causes"].items():

@@ -147,6 +147,7 @@ _BOARD_BODY = """
     <dt>frame</dt><dd id=index>—</dd>
     <dt>split</dt><dd id=split>—</dd>
     <dt>ran</dt><dd id=where>—</dd>
+    <dt>sent</dt><dd id=sent>—</dd>
     <dt>rate estimate</dt><dd id=rate>—</dd>
     <dt>table cell</dt><dd id=cell>—</dd>
     <dt>why</dt><dd><b id=reason-kind>—</b> <span id=why></span><dl id=reason></dl></dd>
@@ -201,6 +202,7 @@ function render() {
     text('index', '#' + latest.index + ' ' + latest.name);
     text('split', latest.split);
     text('where', latest.where === 'remote' ? 'on ' + latest.host : 'here (the board)');
+    text('sent', latest.where === 'remote' ? latest.bytes.toLocaleString('en') + ' bytes a frame' : 'nothing');
     text('rate', mbit(latest.rate_bps));
     const c = cell(latest.rate_bps, latest.reason, latest.split);
     text('cell', c ? c.split + ' for ' + mbit(c.low) + ' – ' + (c.high === null ? '∞' : mbit(c.high))

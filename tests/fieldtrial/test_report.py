@@ -122,6 +122,16 @@ def test_latency_percentiles_are_numpys() -> None:
     assert s["per_split"][LOCAL]["p95_ms"] == np.percentile([110.0, 150.0], 95)
 
 
+def test_each_split_says_what_a_frame_crossed_the_link_in() -> None:
+    """A coded option (issue 47) is a split of its own in the report, its bytes a frame its coding's."""
+    frames = [{**frame_record(i, i * 0.5, split, 30.0, 8e5, False, None), "bytes": sent}
+              for i, (split, sent) in enumerate([("cut", 7840), ("cut@k4", 980), ("cut@k4", 980), (LOCAL, 0)])]
+    s = summarize(run_record(), frames, None)
+    assert {split: p["bytes_per_frame"] for split, p in s["per_split"].items()} == {"cut": 7840, "cut@k4": 980, LOCAL: 0}
+    table = format_summary(s)
+    assert any(line.startswith("cut@k4") and line.rstrip().endswith("980") for line in table.splitlines())
+
+
 def test_per_split_shares_and_seconds() -> None:
     per_split = summarize(run_record(), list(reversed(known_frames())), None)["per_split"]  # order on disk must not matter
     assert list(per_split) == [OFFLOAD, "cut", LOCAL]  # input to output
