@@ -36,13 +36,14 @@ from device_runtime.bundle import (
     BOTTLENECK, CHAIN, CHAIN_JOIN, FLOAT32, FORMATS, INT8, IO_NAMES, LAYER, MIDDLE_STAGE_IO, ONNX, SEMANTIC,
     TFLITE,
 )
-from device_runtime.wire import dequantize, quantize
 from exporter._bottleneck import BottleneckOptions, SplitModel, make_autoencoder, train_bottleneck
+from exporter._codings import Curve, SplitCurve, calibrate, check_bits, coded, write_curve
 from exporter._datasets import ImageSet, TrainTest, load_images, photos, train_test
 from exporter._fast_agreement import MAX_PHOTOS, with_agreement
 from exporter._fold import Folded, normalise, pixels
 from exporter._graph import CutPoint, TracedModel, find_cut_points, get_chain, get_cut_point, split_at, split_chain, trace
 from exporter._models import LoadedModel, load_model, read_labels
+from exporter._measure import Link, top1, uint8_round_trip
 from exporter._preprocessing import PreprocessFlags
 from exporter._onnx_export import export_onnx, onnx_bytes
 from exporter._quantize import calibration_sets, cut_quantization, quantize_onnx
@@ -109,6 +110,8 @@ class BuildSpec:
     semantic: SemanticOptions | None = None
     fold: bool = True  # the normalisation folded into heads and full model: they take pixels (exporter._fold)
     output: str | None = None  # a model of several outputs: the one the bundle answers with (index or key)
+    cut_bits: Sequence[int] = ()  # k-bit cut codings to calibrate and measure per split (CUT_BITS; issue 47)
+    calib_data: str | None = None  # what cut_bits calibrates on without quantize_from (which serves both)
 
 
 def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool = True) -> Manifest:
@@ -138,6 +141,10 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
     board's head up to its cut, as a layer split's (in every variant), then K fragments trained on
     its training data, validated merged against the torch semantic model; its ``accuracies``
     (full, layer, semantic) are measured on the same test images, which the bundle's others use too.
+    With ``cut_bits``, every split's cut gets a k-bit coding per width (:mod:`exporter._codings`),
+    calibrated on ``calibration_samples`` images of ``quantize_from`` (else ``calib_data``), each with
+    its bytes per sample and its top-1 or agreement measured as int8's is (held-out images without
+    test data), beside float32's and uint8's in ``report/codings.json`` and ``codings.png``.
     The bundle is built beside ``out_dir`` and replaces it only once it is whole (:func:`staged`).
     """
     model_spec, weights, splits, labels, input_shape, seed = (
@@ -149,6 +156,10 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
     if unknown or ONNX not in formats:
         raise ExportError(f"formats {list(formats)}: ONNX is always written, and the others are {FORMATS[1:]}")
     tflite = TFLITE in formats
+    cut_bits = check_bits(spec.cut_bits)
+    calibrate_on = quantize_from or (spec.calib_data if cut_bits else None)
+    if cut_bits and calibrate_on is None:
+        raise ExportError("cut codings are calibrated on images: give --calib-data (or --train-data) with --cut-bits")
     loaded = load_model(model_spec, weights, preprocessing, input_shape, for_board=True, output=spec.output)
     # The name becomes the bundle id, which names the release directory on every board: refused now,
     # not after minutes of export (write_manifest would refuse it too).
@@ -171,9 +182,11 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
             check_fragment_count(semantic.fragments, int(traced.module(torch.zeros((1, *shape))).shape[-1]))
     # Everything that can refuse the data is read before the first file is written.
     calibration = None
-    if quantize_from is not None:
-        images = load_images(quantize_from, shape, loaded.preprocess, loaded.categories, labelled=False)
-        calibration = calibration_sets(images, calibration_samples, test_data is None and bottleneck is None, seed)
+    if calibrate_on is not None:
+        images = load_images(calibrate_on, shape, loaded.preprocess, loaded.categories, labelled=False)
+        needed_by = " and ".join(["int8"] * (quantize_from is not None) + ["--cut-bits"] * bool(cut_bits))
+        calibration = calibration_sets(images, calibration_samples, test_data is None and bottleneck is None, seed,
+                                       needed_by)
     test = load_images(test_data, shape, loaded.preprocess, loaded.categories) if test_data and not bottleneck else None
     semantic_parts = None
     if semantic is not None:
@@ -190,7 +203,7 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
     inputs = [rng.uniform(0, 255, (b, *shape)).astype(np.float32) if folded else
               rng.standard_normal((b, *shape), dtype=np.float32) for b in VALIDATION_BATCHES]
     variants = Variants(tflite=tflite, folded=folded)
-    if calibration is not None:
+    if quantize_from is not None and calibration is not None:
         variants = replace(variants, calibration=variants.artifact_view(calibration.calibration))
 
     with staged(Path(out_dir)) as root:
@@ -238,12 +251,18 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
         accuracy_on = None
         if test is not None:
             if test.labelled and model_accuracy is None:
-                model_accuracy = _accuracy(OnnxRunner(root / FULL_PATH), test)
+                model_accuracy = top1(OnnxRunner(root / FULL_PATH), test)
             split_entries = [_measure_variants(split, root, test) for split in split_entries]
             if semantic_parts is not None and test.labelled:
                 split_entries[-1] = _with_accuracies(split_entries[-1], semantic_parts, root, test, model_accuracy)
-            full = tuple(replace(a, accuracy=_accuracy(_runner(root, a), test)) for a in full)
+            full = tuple(replace(a, accuracy=top1(_runner(root, a), test)) for a in full)
             accuracy_on = _described(test)
+        curve = None
+        if cut_bits:
+            assert calibration is not None and test is not None and accuracy_on is not None, "checked above"
+            split_entries, curve = _with_codings(split_entries, root, variants.artifact_view(calibration.calibration),
+                                                 cut_bits, test, progress)
+            curve = Curve(loaded.name, "top1" if test.labelled else "agreement", accuracy_on, curve)
         output_shape = tuple(next(iter(reference[0].expected.values())).shape[1:])
         manifest = Manifest(
             model=ModelInfo(
@@ -263,6 +282,8 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
         )
         if board is not None:
             check_board(board, manifest)
+        if curve is not None:
+            write_curve(curve, root)
         return write_manifest(root, manifest)
 
 
@@ -541,10 +562,10 @@ def _export_semantic(parts: SemanticParts, root: Path, inputs: list[np.ndarray],
 def _with_accuracies(split: Split, parts: SemanticParts, root: Path, test: ImageSet, full: float | None) -> Split:
     """A semantic split's accuracies on the bundle's test images: the full model's, the layer split's
     at the same cut (its float32 head, then the tail, in ONNX) and its own (head, then fragments)."""
-    head = next(a for a in split.artifacts if a.role == HEAD and a.format == ONNX and a.precision == FLOAT32)
+    head = _float_head(split)
     example = torch.zeros((1, *split.tensor.shape))
     layer = Chain(OnnxRunner(root / head.path), OnnxRunner(onnx_bytes(parts.tail, TAIL, example)))
-    measured = {"layer": _accuracy(layer, test), "semantic": split.accuracy}
+    measured = {"layer": top1(layer, test), "semantic": split.accuracy}
     return replace(split, accuracies={**({} if full is None else {"full": full}), **measured})
 
 
@@ -589,46 +610,52 @@ def _export_bottleneck_split(
     )
 
 
-def _accuracy(runner: Runner, images: ImageSet, batch: int = 256) -> float:
-    (input_name,), (output_name,) = runner.input_names, runner.output_names
-    hits = sum(
-        int((runner({input_name: images.x[i : i + batch]})[output_name].argmax(1) == images.y[i : i + batch]).sum())
-        for i in range(0, len(images), batch)
-    )
-    return hits / len(images)
+def _hosts(split: Split, root: Path) -> Runner:
+    """What the hosts run of ``split`` after its head: the tail, a chain's stages in a row, or a
+    semantic split's fragments merged."""
+    if split.fragments:
+        return Merged([OnnxRunner(root / f.artifacts[0].path) for f in split.fragments],
+                      [f.classes for f in split.fragments])
+    return Chain(*(OnnxRunner(root / a.path) for a in artifacts_of(split) if a.role == TAIL))
 
 
-class _Link:
-    """A head followed by the uint8 link: what an int8 head's board actually sends."""
-
-    def __init__(self, head: Runner, quantization: Quantization) -> None:
-        self.head, self.quantization = head, quantization
-        self.input_names, self.output_names = head.input_names, head.output_names
-
-    def __call__(self, feeds):
-        q = self.quantization
-        return {k: dequantize(quantize(v, q.scale, q.zero_point), q.scale, q.zero_point) for k, v in self.head(feeds).items()}
+def _float_head(split: Split) -> Artifact:
+    """The split's float32 ONNX head: validated against torch, the one every split has."""
+    return next(a for a in split.artifacts if a.role == HEAD and a.format == ONNX and a.precision == FLOAT32)
 
 
 def _measure_variants(split: Split, root: Path, test: ImageSet) -> Split:
     """Top-1 of the split model through each head variant (int8 heads with the uint8 link) and
     the host's tail, a chain's stages in a row, or a semantic split's fragments merged."""
-    if split.fragments:
-        hosts = [Merged([OnnxRunner(root / f.artifacts[0].path) for f in split.fragments],
-                        [f.classes for f in split.fragments])]
-    else:
-        hosts = [OnnxRunner(root / a.path) for a in artifacts_of(split) if a.role == TAIL]
+    hosts = _hosts(split, root)
     measured = []
     for artifact in split.artifacts:
         if artifact.role != HEAD:
             measured.append(artifact)
             continue
         head = _runner(root, artifact)
-        if artifact.precision == INT8 and split.quantization is not None:
-            head = _Link(head, split.quantization)
-        measured.append(replace(artifact, accuracy=_accuracy(Chain(head, *hosts), test)))
-    float_head = next(a for a in measured if a.role == HEAD and a.format == ONNX and a.precision == FLOAT32)
+        if artifact.precision == INT8 and (q := split.quantization) is not None:
+            head = Link(head, uint8_round_trip(q))
+        measured.append(replace(artifact, accuracy=top1(Chain(head, hosts), test)))
+    float_head = _float_head(replace(split, artifacts=tuple(measured)))
     return replace(split, artifacts=tuple(measured), accuracy=split.accuracy if split.accuracy is not None else float_head.accuracy)
+
+
+def _with_codings(
+    splits: Sequence[Split], root: Path, samples: np.ndarray, bits: tuple[int, ...], test: ImageSet, progress: bool,
+) -> tuple[list[Split], tuple[SplitCurve, ...]]:
+    """Every split with its k-bit cut codings (``bits``), calibrated on its float32 head's cut over
+    ``samples`` (the calibration images as the head takes them) and measured on ``test``; and the
+    curve, float32 and uint8 measured beside them (:func:`exporter._codings.coded`)."""
+    coded_splits, curves = [], []
+    with tqdm(total=len(test) * len(splits), desc="measuring cut codings", unit="image", disable=not progress) as bar:
+        for split in splits:
+            head = root / _float_head(split).path
+            outputs, codings = calibrate(head, samples, bits, split.tensor.bytes_per_sample)
+            with_codings, curve = coded(split, OnnxRunner(head), _hosts(split, root), outputs, codings, test, bar.update)
+            coded_splits.append(with_codings)
+            curves.append(curve)
+    return coded_splits, tuple(curves)
 
 
 def _runner(root: Path, artifact: Artifact) -> Runner:

@@ -1,4 +1,5 @@
-"""The pictures of a cut-point analysis, as PNG files beside ``points.json``.
+"""The pictures of a cut-point analysis, as PNG files beside ``points.json``, and of a build's cut
+codings, beside ``codings.json``.
 
 Each function takes the report dictionary (the same data the JSON holds) and writes one
 figure; nothing here computes anything the report does not already say.
@@ -16,13 +17,18 @@ matplotlib.use("Agg")  # files only: no display on a build machine or in CI
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-__all__ = ["plot_cui_curve", "plot_per_class", "plot_head_cost", "write_plots"]
+__all__ = ["plot_codings", "plot_cui_curve", "plot_per_class", "plot_head_cost", "write_plots"]
 
 
 def _ticks(ax: plt.Axes, ids: list[str], limit: int = 40) -> None:
     step = max(1, len(ids) // limit)
     ax.set_xticks(range(0, len(ids), step))
     ax.set_xticklabels(ids[::step], rotation=90, fontsize=7)
+
+
+def _plain(text: str) -> str:
+    """``text`` as matplotlib draws it, not as mathtext: a data path with two ``$`` is no formula."""
+    return text.replace("$", r"\$")
 
 
 def _save(fig: plt.Figure, path: Path) -> None:
@@ -100,6 +106,32 @@ def plot_head_cost(report: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("bytes per sample at the cut (float32)")
     ax.set_ylabel("head multiply-accumulates (board)")
     ax.set_title(f"{report['model']['name']}: head cost vs link cost (circled: candidates)")
+    _save(fig, path)
+
+
+def plot_codings(report: dict[str, Any], path: Path) -> None:
+    """Issue 47's curve: per split, the bytes a sample crosses in (log) against the answers kept,
+    float32 and the k-bit codings on one line, today's per-tensor uint8 an open square beside it
+    (as many bytes as k8: the two differ only in their scales); each point named by its coding."""
+    metric = "top-1" if report["metric"] == "top1" else "top-1 agreement with the float32 model"
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for curve in report["splits"]:
+        points = sorted(curve["points"], key=lambda p: p["bytes_per_sample"])
+        line_points = [p for p in points if p["coding"] != "uint8"]
+        (line,) = ax.plot([p["bytes_per_sample"] for p in line_points], [p["accuracy"] for p in line_points],
+                          marker="o", lw=1.5, label=_plain(f"{curve['split']} ({curve['kind']})"))
+        for p in points:
+            uint8 = p["coding"] == "uint8"
+            if uint8:
+                ax.scatter([p["bytes_per_sample"]], [p["accuracy"]], marker="s", s=60, facecolors="none",
+                           edgecolors=line.get_color(), zorder=3)
+            ax.annotate(p["coding"], (p["bytes_per_sample"], p["accuracy"]), fontsize=7, color=line.get_color(),
+                        xytext=(3, -10 if uint8 else 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes per sample crossing the link")
+    ax.set_ylabel(metric)
+    ax.legend(fontsize=8)
+    ax.set_title(_plain(f"{report['model']}: cut codings, {report['measured_on']}"), fontsize=9, wrap=True)
     _save(fig, path)
 
 

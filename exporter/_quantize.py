@@ -25,7 +25,7 @@ from exporter._validate import OnnxRunner
 from splitedge.errors import ExportError
 
 __all__ = ["HELD_OUT_SAMPLES", "MIN_CALIBRATION_SAMPLES", "MIN_HELD_OUT", "CalibrationSets", "calibration_sets",
-           "cut_quantization", "quantize_onnx"]
+           "cut_quantization", "head_outputs", "quantize_onnx", "uint8_link"]
 
 MIN_CALIBRATION_SAMPLES = 32
 #: Without --test-data, int8's accuracy is measured on calibration images held out of the
@@ -41,20 +41,23 @@ class CalibrationSets:
     held_out: ImageSet | None  # what int8's accuracy is measured on when nothing else is given
 
 
-def calibration_sets(images: ImageSet, samples: int, hold_out_for_accuracy: bool, seed: int = 0) -> CalibrationSets:
+def calibration_sets(
+    images: ImageSet, samples: int, hold_out_for_accuracy: bool, seed: int = 0, needed_by: str = "int8",
+) -> CalibrationSets:
     """Calibration images, and (``hold_out_for_accuracy``) a held-out part never calibrated on.
 
     Checked before anything is exported, so a set too small for both is one line that says how
-    many images it takes and which flag gives them, and no bundle is half written.
+    many images it takes and which flag gives them, and no bundle is half written. ``needed_by``
+    names what calibrates in that line (int8, the k-bit cut codings, or both).
     """
     if samples < MIN_CALIBRATION_SAMPLES:
-        raise ExportError(f"--calib-samples {samples}: int8 calibration needs at least {MIN_CALIBRATION_SAMPLES}")
+        raise ExportError(f"--calib-samples {samples}: {needed_by} calibration needs at least {MIN_CALIBRATION_SAMPLES}")
     held = min(HELD_OUT_SAMPLES, max(MIN_HELD_OUT, len(images) - samples)) if hold_out_for_accuracy else 0
     needed = MIN_CALIBRATION_SAMPLES + held
     if len(images) < needed:
-        why = (f"{MIN_CALIBRATION_SAMPLES} to calibrate on and {held} held out to measure int8's accuracy "
+        why = (f"{MIN_CALIBRATION_SAMPLES} to calibrate on and {held} held out to measure {needed_by}'s accuracy "
                "(or give --test-data to measure on, and all of them calibrate)" if held else "to calibrate on")
-        raise ExportError(f"--calib-data {images.source} has {len(images)} images; int8 needs at least {needed}: "
+        raise ExportError(f"--calib-data {images.source} has {len(images)} images; {needed_by} needs at least {needed}: "
                           f"{why}; add images to it, or point --calib-data at a larger set")
     if not held:
         return CalibrationSets(images.subset(samples, seed).x, None)
@@ -75,14 +78,25 @@ def _check(samples: np.ndarray) -> None:
         raise ExportError(f"int8 calibration needs at least {MIN_CALIBRATION_SAMPLES} samples, got {len(samples)}")
 
 
+def head_outputs(head: Path, samples: np.ndarray) -> np.ndarray:
+    """The float head's cut on ``samples`` (``(N, *cut)``): what the link's uint8 and k-bit
+    codings are calibrated on."""
+    runner = OnnxRunner(head)
+    (output,) = runner.output_names
+    return np.concatenate([runner({runner.input_names[0]: samples[i : i + _BATCH]})[output]
+                           for i in range(0, len(samples), _BATCH)])
+
+
+def uint8_link(outputs: np.ndarray) -> Quantization:
+    """uint8 parameters covering ``outputs`` (a head's cut on the calibration samples)."""
+    scale, zero_point = affine_params(outputs.min(), outputs.max())
+    return Quantization(scale=scale, zero_point=zero_point, dtype="uint8")
+
+
 def cut_quantization(head: Path, samples: np.ndarray) -> Quantization:
     """uint8 parameters covering the float head's outputs on the calibration samples."""
     _check(samples)
-    runner = OnnxRunner(head)
-    (output,) = runner.output_names
-    outputs = [runner({runner.input_names[0]: samples[i : i + _BATCH]})[output] for i in range(0, len(samples), _BATCH)]
-    scale, zero_point = affine_params(min(o.min() for o in outputs), max(o.max() for o in outputs))
-    return Quantization(scale=scale, zero_point=zero_point, dtype="uint8")
+    return uint8_link(head_outputs(head, samples))
 
 
 def quantize_onnx(source: Path, target: Path, samples: np.ndarray) -> None:

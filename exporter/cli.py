@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from boards import BOARDS
 from device_runtime import Artifact, HEAD, Manifest, TensorSpec, slice_bundle
-from device_runtime.bundle import FORMATS, INT8, ONNX, PARTS, PRECISIONS
+from device_runtime.bundle import CUT_BITS, FORMATS, INT8, ONNX, PARTS, PRECISIONS
 from exporter.deploy import add_deploy_command
 from splitedge import Bounds, SettingError, SplitEdgeError, as_flag_type
 from splitedge.lifecycle import exit_on_signals
@@ -190,7 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--quantize", choices=(INT8,),
                        help="add int8 heads and send the cut as uint8 (calibrated on --calib-data)")
-    build.add_argument("--calib-data", metavar="SPEC", help="calibration images for --quantize (default: --train-data)")
+    build.add_argument("--cut-bits", type=_cut_bits, default=(), metavar="K,K",
+                       help="also code each split's cut in K bits a value, per-channel scales calibrated on --calib-data, "
+                       f"each coding's accuracy measured as --quantize's is (some of {','.join(map(str, CUT_BITS))}); "
+                       "the curve goes to the bundle's report/codings.json and codings.png")
+    build.add_argument("--calib-data", metavar="SPEC",
+                       help="calibration images for --quantize and --cut-bits (default: --train-data)")
     build.add_argument("--calib-samples", type=as_flag_type(CALIB_SAMPLES), default=64, metavar="N",
                        help="calibration images used (default 64, at least 32)")
     build.add_argument("--bottleneck", choices=("ae",), help="inject and train an I-SPLIT autoencoder at each split")
@@ -313,10 +318,13 @@ def _build(args: argparse.Namespace) -> int:
             train_images=args.train_images, training=BottleneckTraining(ae_epochs=args.epochs),
         )
     quantize_from = None
+    calib_data = args.calib_data or args.train_data
     if args.quantize:
-        quantize_from = args.calib_data or args.train_data
+        quantize_from = calib_data
         if quantize_from is None:
             raise SplitEdgeError("--quantize int8 needs --calib-data (or --train-data) to calibrate on")
+    if args.cut_bits and calib_data is None:
+        raise SplitEdgeError("--cut-bits needs --calib-data (or --train-data) to calibrate the codings on")
     spec = BuildSpec(
         args.model,
         weights=args.weights,
@@ -333,6 +341,8 @@ def _build(args: argparse.Namespace) -> int:
         test_data=args.test_data,
         semantic=semantic,
         output=args.output,
+        cut_bits=args.cut_bits,
+        calib_data=calib_data,
     )
     if not args.json:
         _built(build_bundle(spec, args.out), args.out)
@@ -345,7 +355,12 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _build_summary(manifest: Manifest, out: str) -> dict[str, Any]:
-    """What :func:`_built` says of a bundle, as ``build --json`` prints it."""
+    """What :func:`_built` says of a bundle, as ``build --json`` prints it: a split's ``curve`` is
+    its cut codings' (``--cut-bits``), float32 and uint8 first, empty without them."""
+    from exporter._codings import read_curve
+
+    curve = read_curve(out)
+    curves = {c.split: [asdict(p) for p in c.points] for c in curve.splits} if curve is not None else {}
 
     def artifact(a: Artifact) -> dict[str, Any]:
         return {"path": a.path, "role": a.role, "format": a.format, "precision": a.precision, "bytes": a.bytes,
@@ -361,7 +376,9 @@ def _build_summary(manifest: Manifest, out: str) -> dict[str, Any]:
             "stages": [{"index": t.index, "cut": t.cut, "shape": list(t.tensor.shape),
                         "bytes_per_sample": t.tensor.bytes_per_sample} for t in s.stages],
             "fragments": [{"index": f.index, "classes": list(f.classes), "params": f.params} for f in s.fragments],
+            "curve": curves.get(s.id, []),
         } for s in manifest.splits],
+        "curve_metric": None if curve is None else curve.metric,
     }
 
 
@@ -402,6 +419,25 @@ def _built(manifest: Manifest, out: str) -> None:
         for a in manifest.full:
             if a.accuracy is not None:
                 print(f"  full {a.format} {a.precision}: {a.accuracy:.4f}, {a.bytes:,} B")
+    _codings_summary(out)
+
+
+def _codings_summary(out: str) -> None:
+    """The curve of a ``--cut-bits`` build: per split, bytes per sample and accuracy per coding."""
+    from exporter._codings import CURVE_JSON, CURVE_PNG, REPORT_DIR, read_curve
+
+    curve = read_curve(out)
+    if curve is None:
+        return
+    metric = "top-1" if curve.metric == "top1" else "agreement"
+    print(f"cut codings: bytes per sample and {metric} on the same images; the curve in "
+          f"{out}/{REPORT_DIR}/{CURVE_JSON} and {CURVE_PNG}")
+    for split in curve.splits:
+        print(f"  {split.split}:")
+        width = max(len(p.coding) for p in split.points)
+        size = max(len(f"{p.bytes_per_sample:,}") for p in split.points)
+        for p in split.points:
+            print(f"    {p.coding:<{width}}  {p.bytes_per_sample:>{size},} B  {p.accuracy:.4f}")
 
 
 def _semantic_options(args: argparse.Namespace):
@@ -543,6 +579,15 @@ def _slice_formats(text: str) -> tuple[str, ...]:
 def _sent(tensor: TensorSpec) -> str:
     """What crosses a link, per sample: ``32x56x56 (401,408 B per sample)``."""
     return f"{'x'.join(map(str, tensor.shape))} ({tensor.bytes_per_sample:,} B per sample)"
+
+
+def _cut_bits(text: str) -> tuple[int, ...]:
+    """``--cut-bits 8,4,2``: some of :data:`CUT_BITS`, most bits first, each once."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts or any(part not in {str(k) for k in CUT_BITS} for part in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: bits a value, comma separated, some of "
+                                         f"{', '.join(map(str, CUT_BITS))}")
+    return tuple(sorted({int(part) for part in parts}, reverse=True))
 
 
 def _splits(text: str) -> str | list[str]:
