@@ -118,8 +118,9 @@ def plot_codings(report: dict[str, Any], path: Path) -> None:
     for curve in report["splits"]:
         points = sorted(curve["points"], key=lambda p: p["bytes_per_sample"])
         line_points = [p for p in points if p["coding"] != "uint8"]
+        # "split _17": matplotlib's legend leaves out a label starting with "_", and ids may.
         (line,) = ax.plot([p["bytes_per_sample"] for p in line_points], [p["accuracy"] for p in line_points],
-                          marker="o", lw=1.5, label=_plain(f"{curve['split']} ({curve['kind']})"))
+                          marker="o", lw=1.5, label=_plain(f"split {curve['split']} ({curve['kind']})"))
         for p in points:
             uint8 = p["coding"] == "uint8"
             if uint8:

@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="data the bottleneck or the semantic fragments are trained on (as --data of analyze)")
     build.add_argument("--test-data", metavar="SPEC", help="measure every variant's accuracy on this data (default "
                        "with --bottleneck: fashion-mnist's test split, else 20%% of --train-data held out; with "
-                       "--quantize: 32-500 images of --calib-data held out of calibration)")
+                       "--quantize or --cut-bits: 32-500 images of --calib-data held out of calibration)")
     build.add_argument("--train-images", type=as_flag_type(IMAGES), metavar="N",
                        help=f"train on at most N images (default: all for --bottleneck, {SEMANTIC_IMAGES:,} for --semantic)")
     build.add_argument("--epochs", type=as_flag_type(EPOCHS), default=AE_EPOCHS,
