@@ -258,11 +258,11 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
             full = tuple(replace(a, accuracy=top1(_runner(root, a), test)) for a in full)
             accuracy_on = _described(test)
         curve = None
-        if cut_bits:
-            assert calibration is not None and test is not None and accuracy_on is not None, "checked above"
-            split_entries, curve = _with_codings(split_entries, root, variants.artifact_view(calibration.calibration),
-                                                 cut_bits, test, progress)
-            curve = Curve(loaded.name, "top1" if test.labelled else "agreement", accuracy_on, curve)
+        if cut_bits:  # calibration images, so a test set: --test-data, a bottleneck's, or held out of them
+            assert calibration is not None and test is not None and accuracy_on is not None
+            split_entries, curves = _with_codings(split_entries, root, variants.artifact_view(calibration.calibration),
+                                                  cut_bits, test, progress)
+            curve = Curve(loaded.name, "top1" if test.labelled else "agreement", accuracy_on, curves)
         output_shape = tuple(next(iter(reference[0].expected.values())).shape[1:])
         manifest = Manifest(
             model=ModelInfo(
@@ -650,9 +650,16 @@ def _with_codings(
     coded_splits, curves = [], []
     with tqdm(total=len(test) * len(splits), desc="measuring cut codings", unit="image", disable=not progress) as bar:
         for split in splits:
+            if split.tensor.dtype != FLOAT32:  # a coding's decode gives float32: an integer cut's tail takes none
+                print(f"note: split {split.id} sends {split.tensor.dtype}, not float32: no k-bit codings for it",
+                      file=sys.stderr, flush=True)
+                coded_splits.append(split)
+                bar.update(len(test))
+                continue
             head = root / _float_head(split).path
             outputs, codings = calibrate(head, samples, bits, split.tensor.bytes_per_sample)
-            with_codings, curve = coded(split, OnnxRunner(head), _hosts(split, root), outputs, codings, test, bar.update)
+            with_codings, curve = coded(split, OnnxRunner(head), _hosts(split, root), outputs, codings, test,
+                                        bar.update)
             coded_splits.append(with_codings)
             curves.append(curve)
     return coded_splits, tuple(curves)

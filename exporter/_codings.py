@@ -92,7 +92,9 @@ def check_bits(bits: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted(set(bits), reverse=True))
 
 
-def calibrate(head: Path, samples: np.ndarray, bits: Sequence[int], cut_bytes: int) -> tuple[np.ndarray, list[CutCoding]]:
+def calibrate(
+    head: Path, samples: np.ndarray, bits: Sequence[int], cut_bytes: int,
+) -> tuple[np.ndarray, list[CutCoding]]:
     """The float32 head's cut on (at most :data:`MAX_CALIBRATION_BYTES` of) ``samples``, the
     calibration images as the head takes them, and one coding per width of ``bits`` calibrated on it
     (``cut_bytes``: a sample's cut in float32)."""

@@ -46,7 +46,7 @@ def test_injected_bottleneck_keeps_accuracy(trained, tmp_path: Path, capsys) -> 
     assert main([
         "build", "exporter.zoo:fmnist_vgg", "--weights", str(weights), "--input-shape", "1,28,28",
         "--splits", "_6,_13", "--bottleneck", "ae", "--train-data", "fashion-mnist", "--train-images", "5000",
-        "--out", str(out),
+        "--cut-bits", "8,2", "--out", str(out),
     ]) == 0
     printed = capsys.readouterr().out
     manifest = Bundle.load(out).manifest
@@ -59,6 +59,13 @@ def test_injected_bottleneck_keeps_accuracy(trained, tmp_path: Path, capsys) -> 
         assert split.tensor.bytes_per_sample == 4 * math.prod(split.tensor.shape)
         assert math.prod(split.tensor.shape) <= 0.11 * cut_elements  # the latent is ~10% of the cut
         assert split.accuracy >= full_accuracy - ACCURACY_MARGIN, (split.id, split.accuracy, full_accuracy)
+        # --cut-bits codes the latent, what the board sends, calibrated on --train-data's images and
+        # measured on the same labelled test images: eight bits a value keep the float latent's answers.
+        blocks = math.ceil(math.prod(split.tensor.shape) / 8)  # eight values fill k bytes
+        assert [(c.name, c.bytes_per_sample) for c in split.codings] == [("k8", blocks * 8), ("k2", blocks * 2)]
+        assert all(c.agreement is None and 0 <= c.top1 <= 1 for c in split.codings)
+        assert split.codings[0].top1 == pytest.approx(split.accuracy, abs=0.01), (split.id, split.codings)
+    assert "cut codings: bytes per sample and top-1 on the same images" in printed
     # What the board sends is the latent: head output shape == the manifest's tensor shape.
     test = load_images("fashion-mnist", (1, 28, 28)).subset(200)
     bundle = Bundle.load(out)

@@ -130,7 +130,8 @@ def test_each_coding_gives_back_the_heads_real_output_within_half_a_step(coded, 
             assert inside.mean() > 0.5, (split.id, spec.name, inside.mean())
 
 
-def test_the_recorded_agreement_is_what_the_exported_files_and_the_coding_give(coded, factory: str, calib: Path) -> None:
+def test_the_recorded_agreement_is_what_the_exported_files_and_the_coding_give(coded, factory: str,
+                                                                              calib: Path) -> None:
     root, summary = coded
     x = held_out_pixels(factory, calib)
     manifest = Bundle.load(root).manifest
