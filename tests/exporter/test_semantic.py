@@ -118,7 +118,7 @@ def semantic_bundles(trained, tmp_path_factory: pytest.TempPathFactory) -> _Buil
                 assert main(["build", "exporter.zoo:fmnist_vgg", "--weights", str(weights[name]()), "--input-shape",
                              "1,28,28", "--splits", "_17", "--semantic", "5", "--train-data", "fashion-mnist",
                              "--train-images", str(TRAIN_IMAGES), "--epochs", str(TRAINING.epochs),
-                             "--out", str(out)]) == 0
+                             "--cut-bits", "4", "--out", str(out)]) == 0
             else:
                 build_bundle(BuildSpec(f"exporter.zoo:fmnist_{name}", weights=weights[name](), splits=(), input_shape=SHAPE,
                                        semantic=SemanticOptions(k, "fashion-mnist", cut=cut, train_images=TRAIN_IMAGES,
@@ -206,6 +206,12 @@ def test_the_build_prints_the_semantic_split_beside_a_layer_split(semantic_bundl
     assert (f"semantic split _17~5: 5 fragments, groups {' | '.join(','.join(map(str, f.classes)) for f in semantic.fragments)}"
             in printed)
     assert f"accuracy full {acc['full']:.4f} / layer {acc['layer']:.4f} / semantic {acc['semantic']:.4f}" in printed
+    # --cut-bits 4: the trunk's cut is coded once for both (one head, the same calibration images), and
+    # each split's figure is measured through its own hosts: the tail, or the fragments merged.
+    (layer_k4,), (semantic_k4,) = layer.codings, semantic.codings
+    assert (semantic_k4.scale, semantic_k4.zero) == (layer_k4.scale, layer_k4.zero) and semantic_k4.name == "k4"
+    assert semantic_k4.top1 is not None and semantic_k4.top1 >= acc["semantic"] - 0.02, (semantic_k4, acc)
+    assert layer_k4.top1 is not None and layer_k4.top1 >= acc["layer"] - 0.02, (layer_k4, acc)
 
 
 def test_board_and_host_slices_keep_their_parts(semantic_bundles, tmp_path: Path) -> None:
