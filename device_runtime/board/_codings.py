@@ -23,9 +23,13 @@ class AccuracyFloor:
     max_loss_points: float = 1.0
 
     def offered(self, manifest: Manifest) -> tuple[list[tuple[Split, Coding]], list[str]]:
-        """The coded options that clear the floor, and a line for each that does not, saying why."""
+        """The coded options that clear the floor, and a line for each that does not, saying why.
+        A chain's or a semantic split's codings are none: their hosts run stages or fragments, and
+        only a split whose tail a host runs whole is sent coded (its layer split at the same cut is)."""
         offered, left = [], []
         for split in manifest.splits:
+            if split.parts:
+                continue
             for coding in split.codings:
                 why = self._short(coding, manifest.model.accuracy)
                 if why is None:

@@ -65,7 +65,7 @@ def _manifest(accuracy: float | None, **measured: float | None):
     from device_runtime.bundle import Coding
 
     coding = Coding(4, (1.0,), (0,), 1, **measured)
-    split = type("S", (), {"id": "cut", "codings": (coding,), "option": lambda self, c: f"cut@{c.name}"})()
+    split = type("S", (), {"id": "cut", "parts": (), "codings": (coding,), "option": lambda self, c: f"cut@{c.name}"})()
     model = type("M", (), {"accuracy": accuracy})()
     return type("Manifest", (), {"splits": (split,), "model": model})()
 
