@@ -75,7 +75,7 @@ FACES = {
         "accept_tls", "affine_params", "client_context", "decode", "decode_tensor", "dequantize", "encode", "encode_bytes",
         "encode_message", "load_key", "quantize", "server_context",
     ],
-    "device_runtime.wire.coding": ["CodedCut", "CutCoding", "coding_bits", "pack_bits", "packed_bytes", "unpack_bits"],
+    "device_runtime.wire.coding": ["MIN_CHANNEL_VALUES", "CodedCut", "CutCoding", "coding_bits", "pack_bits", "packed_bytes", "unpack_bits"],
     "device_runtime.wire.txt": [
         "MAX_BUNDLES", "SERVICE_TYPE", "TxtRecord", "open_zeroconf", "parse_txt", "txt_record",
     ],

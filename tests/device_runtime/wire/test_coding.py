@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from device_runtime.bundle import CUT_BITS
-from device_runtime.wire.coding import CutCoding, pack_bits, packed_bytes, unpack_bits
+from device_runtime.wire.coding import MIN_CHANNEL_VALUES, CutCoding, pack_bits, packed_bytes, unpack_bits
 from splitedge.errors import ProtocolError
 
 
@@ -39,7 +39,7 @@ def cut(seed: int = 0) -> np.ndarray:
     """A ReLU cut whose channels' ranges span three orders of magnitude, as MobileNetV2's do."""
     rng = np.random.default_rng(seed)
     ranges = np.geomspace(0.01, 10.0, 16, dtype=np.float32).reshape(1, 16, 1, 1)
-    return np.maximum(rng.standard_normal((40, 16, 5, 5)).astype(np.float32) * ranges, 0)
+    return np.maximum(rng.standard_normal((48, 16, 5, 5)).astype(np.float32) * ranges, 0)
 
 
 def relative_error(coding: CutCoding, x: np.ndarray) -> np.ndarray:
@@ -103,3 +103,14 @@ def test_a_frame_whose_channels_are_not_the_codings_is_refused() -> None:
     coding = CutCoding.calibrate(cut(4), 2)
     with pytest.raises(ProtocolError, match=r"a k2 cut has 16 channels \(axis 1\), the frame's shape is \[1, 8, 5, 5\]"):
         coding.decode(b"\0" * packed_bytes(200, 2), (1, 8, 5, 5))
+
+
+def test_a_channel_seen_too_few_times_for_a_range_of_its_own_shares_one() -> None:
+    """A pooled cut calibrated on 64 images sees each channel 64 times: the largest of them is
+    passed on about one held-out value in 65, so its channels share one range (MIN_CHANNEL_VALUES)."""
+    rng = np.random.default_rng(5)
+    pooled = np.maximum(rng.standard_normal((64, 32)).astype(np.float32) * np.geomspace(0.1, 10, 32), 0)
+    coding = CutCoding.calibrate(pooled, 8)
+    assert np.unique(coding.scale).size == 1 and np.unique(coding.zero).size == 1
+    spatial = np.repeat(np.repeat(pooled[:, :, None, None], 6, axis=2), 6, axis=3)  # 64 x 36 values a channel
+    assert 64 * 36 >= MIN_CHANNEL_VALUES and np.unique(CutCoding.calibrate(spatial, 8).scale).size > 1
