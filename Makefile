@@ -171,7 +171,7 @@ $(BUILD)/board-calib/.written: $(BUILD)/photos/.written
 # The board's bundle: ONNX and TFLite heads and full model, float32 and int8.
 $(BUILD)/board-bundle/manifest.json: $(VENV)/.installed $(BUILD)/board-calib/.written $(BUILD)/export.sources
 	$(VENV)/bin/split-export build torchvision:mobilenet_v2 --weights $(WEIGHTS) --splits $(BOARD_SPLITS) \
-		--formats onnx,tflite --quantize int8 --calib-data $(BUILD)/board-calib --out $(BUILD)/board-bundle
+		--formats onnx,tflite --quantize int8 --cut-bits 8,4 --calib-data $(BUILD)/board-calib --out $(BUILD)/board-bundle
 
 # A digest of some sources' content (git's tracked and untracked files), rewritten only when it
 # changes, not on a checkout, a touch or an edit undone: what is built from them is rebuilt exactly

@@ -219,6 +219,26 @@ def test_split_device_run_in_the_box_answers_as_x86(box, host, answers, fmt, pre
         assert abs(frame["probability"] - softmax_top(ours["logits"])) <= TOLERANCE[precision]
 
 
+def test_a_coded_cut_runs_in_the_box_as_on_x86(box, host, tmp_path) -> None:
+    """``--split SPLIT@k4`` (issue 47): the box packs its head's output four bits a value and the x86
+    host unpacks it; every photo gets the answer the same run natively on x86 gets, and each frame
+    crossed the link in the coding's bytes."""
+    manifest = json.loads((Path(BUNDLE) / "manifest.json").read_text())
+    split = next(s for s in manifest["splits"] if any(c["bits"] == 4 for c in s.get("codings", ())))
+    option, coded = f"{split['id']}@k4", next(c for c in split["codings"] if c["bits"] == 4)
+    args = ("--camera", "/srv/photos", "--split", option, "--host", host, "--timeout", "60")
+    out, frames = split_device_run(box, VENV, *args)
+    assert out.returncode == 0, out.stderr[-2000:]
+    native = subprocess.run([sys.executable, "-m", "device_runtime.cli", "run", BUNDLE, "--camera", PHOTOS, *args[2:],
+                             "--trace", str(tmp_path / "x86.jsonl")], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert native.returncode == 0, native.stderr[-2000:]
+    x86 = {r["name"]: r for r in map(json.loads, (tmp_path / "x86.jsonl").read_text().splitlines()) if r["type"] == "frame"}
+    assert sorted(f["name"] for f in frames) == sorted(x86) and len(frames) == len(list(Path(PHOTOS).glob("*.png")))
+    for frame in frames:
+        assert (frame["split"], frame["where"], frame["bytes"]) == (option, "remote", coded["bytes_per_sample"])
+        assert frame["label"] == x86[frame["name"]]["label"], frame["name"]
+
+
 @pytest.fixture(scope="module")
 def tflite_runtime_board(box) -> str:
     """A second venv in the box: splitedge[camera] with tflite-runtime instead of ai-edge-litert, and
