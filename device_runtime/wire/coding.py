@@ -7,14 +7,15 @@ what an 8-bit one per tensor would have kept of the small ones (issue 47). The s
 points are calibrated per split at build time and stored in the manifest, so a frame carries its
 bits and the coding's name, nothing else.
 
-Packing: eight values fill ``k`` bytes exactly, so values are packed eight at a time into one
-64-bit word (the first value in the lowest bits, the word little-endian, the last block padded
-with zeros) and the word's first ``k`` bytes are sent: ``ceil(n / 8) * k`` bytes for ``n``
-values, whatever ``k``, in a handful of numpy passes (no Python per value).
+Packing: eight values fill ``k`` bytes exactly: the bytes of a block of eight are its 64-bit
+word's first ``k`` (the first value in the lowest bits, the word little-endian, the last block
+padded with zeros), ``ceil(n / 8) * k`` bytes for ``n`` values, whatever ``k``, made in a handful
+of numpy passes over groups of one, three or eight bytes (no Python per value).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,17 +70,23 @@ def packed_bytes(count: int, bits: int) -> int:
 
 
 def pack_bits(q: np.ndarray, bits: int) -> bytes:
-    """Values in ``0 .. 2**bits - 1`` (any integer array; not checked: :meth:`CutCoding.encode`
-    clips them), packed eight to ``bits`` bytes."""
+    """Values in ``0 .. 2**bits - 1`` (uint8; not checked: :meth:`CutCoding.encode` clips them),
+    packed eight to ``bits`` bytes."""
     flat = q.reshape(-1)
-    blocks = -(-flat.size // 8)
-    words = np.zeros(blocks * 8, np.uint64)
-    words[: flat.size] = flat
-    values = words.reshape(blocks, 8)
-    word = values[:, 0].copy()
-    for i in range(1, 8):
-        word |= values[:, i] << np.uint64(bits * i)
-    return word.view(np.uint8).reshape(blocks, 8)[:, :bits].tobytes()
+    whole = -(-flat.size // 8) * 8  # the last block padded with zeros
+    if whole != flat.size:
+        flat = np.concatenate([flat, np.zeros(whole - flat.size, np.uint8)])
+    if bits == 8:
+        return flat.tobytes()
+    per, size = _group(bits)
+    values = np.ascontiguousarray(flat.reshape(-1, per).T)  # a row per place in the group: contiguous passes
+    out = np.zeros((size, values.shape[1]), np.uint8)
+    for i in range(per):
+        byte, shift = divmod(i * bits, 8)
+        out[byte] |= values[i] << shift  # uint8: the bits past the byte fall off here...
+        if shift + bits > 8:
+            out[byte + 1] |= values[i] >> (8 - shift)  # ...and land in the next one
+    return out.T.tobytes()
 
 
 def unpack_bits(data: Any, count: int, bits: int) -> np.ndarray:
@@ -88,15 +95,29 @@ def unpack_bits(data: Any, count: int, bits: int) -> np.ndarray:
     expected = packed_bytes(count, bits)
     if len(data) != expected:
         raise ProtocolError(f"a {bits}-bit cut of {count} values packs into {expected} bytes, frame carries {len(data)}")
-    blocks = -(-count // 8)
-    raw = np.zeros((blocks, 8), np.uint8)
-    raw[:, :bits] = np.frombuffer(data, np.uint8).reshape(blocks, bits)
-    word = raw.view("<u8").reshape(blocks)
-    out = np.empty((blocks, 8), np.uint8)
-    mask = np.uint64((1 << bits) - 1)
-    for i in range(8):
-        out[:, i] = (word >> np.uint64(bits * i)) & mask
+    raw = np.frombuffer(data, np.uint8)
+    if bits == 8:
+        return raw[:count]
+    per, size = _group(bits)
+    groups = raw.reshape(-1, size)
+    out = np.empty((groups.shape[0], per), np.uint8)
+    mask = (1 << bits) - 1
+    for i in range(per):
+        byte, shift = divmod(i * bits, 8)
+        value = groups[:, byte] >> shift
+        if shift + bits > 8:
+            value |= groups[:, byte + 1] << (8 - shift)
+        out[:, i] = value & mask
     return out.reshape(-1)[:count]
+
+
+def _group(bits: int) -> tuple[int, int]:
+    """The fewest values of ``bits`` bits that fill whole bytes, and those bytes: (2, 1) for 4 bits,
+    (4, 1) for 2, (4, 3) for 6, (8, 3) for 3. Each divides a block of eight values, so a block's
+    bytes are its 64-bit word's first ``bits``, built in byte-wide numpy passes (in 64-bit words a
+    75,264-value cut took 0.22-0.29 ms to pack)."""
+    per = 8 // math.gcd(bits, 8)
+    return per, per * bits // 8
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,6 +140,9 @@ class CutCoding:
             raise ValueError(f"a {self.bits}-bit coding's zero points must be integers in 0..{(1 << self.bits) - 1}")
         object.__setattr__(self, "scale", scale.astype(np.float32))
         object.__setattr__(self, "zero", zero.astype(np.uint8))
+        # what encode and decode compute with: a multiply instead of a divide, the zero point as a float
+        object.__setattr__(self, "_inverse", (1.0 / self.scale).astype(np.float32))
+        object.__setattr__(self, "_zero", self.zero.astype(np.float32))
 
     @property
     def name(self) -> str:
@@ -157,8 +181,11 @@ class CutCoding:
     def encode(self, x: np.ndarray) -> bytes:
         """A cut (``[N, C, ...]`` float32) as packed bits, rounding to nearest and saturating."""
         shape = (1, self.channels) + (1,) * (x.ndim - 2)
-        q = np.rint(x / self.scale.reshape(shape)) + self.zero.reshape(shape)
-        return pack_bits(np.clip(q, 0, (1 << self.bits) - 1).astype(np.uint8), self.bits)
+        q = x * self._inverse.reshape(shape)  # a new array: the cut is not written to
+        np.rint(q, out=q)
+        q += self._zero.reshape(shape)
+        np.clip(q, 0, (1 << self.bits) - 1, out=q)
+        return pack_bits(q.astype(np.uint8), self.bits)
 
     def check(self, shape: tuple[int, ...]) -> None:
         """:class:`ProtocolError` unless ``shape`` is a batch of this coding's channels."""
@@ -169,9 +196,11 @@ class CutCoding:
         """The float32 cut of ``shape`` from packed bits; :class:`ProtocolError` for a shape
         whose channels are not this coding's, or bytes that are not its packed length."""
         self.check(shape)
-        q = unpack_bits(data, int(np.prod(shape)), self.bits).reshape(shape)
+        real = unpack_bits(data, int(np.prod(shape)), self.bits).reshape(shape).astype(np.float32)
         view = (1, self.channels) + (1,) * (len(shape) - 2)
-        return ((q.astype(np.float32) - self.zero.reshape(view)) * self.scale.reshape(view)).astype(np.float32)
+        real -= self._zero.reshape(view)
+        real *= self.scale.reshape(view)
+        return real
 
 
 def _least_error(per_channel: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
