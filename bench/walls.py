@@ -55,6 +55,7 @@ import resource
 import selectors
 import signal
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -76,7 +77,7 @@ from device_runtime.wire import PROTOCOL_VERSION, client_context, encode_bytes, 
 from device_runtime.wire.ops import HelloReply, Hop  # noqa: E402
 from host_runtime._metrics import stats_from  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from walls_pages import ROOT, alternate, board_fps, first_answer_s, observers, summary  # noqa: E402
+from walls_pages import ROOT, alternate, board_fps, copy_of_page, first_answer_s, observers, summary  # noqa: E402
 
 SPLITS = ("features_4_conv_2", "features_14_conv_2")  # the test bundle's cuts (tests/conftest.py)
 CHAIN = "+".join(SPLITS)
@@ -540,28 +541,17 @@ def shutdown_time(bundle_dir: Path, bundle: Bundle) -> dict[str, Any]:
         return {"shutdown_s": took, "exit_status": process.returncode}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bundle", type=Path, default=Path("build/test-bundle"))
-    parser.add_argument("--requests", type=int, default=300, help="board infers per phase")
-    parser.add_argument("--idle", type=int, default=10_000)
-    parser.add_argument("--slow", type=int, default=200)
-    parser.add_argument("--watchers", type=int, default=20, help="pollers (or scrapers) in a loop")
-    parser.add_argument("--streams", type=int, default=4, help="event streams beside the pollers")
-    parser.add_argument("--boards", type=int, default=1000, help="idle boards on the host beside its page's pollers")
-    parser.add_argument("--half-open", type=int, default=2000, help="half-open page connections")
-    parser.add_argument("--proven", type=int, default=1100, help="connections that ping once and go idle")
-    parser.add_argument("--handshakes", type=int, default=5000, help="TCP connections that never start TLS")
-    parser.add_argument("--big-samples", type=int, default=445, help="images in the uint8 offload frame (445: 63.9 MiB)")
-    parser.add_argument("--window", type=float, default=6.0, help="seconds the board's frames are counted per phase")
-    parser.add_argument("--rounds", type=int, default=3, help="issue 45's phases (and a quiet one) in turn, this often")
-    parser.add_argument("--out", type=Path, default=Path("build/bench/walls.json"))
-    args = parser.parse_args()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the idle connections' sockets, on this side
-    bundle = Bundle.load(args.bundle)
-    results: dict[str, Any] = {"machine": platform.platform(), "cpus": os.cpu_count(), "args": vars(args),
-                               "load_average": [os.getloadavg()], "phases": []}
+@contextlib.contextmanager
+def half_open(port: int, count: int) -> Iterator[dict[str, Any]]:
+    """``count`` half-open connections to a page, and how long a new poller then waits for its answer."""
+    with observers(port, half_open=count) as counts:
+        yield counts
+        counts["new_poller_answered_s"] = first_answer_s(port, "/state.json")
+
+
+def measure_host(args: argparse.Namespace, bundle: Bundle, results: dict[str, Any]) -> None:
+    """The host's rows: issue 27's phases, issue 45's watched phases, the profile requests, the
+    lockout by proven connections, TLS handshakes, a 64 MiB frame and the shutdown."""
     pages: dict[str, int] = {}
     with host(args.bundle) as (_, peer_port), host(
         args.bundle, "--max-connections", str(args.idle + 64), "--first-frame-timeout", "600", "--max-batch", "1",
@@ -611,27 +601,40 @@ def main() -> None:
                         sock.close()
 
 
-        @contextlib.contextmanager
-        def half_open(port_: int) -> Iterator[dict[str, Any]]:
-            with observers(port_, half_open=args.half_open) as counts:
-                yield counts
-                counts["new_poller_answered_s"] = first_answer_s(port_, "/state.json")
-
         watched = [("quiet", contextlib.nullcontext),
                    (f"{args.watchers} metrics scrapers",
                     lambda: observers(pages["metrics"], "/metrics", pollers=args.watchers)),
                    (f"page: {args.boards} boards, {args.watchers} pollers, {args.streams} streams", watched_page),
-                   (f"page: {args.half_open} half-open", lambda: half_open(pages["live"]))]
+                   (f"page: {args.half_open} half-open", lambda: half_open(pages["live"], args.half_open))]
         results["watched_rounds"], results["watched"] = alternate(
             [(name, lambda label, during=during: measure(label, during)) for name, during in watched], args.rounds)
         results["load_average"].append(os.getloadavg())
         results["requests"] = profile_rows(pid, port, bundle, peer_port)
     with host(args.bundle, threads=None) as (process, port):  # the product's default pool, spinning
         results["requests_default_threads"] = profile_rows(process.pid, port, bundle, None)
+    results["lockout"] = lockout(args.bundle, args.proven)
+    print(f"  lockout: {results['lockout']}", flush=True)
+    results["tls"] = tls_handshakes(args.bundle, args.handshakes)
+    print(f"  tls: {results['tls']}", flush=True)
+    results["big_frame"] = big_frame(args.bundle, bundle, args.big_samples)
+    print(f"  big frame: {results['big_frame']}", flush=True)
+    results["shutdown"] = shutdown_time(args.bundle, bundle)
+
+
+def measure_board(args: argparse.Namespace, bundle: Bundle, results: dict[str, Any]) -> None:
+    """The board's rows: its frames a second watched (its own page polled, a copy of it polled from
+    another process, half-open page connections)."""
+
+    @contextlib.contextmanager
+    def pollers_of_a_copy(board_port: int) -> Iterator[dict[str, Any]]:
+        with copy_of_page(board_port) as port_, observers(port_, pollers=args.watchers, streams=args.streams) as counts:
+            yield counts
+
     board = [("quiet", contextlib.nullcontext),
              (f"{args.watchers} pollers, {args.streams} streams",
               lambda p: observers(p, pollers=args.watchers, streams=args.streams)),
-             (f"{args.half_open} half-open", lambda p: half_open(p))]
+             (f"{args.watchers} pollers, {args.streams} streams of a copy", pollers_of_a_copy),
+             (f"{args.half_open} half-open", lambda p: half_open(p, args.half_open))]
 
     def board_phase(label: str, watch: Callable[[int], Any]) -> dict[str, Any]:
         result = {"phase": label, **board_fps(args.bundle, watch, window_s=args.window)}
@@ -640,13 +643,36 @@ def main() -> None:
 
     results["board_rounds"], results["board"] = alternate(
         [(name, lambda label, watch=watch: board_phase(label, watch)) for name, watch in board], args.rounds)
-    results["lockout"] = lockout(args.bundle, args.proven)
-    print(f"  lockout: {results['lockout']}", flush=True)
-    results["tls"] = tls_handshakes(args.bundle, args.handshakes)
-    print(f"  tls: {results['tls']}", flush=True)
-    results["big_frame"] = big_frame(args.bundle, bundle, args.big_samples)
-    print(f"  big frame: {results['big_frame']}", flush=True)
-    results["shutdown"] = shutdown_time(args.bundle, bundle)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bundle", type=Path, default=Path("build/test-bundle"))
+    parser.add_argument("--requests", type=int, default=300, help="board infers per phase")
+    parser.add_argument("--idle", type=int, default=10_000)
+    parser.add_argument("--slow", type=int, default=200)
+    parser.add_argument("--watchers", type=int, default=20, help="pollers (or scrapers) in a loop")
+    parser.add_argument("--streams", type=int, default=4, help="event streams beside the pollers")
+    parser.add_argument("--boards", type=int, default=1000, help="idle boards on the host beside its page's pollers")
+    parser.add_argument("--half-open", type=int, default=2000, help="half-open page connections")
+    parser.add_argument("--proven", type=int, default=1100, help="connections that ping once and go idle")
+    parser.add_argument("--handshakes", type=int, default=5000, help="TCP connections that never start TLS")
+    parser.add_argument("--big-samples", type=int, default=445, help="images in the uint8 offload frame (445: 63.9 MiB)")
+    parser.add_argument("--window", type=float, default=6.0, help="seconds the board's frames are counted per phase")
+    parser.add_argument("--rounds", type=int, default=3, help="issue 45's phases (and a quiet one) in turn, this often")
+    parser.add_argument("--only", choices=("host", "board"), default=None,
+                        help="measure only the host's rows or only the board's (default: both)")
+    parser.add_argument("--out", type=Path, default=Path("build/bench/walls.json"))
+    args = parser.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the idle connections' sockets, on this side
+    bundle = Bundle.load(args.bundle)
+    results: dict[str, Any] = {"machine": platform.platform(), "cpus": os.cpu_count(), "args": vars(args),
+                               "load_average": [os.getloadavg()], "phases": []}
+    if args.only != "board":
+        measure_host(args, bundle, results)
+    if args.only != "host":
+        measure_board(args, bundle, results)
     results["load_average"].append(os.getloadavg())
     print_table(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -655,6 +681,13 @@ def main() -> None:
 
 
 def print_table(results: dict[str, Any]) -> None:
+    if "watched" in results:
+        print_host(results)
+    if "board" in results:
+        print_board(results)
+
+
+def print_host(results: dict[str, Any]) -> None:
     for title, phases in (("host phase, issue 27 (a board infers)", results["phases"]),
                           (f"host phase, issue 45 ({results['args']['rounds']} rounds pooled)", results["watched"])):
         quiet = phases[0]
@@ -665,13 +698,6 @@ def print_table(results: dict[str, Any]) -> None:
             print(f"{p['phase']:50s} {p['p50_ms']:8.2f} {p['p99_ms']:8.2f} {p['p99_ms'] / quiet['p99_ms']:9.2f} "
                   f"{p['rss_mb']:11.1f}  {' '.join(f'{x:.1f}' for x in p.get('p99_each_ms', []))}"
                   + (f" ({ratios}; {p['p99_ms_ratio_median']:.2f})" if ratios else ""))
-    quiet = results["board"][0]
-    print(f"\n{'board phase (--split local, live page)':50s} {'fps':>8s} {'fps/quiet':>9s} {'p99 ms':>8s} {'p99/quiet':>9s}"
-          "  fps each round (ratio to its round's quiet, median)")
-    for p in results["board"]:
-        print(f"{p['phase']:50s} {p['fps']:8.1f} {p['fps'] / quiet['fps']:9.2f} {p['p99_ms']:8.1f} "
-              f"{p['p99_ms'] / quiet['p99_ms']:9.2f}  {' '.join(f'{x:.1f}' for x in p['fps_each'])} "
-              f"({' '.join(f'{x:.2f}' for x in p['fps_ratio_each'])}; {p['fps_ratio_median']:.2f})")
     for title, rows in (("--threads 1", results["requests"]), ("default threads", results["requests_default_threads"])):
         print(f"\n{'request, host ' + title:50s} {'bytes':>6s} {'CPU ms':>7s} {'ms/KB':>7s} {'budget':>7s}  (the most of 3)")
         for name, r in rows.items():
@@ -701,3 +727,18 @@ def print_table(results: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def print_board(results: dict[str, Any]) -> None:
+    quiet = results["board"][0]
+    print(f"\n{'board phase (--split local, live page)':50s} {'fps':>8s} {'fps/quiet':>9s} {'p99 ms':>8s} {'p99/quiet':>9s}"
+          "  fps each round (ratio to its round's quiet, median)")
+    for p in results["board"]:
+        print(f"{p['phase']:50s} {p['fps']:8.1f} {p['fps'] / quiet['fps']:9.2f} {p['p99_ms']:8.1f} "
+              f"{p['p99_ms'] / quiet['p99_ms']:9.2f}  {' '.join(f'{x:.1f}' for x in p['fps_each'])} "
+              f"({' '.join(f'{x:.2f}' for x in p['fps_ratio_each'])}; {p['fps_ratio_median']:.2f})")
+    own = next(p for p in results["board"] if p["phase"].endswith("streams"))
+    copy = next(p for p in results["board"] if p["phase"].endswith("of a copy"))
+    ratios = [a / b for a, b in zip(own["fps_each"], copy["fps_each"])]
+    print(f"{'pollers of its own page / pollers of a copy':50s} {own['fps'] / copy['fps']:8.2f}  each round "
+          f"{' '.join(f'{x:.2f}' for x in ratios)}; median {statistics.median(ratios):.2f}")

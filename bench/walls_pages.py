@@ -177,6 +177,65 @@ def observers(port: int, path: str = "/state.json", pollers: int = 0, streams: i
             child.kill()
 
 
+class _Copy:
+    """A page's source standing in for the board: the state the board served a new page, again."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self._state = state
+
+    def state(self, since: int | None) -> tuple[dict[str, Any], int]:
+        return self._state, 0
+
+    def picture(self) -> None:
+        return None
+
+
+def _serve_copy(body: bytes, port: Any, stop: Any) -> None:
+    from device_runtime.live import LiveServer
+
+    with LiveServer(_Copy(json.loads(body)), "<!doctype html><title>copy</title>") as server:
+        port.send(server.address[1])
+        stop.recv()
+
+
+def http_body(port: int, path: str, timeout: float = 10.0) -> bytes:
+    """The body of one ``GET path`` answered 200 by 127.0.0.1:port."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        data = bytearray()
+        while chunk := sock.recv(1 << 16):
+            data += chunk
+    head, _, body = bytes(data).partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError(f"GET {path}: {head[:80]!r}")
+    return body
+
+
+@contextlib.contextmanager
+def copy_of_page(board_port: int) -> Iterator[int]:
+    """The board's page as a new page gets it, served by the same ``LiveServer`` (its walls, its
+    duty) from a process of its own: pollers of it cost this machine what pollers of the board's
+    page do (their own threads, the copies through loopback, the server's turns), but the board
+    nothing. The board's frames a second with its own page polled, over those with this copy
+    polled, is what serving the page costs the board, apart from what watching costs a machine
+    that is both the board and its twenty watchers (issue 45)."""
+    body = http_body(board_port, "/state.json")
+    context = multiprocessing.get_context("spawn")
+    port_here, port_there = context.Pipe()
+    stop_here, stop_there = context.Pipe()
+    child = context.Process(target=_serve_copy, args=(body, port_there, stop_there), daemon=True)
+    child.start()
+    try:
+        if not port_here.poll(60):
+            raise RuntimeError("the copy of the page did not start")
+        yield port_here.recv()
+    finally:
+        stop_here.send(None)
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -28,7 +28,7 @@ class AccuracyFloor:
         only a split whose tail a host runs whole is sent coded (its layer split at the same cut is)."""
         offered, left = [], []
         for split in manifest.splits:
-            if split.parts:
+            if split.parts:  # a chain's or a semantic split's
                 continue
             for coding in split.codings:
                 why = self._short(coding, manifest.model.accuracy)

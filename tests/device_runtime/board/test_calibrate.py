@@ -304,7 +304,7 @@ class RecordingRunner:
 
     def __init__(self, clock: Clock, ms: dict[str, float], spell: tuple[float, float] = (0.0, 0.0),
                  preprocess_ms_per_mpx: float = 10.0) -> None:
-        splits = [SimpleNamespace(id=name, codings=()) for name in ms if name != LOCAL]
+        splits = [SimpleNamespace(id=name, codings=(), parts=()) for name in ms if name != LOCAL]
         self.bundle = SimpleNamespace(manifest=SimpleNamespace(model=SimpleNamespace(input_shape=(3, 4, 4)), splits=splits))
         self.clock, self.ms, self.spell, self.per_mpx = clock, ms, spell, preprocess_ms_per_mpx
         self.calls: list[tuple[str, int]] = []
