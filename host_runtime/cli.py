@@ -305,7 +305,10 @@ async def serve(settings: HostSettings, child: Child | None = None, caught: list
     host, port = await server.start()
     live = None
     for bundle_id, splits in registry.served().items():
-        notes.append((sys.stdout, f"bundle {bundle_id}: {len(splits)} tails ({', '.join(splits)})"))
+        coded = [s for s in splits if (bundle_id, s) in registry.coded]
+        tails = [s for s in splits if (bundle_id, s) not in registry.coded]
+        notes.append((sys.stdout, f"bundle {bundle_id}: {len(tails)} tails ({', '.join(tails)})"
+                      + (f"; decodes {', '.join(coded)}" if coded else "")))
     if key is None:
         notes.append((sys.stderr, NO_KEY_WARNING))
     frames = "frames authenticated (HMAC-SHA256)" if key is not None else "frames not authenticated"

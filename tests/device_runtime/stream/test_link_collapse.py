@@ -61,11 +61,14 @@ class _Runner:
     def run_full(self, x: np.ndarray) -> tuple[np.ndarray, float]:
         return np.zeros((len(x), 2), np.float32), 1.0
 
-    def run_head(self, split: str, x: np.ndarray) -> tuple[np.ndarray, float]:
-        return x, 1.0
+    def board_part(self, split: str, x: np.ndarray) -> tuple[tuple[np.ndarray, dict[str, float]], float]:
+        return self.payload(split, x), 1.0
 
     def payload(self, split: str, cut: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
         return np.zeros(FRAME, np.uint8), {}
+
+    def option(self, split: str) -> tuple[str, None]:
+        return split, None
 
 
 class _Host:
