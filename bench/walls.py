@@ -674,9 +674,9 @@ def main() -> None:
     if args.only != "host":
         measure_board(args, bundle, results)
     results["load_average"].append(os.getloadavg())
-    print_table(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2, default=str))
+    print_table(results)
     print(f"wrote {args.out}")
 
 
@@ -725,9 +725,6 @@ def print_host(results: dict[str, Any]) -> None:
           f"exit status {results['shutdown']['exit_status']}")
 
 
-if __name__ == "__main__":
-    main()
-
 
 def print_board(results: dict[str, Any]) -> None:
     quiet = results["board"][0]
@@ -742,3 +739,7 @@ def print_board(results: dict[str, Any]) -> None:
     ratios = [a / b for a, b in zip(own["fps_each"], copy["fps_each"])]
     print(f"{'pollers of its own page / pollers of a copy':50s} {own['fps'] / copy['fps']:8.2f}  each round "
           f"{' '.join(f'{x:.2f}' for x in ratios)}; median {statistics.median(ratios):.2f}")
+
+
+if __name__ == "__main__":
+    main()
