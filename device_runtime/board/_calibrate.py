@@ -254,10 +254,10 @@ def latency_model(
     runner: DeviceRunner, heads: dict[str, dict[int, float]], tails: dict[str, dict[int, float]], rtt_ms: float,
     preprocess_ms: float | None = None,
 ) -> LatencyModel:
-    """DSC's terms for every option: each split, full offload (l = 0) and local only (l = L), and
-    each chain with every stage on the host that was profiled (:func:`calibration.chain_timings`:
-    two stages on one host cross no link); and one frame's preprocessing, which every option pays
-    (None: not timed)."""
+    """DSC's terms for every option: each split, full offload (l = 0) and local only (l = L), each
+    chain with every stage on the host that was profiled (:func:`calibration.chain_timings`: two
+    stages on one host cross no link), and each coded option (``SPLIT@k4``) timed on both sides, its
+    coding's bytes on the link; and one frame's preprocessing, which every option pays (None: not timed)."""
     manifest = runner.bundle.manifest
     # what full offload sends: the preprocessed input, uint8 pixels where the bundle folded the normalisation
     input_bytes = runner.payload(OFFLOAD, np.zeros((1, *manifest.model.input_shape), np.float32))[0].nbytes
