@@ -9,7 +9,9 @@ crosses the link.
 
 Training, as the paper does it: first the autoencoder alone on the frozen network's cut
 features with the reconstruction loss (Eq. 3), then everything end to end with
-cross-entropy (the role of Eq. 4), at a lower learning rate.
+cross-entropy (the role of Eq. 4), at a lower learning rate. With ``bits`` (``--bottleneck-bits``,
+issue 47), the end-to-end phase sees the latent as the wire's k-bit coding sends it and is
+distilled from the uncut model (:mod:`exporter._rate`).
 
 A cut tensor without spatial extent (after flattening: (C,); after global pooling:
 (C, 1, 1)) gets the same shape of autoencoder with linear layers.
@@ -26,6 +28,7 @@ from torch import nn
 from tqdm import tqdm
 
 from exporter._datasets import ImageSet
+from exporter._rate import KBitQuantizer, distillation_loss
 
 __all__ = [
     "Autoencoder", "BottleneckOptions", "BottleneckTraining", "SplitModel", "make_autoencoder", "train_bottleneck",
@@ -134,6 +137,11 @@ class BottleneckOptions:
     latent_ratio: float = 0.1  # I-SPLIT: the latent is 10% of the cut tensor
     train_images: int | None = None  # at most this many training images (stratified, seeded)
     training: BottleneckTraining = BottleneckTraining()
+    #: The learned rate term (exporter._rate): the end-to-end phase trains through this k-bit
+    #: coding of the latent, refitted on ``calibration_samples`` latents as the build's calibration
+    #: fits it, and distils the uncut model. None: I-SPLIT's plain float latent.
+    bits: int | None = None
+    calibration_samples: int = 64
 
 
 def _batches(n: int, batch_size: int, rng: np.random.Generator, desc: str, progress: bool):
@@ -144,9 +152,14 @@ def _batches(n: int, batch_size: int, rng: np.random.Generator, desc: str, progr
 
 
 def train_bottleneck(
-    model: SplitModel, data: ImageSet, config: BottleneckTraining = BottleneckTraining(), progress: bool = True
+    model: SplitModel, data: ImageSet, config: BottleneckTraining = BottleneckTraining(), progress: bool = True,
+    rate: KBitQuantizer | None = None, teacher: nn.Module | None = None,
 ) -> SplitModel:
-    """I-SPLIT's two stages. Returns the model in eval mode."""
+    """I-SPLIT's two stages; with ``rate`` (and the uncut model as ``teacher``), the second codes
+    the latent with it and distils ``teacher`` (:mod:`exporter._rate`). Returns the model in eval
+    mode; ``rate`` keeps the coding it fitted last."""
+    if rate is not None and teacher is None:
+        raise ValueError("a learned rate term distils the uncut model: give the teacher")
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
     x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
@@ -162,12 +175,25 @@ def train_bottleneck(
             optimiser.zero_grad()
             nn.functional.mse_loss(model.autoencoder(h), h).backward()
             optimiser.step()
-    # Stage 2: end to end with cross-entropy, gently, so the tail adapts to the reconstruction.
+    # Stage 2: end to end with cross-entropy, gently, so the tail adapts to the reconstruction;
+    # with a rate term, through the coded latent and towards the teacher's softened answers too.
     model.train()
+    if teacher is not None:
+        teacher.eval()
     optimiser = torch.optim.Adam(model.parameters(), lr=config.finetune_lr)
     for epoch in range(config.finetune_epochs):
         for idx in _batches(len(data), config.batch_size, rng, f"fine-tune {epoch + 1}/{config.finetune_epochs}", progress):
             optimiser.zero_grad()
-            nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            if rate is None:
+                loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
+            else:
+                assert teacher is not None
+                latent = rate(model.autoencoder.encoder(model.head(x[idx])))  # (B, *latent_shape), coded
+                with torch.no_grad():
+                    target = teacher(x[idx])
+                loss = distillation_loss(model.tail(model.autoencoder.decoder(latent)), target, y[idx])
+            loss.backward()
             optimiser.step()
+    if rate is not None:
+        rate.eval()
     return model.eval()

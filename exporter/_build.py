@@ -47,6 +47,7 @@ from exporter._measure import Link, top1, uint8_round_trip
 from exporter._preprocessing import PreprocessFlags
 from exporter._onnx_export import export_onnx, onnx_bytes
 from exporter._quantize import calibration_sets, cut_quantization, quantize_onnx
+from exporter._rate import KBitQuantizer
 from exporter._semantic import (
     Merged, SemanticOptions, SemanticParts, check_fragment_count, default_cut, make_semantic, parameters,
 )
@@ -156,7 +157,13 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
     if unknown or ONNX not in formats:
         raise ExportError(f"formats {list(formats)}: ONNX is always written, and the others are {FORMATS[1:]}")
     tflite = TFLITE in formats
-    cut_bits = check_bits(spec.cut_bits)
+    if bottleneck is not None and bottleneck.bits is not None:
+        # The learned rate term trains for the wire's k-bit coding; the build calibrates and measures
+        # that coding like every other (--bottleneck-bits K adds K to --cut-bits).
+        check_bits([bottleneck.bits])
+        cut_bits = check_bits([*spec.cut_bits, bottleneck.bits])
+    else:
+        cut_bits = check_bits(spec.cut_bits)
     calibrate_on = quantize_from or (spec.calib_data if cut_bits else None)
     if cut_bits and calibrate_on is None:
         raise ExportError("cut codings are calibrated on images: give --calib-data (or --train-data) with --cut-bits")
@@ -187,6 +194,8 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
         needed_by = " and ".join(["int8"] * (quantize_from is not None) + ["--cut-bits"] * bool(cut_bits))
         calibration = calibration_sets(images, calibration_samples, test_data is None and bottleneck is None, seed,
                                        needed_by)
+        if bottleneck is not None and bottleneck.bits is not None:  # trained on what the build will fit on
+            bottleneck = replace(bottleneck, calibration_samples=len(calibration.calibration))
     test = load_images(test_data, shape, loaded.preprocess, loaded.categories) if test_data and not bottleneck else None
     semantic_parts = None
     if semantic is not None:
@@ -588,7 +597,8 @@ def _export_bottleneck_split(
     # A fresh copy per cut: fine-tuning end to end changes the weights of head and tail.
     head, tail = split_at(trace(copy.deepcopy(loaded.module), traced.input_shape), cut.id)
     model = SplitModel(head, make_autoencoder(cut.shape, options.latent_ratio), tail)
-    train_bottleneck(model, data.train, options.training, progress)
+    rate = None if options.bits is None else KBitQuantizer(options.bits, options.calibration_samples)
+    train_bottleneck(model, data.train, options.training, progress, rate, None if rate is None else loaded.module)
     latent = model.autoencoder.latent_shape
     latent_bytes = math.prod(latent) * 4
     tensor = TensorSpec(shape=latent, dtype=FLOAT32, bytes_per_sample=latent_bytes)

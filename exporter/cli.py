@@ -201,6 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--bottleneck", choices=("ae",), help="inject and train an I-SPLIT autoencoder at each split")
     build.add_argument("--latent-ratio", type=as_flag_type(LATENT_RATIO), default=0.1,
                        help="latent size / cut tensor size (default 0.1)")
+    build.add_argument("--bottleneck-bits", type=_bottleneck_bits, metavar="K",
+                       help="with --bottleneck ae: train end to end through the K-bit coding of the latent the wire "
+                       f"sends (straight-through, range as calibration fits it) distilled from the uncut model; "
+                       f"adds K to --cut-bits (one of {','.join(map(str, CUT_BITS))})")
     build.add_argument("--train-data", metavar="SPEC",
                        help="data the bottleneck or the semantic fragments are trained on (as --data of analyze)")
     build.add_argument("--test-data", metavar="SPEC", help="measure every variant's accuracy on this data (default "
@@ -310,12 +314,16 @@ def _build(args: argparse.Namespace) -> int:
                              "or --semantic K, alone or beside them")
     semantic = _semantic_options(args)
     bottleneck = None
+    if args.bottleneck_bits is not None and not args.bottleneck:
+        raise SplitEdgeError(f"--bottleneck-bits {args.bottleneck_bits} codes an autoencoder's latent: "
+                             "give --bottleneck ae with it")
     if args.bottleneck:
         if not args.train_data:
             raise SplitEdgeError("--bottleneck ae needs --train-data to train the autoencoder on")
         bottleneck = BottleneckOptions(
             train_data=args.train_data, test_data=args.test_data, latent_ratio=args.latent_ratio,
             train_images=args.train_images, training=BottleneckTraining(ae_epochs=args.epochs),
+            bits=args.bottleneck_bits,
         )
     quantize_from = None
     calib_data = args.calib_data or args.train_data
@@ -323,7 +331,7 @@ def _build(args: argparse.Namespace) -> int:
         quantize_from = calib_data
         if quantize_from is None:
             raise SplitEdgeError("--quantize int8 needs --calib-data (or --train-data) to calibrate on")
-    if args.cut_bits and calib_data is None:
+    if (args.cut_bits or args.bottleneck_bits) and calib_data is None:
         raise SplitEdgeError("--cut-bits needs --calib-data (or --train-data) to calibrate the codings on")
     spec = BuildSpec(
         args.model,
@@ -588,6 +596,13 @@ def _cut_bits(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"{text!r}: bits a value, comma separated, some of "
                                          f"{', '.join(map(str, CUT_BITS))}")
     return tuple(sorted({int(part) for part in parts}, reverse=True))
+
+
+def _bottleneck_bits(text: str) -> int:
+    """``--bottleneck-bits 4``: one of :data:`CUT_BITS`."""
+    if text.strip() not in {str(k) for k in CUT_BITS}:
+        raise argparse.ArgumentTypeError(f"{text!r}: the latent's bits a value, one of {', '.join(map(str, CUT_BITS))}")
+    return int(text)
 
 
 def _splits(text: str) -> str | list[str]:
