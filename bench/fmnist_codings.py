@@ -12,7 +12,9 @@ own coding (``exporter._codings``):
   trains it, its latent coded in k bits after training;
 - (c) **ae+rate@K**: the same autoencoder, same seed and images, trained with the learned rate
   term (``--bottleneck-bits K``: its end-to-end phase through the K-bit coding, distilled from
-  the uncut model; ``exporter._rate``), one training per K of ``--trained-bits``.
+  the uncut model; ``exporter._rate``), one training per K of ``--trained-bits``;
+- the ablation **ae+kd**: distilled as (c) is, the latent left float in training: what of (c)'s
+  gain is distillation's, and what is the coding's.
 
 The autoencoders train on ``--train-images`` training images (default 5,000 of 60,000) for the
 recipe's 2 + 2 epochs: small, so the run takes minutes on two cores; more images and epochs would
@@ -144,9 +146,9 @@ def main() -> None:
             plain = BuildSpec(factory, splits=plain_cuts.split(","), test_data=TEST, **common)
             got, full[model] = measure(model, "plain", plain, Path(tmp), test)
             rows += got
-            for bits in [None, *trained_bits]:
-                family = "ae" if bits is None else f"ae+rate@{bits}"
-                options = BottleneckOptions(train_data=TRAIN, test_data=TEST, train_images=args.train_images, bits=bits)
+            for family, bits in [("ae", None), ("ae+kd", None), *((f"ae+rate@{k}", k) for k in trained_bits)]:
+                options = BottleneckOptions(train_data=TRAIN, test_data=TEST, train_images=args.train_images, bits=bits,
+                                            distill=family == "ae+kd")
                 got, _ = measure(model, family, BuildSpec(factory, splits=ae_cuts.split(","), bottleneck=options,
                                                           **common), Path(tmp), test)
                 rows += got
@@ -201,7 +203,7 @@ def plot(rows: list[Row], full: dict[str, float], path: Path) -> None:
         for family, split in lines:
             points = sorted((r for r in rows if (r.model, r.family, r.split) == (model, family, split)
                              and r.coding.startswith("k")), key=lambda r: r.bytes_per_image)
-            style = "-" if family == "plain" else ("--" if family == "ae" else ":")
+            style = {"plain": "-", "ae": "--", "ae+kd": "-."}.get(family, ":")
             ax.plot([r.bytes_per_image for r in points], [r.top1 for r in points], style, marker="o",
                     label=f"{family} at {split}".replace("_", r"\_"))
             for r in points:

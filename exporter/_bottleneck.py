@@ -142,6 +142,9 @@ class BottleneckOptions:
     #: fits it, and distils the uncut model. None: I-SPLIT's plain float latent.
     bits: int | None = None
     calibration_samples: int = 64
+    #: Distil the uncut model without coding the latent: bench/fmnist_codings.py's ablation, which
+    #: tells the rate term's gain from distillation's. ``bits`` always distils.
+    distill: bool = False
 
 
 def _batches(n: int, batch_size: int, rng: np.random.Generator, desc: str, progress: bool):
@@ -156,8 +159,9 @@ def train_bottleneck(
     rate: KBitQuantizer | None = None, teacher: nn.Module | None = None,
 ) -> SplitModel:
     """I-SPLIT's two stages; with ``rate`` (and the uncut model as ``teacher``), the second codes
-    the latent with it and distils ``teacher`` (:mod:`exporter._rate`). Returns the model in eval
-    mode; ``rate`` keeps the coding it fitted last."""
+    the latent with it and distils ``teacher`` (:mod:`exporter._rate`); with ``teacher`` alone, it
+    distils the float latent (the benchmark's ablation). Returns the model in eval mode; ``rate``
+    keeps the coding it fitted last."""
     if rate is not None and teacher is None:
         raise ValueError("a learned rate term distils the uncut model: give the teacher")
     torch.manual_seed(config.seed)
@@ -184,11 +188,12 @@ def train_bottleneck(
     for epoch in range(config.finetune_epochs):
         for idx in _batches(len(data), config.batch_size, rng, f"fine-tune {epoch + 1}/{config.finetune_epochs}", progress):
             optimiser.zero_grad()
-            if rate is None:
+            if teacher is None:
                 loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
             else:
-                assert teacher is not None
-                latent = rate(model.autoencoder.encoder(model.head(x[idx])))  # (B, *latent_shape), coded
+                latent = model.autoencoder.encoder(model.head(x[idx]))  # (B, *latent_shape)
+                if rate is not None:
+                    latent = rate(latent)  # as the host decodes it
                 with torch.no_grad():
                     target = teacher(x[idx])
                 loss = distillation_loss(model.tail(model.autoencoder.decoder(latent)), target, y[idx])

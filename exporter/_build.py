@@ -598,7 +598,8 @@ def _export_bottleneck_split(
     head, tail = split_at(trace(copy.deepcopy(loaded.module), traced.input_shape), cut.id)
     model = SplitModel(head, make_autoencoder(cut.shape, options.latent_ratio), tail)
     rate = None if options.bits is None else KBitQuantizer(options.bits, options.calibration_samples)
-    train_bottleneck(model, data.train, options.training, progress, rate, None if rate is None else loaded.module)
+    teacher = loaded.module if rate is not None or options.distill else None
+    train_bottleneck(model, data.train, options.training, progress, rate, teacher)
     latent = model.autoencoder.latent_shape
     latent_bytes = math.prod(latent) * 4
     tensor = TensorSpec(shape=latent, dtype=FLOAT32, bytes_per_sample=latent_bytes)
