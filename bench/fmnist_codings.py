@@ -205,7 +205,7 @@ def plot(rows: list[Row], full: dict[str, float], path: Path) -> None:
                              and r.coding.startswith("k")), key=lambda r: r.bytes_per_image)
             style = {"plain": "-", "ae": "--", "ae+kd": "-."}.get(family, ":")
             ax.plot([r.bytes_per_image for r in points], [r.top1 for r in points], style, marker="o",
-                    label=f"{family} at {split}".replace("_", r"\_"))
+                    label=f"{family} at {split}")  # not led by "_": the legend keeps it
             for r in points:
                 ax.annotate(r.coding, (r.bytes_per_image, r.top1), fontsize=7, xytext=(3, 3),
                             textcoords="offset points")
