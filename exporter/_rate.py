@@ -56,26 +56,29 @@ class _StraightThrough(torch.autograd.Function):
     coding's range, zero where it saturated."""
 
     @staticmethod
-    def forward(ctx, z: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, levels: int) -> torch.Tensor:
-        # The numpy of CutCoding.encode then decode, in float32: rint(z / s) + zero, clipped to
-        # 0..levels, then (q - zero) * s.
-        q = torch.round(z / scale) + zero
+    def forward(ctx, z: torch.Tensor, inverse: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                levels: int) -> torch.Tensor:
+        # The numpy of CutCoding.encode then decode, in float32: rint(z * (1 / s)) + zero (a multiply
+        # by the float32 inverse, as encode computes it: a divide rounds differently at a few values),
+        # clipped to 0..levels, then (q - zero) * s.
+        q = torch.round(z * inverse) + zero
         ctx.save_for_backward((q >= 0) & (q <= levels))
         return (q.clamp(0, levels) - zero) * scale
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (inside,) = ctx.saved_tensors
-        return grad * inside, None, None, None
+        return grad * inside, None, None, None, None
 
 
 def quantize_like_wire(z: torch.Tensor, coding: CutCoding) -> torch.Tensor:
     """``z`` (``[N, C, ...]``) as the host decodes it after the board encodes it with ``coding``,
     with a straight-through gradient inside the coding's range."""
     view = (1, coding.channels) + (1,) * (z.dim() - 2)
-    scale = torch.from_numpy(coding.scale).to(z.dtype).reshape(view)
-    zero = torch.from_numpy(coding.zero.astype(np.float32)).to(z.dtype).reshape(view)
-    return _StraightThrough.apply(z, scale, zero, (1 << coding.bits) - 1)
+    scale = torch.from_numpy(coding.scale).reshape(view)
+    inverse = torch.from_numpy((1.0 / coding.scale).astype(np.float32)).reshape(view)
+    zero = torch.from_numpy(coding.zero.astype(np.float32)).reshape(view)
+    return _StraightThrough.apply(z.float(), inverse, scale, zero, (1 << coding.bits) - 1)
 
 
 class KBitQuantizer(nn.Module):

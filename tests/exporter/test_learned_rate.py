@@ -35,11 +35,17 @@ def latents(n: int = 64, channels: int = 6, side: int = 4, seed: int = 0) -> np.
 
 @pytest.mark.parametrize("bits", CUT_BITS)
 def test_the_quantizers_forward_is_the_wires_encode_then_decode(bits: int) -> None:
+    coding = CutCoding.calibrate(latents(), bits)
+    # Values of the calibration's kind, and values on and around every rounding boundary (half a
+    # step between two codes), where a divide and a multiply by the inverse can round apart.
+    step = coding.scale.reshape(1, -1, 1, 1)
+    halves = (np.arange(-(1 << bits), 1 << bits, dtype=np.float32) + 0.5).reshape(1, 1, -1, 1) * step
+    near = halves * np.array([1 - 1e-7, 1, 1 + 1e-7], np.float32).reshape(1, 1, 1, -1)
+    for x in (latents(n=256, seed=1), near.astype(np.float32)):
+        wire = coding.decode(coding.encode(x), x.shape)
+        trained_on = quantize_like_wire(torch.from_numpy(x), coding).numpy()
+        np.testing.assert_array_equal(trained_on, wire)  # bit for bit: the tail trains on what the host decodes
     x = latents()
-    coding = CutCoding.calibrate(x, bits)
-    wire = coding.decode(coding.encode(x), x.shape)
-    trained_on = quantize_like_wire(torch.from_numpy(x), coding).numpy()
-    np.testing.assert_array_equal(trained_on, wire)  # bit for bit: the tail trains on what the host decodes
     # Values beyond the calibrated range saturate on the wire; the quantizer saturates them alike.
     wider = x * 3
     np.testing.assert_array_equal(quantize_like_wire(torch.from_numpy(wider), coding).numpy(),
