@@ -138,7 +138,8 @@ def _coded_top1(model: SplitModel, coding: CutCoding, x: np.ndarray, y: np.ndarr
 def test_the_range_fitted_in_training_is_what_calibration_fits_after_it(trained) -> None:
     """The mismatch that is left: the build calibrates on other images (64 calibration images) with
     the final weights, training fitted on its last batch. Measured through the wire's coding on
-    held-out test images, the two ranges give answers within a point of each other."""
+    held-out test images, the two ranges give answers within a point of each other (measured 0.65,
+    0.15 and 0.2 points apart at training seeds 0, 1 and 2)."""
     model, _ = trained
     data = load_images("fashion-mnist:train", (1, 28, 28)).subset(TRAIN_IMAGES, seed=0)
     images = load_images("fashion-mnist:test", (1, 28, 28))  # images training never saw, in two parts:
@@ -156,15 +157,22 @@ def test_the_range_fitted_in_training_is_what_calibration_fits_after_it(trained)
 
 
 @needs_fashion_mnist
-def test_a_bottleneck_bits_build_records_the_latents_codings_and_beats_the_plain_autoencoder(
+def test_a_bottleneck_bits_build_records_the_latents_codings_and_at_seed_0_beats_the_plain_autoencoder(
         trained, tmp_path: Path) -> None:
-    """The same seed, images and recipe, with and without the rate term: at 2 bits a value the
-    learned bottleneck keeps at least the plain autoencoder's top-1 (measured by the build, through
-    the exported files and the wire's coding, on the 10,000 labelled test images)."""
+    """The same seed, images and recipe, with and without the rate term: the learned build records
+    the latent's codings (K added to --cut-bits), each measured through the exported files and the
+    wire's coding on the 10,000 labelled test images, and at 2 bits keeps at least the plain
+    autoencoder's top-1.
+
+    The comparison is a regression check at seed 0, not a property of every seed: on 2,000 images
+    with the default recipe (2 + 2 epochs) the learned k2 minus the plain k2 measured +3.0 points
+    at seed 0, -0.2 at seed 1 and -11 at seed 2 (where the rate term's training ended at 0.69 float
+    top-1 against the plain one's 0.78). So small a training set does not show the gain reliably;
+    bench/fmnist_codings.py measures it on 5,000 images."""
     _, weights = trained
     common = ["build", "exporter.zoo:fmnist_vgg", "--weights", str(weights), "--input-shape", "1,28,28",
               "--splits", CUT, "--bottleneck", "ae", "--train-data", "fashion-mnist:train", "--train-images",
-              str(TRAIN_IMAGES), "--epochs", "1"]
+              str(TRAIN_IMAGES)]
     assert main([*common, "--cut-bits", "8,2", "--out", str(tmp_path / "plain")]) == 0
     assert main([*common, "--bottleneck-bits", "2", "--cut-bits", "8", "--out", str(tmp_path / "learned")]) == 0
     plain, learned = (Bundle.load(tmp_path / name).manifest.splits[0] for name in ("plain", "learned"))
