@@ -596,6 +596,9 @@ def _export_bottleneck_split(
     head + encoder for the board and decoder + tail for the host, and measure the accuracy."""
     # A fresh copy per cut: fine-tuning end to end changes the weights of head and tail.
     head, tail = split_at(trace(copy.deepcopy(loaded.module), traced.input_shape), cut.id)
+    # The autoencoder's initial weights from the training's seed, not from whatever the process drew
+    # before: two builds of the same seed and data (with and without --bottleneck-bits) start alike.
+    torch.manual_seed(options.training.seed)
     model = SplitModel(head, make_autoencoder(cut.shape, options.latent_ratio), tail)
     rate = None if options.bits is None else KBitQuantizer(options.bits, options.calibration_samples)
     teacher = loaded.module if rate is not None or options.distill else None
