@@ -157,18 +157,20 @@ def test_the_range_fitted_in_training_is_what_calibration_fits_after_it(trained)
 
 
 @needs_fashion_mnist
-def test_a_bottleneck_bits_build_records_the_latents_codings_and_at_seed_0_beats_the_plain_autoencoder(
+def test_a_bottleneck_bits_build_records_the_latents_codings_and_its_k_bits_cost_it_less(
         trained, tmp_path: Path) -> None:
-    """The same seed, images and recipe, with and without the rate term: the learned build records
-    the latent's codings (K added to --cut-bits), each measured through the exported files and the
-    wire's coding on the 10,000 labelled test images, and at 2 bits keeps at least the plain
-    autoencoder's top-1.
+    """The same seed, images, initial weights and recipe, with and without the rate term: the learned
+    build records the latent's codings (K added to --cut-bits), each measured through the exported
+    files and the wire's coding on the 10,000 labelled test images, and coding its latent in the
+    2 bits it was trained for costs it less top-1 (against its own 8-bit coding) than it costs the
+    plain autoencoder.
 
-    The comparison is a regression check at seed 0, not a property of every seed: on 2,000 images
-    with the default recipe (2 + 2 epochs) the learned k2 minus the plain k2 measured +3.0 points
-    at seed 0, -0.2 at seed 1 and -11 at seed 2 (where the rate term's training ended at 0.69 float
-    top-1 against the plain one's 0.78). So small a training set does not show the gain reliably;
-    bench/fmnist_codings.py measures it on 5,000 images."""
+    Not "its 2-bit top-1 is at least the plain autoencoder's": on 2,000 images and 2 + 2 epochs that
+    held at seed 1 only (learned minus plain k2: -0.8, +8.0, -1.4 points at seeds 0, 1, 2), the rate
+    term's training ending lower at 8 bits (0.747 against 0.791 at seed 0: distillation through a
+    2-bit code learns slower in 32 steps). What 2 bits cost each held at every seed: learned -0.9,
+    0.7, 0.5 points, plain 2.7, 8.1, 1.0. What the rate term buys in absolute top-1 needs more
+    training than a test has: bench/fmnist_codings.py measures it on 5,000 images."""
     _, weights = trained
     common = ["build", "exporter.zoo:fmnist_vgg", "--weights", str(weights), "--input-shape", "1,28,28",
               "--splits", CUT, "--bottleneck", "ae", "--train-data", "fashion-mnist:train", "--train-images",
@@ -182,4 +184,5 @@ def test_a_bottleneck_bits_build_records_the_latents_codings_and_at_seed_0_beats
     assert [(c.name, c.bytes_per_sample) for c in learned.codings] == [("k8", blocks * 8), ("k2", blocks * 2)]
     assert all(c.top1 is not None and 0 < c.top1 <= 1 and c.agreement is None for c in learned.codings)
     top1 = {name: {c.name: c.top1 for c in s.codings} for name, s in (("plain", plain), ("learned", learned))}
-    assert top1["learned"]["k2"] >= top1["plain"]["k2"], top1
+    cost = {name: codings["k8"] - codings["k2"] for name, codings in top1.items()}
+    assert cost["learned"] < cost["plain"], top1
