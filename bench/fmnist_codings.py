@@ -205,11 +205,12 @@ def plot(rows: list[Row], full: dict[str, float], path: Path) -> None:
     fig, axes = plt.subplots(1, len(full), figsize=(7 * len(full), 5), squeeze=False)
     for ax, (model, reference) in zip(axes[0], full.items()):
         lines = dict.fromkeys((r.family, r.split) for r in rows if r.model == model)
-        for family, split in lines:
+        for i, (family, split) in enumerate(lines):
             points = sorted((r for r in rows if (r.model, r.family, r.split) == (model, family, split)
                              and r.coding.startswith("k")), key=lambda r: r.bytes_per_image)
             style = {"plain": "-", "ae": "--", "ae+kd": "-."}.get(family, ":")
             ax.plot([r.bytes_per_image for r in points], [r.top1 for r in points], style, marker="o",
+                    color=plt.cm.tab20(i % 20),  # the default cycle repeats after ten lines
                     label=f"{family} at {split}")  # not led by "_": the legend keeps it
             for r in points:
                 ax.annotate(r.coding, (r.bytes_per_image, r.top1), fontsize=7, xytext=(3, 3),
@@ -220,7 +221,8 @@ def plot(rows: list[Row], full: dict[str, float], path: Path) -> None:
         ax.set_xlabel("bytes per image (log)")
         ax.set_ylabel("top-1 on the 10,000 test images")
         ax.set_title(f"fmnist_{model}: float32 {reference:.4f} (grey), 1 point below (dashed)")
-        ax.set_ylim(max(0.0, math.floor((reference - 0.15) * 20) / 20), min(1.0, reference + 0.02))
+        low = min(r.top1 for r in rows if r.model == model and r.coding.startswith("k"))
+        ax.set_ylim(max(0.0, min(low, reference - 0.02) - 0.005), min(1.0, reference + 0.015))
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
