@@ -30,6 +30,7 @@ from device_runtime.stream import IMAGE_SUFFIXES
 from splitedge import SplitEdgeError
 
 __all__ = ["DataError", "ImageSet", "FASHION_MNIST_CLASSES", "FASHION_MNIST_DIR", "TrainTest", "hold_out", "load_images",
+           "training_spec",
            "photos", "read_synonyms", "train_test"]
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -114,6 +115,12 @@ def load_images(
     return images
 
 
+def training_spec(spec: str) -> str:
+    """``spec`` as data to train or calibrate on: the bare ``fashion-mnist`` means its training
+    split there (read alone, it is the test split, which accuracy is measured on)."""
+    return "fashion-mnist:train" if spec == "fashion-mnist" else spec
+
+
 @dataclass(frozen=True)
 class TrainTest:
     train: ImageSet
@@ -134,8 +141,7 @@ def train_test(
     Fashion-MNIST has its own test split; any other set without ``test_spec`` gives a
     seeded ``holdout`` fraction of its images to the test side.
     """
-    if train_spec == "fashion-mnist":
-        train_spec = "fashion-mnist:train"  # for training, the bare name means the training split
+    train_spec = training_spec(train_spec)
     train = load_images(train_spec, input_shape, preprocess_spec, model_classes)
     if test_spec is None and train_spec.startswith("fashion-mnist"):
         test_spec = "fashion-mnist:test"

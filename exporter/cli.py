@@ -308,6 +308,7 @@ def _points(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> int:
     from exporter._bottleneck import BottleneckOptions, BottleneckTraining
     from exporter._build import BuildSpec, build_bundle
+    from exporter._datasets import training_spec
 
     if args.splits is None and not args.chains and args.semantic is None:
         raise SplitEdgeError("build needs --splits (auto or cut ids), --chain ID,ID[,ID...], or both; "
@@ -326,7 +327,8 @@ def _build(args: argparse.Namespace) -> int:
             bits=args.bottleneck_bits,
         )
     quantize_from = None
-    calib_data = args.calib_data or args.train_data
+    # calibrated on the training data where no other is given, never on its test split
+    calib_data = args.calib_data or (args.train_data and training_spec(args.train_data))
     if args.quantize:
         quantize_from = calib_data
         if quantize_from is None:

@@ -200,3 +200,24 @@ def test_cut_bits_without_calibration_images_says_which_flag_gives_them(capsys, 
         "split-export: error: --cut-bits needs --calib-data (or --train-data) to calibrate the codings on"]
     with pytest.raises(ExportError, match=r"^cut bits 5: a cut coding has 8, 6, 4, 3, 2 bits a value$"):
         build_bundle(BuildSpec(FACTORY_NAME, splits=["a"], cut_bits=(5,), calib_data="x"), tmp_path / "c")
+
+
+def test_codings_taken_from_the_training_data_are_calibrated_on_its_training_split(monkeypatch, tmp_path) -> None:
+    """A bare ``fashion-mnist`` read alone is its test split, which accuracy is measured on: given
+    as ``--train-data`` with no ``--calib-data``, the codings and int8 calibrate on its training split."""
+    from exporter import cli
+
+    class Built(BaseException):
+        """The spec reached the build: nothing is built."""
+
+    seen = []
+
+    def build(spec, *args, **kwargs):
+        seen.append(spec)
+        raise Built
+
+    monkeypatch.setattr("exporter._build.build_bundle", build)
+    with pytest.raises(Built):
+        cli.main(["build", "torchvision:mobilenet_v2", "--splits", "features_14_conv_2", "--bottleneck", "ae",
+                  "--train-data", "fashion-mnist", "--cut-bits", "4", "--quantize", "int8", "--out", str(tmp_path / "b")])
+    assert seen and (seen[0].calib_data, seen[0].quantize_from) == ("fashion-mnist:train", "fashion-mnist:train")
