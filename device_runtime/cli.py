@@ -41,6 +41,7 @@ examples:
   split-device run bundle/ --camera clip.mp4 --realtime     # a recording replayed at its own frame rate, like a camera
   split-device run bundle/ --camera photos/ --host 192.168.1.20:7767 --split features_14_conv_2
   split-device run bundle/ --split features_4_conv_2+features_14_conv_2 --host 192.168.1.20:7767 --host 10.0.0.5:7767
+  split-device run bundle/ --camera photos/ --split features_14_conv_2@k4  # the cut in 4 bits a value, where the bundle has them
   split-device run bundle/ --camera clip.mp4 --split local  # full model on the board, no host
   split-device report run.jsonl --out report/               # latency over time, CDFs, drops, gain over static splits
   split-device report a.jsonl b.jsonl --out compare/        # runs side by side in compare/report.html
@@ -69,6 +70,7 @@ examples:
   split-device calibrate bundle/ --frame 1280x720           # preprocessing timed on the camera's 1280x720 frames
   split-device calibrate bundle/ --camera clip.mp4          # timed while the run's camera captures, on its frames and pace
   split-device calibrate bundle/ --backend tflite --precision int8  # a second table; run takes the one it runs
+  split-device calibrate bundle/ --min-agreement 0.99       # offer only the codings that kept 99 % of the answers
   split-device plan bundle/ --out plan/                     # the table it wrote, as text and a plot
   split-device calibrate bundle/ --json | jq .table         # its summary as one JSON object (progress on stderr)
 """
