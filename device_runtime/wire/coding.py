@@ -4,9 +4,9 @@
 (axis 1: NCHW's channels, or a pooled ``[N, C]`` cut's features). Today's per-tensor uint8 gives
 one scale to channels whose ranges differ by orders of magnitude; per channel, the same 8 bits keep
 answers one scale loses (MobileNetV2's features_14: 0.988 of the float model's top-1 on held-out
-photos against uint8's 0.922, bench/cut_codings.py), and fewer bits send fewer bytes where what they keep is enough (issue 47). The scales and zero
-points are calibrated per split at build time and stored in the manifest, so a frame carries its
-bits and the coding's name, nothing else.
+photos against uint8's 0.922, bench/cut_codings.py), and fewer bits send fewer bytes where what
+they keep is enough (issue 47). The scales and zero points are calibrated per split at build
+time and stored in the manifest, so a frame carries its bits and the coding's name, nothing else.
 
 Packing: eight values fill ``k`` bytes exactly: the bytes of a block of eight are its 64-bit
 word's first ``k`` (the first value in the lowest bits, the word little-endian, the last block
