@@ -31,6 +31,7 @@ from tqdm import tqdm
 from device_runtime.bundle import CUT, LOGITS
 from exporter._datasets import ImageSet
 from exporter._graph import CutPoint, TracedModel, get_cut_point, split_at
+from exporter._rate import distillation_loss
 from splitedge.errors import CutPointError, ExportError
 
 __all__ = [
@@ -357,12 +358,8 @@ def train_fragments(model: SemanticModel, data: ImageSet, teacher: torch.Tensor,
             with torch.no_grad():
                 cut = model.head(x[idx])
             logits = model.merge(cut)
-            soft = nn.functional.kl_div(nn.functional.log_softmax(logits / t, 1),
-                                        nn.functional.log_softmax(teacher[idx] / t, 1), log_target=True,
-                                        reduction="batchmean") * t * t
-            hard = nn.functional.cross_entropy(logits, y[idx])
             optimiser.zero_grad()
-            (training.distillation * soft + (1 - training.distillation) * hard).backward()
+            distillation_loss(logits, teacher[idx], y[idx], t, training.distillation).backward()
             optimiser.step()
     return model.eval()
 
