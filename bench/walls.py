@@ -38,6 +38,11 @@ from SIGTERM to exit under issue 27's load (two 106-sample offload requests queu
 running one, a chain hop and a ``links`` to a peer that accepts and never answers).
 
     .venv-device/bin/python bench/walls.py --bundle build/test-bundle --out build/bench/walls.json
+
+``--pin`` makes the two busy processes the bench's own, one pinned to each CPU, and keeps the side
+measured on CPU 0 and every watcher on CPU 1: on a 2-core machine the twenty watchers' own CPU
+otherwise falls on the board or host they watch, which a page watched from other machines never
+costs it, and the scheduler moves the busy processes between the phases.
 """
 
 from __future__ import annotations
@@ -77,7 +82,7 @@ from device_runtime.wire import PROTOCOL_VERSION, client_context, encode_bytes, 
 from device_runtime.wire.ops import HelloReply, Hop  # noqa: E402
 from host_runtime._metrics import stats_from  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from walls_pages import ROOT, alternate, board_fps, copy_of_page, first_answer_s, observers, summary  # noqa: E402
+from walls_pages import CPUS, ROOT, alternate, board_fps, busy, copy_of_page, first_answer_s, observers, place, summary  # noqa: E402
 
 SPLITS = ("features_4_conv_2", "features_14_conv_2")  # the test bundle's cuts (tests/conftest.py)
 CHAIN = "+".join(SPLITS)
@@ -108,7 +113,8 @@ def host(bundle: Path, *args: str, threads: str | None = "1",
     wanted = {"listening on ": "port", **{f"{name} on ": name.split()[0] for name, flag in
                                           (("metrics", "--metrics-port"), ("live page", "--live")) if flag in args}}
     with log.open("wb") as out:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   preexec_fn=lambda: place("measured"))
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -662,17 +668,25 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="issue 45's phases (and a quiet one) in turn, this often")
     parser.add_argument("--only", choices=("host", "board"), default=None,
                         help="measure only the host's rows or only the board's (default: both)")
+    parser.add_argument("--pin", action="store_true",
+                        help="start two busy processes, one on each of CPUs 0 and 1; run the side measured (the host "
+                             "and the good board, or the board) on CPU 0 and every watcher on CPU 1, as watchers on "
+                             "other machines would be (run it without busy processes of your own)")
     parser.add_argument("--out", type=Path, default=Path("build/bench/walls.json"))
     args = parser.parse_args()
+    if args.pin:
+        CPUS.update(measured={0}, watchers={1})
+        place("measured")  # this process times the good board's infers
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the idle connections' sockets, on this side
     bundle = Bundle.load(args.bundle)
     results: dict[str, Any] = {"machine": platform.platform(), "cpus": os.cpu_count(), "args": vars(args),
                                "load_average": [os.getloadavg()], "phases": []}
-    if args.only != "board":
-        measure_host(args, bundle, results)
-    if args.only != "host":
-        measure_board(args, bundle, results)
+    with busy([0, 1]) if args.pin else contextlib.nullcontext():
+        if args.only != "board":
+            measure_host(args, bundle, results)
+        if args.only != "host":
+            measure_board(args, bundle, results)
     results["load_average"].append(os.getloadavg())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2, default=str))

@@ -35,6 +35,30 @@ from typing import Any, Callable, ContextManager, Iterator
 ROOT = Path(__file__).resolve().parents[1]
 HALF_REQUEST = b"GET /state.json HTTP/1.1\r\nHost: 127.0.0.1\r\n"
 CAMERA_FPS = 200  # the synthetic camera's rate: above what the board answers, so it is CPU-bound
+#: ``--pin``'s CPUs: the side measured (the host or the board) and its watchers, as if on other
+#: machines; None leaves both where the scheduler puts them.
+CPUS: dict[str, set[int] | None] = {"measured": None, "watchers": None}
+
+
+def place(role: str) -> None:
+    """Keep this process (and what it starts) on ``role``'s CPUs, where ``--pin`` named them."""
+    if CPUS[role] is not None:
+        os.sched_setaffinity(0, CPUS[role])
+
+
+@contextlib.contextmanager
+def busy(cpus: list[int]) -> Iterator[None]:
+    """A process spinning on each CPU in ``cpus`` while the block runs: ``--pin``'s two busy
+    processes, one beside the side measured and one beside its watchers, so the scheduler cannot
+    move one load onto the other's CPU between phases."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=lambda cpu=cpu: os.sched_setaffinity(0, {cpu}))
+                for cpu in cpus]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait(10)
 
 
 def http_get(port: int, path: str, timeout: float = 10.0) -> tuple[int, int]:
@@ -65,6 +89,7 @@ def first_answer_s(port: int, path: str, timeout: float = 30.0) -> float | None:
 
 def _observe(port: int, path: str, pollers: int, streams: int, half_open: int, stop: Any, report: Any,
              ready: Any) -> None:
+    place("watchers")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     done = threading.Event()
@@ -190,8 +215,11 @@ class _Copy:
         return None
 
 
-def _serve_copy(body: bytes, port: Any, stop: Any) -> None:
+def _serve_copy(body: bytes, port: Any, stop: Any, cpus: set[int] | None) -> None:
     from device_runtime.live import LiveServer
+
+    if cpus is not None:  # a spawned child: the watchers' CPUs come as an argument
+        os.sched_setaffinity(0, cpus)
 
     with LiveServer(_Copy(json.loads(body)), "<!doctype html><title>copy</title>") as server:
         port.send(server.address[1])
@@ -223,7 +251,8 @@ def copy_of_page(board_port: int) -> Iterator[int]:
     context = multiprocessing.get_context("spawn")
     port_here, port_there = context.Pipe()
     stop_here, stop_there = context.Pipe()
-    child = context.Process(target=_serve_copy, args=(body, port_there, stop_there), daemon=True)
+    child = context.Process(target=_serve_copy, args=(body, port_there, stop_there, CPUS["watchers"]),
+                            daemon=True)
     child.start()
     try:
         if not port_here.poll(60):
@@ -254,7 +283,7 @@ def board_fps(bundle_dir: Path, watch: Callable[[int], ContextManager[Any]], win
                "--split", "local", "--live", f"127.0.0.1:{port}", "--frames", str(frames), "--trace", str(trace),
                "--quiet"]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               stdin=subprocess.DEVNULL)
+                               stdin=subprocess.DEVNULL, preexec_fn=lambda: place("measured"))
     extra: dict[str, Any] = {}
     try:
         if first_answer_s(port, "/state.json", 60) is None:

@@ -12,8 +12,8 @@ request, raising the host's infer p99 9.3x (issue 45). Here:
   whatever arrives meanwhile (a header byte every few seconds does not extend it);
 - a request (line and headers) of at most :data:`MAX_REQUEST_BYTES`, else 431; no body is read;
 - the text is **rendered once per** :data:`CACHE_S` whatever the number of scrapers, and the
-  thread takes at most :data:`MAX_DUTY` of a core (it rests after each turn in proportion to the
-  CPU time the turn took), so scrapers in a loop cannot take the GIL from the host's event loop;
+  thread takes at most :data:`MAX_DUTY` of the time (it rests after each turn in proportion to the
+  time the turn took), so scrapers in a loop cannot take the GIL from the host's event loop;
 - bound anywhere but loopback it **asks for a token** (``Authorization: Bearer TOKEN`` or
   ``?token=TOKEN``, compared in constant time as bytes, so a token of any bytes is a 401, not an
   error): ``--metrics-token-file``'s, else :func:`metrics_token` of ``--key-file``'s key.
@@ -39,8 +39,8 @@ MAX_CONNECTIONS = 64  # scrapers are a Prometheus or two; past this the oldest u
 REQUEST_TIMEOUT_S = 5.0  # accept to the answer's last byte, whatever the client sends meanwhile
 MAX_REQUEST_BYTES = 8192  # request line and headers
 CACHE_S = 1.0  # scrapes within this of a render get its text
-#: The share of one core (and of the GIL, which the host's event loop needs) the endpoint, and the
-#: host's live page, may take: after each turn it rests 1 / MAX_DUTY - 1 times the CPU time the turn
+#: The share of the time (and of the GIL, which the host's event loop needs) the endpoint, and the
+#: host's live page, may take: after each turn it rests 1 / MAX_DUTY - 1 times the time the turn
 #: took. Scrapers in a loop wait in the kernel's queue meanwhile; a Prometheus scraping every few
 #: seconds never notices. A board's page may take 5 %; the host, which every board's frames wait
 #: on, gives its watchers 2 % (at 5 %, 20 scrapers raised its infer p99 by a median 17 % on a

@@ -14,8 +14,10 @@ The live pages (:mod:`device_runtime.live._server`) and the host's Prometheus en
   (Server-Sent Events) is dropped once its client has read nothing of what it was sent for
   ``stall_timeout``;
 - a request (line and headers) of at most ``max_request_bytes``, else 431; no body is read;
-- the thread takes at most ``max_duty`` of a core (it rests after each turn in proportion to the
-  CPU time the turn took), so observers in a loop cannot take the GIL from the data path;
+- the thread takes at most ``max_duty`` of the time (it rests after each turn in proportion to the
+  time the turn took, by the wall clock: on a core it shares, a turn's CPU time understates how
+  long it held the GIL, and a board left half a core lost twice its duty to its own page), so
+  observers in a loop cannot take the GIL from the data path;
 - a reset, a refused or a shed connection is one debug line at most, never a traceback;
 - tokens are compared in constant time as bytes (:meth:`WalledServer.token_matches`): a token of any bytes is
   one more mismatch, not an error.
@@ -97,7 +99,7 @@ class Walls:
 
     max_connections: int  # open at once; past it the oldest unanswered is shed, else the new one closed
     request_timeout: float  # s from accept to the answer's last byte, whatever the client sends meanwhile
-    max_duty: float  # the share of one core (and of the GIL) the thread may take
+    max_duty: float  # the share of the time (and of the GIL) the thread may take
     stall_timeout: float = math.inf  # s a stream may read nothing before it is dropped
     max_request_bytes: int = MAX_REQUEST_BYTES  # request line and headers
     max_streams: int = 0  # event streams open at once
@@ -121,7 +123,7 @@ class WalledServer:
         self.stall_timeout = walls.stall_timeout
         self.max_request_bytes = walls.max_request_bytes
         self.max_duty = walls.max_duty
-        self.busy_s = 0.0  # CPU time the thread spent serving (its rests are 1 / max_duty - 1 times this)
+        self.busy_s = 0.0  # time the thread spent in its turns (its rests are 1 / max_duty - 1 times this)
         self.clock = clock
         # What it did, for tests and logs: connections shed for a new one, refused (the table full
         # of answers being written), closed at their deadline, streams dropped for not reading.
@@ -235,7 +237,7 @@ class WalledServer:
             wanted: float | None = None
             while not self._closing:
                 events = self._selector.select(self._timeout(wanted))
-                turn = time.thread_time()
+                turn = time.monotonic()
                 now = self.clock()
                 # The connections first, the new ones last: a request already here is answered
                 # before a newcomer can shed it.
@@ -258,7 +260,7 @@ class WalledServer:
                     self._accept_paused_until = None
                     self._selector.register(self._listener, selectors.EVENT_READ)
                 wanted = self.tick(now) if self._connections else None
-                busy = time.thread_time() - turn
+                busy = time.monotonic() - turn
                 self.busy_s += busy
                 self._rest(busy * (1 / self.max_duty - 1))
         except Exception as exc:  # a bug here must not take the run down with it: said in one line

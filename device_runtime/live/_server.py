@@ -29,7 +29,7 @@ Watching never costs the run its frames (issue 45: 12 pollers took a board from 
   new one is made (the next one carries all it missed);
 - the work: the state after a given cursor is asked of the source and encoded **at most once a
   period** (``1 / walls.events_hz``) whatever the number of pages and pollers, and the thread takes at
-  most :data:`MAX_DUTY` of a core (it rests in proportion to the CPU time it took);
+  most :data:`MAX_DUTY` of the time (it rests in proportion to the time its turns took);
 - what is sent: the source caps a state (the board's: :data:`~device_runtime.live._board_state.FRAMES_SENT`
   records and :data:`~device_runtime.live._board_state.FRAMES_SENT_BYTES` of them, the newest);
 - the log: a client that resets or goes is one debug line, never a traceback.
@@ -72,8 +72,8 @@ MAX_STREAMS = 4  # concurrent event streams (each sent at most events_hz events 
 REQUEST_TIMEOUT_S = 10.0  # accept to the answer's last byte, whatever the client sends meanwhile
 SOCKET_TIMEOUT_S = 10.0  # an event stream whose client has not read an event this long is dropped
 QUIET_EVENT_S = 1.0  # with nothing new, an event this often still (the page shows it is alive)
-#: The share of one core (and of the GIL, which the board's stream and the host's event loop
-#: need) the page server may take: after each turn it rests 1 / MAX_DUTY - 1 times its CPU time.
+#: The share of the time (and of the GIL, which the board's stream and the host's event loop
+#: need) the page server may take: after each turn it rests 1 / MAX_DUTY - 1 times the turn's time.
 MAX_DUTY = 0.05
 #: A new page's whole window (the board's: up to 600 records, 256 KiB) is built at most this often:
 #: a page needs it once, then polls or streams with its cursor; a script polling without one gets

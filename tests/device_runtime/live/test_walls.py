@@ -12,6 +12,7 @@ import logging
 import socket
 import struct
 import threading
+import time
 from dataclasses import replace
 
 from device_runtime.live import LiveServer, live_token
@@ -84,3 +85,29 @@ def test_a_token_of_any_bytes_is_a_403_not_a_traceback(caplog, capfd) -> None:
         assert exchange(port, b"GET /state.json?token=" + live_token(key).encode() + b" HTTP/1.1\r\n\r\n")[0] == 200
         assert exchange(port, b"GET /favicon.ico HTTP/1.1\r\n\r\n")[0] == 204
     assert "Traceback" not in caplog.text and "Traceback" not in capfd.readouterr().err
+
+
+class Waiting(Counted):
+    """A source whose state takes ``wait_s`` of the wall clock and no CPU: what a page's turn is
+    on a core it shares, or while the board's stream holds the GIL."""
+
+    def __init__(self, wait_s: float) -> None:
+        super().__init__(moving=True)
+        self.wait_s = wait_s
+
+    def state(self, since: int | None) -> tuple[dict, int]:
+        time.sleep(self.wait_s)
+        return super().state(since)
+
+
+def test_the_page_rests_for_the_time_its_turns_took_not_only_their_cpu() -> None:
+    # A turn that waited 40 ms took 40 ms of the board's time (on a shared core, or holding the GIL
+    # when preempted), whatever CPU it used: at 5 % duty the page rests 19 times that before the
+    # next request. Timed by CPU alone, it rested under a millisecond and a board left half a core
+    # lost twice its duty to its own page (issue 45).
+    with LiveServer(Waiting(0.04), "page") as server:
+        port = server.address[1]
+        assert exchange(port, POLL)[0] == 200
+        started = time.monotonic()
+        assert exchange(port, POLL)[0] == 200
+        assert time.monotonic() - started >= 0.5 * 0.04 * (1 / LIVE_WALLS.max_duty - 1)
