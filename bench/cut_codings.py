@@ -32,7 +32,7 @@ import tempfile
 import time
 import zlib
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import cv2
 import matplotlib
@@ -92,19 +92,22 @@ def _photos(kind: str) -> list[np.ndarray]:
     return frames[::3]
 
 
-def held_out(kind: str, n: int, spec, seed: int = 1) -> np.ndarray:
-    """``n`` random crops (30-100 % of each side, half of them mirrored) of ``kind``'s pictures."""
+def crops(kind: str, n: int, seed: int = 1) -> Iterator[np.ndarray]:
+    """``n`` random RGB crops (30-100 % of each side, half of them mirrored) of ``kind``'s pictures."""
     rng = np.random.default_rng(seed)
     photos = _photos(kind)
-    out = []
-    for i in range(n):
+    for _ in range(n):
         image = photos[rng.integers(len(photos))]
         h, w = image.shape[:2]
         ch, cw = int(h * rng.uniform(0.3, 1.0)), int(w * rng.uniform(0.3, 1.0))
         top, left = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
         crop = np.ascontiguousarray(image[top : top + ch, left : left + cw])
-        out.append(preprocess(np.ascontiguousarray(crop[:, ::-1]) if rng.random() < 0.5 else crop, spec))
-    return np.concatenate(out)
+        yield np.ascontiguousarray(crop[:, ::-1]) if rng.random() < 0.5 else crop
+
+
+def held_out(kind: str, n: int, spec, seed: int = 1) -> np.ndarray:
+    """``n`` of :func:`crops`, preprocessed for the model."""
+    return np.concatenate([preprocess(crop, spec) for crop in crops(kind, n, seed)])
 
 
 def batched(run: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> np.ndarray:

@@ -55,7 +55,7 @@ import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 from slow_board import cpu_s, slowed_cpu
@@ -89,9 +89,11 @@ def device(args: Sequence[str], **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "device_runtime.cli", *args], preexec_fn=enter, **kwargs)
 
 
-def build_bundles(weights: str, root: Path, models: Sequence[str] = ("mobilenet_v2", "resnet18")) -> dict[str, Path]:
+def build_bundles(weights: str, root: Path, models: Sequence[str] = ("mobilenet_v2", "resnet18"),
+                  **build: Any) -> dict[str, Path]:
     """MobileNetV2 (real weights) and ResNet-18 (of them, ``models``), each cut at its compressive
-    bottlenecks; cached."""
+    bottlenecks; cached under ``root`` (give another ``root`` with ``build``, more
+    :class:`exporter.BuildSpec` fields such as ``cut_bits``)."""
     bundles = {"mobilenet_v2": ("torchvision:mobilenet_v2", weights), "resnet18": ("torchvision:resnet18", None)}
     out = {}
     for name in models:
@@ -100,7 +102,7 @@ def build_bundles(weights: str, root: Path, models: Sequence[str] = ("mobilenet_
         if not (path / "manifest.json").is_file():
             from exporter._build import BuildSpec, build_bundle  # torch: only to build
 
-            build_bundle(BuildSpec(spec, weights=w, splits="auto"), path, progress=True)
+            build_bundle(BuildSpec(spec, weights=w, splits="auto", **build), path, progress=True)
         out[name] = path
     return out
 

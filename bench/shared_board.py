@@ -34,6 +34,15 @@ Per run, from its trace as ``split-device report`` reads it (:mod:`fieldtrial._b
 Targets (issue 43): auto ÷ oracle ≤ 1.15 on a quarter core and ≤ 1.10 on a whole core; p50 ÷ floor
 ≤ 1.5 and ≤ 1.25; answered ≥ the best static's; calibrated ÷ run-time head within 0.8–1.25.
 
+Issue 47's trial is this bench at a steady 3 Mbit/s with a bundle whose cuts have k-bit codings
+(``--cut-bits``): ``auto`` among the codings calibrate offers (those whose measured agreement clears
+its floor) against today's uint8 statics. The coded bundle is calibrated and measured on crops the
+bench writes (``--coding-photos`` of Debian's ``gnome-backgrounds``: 64 calibrate the codings, the
+rest measure their agreement)::
+
+    python bench/shared_board.py --weights mobilenet_v2-b0353104.pth --boards 0.25 --schedules 3,3 \
+        --cut-bits 8,6,4 --out build/bench/coded_trial.json --traces build/bench/coded_trial_traces
+
 Needs root (namespaces, tbf, real-time scheduling) and ``apt install opencv-doc``. Results: JSON
 (``--out``), the traces (``--traces``: ``split-device report`` reads them) and a table.
 
@@ -47,6 +56,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -54,6 +64,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import cv2
+from cut_codings import crops
 from dynamic_split import BOARD_CPU, HOST_CPU, PINNED, PORT, build_bundles, device, on_schedule, run_device
 from slow_board import slowed_cpu
 
@@ -94,6 +105,19 @@ def video_info(path: Path, cap: int | None) -> tuple[int, int, float, int]:
     return width, height, fps, min(count, cap) if cap else count
 
 
+def coding_photos(out: Path, count: int) -> Path:
+    """``count`` crops of Debian's ``gnome-backgrounds`` as PNGs in ``out/photos`` (cached): the
+    coded bundle's ``--calib-data`` (an image folder's one class)."""
+    photos = out / "photos"
+    if len(list(photos.glob("*.png"))) != count:
+        shutil.rmtree(out, ignore_errors=True)
+        photos.mkdir(parents=True)
+        for i, crop in enumerate(crops("backgrounds", count, seed=7)):
+            small = cv2.resize(crop, (256, max(1, 256 * crop.shape[0] // crop.shape[1])), interpolation=cv2.INTER_AREA)
+            cv2.imwrite(str(photos / f"{i:04d}.png"), cv2.cvtColor(small, cv2.COLOR_RGB2BGR))
+    return out
+
+
 def calibrate(bundle: Path, host: str, video: Path) -> Calibration:
     """``split-device calibrate`` as a user runs it for this camera: beside it (``--camera``: its
     frames' size and pace, its capture on the board's CPU), batch 1 (what the run runs), the
@@ -128,20 +152,42 @@ def figures(trace: Path, calibration: Calibration, out: Path) -> dict:
 
 
 def trial(bundle: Path, host: str, link: EmulatedLink, video: Path, frames: int, schedule: RateSchedule,
-          calibration: Calibration, options: Sequence[str], traces: Path, extra: Sequence[str]) -> dict:
-    """``auto`` and every static option on the same frames and schedule, each with its report."""
-    runs = {}
-    for option in ("auto", *options):
-        trace = traces / f"{option}.jsonl"
-        link.set_rate(schedule.rate_at(0))
-        run_device(bundle, host, option, str(video), trace, frames=frames, threads=None,
-                   extra=["--realtime", *extra], during=on_schedule(link, schedule))
-        runs[option] = r = figures(trace, calibration, traces / f"{option}-report")
-        print(f"    {option:24s} answered {r['answered']:4d}/{r['frames']:<4d} p50 {_f(r['p50_ms'], 7, 1)} "
-              f"p95 {_f(r['p95_ms'], 7, 1)}  ÷floor {_f(r['p50_over_floor'])}  ÷oracle {_f(r['over_oracle'])}  "
-              f"{r['splits']}", flush=True)
+          calibration: Calibration, options: Sequence[str], traces: Path, extra: Sequence[str], rounds: int = 1) -> dict:
+    """``auto`` and every static option on the same frames and schedule, each with its report;
+    ``rounds`` times in turn, so that a shared board's drift falls on every option alike."""
+    each: dict[str, list[dict]] = {option: [] for option in ("auto", *options)}
+    for round_ in range(rounds):
+        for option in each:
+            name = option if rounds == 1 else f"{option}-r{round_ + 1}"
+            trace = traces / f"{name}.jsonl"
+            link.set_rate(schedule.rate_at(0))
+            run_device(bundle, host, option, str(video), trace, frames=frames, threads=None,
+                       extra=["--realtime", *extra], during=on_schedule(link, schedule))
+            each[option].append(r := figures(trace, calibration, traces / f"{name}-report"))
+            print(f"    {name:27s} answered {r['answered']:4d}/{r['frames']:<4d} p50 {_f(r['p50_ms'], 7, 1)} "
+                  f"p95 {_f(r['p95_ms'], 7, 1)}  ÷floor {_f(r['p50_over_floor'])}  ÷oracle {_f(r['over_oracle'])}  "
+                  f"{r['splits']}", flush=True)
+    runs = {option: results[0] if rounds == 1 else pooled(results) for option, results in each.items()}
     best = max(options, key=lambda o: (_share(runs[o]), -(runs[o]["p50_ms"] or 0)))
     return {"runs": runs, "best_static": best}
+
+
+def pooled(results: list[dict]) -> dict:
+    """One option's rounds as one run: frames and answers summed, every other figure the median of
+    the rounds' (the rounds themselves kept under ``rounds``)."""
+    def median(key: str) -> float | None:
+        values = [r[key] for r in results if r[key] is not None]
+        return statistics.median(values) if values else None
+
+    splits: dict[str, int] = {}
+    for r in results:
+        for split, count in r["splits"].items():
+            splits[split] = splits.get(split, 0) + count
+    heads = {k: statistics.median([r["calibrated_over_run"][k] for r in results if k in r["calibrated_over_run"]])
+             for k in {k for r in results for k in r["calibrated_over_run"]}}
+    return {**results[0], "frames": sum(r["frames"] for r in results), "answered": sum(r["answered"] for r in results),
+            **{key: median(key) for key in ("p50_ms", "p95_ms", "p50_over_floor", "over_oracle")},
+            "calibrated_over_run": heads, "splits": splits, "rounds": results}
 
 
 def _share(run: dict) -> float:
@@ -162,11 +208,17 @@ def main() -> None:
     parser.add_argument("--boards", default="0.25,1", help="the board's share of its CPU, per trial (default 0.25,1)")
     parser.add_argument("--schedules", default="20,3;50,0.5",
                         help="FROM,TO Mbit/s per schedule, ';'-separated: the link steps halfway (default 20,3;50,0.5)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run auto and the statics this many times in turn; p50, p95 and ratios are the rounds' medians")
     parser.add_argument("--busy", type=int, default=2, help="processes spinning beside the board (default 2)")
     parser.add_argument("--delay-ms", type=float, default=5.0, help="one-way delay each way (default 5)")
     parser.add_argument("--statics", default=None,
                         help="static options to run, comma-separated (default: every option of the table)")
     parser.add_argument("--device-args", default="", help="more split-device run flags, e.g. '--threads 1'")
+    parser.add_argument("--cut-bits", default=None,
+                        help="build the bundle with these k-bit cut codings (issue 47's trial, e.g. 8,6,4)")
+    parser.add_argument("--coding-photos", type=int, default=400,
+                        help="crops the coded bundle is calibrated (64) and measured (the rest) on (default 400)")
     parser.add_argument("--bundles", type=Path, default=Path("build/bench/dynamic-bundles"))
     parser.add_argument("--out", type=Path, default=Path("build/bench/shared_board.json"))
     parser.add_argument("--traces", type=Path, default=Path("build/bench/shared_board_traces"))
@@ -179,9 +231,16 @@ def main() -> None:
     if reason is not None:
         raise SystemExit(f"cannot emulate a link here: {reason}")
     schedules = [tuple(float(x) for x in spec.split(",")) for spec in args.schedules.split(";")]
-    source = build_bundles(args.weights, args.bundles, ("mobilenet_v2",))["mobilenet_v2"]
+    if args.cut_bits:
+        root = args.bundles / f"codings-{args.cut_bits.replace(',', '-')}"
+        photos = coding_photos(args.bundles / "coding-photos", args.coding_photos)
+        # --quantize int8's images also calibrate today's uint8 cut, the statics' (issue 47's baseline)
+        source = build_bundles(args.weights, root, ("mobilenet_v2",), cut_bits=tuple(map(int, args.cut_bits.split(","))),
+                               quantize_from=str(photos))["mobilenet_v2"]
+    else:
+        source = build_bundles(args.weights, args.bundles, ("mobilenet_v2",))["mobilenet_v2"]
     report: dict = {"benchmark": "shared_board", "machine": platform.machine(), "python": platform.python_version(),
-                    "busy": args.busy, "delay_ms": args.delay_ms, "device_args": args.device_args, "trials": []}
+                    "busy": args.busy, "delay_ms": args.delay_ms, "cut_bits": args.cut_bits, "device_args": args.device_args, "trials": []}
     if PINNED:
         os.sched_setaffinity(0, {HOST_CPU})  # the host and the relay; the board is pinned to its own CPU
     with EmulatedLink() as link, serve_in(link, [source], PORT, HOST_ARGS), \
@@ -212,7 +271,7 @@ def main() -> None:
                         sub = traces / f"{high:g}-{low:g}"
                         sub.mkdir()
                         result = trial(bundle, host, link, video, frames, schedule, calibration, options, sub,
-                                       args.device_args.split())
+                                       args.device_args.split(), args.rounds)
                         report["trials"].append({"video": video.name, "board": share, "schedule": [high, low],
                                                  "calibration": {"preprocess_ms": model.preprocess_ms,
                                                                  "rtt_ms": model.rtt_ms}, **result})
@@ -225,8 +284,8 @@ def main() -> None:
 def print_table(report: dict) -> None:
     print(f"\nauto on a shared board ({report['busy']} busy processes, {report['delay_ms']:g} ms each way"
           f"{', ' + report['device_args'] if report['device_args'] else ', product defaults'})")
-    print(f"{'video':14s} {'core':>4s} {'Mbit/s':>9s} {'answered':>14s} {'best static':>30s} {'p50':>6s} {'p95':>7s} "
-          f"{'÷floor':>6s} {'÷oracle':>7s}  calibrated ÷ run head")
+    print(f"{'video':14s} {'core':>4s} {'Mbit/s':>9s} {'answered':>14s} {'best static':>30s} {'p50/p95':>13s} {'p50':>6s} "
+          f"{'p95':>7s} {'÷floor':>6s} {'÷oracle':>7s}  calibrated ÷ run head")
     for t in report["trials"]:
         auto, best = t["runs"]["auto"], t["runs"][t["best_static"]]
         target = TARGETS.get(t["board"], TARGETS[1.0])
@@ -240,8 +299,14 @@ def print_table(report: dict) -> None:
         ) if not held]
         print(f"{t['video']:14s} {t['board']:4g} {t['schedule'][0]:g}→{t['schedule'][1]:<5g} "
               f"{auto['answered']:4d}/{auto['frames']:<4d} {_share(auto):4.0%} {static:>30s} "
+              f"{_f(best['p50_ms'], 6, 1)}/{_f(best['p95_ms'], 6, 1)} "
               f"{_f(auto['p50_ms'], 6, 1)} {_f(auto['p95_ms'], 7, 1)} {_f(auto['p50_over_floor'], 6)} "
               f"{_f(auto['over_oracle'], 7)}  {heads}  {' '.join(misses) or 'all targets'}")
+    print(f"\n{'video':14s} {'core':>4s} {'Mbit/s':>9s} {'option':28s} {'answered':>9s} {'p50':>7s} {'p95':>7s}  (every run)")
+    for t in report["trials"]:
+        for option, run in t["runs"].items():
+            print(f"{t['video']:14s} {t['board']:4g} {t['schedule'][0]:g}→{t['schedule'][1]:<5g} {option:28s} "
+                  f"{_share(run):9.0%} {_f(run['p50_ms'], 7, 1)} {_f(run['p95_ms'], 7, 1)}")
 
 
 if __name__ == "__main__":
