@@ -11,12 +11,12 @@ its words (roles, formats, precisions, tensor names) are the public sub-face
 
 from device_runtime._bundle_slice import slice_bundle
 from device_runtime.bundle import (
-    FULL, HEAD, LOCAL, OFFLOAD, TAIL, Artifact, Bundle, Fragment, Manifest, ModelInfo, Preprocess, Quantization, Split,
+    FULL, HEAD, LOCAL, OFFLOAD, TAIL, Artifact, Bundle, Exit, Fragment, Manifest, ModelInfo, Preprocess, Quantization, Split,
     Stage, TensorSpec, artifacts_of, check_name, make_artifact, semantic_id, stage_id, write_manifest,
 )
 
 __all__ = [
-    "Artifact", "Bundle", "FULL", "Fragment", "HEAD", "LOCAL", "Manifest", "ModelInfo", "OFFLOAD", "Preprocess",
+    "Artifact", "Bundle", "Exit", "FULL", "Fragment", "HEAD", "LOCAL", "Manifest", "ModelInfo", "OFFLOAD", "Preprocess",
     "Quantization", "Split", "Stage", "TAIL", "TensorSpec", "artifacts_of", "check_name", "make_artifact",
     "semantic_id", "slice_bundle", "stage_id", "write_manifest",
 ]

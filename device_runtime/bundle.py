@@ -29,7 +29,7 @@ import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from splitedge import FLOAT32, FORMATS, Fields, INT8, LOCAL, OFFLOAD, ONNX, PRECISIONS, TFLITE, join
 from splitedge.errors import BundleError
@@ -50,9 +50,13 @@ __all__ = [
 #: normalise their input a second time and answer wrongly, so it must refuse them. A bundle is
 #: written with the oldest schema that holds it (one without chains, fragments or folding as schema
 #: 1, byte for byte as before), so older boards still take what they can run; all load here.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 CHAIN_SCHEMA = 2
 FOLDED_SCHEMA = 3
+#: Schema 4 adds early exits (a layer split's ``exit``, issue 48): its heads have a second output,
+#: which a board of schema 3 cannot open as a TFLite head (one output, it says) and would not know
+#: to ignore; a bundle without exits is still written as before.
+EXIT_SCHEMA = 4
 MANIFEST_NAME = "manifest.json"
 #: The largest manifest read: the zoo's largest (the test bundle's, with its chain and variants) is
 #: tens of KB; past this a "manifest" is no bundle's (a link to /dev/zero was read until memory ran out).
@@ -65,6 +69,8 @@ ROLES = (HEAD, TAIL, FULL)
 #: the exporter writes them and the runtimes feed and read them.
 INPUT, CUT, LOGITS = "input", "cut", "logits"
 IO_NAMES: dict[str, tuple[str, str]] = {HEAD: (INPUT, CUT), TAIL: (CUT, LOGITS), FULL: (INPUT, LOGITS)}
+#: A tensor name an exit's output may have: a plain identifier (it is looked up by name in ONNX and TFLite).
+OUTPUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 #: A chain's stages are tails (role TAIL, files ``stage/<split>.<k>.onnx``): the last one takes
 #: IO_NAMES[TAIL]; one in the middle outputs the next cut, named apart from its input.
 NEXT_CUT = "next_cut"
@@ -242,6 +248,57 @@ class Coding:
 
 
 @dataclass(frozen=True)
+class Exit:
+    """An early exit at a layer split's cut (issue 48): a small classifier on the cut, trained with
+    the network frozen, exported as the head's second output ``output`` (so the board pays only the
+    exit's own cost beyond the head), and its table of thresholds in ascending ``confidence`` (so
+    ``share`` never grows), measured on ``measured_on`` held-out images. ``max_abs_error`` and
+    ``max_rel_error``: the exit output's largest difference from torch over the split's float32
+    heads, as the artifacts' own are recorded. A run never assumes an exit is good enough: it
+    chooses a threshold by what was measured (:meth:`threshold`)."""
+
+    @dataclass(frozen=True)
+    class Threshold:
+        """One row of an exit's table, measured at build on held-out images: with the exit answering
+        every frame whose softmax maximum is at least ``confidence``, the ``share`` of frames it answered,
+        their ``agreement`` with the full model's top-1, and where the images had labels the exit's
+        top-1 on those frames (``top1``) and the full model's on the same frames (``full_top1``)."""
+
+        confidence: float
+        share: float
+        agreement: float
+        top1: float | None = None
+        full_top1: float | None = None
+
+    #: The head's output name a build gives an exit, and the kinds it trains (the exporter's words).
+    OUTPUT: ClassVar[str] = "exit_logits"
+    KINDS: ClassVar[tuple[str, ...]] = ("pool_linear", "conv")
+
+    output: str  # the head's output name: OUTPUT
+    kind: str  # one of KINDS
+    params: int  # the exit's parameter count (what it adds to the head)
+    measured_on: int  # held-out images the table was measured on
+    thresholds: tuple[Exit.Threshold, ...]
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+
+    def threshold(self, agreement: float | None = None, top1_loss: float | None = None) -> Exit.Threshold | None:
+        """The row of the lowest confidence (so the largest share) whose measured figure meets the
+        floor: ``agreement`` (the exited frames' agreement with the full model at least this), or
+        ``top1_loss`` (their top-1 at most this below the full model's on the same frames; rows
+        measured without labels never meet it). None where no row does: the exit never answers."""
+        if (agreement is None) == (top1_loss is None):
+            raise ValueError("give one floor: agreement or top1_loss")
+        for row in self.thresholds:
+            if agreement is not None and row.agreement >= agreement:
+                return row
+            if (top1_loss is not None and row.top1 is not None and row.full_top1 is not None
+                    and row.full_top1 - row.top1 <= top1_loss + 1e-12):  # 0.91 - 0.90 is 0.01000000000000001
+                return row
+        return None
+
+
+@dataclass(frozen=True)
 class Stage:
     """Stage ``index`` (1..n) of a chain: runs on a host from cut ``cut`` (its input, ``tensor``)
     to the next cut, or to the logits for the last stage. Stage 0 is the split's head."""
@@ -289,6 +346,7 @@ class Split:
     grouping: str | None = None
     accuracies: dict[str, float] = field(default_factory=dict)
     codings: tuple[Coding, ...] = ()  # k-bit codings of the cut, fewest bits last; () for none (issue 47)
+    exit: Exit | None = None  # an early exit at the cut, a second output of its heads (issue 48); layer splits only
 
     def option(self, coding: Coding) -> str:
         """How a table, a reason and a trace name sending this split's cut in ``coding``."""
@@ -438,7 +496,8 @@ def _content(manifest: Manifest) -> dict[str, Any]:
         if preprocess[key] is empty:
             del preprocess[key]  # a bundle built without them reads (and hashes) as before
     for split in data["splits"]:
-        for key, empty in (("stages", ()), ("fragments", ()), ("grouping", None), ("accuracies", {}), ("codings", ())):
+        for key, empty in (("stages", ()), ("fragments", ()), ("grouping", None), ("accuracies", {}), ("codings", ()),
+                           ("exit", None)):
             if split[key] in (empty, []):
                 del split[key]  # only chains have stages, only semantic splits the rest: others read as in schema 1
     return data
@@ -521,6 +580,64 @@ def _codings(split: Mapping[str, Any], tensor: TensorSpec, path: str) -> tuple[C
     return codings
 
 
+def _unit(parent: Mapping[str, Any], key: str, path: str, optional: bool = False) -> float | None:
+    """A share or a probability: a finite number in [0, 1] (None where ``optional`` and absent or null)."""
+    value = parent.get(key)
+    if optional and value is None:
+        return None
+    number = _fields.number(*_at(parent, key, path))
+    if number > 1:
+        raise BundleError(f"{join(path, key)}: expected a number in [0, 1], got {number!r}")
+    return number
+
+
+def _exit_threshold(raw: Any, path: str) -> Exit.Threshold:
+    obj = _fields.obj(raw, path)
+    row = Exit.Threshold(
+        confidence=_unit(obj, "confidence", path), share=_unit(obj, "share", path),
+        agreement=_unit(obj, "agreement", path), top1=_unit(obj, "top1", path, optional=True),
+        full_top1=_unit(obj, "full_top1", path, optional=True),
+    )
+    if (row.top1 is None) != (row.full_top1 is None):
+        raise BundleError(f"{path}: top1 and full_top1 are measured on the same frames: both numbers or both null")
+    return row
+
+
+def _exit(split: Mapping[str, Any], path: str) -> Exit | None:
+    """A layer split's early exit (issue 48): what a board will let answer a frame, so every number
+    is checked, not only its type: a forged table (a share above 1, thresholds out of order, an
+    agreement of NaN) would let an exit answer frames it was never measured to answer well."""
+    raw = split.get("exit")
+    if raw is None:
+        return None
+    where = join(path, "exit")
+    if split.get("kind") != LAYER:
+        raise BundleError(f"{where}: only a layer split has an exit (this split is {split.get('kind')!r})")
+    obj = _fields.obj(raw, where)
+    output = _fields.text(*_at(obj, "output", where))
+    if not OUTPUT_NAME.fullmatch(output) or output in (INPUT, CUT):
+        raise BundleError(f"{join(where, 'output')}: {output!r} is not a head output name for an exit (a plain name "
+                          f"of letters, digits and '_', not {INPUT!r} or {CUT!r})")
+    rows_raw, rpath = _at(obj, "thresholds", where)
+    rows = tuple(_exit_threshold(r, f"{rpath}[{i}]") for i, r in enumerate(_fields.array(rows_raw, rpath)))
+    if not rows:
+        raise BundleError(f"{rpath}: an exit has at least one measured threshold")
+    for i, (before, row) in enumerate(zip(rows, rows[1:]), 1):
+        if row.confidence <= before.confidence:
+            raise BundleError(f"{rpath}[{i}].confidence: thresholds are listed in ascending confidence, each once")
+        if row.share > before.share:
+            raise BundleError(f"{rpath}[{i}].share: a higher threshold lets no more frames exit than a lower one")
+    return Exit(
+        output=output,
+        kind=_fields.choice(*_at(obj, "kind", where), Exit.KINDS),
+        params=_fields.integer(*_at(obj, "params", where), minimum=1),
+        measured_on=_fields.integer(*_at(obj, "measured_on", where), minimum=1),
+        thresholds=rows,
+        max_abs_error=_optional_number(obj, "max_abs_error", where),
+        max_rel_error=_optional_number(obj, "max_rel_error", where),
+    )
+
+
 def _split(raw: Any, path: str) -> Split:
     obj = _fields.obj(raw, path)
     quantization = obj.get("quantization")
@@ -542,6 +659,7 @@ def _split(raw: Any, path: str) -> Split:
         grouping=None if obj.get("grouping") is None else _fields.text(*_at(obj, "grouping", path)),
         accuracies=_accuracies(obj, path),
         codings=_codings(obj, tensor, path),
+        exit=_exit(obj, path),
     )
 
 
@@ -748,6 +866,10 @@ def parse_manifest(data: Any, source: str = MANIFEST_NAME) -> Manifest:
     if newer and version < CHAIN_SCHEMA:
         raise BundleError(f"{source}: {newer[0].kind} split {newer[0].id} in a schema_version {version} manifest; "
                           f"{newer[0].kind} splits came with schema {CHAIN_SCHEMA}: re-export the bundle")
+    exiting = next((s for s in splits if s.exit is not None), None)
+    if exiting is not None and version < EXIT_SCHEMA:
+        raise BundleError(f"{source}: split {exiting.id} has an exit in a schema_version {version} manifest; exits came "
+                          f"with schema {EXIT_SCHEMA}: re-export the bundle")
     if model.preprocess.folded and version < FOLDED_SCHEMA:
         raise BundleError(f"{source}: model.preprocess.folded in a schema_version {version} manifest; folded "
                           f"normalisation came with schema {FOLDED_SCHEMA}: re-export the bundle")
@@ -867,7 +989,8 @@ def write_manifest(root: str | Path, manifest: Manifest) -> Manifest:
     path = Path(root) / MANIFEST_NAME
     # The oldest schema that holds the content: a bundle without chains stays readable by schema-1 boards.
     needs = [FOLDED_SCHEMA if manifest.model.preprocess.folded else 1,
-             CHAIN_SCHEMA if any(s.parts for s in manifest.splits) else 1]
+             CHAIN_SCHEMA if any(s.parts for s in manifest.splits) else 1,
+             EXIT_SCHEMA if any(s.exit is not None for s in manifest.splits) else 1]
     manifest = replace(manifest, schema_version=max(needs))
     digest = manifest_digest(_content(manifest))
     stamped = replace(manifest, bundle_id=bundle_id(manifest.model.name, digest), manifest_sha256=digest)

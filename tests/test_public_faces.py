@@ -59,7 +59,7 @@ FACES = {
         "SEMANTIC", "ArmStats", "Bandit", "reward",
     ],
     "device_runtime": [
-        "Artifact", "Bundle", "FULL", "Fragment", "HEAD", "LOCAL", "Manifest", "ModelInfo", "OFFLOAD", "Preprocess",
+        "Artifact", "Bundle", "Exit", "FULL", "Fragment", "HEAD", "LOCAL", "Manifest", "ModelInfo", "OFFLOAD", "Preprocess",
         "Quantization", "Split", "Stage", "TAIL", "TensorSpec", "artifacts_of", "check_name", "make_artifact",
         "semantic_id", "slice_bundle", "stage_id", "write_manifest",
     ],

@@ -24,8 +24,11 @@ class Backend(Protocol):
     name: str
     input_shape: tuple[int | str, ...]  # symbolic dims (the batch) are strings
     input_dtype: str
+    output_names: tuple[str, ...]  # the first is what :meth:`run` returns (a head's ``cut``)
 
     def run(self, x: np.ndarray) -> np.ndarray: ...
+
+    def run_outputs(self, x: np.ndarray, names: Sequence[str]) -> tuple[np.ndarray, ...]: ...
 
 
 #: dtype -> its name: numpy computes ``dtype.name`` in Python, 2 µs a call, and a host checks every
@@ -51,7 +54,8 @@ _ORT_DTYPES = {"tensor(float)": "float32", "tensor(uint8)": "uint8", "tensor(int
 
 
 class OnnxBackend:
-    """One onnxruntime session for one ONNX artifact with a single input and a single output."""
+    """One onnxruntime session for one ONNX artifact with a single input, and its first output (a head
+    with an early exit has a second, ``exit_logits``: :meth:`run_outputs` fetches it too)."""
 
     def __init__(self, path: str | Path, threads: int | None = None, providers: Sequence[str] | None = None,
                  spinning: bool = False) -> None:
@@ -76,15 +80,23 @@ class OnnxBackend:
         self.input_name = inp.name
         self.input_shape = tuple(inp.shape)
         self.input_dtype = _ORT_DTYPES.get(inp.type, inp.type)
-        self.output_name = self.session.get_outputs()[0].name
+        self.output_names = tuple(o.name for o in self.session.get_outputs())
+        self.output_name = self.output_names[0]
 
     def run(self, x: np.ndarray) -> np.ndarray:
+        (y,) = self.run_outputs(x, (self.output_name,))
+        return y
+
+    def run_outputs(self, x: np.ndarray, names: Sequence[str]) -> tuple[np.ndarray, ...]:
+        """The outputs ``names`` in that order, from one run (onnxruntime computes only what they need)."""
         check_input(x, self.input_shape, self.input_dtype, self.name)
+        missing = [n for n in names if n not in self.output_names]
+        if missing:
+            raise BackendError(f"{self.name}: no output {missing[0]!r} (its outputs: {', '.join(self.output_names)})")
         try:
-            (y,) = self.session.run([self.output_name], {self.input_name: x})
+            return tuple(self.session.run(list(names), {self.input_name: x}))
         except Exception as exc:
             raise BackendError(f"{self.name}: onnxruntime failed: {exc}") from exc
-        return y
 
 
 def load_backend(path: str | Path, fmt: str = ONNX, threads: int | None = None) -> Backend:

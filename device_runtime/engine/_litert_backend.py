@@ -25,10 +25,11 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from device_runtime.bundle import CUT
 from device_runtime.engine._backend import check_input
 from device_runtime.engine._cpus import usable_cpus
 from device_runtime.wire import dequantize, quantize
@@ -107,7 +108,8 @@ def _without_delegate_notice() -> Iterator[None]:
 
 
 class LiteRTBackend:
-    """One TFLite interpreter for one artifact with a single input and a single output.
+    """One TFLite interpreter for one artifact with a single input and a single output, or a head with
+    an early exit (issue 48): ``cut`` beside the exit's output, :meth:`run` giving the cut.
 
     ``input_name`` and ``output_name`` are the signature's names (the bundle contract:
     ``input``/``cut``/``logits``) when the file has one signature, else the tensors' names.
@@ -124,10 +126,16 @@ class LiteRTBackend:
         except Exception as exc:  # the interpreter raises ValueError/RuntimeError for missing and corrupt files
             raise BackendError(f"{path}: the TFLite interpreter cannot load it: {exc}") from exc
         inputs, outputs = self._interpreter.get_input_details(), self._interpreter.get_output_details()
-        if len(inputs) != 1 or len(outputs) != 1:
-            raise BackendError(f"{path}: expected one input and one output, found {len(inputs)} and {len(outputs)}")
-        self._input, self._output = inputs[0], outputs[0]
+        named = _signature_outputs(self._interpreter, outputs)
+        if len(inputs) != 1 or not (len(outputs) == 1 or CUT in named):
+            raise BackendError(f"{path}: expected one input and one output (or a head's {CUT!r} beside its exit), "
+                               f"found {len(inputs)} and {len(outputs)}")
+        self._input = inputs[0]
+        self._outputs = named or {outputs[0]["name"]: outputs[0]}
+        self._output = self._outputs[CUT] if len(outputs) > 1 else outputs[0]
         self.input_name, self.output_name = _signature_names(self._interpreter, self._input, self._output)
+        # The primary output first (what run returns), then the others in the signature's order.
+        self.output_names = (self.output_name, *(n for n in self._outputs if self._outputs[n] is not self._output))
         # -1 marks a dynamic dimension; check_input accepts any size for a string.
         self.input_shape: tuple[int | str, ...] = tuple(
             ("batch" if axis == 0 else f"dim{axis}") if d < 0 else int(d)
@@ -135,17 +143,27 @@ class LiteRTBackend:
         )
         self.input_dtype = "float32"  # quantized inputs are quantized here, see the module docstring
         self._input_quantization = _quantization(self._input)
-        self._output_quantization = _quantization(self._output)
+        self._output_quantization = {n: _quantization(d) for n, d in self._outputs.items()}
+        self._output_quantization[self.output_name] = _quantization(self._output)
         self._allocated = tuple(int(d) for d in self._input["shape"])
         self._lock = threading.Lock()  # one interpreter, one invocation at a time
 
     @property
     def quantized(self) -> bool:
         """True if the input or the output tensor is integer-quantized."""
-        return self._input_quantization is not None or self._output_quantization is not None
+        return self._input_quantization is not None or self._output_quantization[self.output_name] is not None
 
     def run(self, x: np.ndarray) -> np.ndarray:
+        (y,) = self.run_outputs(x, (self.output_name,))
+        return y
+
+    def run_outputs(self, x: np.ndarray, names: Sequence[str]) -> tuple[np.ndarray, ...]:
+        """The outputs ``names`` in that order, from one invocation (the interpreter runs the whole graph)."""
         check_input(x, self.input_shape, self.input_dtype, self.name)
+        details = {self.output_name: self._output, **{n: d for n, d in self._outputs.items() if d is not self._output}}
+        missing = [n for n in names if n not in details]
+        if missing:
+            raise BackendError(f"{self.name}: no output {missing[0]!r} (its outputs: {', '.join(self.output_names)})")
         feed = x if self._input_quantization is None else quantize(x, *self._input_quantization)
         with self._lock:
             try:
@@ -153,15 +171,13 @@ class LiteRTBackend:
                     self._resize(x.shape)
                 self._interpreter.set_tensor(self._input["index"], np.ascontiguousarray(feed))
                 self._interpreter.invoke()
-                y = self._interpreter.get_tensor(self._output["index"])  # a copy, safe after the lock
+                ys = [self._interpreter.get_tensor(details[n]["index"]) for n in names]  # copies, safe after the lock
             except BackendError:
                 raise
             except Exception as exc:
                 raise BackendError(f"{self.name}: the TFLite interpreter failed: {exc}") from exc
-        if self._output_quantization is None:
-            return y
-        scale, zero_point, _ = self._output_quantization  # dequantize takes the dtype from y
-        return dequantize(y, scale, zero_point)
+        return tuple(y if (q := self._output_quantization[n]) is None else dequantize(y, q[0], q[1])  # dtype from y
+                     for n, y in zip(names, ys))
 
     def _resize(self, shape: tuple[int, ...]) -> None:
         try:
@@ -172,12 +188,26 @@ class LiteRTBackend:
         self._allocated = tuple(shape)
 
 
+def _signature_outputs(interpreter: Any, outputs: list[dict]) -> dict[str, dict]:
+    """The output details by the one signature's output names (``cut``, ``exit_logits``), in the
+    signature's order; empty where the file has no single signature to name them by."""
+    signatures = getattr(interpreter, "_get_full_signature_list", lambda: {})()
+    if len(signatures) != 1:
+        return {}
+    (signature,) = signatures.values()
+    by_index = {d["index"]: d for d in outputs}
+    named = {name: by_index[index] for name, index in signature.get("outputs", {}).items() if index in by_index}
+    return named if len(named) == len(outputs) else {}
+
+
 def _signature_names(interpreter: Any, inp: dict, out: dict) -> tuple[str, str]:
     signatures = interpreter.get_signature_list()
     if len(signatures) == 1:
         (signature,) = signatures.values()
         if len(signature["inputs"]) == 1 and len(signature["outputs"]) == 1:
             return signature["inputs"][0], signature["outputs"][0]
+        if len(signature["inputs"]) == 1 and CUT in signature["outputs"]:  # a head with an early exit
+            return signature["inputs"][0], CUT
     return inp["name"], out["name"]
 
 

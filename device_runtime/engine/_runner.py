@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from device_runtime.bundle import (
-    FLOAT32, FULL, HEAD, INT8, LOCAL, OFFLOAD, ONNX, Bundle, PRECISIONS as ARTIFACT_PRECISIONS,
+    CUT, FLOAT32, FULL, HEAD, INT8, LOCAL, OFFLOAD, ONNX, Bundle, PRECISIONS as ARTIFACT_PRECISIONS,
 )
 from device_runtime.engine._backend import Backend, load_backend
 from device_runtime.engine._preprocess_path import preprocess_path, preprocessor
@@ -126,6 +126,18 @@ class DeviceRunner:
         start = time.perf_counter()
         cut = self.session(self.option(option)[0], HEAD).run(x)
         return cut, (time.perf_counter() - start) * 1000.0
+
+    def run_head_exit(self, option: str, x: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], float]:
+        """The head of an option's split with its early exit (issue 48): ``(cut, exit_logits)`` from one
+        run of the head, and ms. The exit is the head's second output, so what it costs beyond
+        :meth:`run_head` is the exit's own layers. :class:`BundleError` for a split without an exit."""
+        split_id = self.option(option)[0]
+        found = self.bundle.manifest.split(split_id).exit if split_id not in (LOCAL, OFFLOAD) else None
+        if found is None:
+            raise BundleError(f"split {split_id} has no early exit; rebuild the bundle with split-export build --exits")
+        start = time.perf_counter()
+        cut, logits = self.session(split_id, HEAD).run_outputs(x, (CUT, found.output))
+        return (cut, logits), (time.perf_counter() - start) * 1000.0
 
     def board_part(self, option: str, x: np.ndarray) -> tuple[tuple[np.ndarray, dict[str, Any]], float]:
         """An option's head and what goes on the link of its cut (:meth:`payload`: a coded
