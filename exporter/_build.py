@@ -29,16 +29,18 @@ from tqdm import tqdm
 
 from boards import BOARDS, check_fits
 from device_runtime import (
-    Artifact, FULL, Fragment, HEAD, Manifest, ModelInfo, Preprocess, Quantization, Split, Stage, TAIL, TensorSpec,
+    Artifact, Exit, FULL, Fragment, HEAD, Manifest, ModelInfo, Preprocess, Quantization, Split, Stage, TAIL, TensorSpec,
     artifacts_of, check_name, make_artifact, semantic_id, write_manifest,
 )
 from device_runtime.bundle import (
-    BOTTLENECK, CHAIN, CHAIN_JOIN, FLOAT32, FORMATS, INT8, IO_NAMES, LAYER, MIDDLE_STAGE_IO, ONNX, SEMANTIC,
+    BOTTLENECK, CHAIN, CHAIN_JOIN, CUT, FLOAT32, FORMATS, INT8, IO_NAMES, LAYER, MIDDLE_STAGE_IO, ONNX, SEMANTIC,
     TFLITE,
 )
 from exporter._bottleneck import BottleneckOptions, SplitModel, make_autoencoder, train_bottleneck
 from exporter._codings import Curve, SplitCurve, calibrate, check_bits, coded, write_curve
-from exporter._datasets import ImageSet, TrainTest, load_images, photos, train_test
+from exporter._datasets import ImageSet, TrainTest, hold_out, load_images, photos, train_test, training_spec
+from exporter._exits import ExitOptions, ExitReport, WithExit, make_exit, measure_exit, parameters as exit_parameters
+from exporter._exits import train_exit, write_exits
 from exporter._fast_agreement import MAX_PHOTOS, with_agreement
 from exporter._fold import Folded, normalise, pixels
 from exporter._graph import CutPoint, TracedModel, find_cut_points, get_chain, get_cut_point, split_at, split_chain, trace
@@ -54,7 +56,7 @@ from exporter._semantic import (
 from exporter._tflite_export import export_tflite
 from exporter._train import accuracy
 from exporter._validate import (
-    RTOL, Agreement, Case, Chain, Emitted, Handing, OnnxRunner, Runner, TfliteRunner, check_sizes, torch_cases, validate,
+    RTOL, Agreement, Case, Chain, Emitted, Handing, OnnxRunner, Only, Runner, TfliteRunner, check_sizes, torch_cases, validate,
 )
 from splitedge.errors import (
     BackendError, BoardFitError, CutPointError, ExportError, ModelSpecError, ValidationError,
@@ -113,6 +115,7 @@ class BuildSpec:
     output: str | None = None  # a model of several outputs: the one the bundle answers with (index or key)
     cut_bits: Sequence[int] = ()  # k-bit cut codings to calibrate and measure per split (CUT_BITS; issue 47)
     calib_data: str | None = None  # what cut_bits calibrates on without quantize_from (which serves both)
+    exits: ExitOptions | None = None  # an early exit at every layer split, trained and calibrated (issue 48)
 
 
 def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool = True) -> Manifest:
@@ -146,6 +149,11 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
     calibrated on ``calibration_samples`` images of ``quantize_from`` (else ``calib_data``), each with
     its bytes per sample and its top-1 or agreement measured as int8's is (held-out images without
     test data), beside float32's and uint8's in ``report/codings.json`` and ``codings.png``.
+    With ``exits``, every layer split's heads get an early exit as a second output
+    (:mod:`exporter._exits`), trained on ``exits.train_data`` with the network frozen, validated
+    against torch, and its table of thresholds measured on held-out images (``exits.test_data``, else
+    Fashion-MNIST's test split or a fifth of the training data held out): in the manifest
+    (:class:`device_runtime.Exit`) and in ``report/exits.json`` and ``exits.png``.
     The bundle is built beside ``out_dir`` and replaces it only once it is whole (:func:`staged`).
     """
     model_spec, weights, splits, labels, input_shape, seed = (
@@ -179,6 +187,18 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
     if chained and bottleneck is not None:
         raise ExportError("--bottleneck and --chain together: an autoencoder is trained at a layer split's cut; "
                           "export chains in a build without --bottleneck")
+    exits = spec.exits
+    if exits is not None:
+        for given, flag in ((chained, "--chain"), (semantic, "--semantic"), (bottleneck, "--bottleneck")):
+            if given:
+                raise ExportError(f"--exits and {flag} together: an exit is trained at a layer split's cut; "
+                                  f"export the {flag.lstrip('-')} split in a build without --exits")
+        if not chosen:
+            raise ExportError("--exits adds an exit at each layer split: give --splits (auto or cut ids)")
+        with torch.no_grad():
+            classes = int(traced.module(torch.zeros((1, *shape))).shape[-1])
+        for cut in chosen:  # a kind the cut cannot take is refused before anything is trained
+            make_exit(exits.kind, cut.shape, classes)
     if semantic is not None:
         if bottleneck is not None:
             raise ExportError("--bottleneck and --semantic together: export the semantic split in a build "
@@ -204,6 +224,7 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
         test = data.test if test is None else test
         semantic_parts = make_semantic(traced, cut_points, semantic, data.train.subset(semantic.train_images, seed),
                                        progress)
+    exit_data = _exit_data(exits, shape, loaded) if exits is not None else None
     rng = np.random.default_rng(seed)
     # A camera's frame is RGB: only a model taking it has a normalisation to fold and a fast path to measure.
     camera = len(shape) == 3 and shape[0] == len(loaded.preprocess.mean) == 3
@@ -238,7 +259,8 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
         model_accuracy = None
         if bottleneck is None:
             split_entries = [
-                (_export_split if len(at) == 1 else _export_chain)(traced, at, root, inputs, reference, variants)
+                _export_split(traced, at, root, inputs, reference, variants, exits, exit_data, progress) if len(at) == 1
+                else _export_chain(traced, at, root, inputs, reference, variants)
                 for at in cuts
             ]
         else:
@@ -266,6 +288,12 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
                 split_entries[-1] = _with_accuracies(split_entries[-1], semantic_parts, root, test, model_accuracy)
             full = tuple(replace(a, accuracy=top1(_runner(root, a), test)) for a in full)
             accuracy_on = _described(test)
+        exit_report = None
+        if exit_data is not None:
+            exit_test = variants.artifact_images(exit_data.test)
+            split_entries = [_with_exit_table(split, root, exit_test) for split in split_entries]
+            exit_report = ExitReport(loaded.name, _described(exit_test).replace("top-1 agreement", "agreement"),
+                                     tuple((s.id, s.exit) for s in split_entries if s.exit is not None))
         curve = None
         if cut_bits:  # calibration images, so a test set: --test-data, a bottleneck's, or held out of them
             assert calibration is not None and test is not None and accuracy_on is not None
@@ -293,6 +321,8 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
             check_board(board, manifest)
         if curve is not None:
             write_curve(curve, root)
+        if exit_report is not None:
+            write_exits(exit_report, root)
         return write_manifest(root, manifest)
 
 
@@ -385,20 +415,27 @@ class Variants:
 def _export_parts(
     head: torch.nn.Module, hosts: Sequence[tuple[torch.nn.Module, str]], name: str, root: Path,
     inputs: list[np.ndarray], reference: list[Case], variants: Variants, sent: Sequence[TensorSpec],
-    groups: Sequence[Sequence[int]] | None = None,
-) -> tuple[tuple[Artifact, ...], tuple[Artifact, ...], Quantization | None]:
+    groups: Sequence[Sequence[int]] | None = None, exit_module: torch.nn.Module | None = None,
+) -> tuple[tuple[Artifact, ...], tuple[Artifact, ...], Quantization | None, tuple[float, float | None] | None]:
     """Export and validate a head (in every variant asked for) and what the hosts run after it, in
     a row (``(module, path)``: a tail, or a chain's stages) or, with ``groups``, side by side (a
     semantic split's fragments, one per group of classes, merged into label order); head and hosts
     together must reproduce ``reference``, and what every head variant and middle stage emits must
     be what the manifest records as crossing each link (``sent``: the head's output, then each
     middle stage's). Returns the head's artifacts (float32 ONNX first), the hosts' (one each, in
-    order) and the uint8 link's parameters."""
+    order) and the uint8 link's parameters. With ``exit_module``, every head has it as its second
+    output (issue 48), validated against torch apart from the cut (each against its own spread), and
+    the largest of its errors over the float32 heads is returned last (else None)."""
     head_path = f"head/{name}.onnx"
     head_cases = variants.cases(head, IO_NAMES[HEAD], inputs)
-    board_head = variants.board_module(head)
-    head_runner = Handing(_export(board_head, HEAD, root, head_path, inputs[0]))
-    head_agreement = validate(head_runner, head_cases, RTOL, f"head {head_path}")
+    outputs = (CUT,) if exit_module is None else (CUT, Exit.OUTPUT)
+    exit_cases = ([] if exit_module is None else
+                  variants.cases(torch.nn.Sequential(head, exit_module), (IO_NAMES[HEAD][0], Exit.OUTPUT), inputs))
+    board_head = variants.board_module(head if exit_module is None else WithExit(head, exit_module))
+    head_runner = Handing(_export(board_head, HEAD, root, head_path, inputs[0], (IO_NAMES[HEAD][0], *outputs)))
+    head_agreement = validate(Only(head_runner, (CUT,)), head_cases, RTOL, f"head {head_path}")
+    exit_agreements = [] if exit_module is None else [
+        validate(Only(head_runner, (Exit.OUTPUT,)), exit_cases, RTOL, f"the exit of head {head_path}")]
     check_sizes(f"split {name}", sent[0], f"head {head_path}", head_runner.emitted)
     # Each host part is traced on the torch output before it; what they must reproduce is the whole model.
     example = head_cases[0].expected[IO_NAMES[HEAD][1]]
@@ -424,14 +461,21 @@ def _export_parts(
         tflite_path = f"head/{name}.tflite"
 
         def tflite_head() -> Artifact:
-            artifact = _export_tflite(board_head, HEAD, root, tflite_path, inputs, head_cases)
+            artifact = _export_tflite(board_head, HEAD, root, tflite_path, inputs, head_cases, outputs)
             tflite_runner = Handing(TfliteRunner(root / tflite_path))
+            if exit_module is not None:
+                exit_agreements.append(validate(Only(tflite_runner, (Exit.OUTPUT,)), exit_cases, RTOL,
+                                                f"the exit of head {tflite_path}"))
             validate(Chain(tflite_runner, host), reference, RTOL, f"head {tflite_path} followed by {followed_by}")
             check_sizes(f"split {name}", sent[0], f"head {tflite_path}", tflite_runner.emitted)
             return artifact
         artifacts += _optional_tflite(root, tflite_path, tflite_head)
+    exit_errors = None
+    if exit_agreements:
+        worst = max(exit_agreements, key=lambda a: a.max_rel)
+        exit_errors = _errors(replace(worst, max_abs=max(a.max_abs for a in exit_agreements)))
     if variants.calibration is None:
-        return artifacts, host_artifacts, None
+        return artifacts, host_artifacts, None, exit_errors
     # int8 heads are not held to RTOL: their accuracy is measured instead (tests, --test-data).
     samples = variants.calibration
     int8_path = f"head/{name}.int8.onnx"
@@ -442,12 +486,13 @@ def _export_parts(
         int8_tflite = f"head/{name}.int8.tflite"
 
         def int8_tflite_head() -> Artifact:
-            export_tflite(board_head, HEAD, torch.from_numpy(inputs[0]), root / int8_tflite, INT8, calibration=samples)
+            export_tflite(board_head, HEAD, torch.from_numpy(inputs[0]), root / int8_tflite, INT8, calibration=samples,
+                          outputs=outputs)
             check_sizes(f"split {name}", sent[0], f"head {int8_tflite}",
                         _emitted(TfliteRunner(root / int8_tflite), inputs))
             return make_artifact(root, int8_tflite, HEAD, TFLITE, INT8)
         artifacts += _optional_tflite(root, int8_tflite, int8_tflite_head)
-    return artifacts, host_artifacts, cut_quantization(root / head_path, samples)
+    return artifacts, host_artifacts, cut_quantization(root / head_path, samples), exit_errors
 
 
 def _emitted(runner: Runner, inputs: list[np.ndarray]) -> list[Emitted]:
@@ -461,13 +506,14 @@ def _emitted(runner: Runner, inputs: list[np.ndarray]) -> list[Emitted]:
 
 def _export_halves(
     head: torch.nn.Module, tail: torch.nn.Module, name: str, root: Path, inputs: list[np.ndarray], reference: list[Case],
-    variants: Variants, sent: TensorSpec,
-) -> tuple[tuple[Artifact, ...], Quantization | None]:
-    """A head and its tail (:func:`_export_parts`), as a layer or bottleneck split lists them:
-    the float32 ONNX head, the tail, then the head's other variants."""
-    heads, (tail_artifact,), quantization = _export_parts(head, [(tail, f"tail/{name}.onnx")], name, root, inputs,
-                                                          reference, variants, [sent])
-    return (heads[0], tail_artifact, *heads[1:]), quantization
+    variants: Variants, sent: TensorSpec, exit_module: torch.nn.Module | None = None,
+) -> tuple[tuple[Artifact, ...], Quantization | None, tuple[float, float | None] | None]:
+    """A head (with ``exit_module`` as its second output) and its tail (:func:`_export_parts`), as a
+    layer or bottleneck split lists them: the float32 ONNX head, the tail, then the head's other
+    variants; and the exit's largest errors against torch."""
+    heads, (tail_artifact,), quantization, exit_errors = _export_parts(
+        head, [(tail, f"tail/{name}.onnx")], name, root, inputs, reference, variants, [sent], exit_module=exit_module)
+    return (heads[0], tail_artifact, *heads[1:]), quantization, exit_errors
 
 
 def _int8_full(
@@ -509,24 +555,60 @@ def _optional_tflite(root: Path, relpath: str, make: Callable[[], Artifact]) -> 
 
 
 def _export_tflite(
-    module: torch.nn.Module, role: str, root: Path, relpath: str, inputs: list[np.ndarray], cases: list[Case]
+    module: torch.nn.Module, role: str, root: Path, relpath: str, inputs: list[np.ndarray], cases: list[Case],
+    outputs: tuple[str, ...] | None = None,
 ) -> Artifact:
-    """A float32 TFLite twin of an ONNX artifact, held to the same tolerance against torch."""
-    export_tflite(module, role, torch.from_numpy(inputs[0]), root / relpath)
-    agreement = validate(TfliteRunner(root / relpath), cases, RTOL, f"{role} {relpath}")
+    """A float32 TFLite twin of an ONNX artifact, held to the same tolerance against torch (``cases``:
+    its first output's; ``outputs``: a head with an early exit's names, the exit validated apart)."""
+    export_tflite(module, role, torch.from_numpy(inputs[0]), root / relpath, outputs=outputs)
+    runner = TfliteRunner(root / relpath)
+    agreement = validate(Only(runner, tuple(cases[0].expected)), cases, RTOL, f"{role} {relpath}")
     return make_artifact(root, relpath, role, TFLITE, FLOAT32, _errors(agreement))
 
 
 def _export_split(
     traced: TracedModel, at: Sequence[CutPoint], root: Path, inputs: list[np.ndarray], reference: list[Case],
-    variants: Variants,
+    variants: Variants, exits: ExitOptions | None = None, exit_data: TrainTest | None = None, progress: bool = False,
 ) -> Split:
-    """A layer split at the one cut of ``at``."""
+    """A layer split at the one cut of ``at``; with ``exits``, its early exit trained on ``exit_data``'s
+    training images and exported in every head (its table is measured later: :func:`_with_exit_table`)."""
     (cut,) = at
     head, tail = split_at(traced, cut.id)
     sent = _sent_at(cut)
-    artifacts, quantization = _export_halves(head, tail, cut.id, root, inputs, reference, variants, sent["tensor"])
-    return Split(id=cut.id, kind=LAYER, artifacts=artifacts, quantization=quantization, **sent)
+    exit_module = None
+    if exits is not None and exit_data is not None:
+        exit_module = train_exit(head, tail, cut.shape, exits, exit_data.train, progress)
+    artifacts, quantization, exit_errors = _export_halves(head, tail, cut.id, root, inputs, reference, variants,
+                                                          sent["tensor"], exit_module)
+    exit_entry = None
+    if exit_module is not None and exits is not None:
+        max_abs, max_rel = exit_errors or (None, None)
+        exit_entry = Exit(output=Exit.OUTPUT, kind=exits.kind, params=exit_parameters(exit_module), measured_on=0,
+                          thresholds=(), max_abs_error=max_abs, max_rel_error=max_rel)  # measured once all is exported
+    return Split(id=cut.id, kind=LAYER, artifacts=artifacts, quantization=quantization, exit=exit_entry, **sent)
+
+
+def _exit_data(options: ExitOptions, shape: tuple[int, ...], loaded: LoadedModel) -> TrainTest:
+    """The exits' training images and the held-out images their tables are measured on (torch's view):
+    ``options.test_data``, else Fashion-MNIST's test split, else a fifth of the training data held
+    out, never trained on. Labels count where the data has the model's (else the full model teaches)."""
+    train_spec = training_spec(options.train_data)
+    train = load_images(train_spec, shape, loaded.preprocess, loaded.categories, labelled=False)
+    test_spec = options.test_data or ("fashion-mnist:test" if train_spec.startswith("fashion-mnist") else None)
+    if test_spec is not None:
+        test = load_images(test_spec, shape, loaded.preprocess, loaded.categories, labelled=False)
+    else:
+        train, test = hold_out(train, max(1, round(0.2 * len(train))), options.seed)
+    return TrainTest(train.subset(options.train_images, options.seed), test)
+
+
+def _with_exit_table(split: Split, root: Path, test: ImageSet) -> Split:
+    """``split`` with its exit's table measured on ``test`` (as the artifacts take them): its float32
+    ONNX head's exit output against the bundle's float32 ONNX full model (:func:`exporter._exits.measure_exit`)."""
+    if split.exit is None:
+        return split
+    thresholds = measure_exit(OnnxRunner(root / _float_head(split).path), OnnxRunner(root / FULL_PATH), test)
+    return replace(split, exit=replace(split.exit, thresholds=thresholds, measured_on=len(test)))
 
 
 def _export_chain(
@@ -539,7 +621,7 @@ def _export_chain(
     split_id = CHAIN_JOIN.join(c.id for c in cuts)
     paths = [f"stage/{split_id}.{k}.onnx" for k in range(1, len(stages) + 1)]
     tensors = [_tensor(cut) for cut in cuts]  # stage k's input; stage 1's is what the head sends
-    heads, stage_artifacts, quantization = _export_parts(head, list(zip(stages, paths)), split_id, root, inputs,
+    heads, stage_artifacts, quantization, _ = _export_parts(head, list(zip(stages, paths)), split_id, root, inputs,
                                                          reference, variants, tensors)
     return Split(
         id=split_id, kind=CHAIN, artifacts=heads, quantization=quantization, **_sent_at(cuts[0]),
@@ -557,7 +639,7 @@ def _export_semantic(parts: SemanticParts, root: Path, inputs: list[np.ndarray],
     paths = [f"fragment/{split_id}.{k}.onnx" for k in range(1, len(model.fragments) + 1)]
     reference = variants.cases(model, IO_NAMES[FULL], inputs)
     sent = _sent_at(parts.cut)
-    heads, fragment_artifacts, quantization = _export_parts(
+    heads, fragment_artifacts, quantization, _ = _export_parts(
         model.head, list(zip(model.fragments, paths)), split_id, root, inputs, reference, variants, [sent["tensor"]],
         model.groups)
     fragments = tuple(
@@ -608,8 +690,8 @@ def _export_bottleneck_split(
     tensor = TensorSpec(shape=latent, dtype=FLOAT32, bytes_per_sample=latent_bytes)
     split_id = f"{cut.id}{BOTTLENECK_SUFFIX}"
     reference = variants.cases(model, IO_NAMES[FULL], inputs)
-    artifacts, quantization = _export_halves(model.board, model.host, split_id, root, inputs, reference, variants,
-                                             tensor)
+    artifacts, quantization, _ = _export_halves(model.board, model.host, split_id, root, inputs, reference, variants,
+                                                tensor)
     return Split(
         id=split_id,
         position=cut.position,

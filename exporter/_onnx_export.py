@@ -30,16 +30,17 @@ BATCH_AXIS = {0: "batch"}
 
 def export_onnx(
     module: torch.nn.Module, role: str, example: torch.Tensor, target: str | Path | BinaryIO,
-    names: tuple[str, str] | None = None,
+    names: tuple[str, ...] | None = None,
 ) -> None:
     """Export ``module`` for ``role`` to a file path or a binary buffer (tests keep it in memory).
 
     ``example`` fixes every dimension except the batch. ``names`` (input, output) default to the
-    role's (``IO_NAMES``); a chain's middle stages are tails named ``MIDDLE_STAGE_IO``. Failures
+    role's (``IO_NAMES``); a chain's middle stages are tails named ``MIDDLE_STAGE_IO``; a head with
+    an early exit returns two tensors, named (input, cut, exit_logits). Failures
     of the exporter and of the file system become :class:`ExportError`: either way the bundle
     cannot be written.
     """
-    input_name, output_name = names or IO_NAMES[role]
+    input_name, *output_names = names or IO_NAMES[role]
     if isinstance(target, (str, Path)):
         Path(target).parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -55,8 +56,8 @@ def export_onnx(
                 (example,),
                 target if not isinstance(target, Path) else str(target),
                 input_names=[input_name],
-                output_names=[output_name],
-                dynamic_axes={input_name: BATCH_AXIS, output_name: BATCH_AXIS},
+                output_names=output_names,
+                dynamic_axes={name: BATCH_AXIS for name in (input_name, *output_names)},
                 opset_version=OPSET,
                 dynamo=False,
             )

@@ -17,7 +17,7 @@ matplotlib.use("Agg")  # files only: no display on a build machine or in CI
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-__all__ = ["plot_codings", "plot_cui_curve", "plot_per_class", "plot_head_cost", "write_plots"]
+__all__ = ["plot_codings", "plot_exits", "plot_cui_curve", "plot_per_class", "plot_head_cost", "write_plots"]
 
 
 def _ticks(ax: plt.Axes, ids: list[str], limit: int = 40) -> None:
@@ -133,6 +133,32 @@ def plot_codings(report: dict[str, Any], path: Path) -> None:
     ax.set_ylabel(metric)
     ax.legend(fontsize=8)
     ax.set_title(_plain(f"{report['model']}: cut codings, {report['measured_on']}"), fontsize=9, wrap=True)
+    _save(fig, path)
+
+
+def plot_exits(report: dict[str, Any], path: Path) -> None:
+    """Issue 48's tables: per split, the share of frames its exit answers (x) against how those
+    frames fare (y) as the threshold rises: their agreement with the full model (solid), and where
+    labels exist the exit's top-1 (dashed) and the full model's on the same frames (dotted); each
+    point of the agreement line named by its confidence threshold."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for split in report["splits"]:
+        rows = split["thresholds"]
+        shares = [r["share"] for r in rows]
+        (line,) = ax.plot(shares, [r["agreement"] for r in rows], marker="o", lw=1.5,
+                          label=_plain(f"split {split['split']} ({split['kind']}): agreement"))
+        for r in rows:
+            ax.annotate(f"{r['confidence']:g}", (r["share"], r["agreement"]), fontsize=6, color=line.get_color(),
+                        xytext=(3, 3), textcoords="offset points")
+        if all(r["top1"] is not None for r in rows):
+            ax.plot(shares, [r["top1"] for r in rows], ls="--", color=line.get_color(), lw=1,
+                    label=_plain(f"split {split['split']}: exit's top-1"))
+            ax.plot(shares, [r["full_top1"] for r in rows], ls=":", color=line.get_color(), lw=1,
+                    label=_plain(f"split {split['split']}: full model's top-1, same frames"))
+    ax.set_xlabel("share of frames the exit answers (threshold: its softmax maximum)")
+    ax.set_ylabel("on the frames it answers")
+    ax.legend(fontsize=7)
+    ax.set_title(_plain(f"{report['model']}: early exits, {report['measured_on']}"), fontsize=9, wrap=True)
     _save(fig, path)
 
 

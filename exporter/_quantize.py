@@ -82,7 +82,7 @@ def head_outputs(head: Path, samples: np.ndarray) -> np.ndarray:
     """The float head's cut on ``samples`` (``(N, *cut)``): what the link's uint8 and k-bit
     codings are calibrated on."""
     runner = OnnxRunner(head)
-    (output,) = runner.output_names
+    output = runner.output_names[0]  # the cut (a head with an early exit has its logits second)
     return np.concatenate([runner({runner.input_names[0]: samples[i : i + _BATCH]})[output]
                            for i in range(0, len(samples), _BATCH)])
 

@@ -66,6 +66,7 @@ def export_tflite(
     target: str | Path | BinaryIO,
     precision: str = FLOAT32,
     calibration: np.ndarray | None = None,
+    outputs: tuple[str, ...] | None = None,
 ) -> None:
     """Convert ``module`` for ``role`` (``head``, ``tail``, ``full``) to a ``.tflite`` file or buffer.
 
@@ -75,7 +76,7 @@ def export_tflite(
     head's outputs on real images), not random noise. Every failure of torch.export,
     the quantizer, litert-torch or the file system becomes :class:`ExportError`.
     """
-    content = tflite_bytes(module, role, example, precision, calibration)
+    content = tflite_bytes(module, role, example, precision, calibration, outputs)
     where = target if isinstance(target, (str, Path)) else getattr(target, "name", "buffer")
     try:
         if isinstance(target, (str, Path)):
@@ -93,8 +94,11 @@ def tflite_bytes(
     example: torch.Tensor,
     precision: str = FLOAT32,
     calibration: np.ndarray | None = None,
+    outputs: tuple[str, ...] | None = None,
 ) -> bytes:
-    """The serialized TFLite model, for checks that do not need a file on disk (see :func:`export_tflite`)."""
+    """The serialized TFLite model, for checks that do not need a file on disk (see :func:`export_tflite`).
+    ``outputs``: the names of a module returning several tensors (a head with an early exit: cut,
+    exit_logits); default the role's one output."""
     if role not in IO_NAMES:
         raise ExportError(f"unknown artifact role {role!r}; expected one of {', '.join(IO_NAMES)}")
     if precision not in PRECISIONS:
@@ -103,6 +107,7 @@ def tflite_bytes(
     litert_torch = _import_litert_torch()
 
     input_name, output_name = IO_NAMES[role]
+    output_names = outputs or (output_name,)
     # torch.export specializes a dimension seen as 1, and the converted ops are told from their batch
     # by its value (_free_batch): traced at a batch no layer's size is likely to equal.
     example = example.detach().float()[:1].repeat(TRACE_BATCH, *(1,) * (example.dim() - 1))
@@ -111,7 +116,7 @@ def tflite_bytes(
     try:
         with torch.no_grad(), _quiet():
             program = torch.export.export(
-                _Named(module.eval(), output_name),
+                _Named(module.eval(), output_names),
                 (),
                 {input_name: example},
                 dynamic_shapes={"feeds": {input_name: {0: batch}}},
@@ -173,16 +178,18 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 class _Named(torch.nn.Module):
-    """``module`` taking its input by keyword and returning ``{output_name: y}``: litert-torch names the signature after both."""
+    """``module`` taking its input by keyword and returning ``{output_name: y}`` (a module returning
+    several tensors: one entry per name, in order): litert-torch names the signature after both."""
 
-    def __init__(self, module: torch.nn.Module, output_name: str) -> None:
+    def __init__(self, module: torch.nn.Module, output_names: tuple[str, ...]) -> None:
         super().__init__()
         self.module = module
-        self.output_name = output_name
+        self.output_names = output_names
 
     def forward(self, **feeds: torch.Tensor) -> dict[str, torch.Tensor]:
         (x,) = feeds.values()
-        return {self.output_name: self.module(x)}
+        y = self.module(x)
+        return dict(zip(self.output_names, y if len(self.output_names) > 1 else (y,)))
 
 
 def _batch_free_reshapes(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:

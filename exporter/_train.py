@@ -12,6 +12,7 @@ from torch import nn
 from tqdm import tqdm
 
 from exporter._datasets import ImageSet
+from exporter._rate import distillation_loss
 
 __all__ = ["accuracy", "train_classifier"]
 
@@ -24,13 +25,18 @@ def train_classifier(
     lr: float = 2e-3,
     seed: int = 0,
     progress: bool = True,
+    teacher: np.ndarray | None = None,
 ) -> nn.Module:
-    """Adam on cross-entropy; returns the model in eval mode."""
+    """Adam on cross-entropy; returns the model in eval mode. With ``teacher`` (a frozen model's
+    logits on each of ``data``'s samples), Hinton's distillation loss instead
+    (:func:`exporter._rate.distillation_loss`: KL at a temperature, plus cross-entropy on the labels):
+    an early exit learns the full model's answers, not only its labels (issue 48)."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     optimiser = torch.optim.Adam(model.parameters(), lr=lr)
     loss_fn = nn.CrossEntropyLoss()
     x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
+    soft = None if teacher is None else torch.from_numpy(np.asarray(teacher, dtype=np.float32))
     model.train()
     for epoch in range(epochs):
         order = torch.from_numpy(rng.permutation(len(data)))
@@ -38,7 +44,8 @@ def train_classifier(
         for start in tqdm(batches, desc=f"epoch {epoch + 1}/{epochs}", unit="batch", disable=not progress):
             idx = order[start : start + batch_size]
             optimiser.zero_grad()
-            loss_fn(model(x[idx]), y[idx]).backward()
+            logits = model(x[idx])
+            (loss_fn(logits, y[idx]) if soft is None else distillation_loss(logits, soft[idx], y[idx])).backward()
             optimiser.step()
     return model.eval()
 

@@ -22,7 +22,7 @@ import torch
 from device_runtime import TensorSpec
 from splitedge.errors import BundleError, ValidationError
 
-__all__ = ["RTOL", "FLOAT32_EPS_FLOOR", "Agreement", "Case", "Runner", "OnnxRunner", "TfliteRunner", "Chain", "Emitted",
+__all__ = ["RTOL", "FLOAT32_EPS_FLOOR", "Agreement", "Case", "Runner", "OnnxRunner", "TfliteRunner", "Chain", "Emitted", "Only",
            "Handing", "check_sizes", "torch_cases", "compare", "validate"]
 
 
@@ -70,10 +70,22 @@ class TfliteRunner:
 
         self.backend = LiteRTBackend(model, threads=threads)
         self.input_names = (self.backend.input_name,)
-        self.output_names = (self.backend.output_name,)
+        self.output_names = self.backend.output_names  # a head with an early exit: cut, then exit_logits
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {self.output_names[0]: self.backend.run(feeds[self.input_names[0]])}
+        return dict(zip(self.output_names, self.backend.run_outputs(feeds[self.input_names[0]], self.output_names)))
+
+
+class Only:
+    """A runner's outputs ``names`` alone: a head with an early exit is validated output by output
+    (its cut against torch's head, its exit against torch's exit), each held to its own spread."""
+
+    def __init__(self, runner: Runner, names: Sequence[str]) -> None:
+        self.runner, self.input_names, self.output_names = runner, runner.input_names, tuple(names)
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs = self.runner(feeds)
+        return {name: outputs[name] for name in self.output_names}
 
 
 class Chain:

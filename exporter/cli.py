@@ -33,6 +33,12 @@ AE_EPOCHS = 2  # exporter._bottleneck.BottleneckTraining.ae_epochs, checked by t
 # .train_images), checked by tests/exporter/test_semantic.py
 SEMANTIC_WIDTH = 0.5
 SEMANTIC_IMAGES = 10_000
+# device_runtime.Exit.KINDS and exporter._exits.DEFAULT_KIND, checked by tests/exporter/test_exits.py
+EXIT_KINDS = ("pool_linear", "conv")
+EXIT_KIND = "pool_linear"
+EXIT_EPOCHS = 5  # exporter._exits.EPOCHS, checked there too
+EXIT_KIND_HELP = ("the exit: pool_linear (global average pooling, then a linear layer) or conv (one 3x3 "
+                  "convolution block before them); default pool_linear: TODO measured")
 
 PROG = "split-export"
 
@@ -205,16 +211,26 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --bottleneck ae: train end to end through the K-bit coding of the latent the wire "
                        f"sends (straight-through, range as calibration fits it) distilled from the uncut model; "
                        f"adds K to --cut-bits (one of {','.join(map(str, CUT_BITS))})")
+    build.add_argument("--exits", action="store_true",
+                       help="an early exit at each layer split, a second output of its heads (exit_logits), trained on "
+                       "--train-data with the network frozen (its labels where they are the model's, else distilled "
+                       "from the full model), with a table of confidence thresholds measured on held-out images "
+                       "(--test-data, else fashion-mnist's test split or 20%% of --train-data held out); the table goes "
+                       "to the manifest and the bundle's report/exits.json and exits.png")
+    build.add_argument("--exit-kind", choices=EXIT_KINDS, default=EXIT_KIND,
+                       help=f"with --exits: {EXIT_KIND_HELP}")
     build.add_argument("--train-data", metavar="SPEC",
-                       help="data the bottleneck or the semantic fragments are trained on (as --data of analyze)")
+                       help="data the bottleneck, the semantic fragments or the exits are trained on (as --data of "
+                       "analyze)")
     build.add_argument("--test-data", metavar="SPEC", help="measure every variant's accuracy on this data (default "
                        "with --bottleneck: fashion-mnist's test split, else 20%% of --train-data held out; with "
                        "--quantize or --cut-bits: 32-500 images of --calib-data held out of calibration)")
     build.add_argument("--train-images", type=as_flag_type(IMAGES), metavar="N",
-                       help=f"train on at most N images (default: all for --bottleneck, {SEMANTIC_IMAGES:,} for --semantic)")
-    build.add_argument("--epochs", type=as_flag_type(EPOCHS), default=AE_EPOCHS,
-                       help="training epochs: the autoencoder's (I-SPLIT Eq. 3; end-to-end fine-tuning follows) or "
-                       f"the semantic fragments' (default {AE_EPOCHS})")
+                       help=f"train on at most N images (default: all for --bottleneck, {SEMANTIC_IMAGES:,} for --semantic "
+                       "and --exits)")
+    build.add_argument("--epochs", type=as_flag_type(EPOCHS), default=None,
+                       help="training epochs: the autoencoder's (I-SPLIT Eq. 3; end-to-end fine-tuning follows), "
+                       f"the semantic fragments' (default {AE_EPOCHS}) or the exits' (default {EXIT_EPOCHS})")
     build.add_argument(
         "--board", choices=sorted(BOARDS), metavar="ID",
         help="write the formats this board runs best and refuse the bundle unless each head and the full model "
@@ -323,9 +339,10 @@ def _build(args: argparse.Namespace) -> int:
             raise SplitEdgeError("--bottleneck ae needs --train-data to train the autoencoder on")
         bottleneck = BottleneckOptions(
             train_data=args.train_data, test_data=args.test_data, latent_ratio=args.latent_ratio,
-            train_images=args.train_images, training=BottleneckTraining(ae_epochs=args.epochs),
+            train_images=args.train_images, training=BottleneckTraining(ae_epochs=args.epochs or AE_EPOCHS),
             bits=args.bottleneck_bits,
         )
+    exits = _exit_options(args)
     quantize_from = None
     # calibrated on the training data where no other is given, never on its test split
     calib_data = args.calib_data or (args.train_data and training_spec(args.train_data))
@@ -353,6 +370,7 @@ def _build(args: argparse.Namespace) -> int:
         output=args.output,
         cut_bits=args.cut_bits,
         calib_data=calib_data,
+        exits=exits,
     )
     if not args.json:
         _built(build_bundle(spec, args.out), args.out)
@@ -387,6 +405,7 @@ def _build_summary(manifest: Manifest, out: str) -> dict[str, Any]:
                         "bytes_per_sample": t.tensor.bytes_per_sample} for t in s.stages],
             "fragments": [{"index": f.index, "classes": list(f.classes), "params": f.params} for f in s.fragments],
             "curve": curves.get(s.id, []),
+            "exit": None if s.exit is None else asdict(s.exit),
         } for s in manifest.splits],
         "curve_metric": None if curve is None else curve.metric,
     }
@@ -430,6 +449,26 @@ def _built(manifest: Manifest, out: str) -> None:
             if a.accuracy is not None:
                 print(f"  full {a.format} {a.precision}: {a.accuracy:.4f}, {a.bytes:,} B")
     _codings_summary(out)
+    _exits_summary(manifest, out)
+
+
+def _exits_summary(manifest: Manifest, out: str) -> None:
+    """Each early exit (``--exits``) and its table: per confidence threshold, the share of frames that
+    exit and how they fare against the full model (and their labels, where the images had them)."""
+    from exporter._exits import EXITS_JSON, EXITS_PNG, describe_row
+
+    exiting = [s for s in manifest.splits if s.exit is not None]
+    if not exiting:
+        return
+    print(f"early exits (a second head output, exit_logits), measured on held-out images; the tables in "
+          f"{out}/report/{EXITS_JSON} and {EXITS_PNG}")
+    for split in exiting:
+        e = split.exit
+        error = "" if e.max_abs_error is None else f"; validated against torch within {e.max_abs_error:.2g}"
+        print(f"  {split.id}: {e.kind}, {e.params:,} parameters{error}; threshold (softmax maximum) -> "
+              f"on {e.measured_on:,} images:")
+        for row in e.thresholds:
+            print(f"    {describe_row(row)}")
 
 
 def _codings_summary(out: str) -> None:
@@ -450,6 +489,28 @@ def _codings_summary(out: str) -> None:
             print(f"    {p.coding:<{width}}  {p.bytes_per_sample:>{size},} B  {p.accuracy:.4f}")
 
 
+def _exit_options(args: argparse.Namespace):
+    """``--exits`` and its companions, checked before the model is loaded; None without it."""
+    if not args.exits:
+        if args.exit_kind != EXIT_KIND:
+            raise SplitEdgeError(f"--exit-kind {args.exit_kind} chooses the exit --exits trains: give --exits with it")
+        return None
+    for given, flag in ((args.chains, "--chain"), (args.semantic is not None, "--semantic"),
+                        (args.bottleneck, "--bottleneck")):
+        if given:
+            raise SplitEdgeError(f"--exits and {flag} together: an exit is trained at a layer split's cut; export the "
+                                 f"{flag.lstrip('-')} split in a build without --exits")
+    if args.splits is None:
+        raise SplitEdgeError("--exits adds an exit at each layer split: give --splits (auto or cut ids)")
+    if not args.train_data:
+        raise SplitEdgeError("--exits needs --train-data to train the exits on (its labels where they are the "
+                             "model's, else any images: the full model teaches), e.g. --train-data fashion-mnist")
+    from exporter._exits import ExitOptions
+
+    return ExitOptions(train_data=args.train_data, test_data=args.test_data, kind=args.exit_kind,
+                       train_images=args.train_images or SEMANTIC_IMAGES, epochs=args.epochs or EXIT_EPOCHS)
+
+
 def _semantic_options(args: argparse.Namespace):
     """``--semantic K`` and its companions, checked before the model is loaded; None without it."""
     if args.semantic is None:
@@ -468,7 +529,7 @@ def _semantic_options(args: argparse.Namespace):
     return SemanticOptions(
         fragments=args.semantic, train_data=args.train_data, test_data=args.test_data, cut=args.cut, width=args.width,
         train_images=SEMANTIC_IMAGES if args.train_images is None else args.train_images,
-        training=FragmentTraining(epochs=args.epochs),
+        training=FragmentTraining(epochs=args.epochs or AE_EPOCHS),
     )
 
 
