@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 _HOMES = {
     "exporter._build": ("BuildSpec", "build_bundle", "select_splits"),
+    "exporter._exits": ("ExitOptions",),
     "exporter._graph": ("CutPoint", "TracedModel", "find_cut_points", "get_cut_point", "split_at", "trace"),
     "exporter._models": ("LoadedModel", "load_model"),
     "exporter._onnx_export": ("export_onnx",),
@@ -31,6 +32,7 @@ __all__ = [
     "Case",
     "Chain",
     "CutPoint",
+    "ExitOptions",
     "LoadedModel",
     "OnnxRunner",
     "Runner",

@@ -40,7 +40,7 @@ from exporter._bottleneck import BottleneckOptions, SplitModel, make_autoencoder
 from exporter._codings import Curve, SplitCurve, calibrate, check_bits, coded, write_curve
 from exporter._datasets import ImageSet, TrainTest, hold_out, load_images, photos, train_test, training_spec
 from exporter._exits import ExitOptions, ExitReport, WithExit, make_exit, measure_exit, parameters as exit_parameters
-from exporter._exits import train_exit, write_exits
+from exporter._exits import kind_for, train_exit, write_exits
 from exporter._fast_agreement import MAX_PHOTOS, with_agreement
 from exporter._fold import Folded, normalise, pixels
 from exporter._graph import CutPoint, TracedModel, find_cut_points, get_chain, get_cut_point, split_at, split_chain, trace
@@ -198,7 +198,7 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
         with torch.no_grad():
             classes = int(traced.module(torch.zeros((1, *shape))).shape[-1])
         for cut in chosen:  # a kind the cut cannot take is refused before anything is trained
-            make_exit(exits.kind, cut.shape, classes)
+            make_exit(kind_for(exits.kind, cut.shape), cut.shape, classes)
     if semantic is not None:
         if bottleneck is not None:
             raise ExportError("--bottleneck and --semantic together: export the semantic split in a build "
@@ -292,7 +292,9 @@ def build_bundle(spec: BuildSpec, out_dir: str | Path = "bundle", progress: bool
         if exit_data is not None:
             exit_test = variants.artifact_images(exit_data.test)
             split_entries = [_with_exit_table(split, root, exit_test) for split in split_entries]
-            exit_report = ExitReport(loaded.name, _described(exit_test).replace("top-1 agreement", "agreement"),
+            words = ("labelled: top-1 beside agreement with the float32 ONNX model" if exit_test.labelled else
+                     "no labels of the model's: agreement with the float32 ONNX model only")
+            exit_report = ExitReport(loaded.name, f"{len(exit_test)} held-out images of {exit_test.source} ({words})",
                                      tuple((s.id, s.exit) for s in split_entries if s.exit is not None))
         curve = None
         if cut_bits:  # calibration images, so a test set: --test-data, a bottleneck's, or held out of them
@@ -583,8 +585,9 @@ def _export_split(
     exit_entry = None
     if exit_module is not None and exits is not None:
         max_abs, max_rel = exit_errors or (None, None)
-        exit_entry = Exit(output=Exit.OUTPUT, kind=exits.kind, params=exit_parameters(exit_module), measured_on=0,
-                          thresholds=(), max_abs_error=max_abs, max_rel_error=max_rel)  # measured once all is exported
+        exit_entry = Exit(output=Exit.OUTPUT, kind=kind_for(exits.kind, cut.shape), params=exit_parameters(exit_module),
+                          measured_on=0, thresholds=(), max_abs_error=max_abs,
+                          max_rel_error=max_rel)  # the table is measured once everything is exported
     return Split(id=cut.id, kind=LAYER, artifacts=artifacts, quantization=quantization, exit=exit_entry, **sent)
 
 

@@ -46,10 +46,11 @@ from exporter._validate import Runner
 from splitedge.errors import ExportError
 
 __all__ = ["CONFIDENCES", "DEFAULT_KIND", "EXITS_JSON", "EXITS_PNG", "ExitOptions", "ExitReport", "WithExit",
-           "describe_row", "exit_table", "make_exit", "measure_exit", "parameters", "read_exits", "train_exit", "write_exits"]
+           "describe_row", "exit_table", "kind_for", "make_exit", "measure_exit", "parameters", "read_exits",
+           "train_exit", "write_exits"]
 
 #: The default exit: measured by ``bench/early_exits.py`` (docs/benchmarks.md, issue 48).
-DEFAULT_KIND = "pool_linear"
+DEFAULT_KIND = "conv"
 #: The thresholds a table is measured at (the exit answers where its softmax maximum is at least
 #: one). 0 is "always exit" (the exit's own accuracy); 1/K is the least a softmax of K classes gives.
 CONFIDENCES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999)
@@ -76,7 +77,7 @@ class ExitOptions:
 
     train_data: str
     test_data: str | None = None
-    kind: str = DEFAULT_KIND
+    kind: str | None = None  # None: DEFAULT_KIND where the cut takes it, else pool_linear (:func:`kind_for`)
     train_images: int | None = 10_000
     epochs: int = EPOCHS
     lr: float = LR
@@ -108,6 +109,14 @@ class ConvExit(nn.Module):
 
     def forward(self, cut: torch.Tensor) -> torch.Tensor:
         return self.head(self.block(cut))
+
+
+def kind_for(kind: str | None, cut_shape: Sequence[int]) -> str:
+    """The exit trained at a cut of ``cut_shape``: ``kind`` as asked, or where none was asked
+    :data:`DEFAULT_KIND` where the cut takes it (a convolution needs (C, H, W)), else pool_linear."""
+    if kind is not None:
+        return kind
+    return DEFAULT_KIND if len(cut_shape) == 3 else "pool_linear"
 
 
 def make_exit(kind: str, cut_shape: Sequence[int], classes: int) -> nn.Module:
@@ -164,7 +173,7 @@ def train_exit(
     cuts, teacher = _cuts_and_logits(head, tail, train)
     labels = train.y if train.labelled else teacher.argmax(1).astype(np.int64)
     torch.manual_seed(options.seed)  # the exit's initial weights from the build's seed
-    exit_ = make_exit(options.kind, cut_shape, teacher.shape[1])
+    exit_ = make_exit(kind_for(options.kind, cut_shape), cut_shape, teacher.shape[1])
     features = ImageSet(cuts, labels, train.classes, train.source, train.labelled)
     return train_classifier(exit_, features, epochs=options.epochs, lr=options.lr, seed=options.seed,
                             progress=progress, teacher=teacher)

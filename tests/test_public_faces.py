@@ -140,7 +140,7 @@ FACES = {
         "add_deploy_command", "board_steps", "deploy_board", "parse_max_fail", "probe", "rollback_board",
     ],
     "exporter": [
-        "BuildSpec", "Case", "Chain", "CutPoint", "LoadedModel", "OnnxRunner", "Runner", "TracedModel", "build_bundle",
+        "BuildSpec", "Case", "Chain", "CutPoint", "ExitOptions", "LoadedModel", "OnnxRunner", "Runner", "TracedModel", "build_bundle",
         "compare", "export_onnx", "find_cut_points", "get_cut_point", "load_model", "select_splits", "split_at",
         "trace", "validate",
     ],

@@ -88,7 +88,7 @@ class OnnxBackend:
         return y
 
     def run_outputs(self, x: np.ndarray, names: Sequence[str]) -> tuple[np.ndarray, ...]:
-        """The outputs ``names`` in that order, from one run (onnxruntime computes only what they need)."""
+        """The outputs ``names`` in that order, from one run of the session."""
         check_input(x, self.input_shape, self.input_dtype, self.name)
         missing = [n for n in names if n not in self.output_names]
         if missing:

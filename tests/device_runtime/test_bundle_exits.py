@@ -86,7 +86,8 @@ def _row(data: dict, i: int) -> dict:
 
 
 @pytest.mark.parametrize(("edit", "message"), [
-    (lambda d: _row(d, 1).update(share=1.5), r"splits\[0\]\.exit\.thresholds\[1\]\.share: expected a number in \[0, 1\]"),
+    (lambda d: _row(d, 1).update(share=1.5),
+     r"splits\[0\]\.exit\.thresholds\[1\]\.share: expected a number in \[0, 1\]"),
     (lambda d: _row(d, 1).update(confidence=-0.1), r"thresholds\[1\]\.confidence: expected a finite number >= 0"),
     (lambda d: _row(d, 1).update(agreement=float("nan")), r"thresholds\[1\]\.agreement: expected a finite number"),
     (lambda d: _row(d, 1).update(agreement="0.9"), r"thresholds\[1\]\.agreement: expected a number"),
