@@ -121,6 +121,8 @@ def main() -> None:
     parser.add_argument("--train-crops", type=int, default=2000)
     parser.add_argument("--test-crops", type=int, default=600)
     parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--kinds", default=",".join(KINDS), help="the exit kinds (b) builds (comma-separated)")
+    parser.add_argument("--cuts", default=",".join(MOBILENET_CUTS), help="MobileNetV2's cuts (b) builds")
     parser.add_argument("--only", default="fmnist,mobilenet_v2,head_time",
                         help="the parts to run (fmnist, mobilenet_v2, head_time); the others are kept from --out")
     parser.add_argument("--out", default="build/bench/early_exits.json")
@@ -149,10 +151,10 @@ def main() -> None:
         if "mobilenet_v2" in parts:
             train = write_crops(["backgrounds", "video"], args.train_crops, work / "train", seed=0)
             test = write_crops(["skimage"], args.test_crops, work / "test", seed=1)
-        for kind in KINDS if "mobilenet_v2" in parts else ():
+        for kind in args.kinds.split(",") if "mobilenet_v2" in parts else ():
             start = time.perf_counter()
             manifest = build_bundle(BuildSpec(
-                "torchvision:mobilenet_v2", weights=args.weights, splits=MOBILENET_CUTS,
+                "torchvision:mobilenet_v2", weights=args.weights, splits=args.cuts.split(","),
                 exits=ExitOptions(train_data=str(train), test_data=str(test), kind=kind,
                                   train_images=args.train_crops)), work / f"mobilenet-{kind}", progress=False)
             results["mobilenet_v2"][kind] = tables(manifest)

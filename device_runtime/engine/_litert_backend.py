@@ -136,6 +136,8 @@ class LiteRTBackend:
         self.input_name, self.output_name = _signature_names(self._interpreter, self._input, self._output)
         # The primary output first (what run returns), then the others in the signature's order.
         self.output_names = (self.output_name, *(n for n in self._outputs if self._outputs[n] is not self._output))
+        self._details = {self.output_name: self._output,
+                         **{n: d for n, d in self._outputs.items() if d is not self._output}}  # by output name
         # -1 marks a dynamic dimension; check_input accepts any size for a string.
         self.input_shape: tuple[int | str, ...] = tuple(
             ("batch" if axis == 0 else f"dim{axis}") if d < 0 else int(d)
@@ -160,7 +162,7 @@ class LiteRTBackend:
     def run_outputs(self, x: np.ndarray, names: Sequence[str]) -> tuple[np.ndarray, ...]:
         """The outputs ``names`` in that order, from one invocation (the interpreter runs the whole graph)."""
         check_input(x, self.input_shape, self.input_dtype, self.name)
-        details = {self.output_name: self._output, **{n: d for n, d in self._outputs.items() if d is not self._output}}
+        details = self._details
         missing = [n for n in names if n not in details]
         if missing:
             raise BackendError(f"{self.name}: no output {missing[0]!r} (its outputs: {', '.join(self.output_names)})")
