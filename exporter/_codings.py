@@ -184,13 +184,34 @@ def write_curve(curve: Curve, root: Path) -> tuple[Path, Path]:
     to :data:`SCHEMA` before it is written, so no reader meets a report its writer would refuse."""
     from exporter._plots import plot_codings  # matplotlib: only where a curve is drawn
 
-    report = curve_report(curve)
-    jsonschema.validate(report, SCHEMA)
+    return write_bundle_report(root, CURVE_JSON, CURVE_PNG, curve_report(curve), SCHEMA, plot_codings)
+
+
+def write_bundle_report(root: Path, json_name: str, png_name: str, report: dict[str, Any], schema: dict[str, Any],
+                        plot: Callable[[dict[str, Any], Path], object]) -> tuple[Path, Path]:
+    """``report`` as JSON and its picture in the bundle's :data:`REPORT_DIR`, the JSON held to
+    ``schema`` first (what :func:`read_bundle_report` will hold it to)."""
+    jsonschema.validate(report, schema)
     folder = root / REPORT_DIR
     folder.mkdir(exist_ok=True)
-    (folder / CURVE_JSON).write_text(json.dumps(report, indent=2) + "\n")
-    plot_codings(report, folder / CURVE_PNG)
-    return folder / CURVE_JSON, folder / CURVE_PNG
+    (folder / json_name).write_text(json.dumps(report, indent=2) + "\n")
+    plot(report, folder / png_name)
+    return folder / json_name, folder / png_name
+
+
+def read_bundle_report(path: Path, schema: dict[str, Any], max_bytes: int, what: str) -> Any:
+    """A JSON report a build wrote into a bundle's :data:`REPORT_DIR` (``what`` names it: "an
+    exits report"), held to ``schema`` and ``max_bytes``: a bundle is copied between machines, and
+    a report that is not what the build wrote is one line saying to rebuild, never a traceback."""
+    if path.stat().st_size > max_bytes:
+        raise ExportError(f"{path}: over {max_bytes:,} bytes, not {what} a build wrote; rebuild the bundle")
+    try:
+        report = json.loads(path.read_text())
+        jsonschema.validate(report, schema)
+    except (ValueError, jsonschema.ValidationError) as exc:
+        reason = exc.message if isinstance(exc, jsonschema.ValidationError) else str(exc)
+        raise ExportError(f"{path}: not {what} ({reason}); rebuild the bundle") from exc
+    return report
 
 
 def read_curve(bundle: str | Path) -> Curve | None:
@@ -199,13 +220,6 @@ def read_curve(bundle: str | Path) -> Curve | None:
     path = Path(bundle) / REPORT_DIR / CURVE_JSON
     if not path.is_file():
         return None
-    if path.stat().st_size > MAX_CURVE_BYTES:
-        raise ExportError(f"{path}: over {MAX_CURVE_BYTES:,} bytes, no curve a build wrote; rebuild the bundle")
-    try:
-        report = json.loads(path.read_text())
-        jsonschema.validate(report, SCHEMA)
-    except (ValueError, jsonschema.ValidationError) as exc:
-        reason = exc.message if isinstance(exc, jsonschema.ValidationError) else str(exc)
-        raise ExportError(f"{path}: not a curve of cut codings ({reason}); rebuild the bundle") from exc
+    report = read_bundle_report(path, SCHEMA, MAX_CURVE_BYTES, "a curve of cut codings")
     splits = tuple(SplitCurve(s["split"], s["kind"], tuple(Point(**p) for p in s["points"])) for s in report["splits"])
     return Curve(report["model"], report["metric"], report["measured_on"], splits)

@@ -27,19 +27,17 @@ and ``exits.png`` draw it for people, beside nothing a board loads.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import numpy as np
 import torch
 from torch import nn
 
 from device_runtime import Exit
-from exporter._codings import REPORT_DIR
+from exporter._codings import REPORT_DIR, read_bundle_report, write_bundle_report
 from exporter._datasets import ImageSet
 from exporter._train import train_classifier
 from exporter._validate import Runner
@@ -277,13 +275,7 @@ def write_exits(report: ExitReport, root: Path) -> tuple[Path, Path]:
     :data:`SCHEMA` before it is written."""
     from exporter._plots import plot_exits  # matplotlib: only where a table is drawn
 
-    data = _report(report)
-    jsonschema.validate(data, SCHEMA)
-    folder = root / REPORT_DIR
-    folder.mkdir(exist_ok=True)
-    (folder / EXITS_JSON).write_text(json.dumps(data, indent=2) + "\n")
-    plot_exits(data, folder / EXITS_PNG)
-    return folder / EXITS_JSON, folder / EXITS_PNG
+    return write_bundle_report(root, EXITS_JSON, EXITS_PNG, _report(report), SCHEMA, plot_exits)
 
 
 def read_exits(bundle: str | Path) -> dict[str, Any] | None:
@@ -292,15 +284,7 @@ def read_exits(bundle: str | Path) -> dict[str, Any] | None:
     path = Path(bundle) / REPORT_DIR / EXITS_JSON
     if not path.is_file():
         return None
-    if path.stat().st_size > MAX_REPORT_BYTES:
-        raise ExportError(f"{path}: over {MAX_REPORT_BYTES:,} bytes, no exits report a build wrote; rebuild the bundle")
-    try:
-        data = json.loads(path.read_text())
-        jsonschema.validate(data, SCHEMA)
-    except (ValueError, jsonschema.ValidationError) as exc:
-        reason = exc.message if isinstance(exc, jsonschema.ValidationError) else str(exc)
-        raise ExportError(f"{path}: not an exits report ({reason}); rebuild the bundle") from exc
-    return data
+    return read_bundle_report(path, SCHEMA, MAX_REPORT_BYTES, "an exits report")
 
 
 def describe_row(row: Exit.Threshold) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,13 @@ from exporter._graph import CutPoint, TracedModel, find_cut_points, trace  # noq
 from exporter._models import LoadedModel, load_model  # noqa: E402
 from exporter._train import train_classifier  # noqa: E402
 from exporter.zoo import fmnist_vgg  # noqa: E402
+from tests.exporter.test_preprocessing import FACTORY  # noqa: E402
 
 SEED = 0
 #: The board bundle's one split (the Makefile's BOARD_SPLITS).
 BOARD_SPLIT = "features_14_conv_2"
+#: ``test_preprocessing``'s factory, importable by this name while a module's tests use :func:`factory`.
+FACTORY_NAME = "mynet:make"
 
 
 @functools.cache
@@ -73,3 +77,14 @@ def board_bundle(mobilenet_weights: Path, photos_dir: Path, tmp_path_factory: py
                  "--formats", "onnx,tflite", "--quantize", "int8", "--calib-data", str(root / "calib"),
                  "--out", str(root / "bundle")]) == 0
     return root / "bundle"
+
+
+@pytest.fixture(scope="module")
+def factory(tmp_path_factory: pytest.TempPathFactory):
+    """A model factory outside the package (``mynet:make``), as a user's own module would be."""
+    folder = tmp_path_factory.mktemp("factory")
+    (folder / "mynet.py").write_text(FACTORY)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(folder))
+        yield FACTORY_NAME
+        sys.modules.pop("mynet", None)

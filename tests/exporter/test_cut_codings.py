@@ -12,7 +12,6 @@ import contextlib
 import io
 import json
 import math
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,22 +31,11 @@ from exporter._quantize import calibration_sets  # noqa: E402
 from exporter._validate import OnnxRunner  # noqa: E402
 from exporter.cli import main  # noqa: E402
 from splitedge.errors import ExportError  # noqa: E402
+from tests.exporter.conftest import FACTORY_NAME  # noqa: E402
 from tests.exporter.test_int8_accuracy import PHOTO_OF, crops  # noqa: E402
-from tests.exporter.test_preprocessing import FACTORY  # noqa: E402
 
 BITS = (8, 4, 2)
 SAMPLES = 40  # calibration images; as many again are held out to measure on
-FACTORY_NAME = "mynet:make"
-
-
-@pytest.fixture(scope="module")
-def factory(tmp_path_factory: pytest.TempPathFactory):
-    folder = tmp_path_factory.mktemp("factory")
-    (folder / "mynet.py").write_text(FACTORY)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(folder))
-        yield FACTORY_NAME
-        sys.modules.pop("mynet", None)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -33,9 +32,7 @@ from exporter._exits import kind_for, read_exits  # noqa: E402
 from exporter._graph import split_at, trace  # noqa: E402
 from exporter._validate import FLOAT32_EPS_FLOOR, RTOL  # noqa: E402
 from exporter.cli import EXIT_EPOCHS, EXIT_KIND, EXIT_KINDS, main  # noqa: E402
-from tests.exporter.test_cut_codings import FACTORY_NAME  # noqa: E402
 from tests.exporter.test_int8_accuracy import crops  # noqa: E402
-from tests.exporter.test_preprocessing import FACTORY  # noqa: E402
 
 SHAPE = (1, 28, 28)
 TRAIN_IMAGES = 3000  # the exits' training images: seconds, and an exit at _17 still answers most frames well
@@ -130,16 +127,6 @@ def test_the_engine_gives_the_cut_alone_or_with_the_exit_both_equal_to_torch(fmn
     assert [o.name for o in head.graph.output] == [CUT, Exit.OUTPUT]
     with pytest.raises(Exception, match="split local has no early exit|has no early exit"):
         runner.run_head_exit(LOCAL, x)
-
-
-@pytest.fixture(scope="module")
-def factory(tmp_path_factory: pytest.TempPathFactory):
-    folder = tmp_path_factory.mktemp("factory")
-    (folder / "mynet.py").write_text(FACTORY)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(folder))
-        yield FACTORY_NAME
-        sys.modules.pop("mynet", None)
 
 
 def test_without_labels_the_exit_is_distilled_and_measured_on_held_out_crops(factory, photos_dir: Path,
